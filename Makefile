@@ -1,0 +1,55 @@
+# Two commands matter: `make demo` and `make test`. Both install what they need first
+# (idempotently) on a fresh Debian machine as root.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := etcd-server etcd-client
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test deps apt venv protos check-protos lint typecheck bench chaos clean
+
+deps: apt venv
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+protos: venv
+	$(PY) tools/gen_protos.py
+
+check-protos: venv
+	$(PY) tools/gen_protos.py --check
+
+lint: venv
+	$(VENV)/bin/ruff check src tests bench tools
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+test: deps
+	$(PY) tools/gen_protos.py --check
+	$(VENV)/bin/mypy
+	$(VENV)/bin/pytest -q
+
+demo: deps
+	$(PY) -m demo
+
+bench: deps
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b --quick || exit 1; done
+
+chaos: deps
+	$(VENV)/bin/pytest -q -m chaos
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache

@@ -1,0 +1,1 @@
+"""Client library of the broker protocol: readers, appenders and listing helpers."""

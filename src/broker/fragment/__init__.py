@@ -1,0 +1,1 @@
+"""Fragments: codecs, the fragment index (CoverSet) and fragment stores (file://, s3://)."""

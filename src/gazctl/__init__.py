@@ -1,0 +1,1 @@
+"""gazctl: the command line of Gazette (journals ..., shards ...)."""
