@@ -1,0 +1,84 @@
+"""A bounded local cache of remote fragments, fetched, decompressed and SHA1-verified.
+
+The broker serves reads of persisted fragments from this cache so that a corrupted fragment
+is detected (by its SHA1) before any of its bytes leave the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+from broker.fragment.store import store_for_url
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.fragment_name import content_name
+
+log = logging.getLogger(__name__)
+
+
+class FragmentCache:
+    """LRU of verified, decompressed fragment files under `directory`, at most `max_bytes`."""
+
+    def __init__(self, directory: Path, max_bytes: int) -> None:
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self._files: OrderedDict[str, tuple[Path, int]] = OrderedDict()
+        self._inflight: dict[str, asyncio.Future[Path]] = {}
+        self._size = 0
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in directory.glob("*"):
+            stale.unlink(missing_ok=True)
+
+    def _key(self, f: pb.Fragment) -> str:
+        return f"{f.backing_store}|{f.journal}|{f.path_postfix}|{content_name(f)}"
+
+    async def get(self, fragment: pb.Fragment) -> Path:
+        """Path of the verified content of `fragment`, fetching it if needed.
+
+        Raises broker.fragment.store.FragmentCorrupted when the stored fragment does not
+        match its SHA1 or length, and FragmentStoreError when the store fails. The returned
+        file may be evicted later: open it promptly (an open descriptor stays valid).
+        """
+        key = self._key(fragment)
+        hit = self._files.get(key)
+        if hit is not None and hit[0].exists():
+            self._files.move_to_end(key)
+            return hit[0]
+        fut = self._inflight.get(key)
+        if fut is not None:
+            return await asyncio.shield(fut)
+        fut = asyncio.get_running_loop().create_future()
+        self._inflight[key] = fut
+        try:
+            path = await self._fetch(fragment)
+        except BaseException as err:
+            fut.set_exception(err)
+            fut.exception()  # mark retrieved: waiters (if any) re-raise it
+            raise
+        else:
+            fut.set_result(path)
+            return path
+        finally:
+            del self._inflight[key]
+
+    async def _fetch(self, fragment: pb.Fragment) -> Path:
+        name = f"{abs(hash(self._key(fragment))):x}-{content_name(fragment)}"
+        dest = self.directory / name
+        await store_for_url(fragment.backing_store).fetch(fragment, dest)
+        size = fragment.end - fragment.begin
+        self._files[self._key(fragment)] = (dest, size)
+        self._size += size
+        self._evict()
+        return dest
+
+    def _evict(self) -> None:
+        while self._size > self.max_bytes and len(self._files) > 1:
+            _, (path, size) = self._files.popitem(last=False)
+            self._size -= size
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass

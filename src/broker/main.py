@@ -1,0 +1,74 @@
+"""`gazette-broker`: run a broker process until SIGTERM/SIGINT (graceful) or SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+
+import grpc
+
+from broker.broker import Broker, BrokerStartupError
+from broker.config import BrokerConfig, parse_args
+from broker.protocol import protocol_pb2_grpc as pb_grpc
+from broker.service import JournalService
+
+log = logging.getLogger("broker")
+
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.so_reuseport", 0),
+]
+
+
+async def serve(cfg: BrokerConfig) -> None:
+    """Serve until a termination signal; then stop accepting RPCs and persist spools."""
+    broker = Broker(cfg)
+    await broker.start()
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    pb_grpc.add_JournalServicer_to_server(JournalService(broker), server)
+    try:
+        server.add_insecure_port(cfg.listen)
+    except RuntimeError as err:
+        raise BrokerStartupError(f"cannot listen on {cfg.listen}: {err}") from err
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # The harness and operators wait for this line.
+    print(f"broker ready endpoint={cfg.endpoint} id={cfg.zone}#{cfg.suffix}", flush=True)
+    log.info("serving endpoint=%s etcd=%s root=%s spool_dir=%s",
+             cfg.endpoint, cfg.etcd, cfg.root, cfg.spool_dir)
+    background = asyncio.create_task(broker.run_background(), name="broker-background")
+    stopped = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({background, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    log.info("stopping")
+    await server.stop(grace=5)
+    background.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await background
+    await broker.shutdown()
+    if background in done and background.exception() is not None:
+        raise background.exception()  # type: ignore[misc]
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    logging.basicConfig(
+        level=cfg.log_level.upper(),
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        asyncio.run(serve(cfg))
+    except BrokerStartupError as err:
+        print(f"gazette-broker: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,359 @@
+"""The `protocol.Journal` gRPC service of a broker.
+
+Protocol failures the client can act on (unknown journal, wrong offset, register mismatch,
+offset not yet available) are returned as `Status` values in responses, as upstream does;
+malformed requests abort with INVALID_ARGUMENT and a message naming the bad field; a
+corrupted fragment aborts the read with DATA_LOSS and is never served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from allocator.etcd import Compare, EtcdError, op_delete, op_put
+from broker.broker import Broker
+from broker.fragment.store import FragmentCorrupted, FragmentStoreError, store_for_url
+from broker.protocol import labels
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pb_grpc
+from broker.protocol.errors import ValidationError
+from broker.protocol.selector import journal_labels_with_meta, matches
+from broker.protocol.validation import (
+    validate_append_request,
+    validate_apply_request,
+    validate_fragments_request,
+    validate_list_request,
+    validate_read_request,
+)
+from broker.replica import JournalReplica
+from broker.spool import SpoolError
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK = 1 << 18  # content bytes per ReadResponse
+LIST_PAGE = 25  # journals per ListResponse (reference §1)
+DEFAULT_FRAGMENTS_PAGE = 1000
+
+
+class AppendProtocolError(Exception):
+    """The client broke the Append stream protocol (e.g. content after the commit marker)."""
+
+
+def registers_match(check: pb.LabelSelector, registers: pb.LabelSet) -> bool:
+    """Empty registers match any selector (so a fence can be established on a new journal)."""
+    return not registers.labels or matches(check, registers)
+
+
+class JournalService(pb_grpc.JournalServicer):
+    """Implements `protocol.Journal` over a Broker's state."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.b = broker
+
+    async def _invalid(self, context: Any, err: ValidationError) -> None:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
+    # --- List -------------------------------------------------------------------------------
+    async def List(self, request: pb.ListRequest, context: Any) -> AsyncIterator[pb.ListResponse]:  # noqa: N802
+        try:
+            validate_list_request(request)
+        except ValidationError as err:
+            await self._invalid(context, err)
+        ks = self.b.keyspace
+        if request.HasField("watch_resume"):
+            await ks.wait_for_change(request.watch_resume.etcd.revision)
+        while True:
+            revision = ks.revision
+            journals = []
+            for kv in ks.prefixed(self.b.keys.items):
+                spec: pb.JournalSpec = kv.value
+                if request.selector.ByteSize() and not matches(
+                    request.selector, journal_labels_with_meta(spec)
+                ):
+                    continue
+                journals.append(pb.ListResponse.Journal(
+                    spec=spec, mod_revision=kv.mod_revision, create_revision=kv.create_revision,
+                    route=self.b.route_of(spec.name),
+                ))
+            first = pb.ListResponse(status=pb.OK, header=self.b.header())
+            if not journals:
+                yield first
+            for i in range(0, len(journals), LIST_PAGE):
+                resp = first if i == 0 else pb.ListResponse()
+                resp.journals.extend(journals[i: i + LIST_PAGE])
+                yield resp
+            if not request.watch:
+                return
+            yield pb.ListResponse()  # ends this snapshot
+            await ks.wait_for_change(revision)
+
+    # --- Apply ------------------------------------------------------------------------------
+    async def Apply(self, request: pb.ApplyRequest, context: Any) -> pb.ApplyResponse:  # noqa: N802
+        try:
+            validate_apply_request(request)
+        except ValidationError as err:
+            await self._invalid(context, err)
+        assert self.b.etcd is not None
+        compares, ops = [], []
+        for change in request.changes:
+            name = change.upsert.name if change.HasField("upsert") else change.delete
+            key = self.b.keys.item(name).encode()
+            if change.expect_mod_revision != -1:
+                compares.append(Compare(key, "mod", change.expect_mod_revision))
+            if change.HasField("upsert"):
+                ops.append(op_put(key, change.upsert.SerializeToString()))
+            else:
+                ops.append(op_delete(key))
+        try:
+            resp = await self.b.etcd.txn(compares, ops)
+        except EtcdError as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        if not resp.succeeded:
+            return pb.ApplyResponse(status=pb.ETCD_TRANSACTION_FAILED, header=self.b.header())
+        await self.b.keyspace.wait_for_revision(resp.header.revision, timeout=10)
+        return pb.ApplyResponse(status=pb.OK, header=self.b.header())
+
+    # --- Read -------------------------------------------------------------------------------
+    async def Read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.ReadResponse]:  # noqa: N802
+        try:
+            validate_read_request(request)
+        except ValidationError as err:
+            await self._invalid(context, err)
+        replica = await self.b.resolve(request.journal, request.min_etcd_revision)
+        if replica is None:
+            yield pb.ReadResponse(status=pb.JOURNAL_NOT_FOUND, header=self.b.header())
+            return
+        header = self.b.header(replica.name)
+        if not replica.readable():
+            yield pb.ReadResponse(status=pb.NOT_ALLOWED, header=header)
+            return
+        offset = replica.write_head if request.offset == -1 else request.offset
+        first = True
+        while True:
+            if request.end_offset and offset >= request.end_offset:
+                return
+            entry, found = replica.index.find(offset)
+            if not found:
+                if entry is not None and offset < replica.write_head:
+                    offset = entry.begin  # history before this was removed: an offset jump
+                    continue
+                if offset < replica.write_head:
+                    offset = replica.write_head
+                if not request.block:
+                    yield pb.ReadResponse(
+                        status=pb.OFFSET_NOT_YET_AVAILABLE, header=header if first else None,
+                        offset=offset, write_head=replica.write_head,
+                    )
+                    return
+                await replica.wait_for_head_beyond(offset)
+                continue
+            assert entry is not None
+            meta = pb.ReadResponse(status=pb.OK, offset=offset, write_head=replica.write_head,
+                                   fragment=entry.spec)
+            if first:
+                meta.header.CopyFrom(header)
+                first = False
+            remote = entry.local_path is None
+            if remote and entry.spec.backing_store:
+                try:
+                    meta.fragment_url = await store_for_url(entry.spec.backing_store).sign_get_url(
+                        entry.spec, 3600.0)
+                except FragmentStoreError as err:
+                    log.warning("cannot sign fragment URL journal=%s err=%s", replica.name, err)
+            yield meta
+            if request.metadata_only or (remote and request.do_not_proxy):
+                return
+            end = entry.end if not request.end_offset else min(entry.end, request.end_offset)
+            fd = await self._open_content(replica, entry, context)
+            if fd is None:
+                continue  # the local spool was persisted and removed meanwhile: look again
+            try:
+                while offset < end:
+                    n = min(READ_CHUNK, end - offset)
+                    data = os.pread(fd, n, offset - entry.begin)
+                    if len(data) != n:
+                        log.error("short fragment read journal=%s offset=%d", replica.name, offset)
+                        await context.abort(grpc.StatusCode.DATA_LOSS,
+                                            f"fragment of {replica.name} is shorter than indexed "
+                                            f"at offset {offset}")
+                    yield pb.ReadResponse(offset=offset, content=data)
+                    offset += n
+            finally:
+                os.close(fd)
+
+    async def _open_content(self, replica: JournalReplica, entry: Any, context: Any) -> int | None:
+        if entry.local_path is not None:
+            try:
+                return os.open(entry.local_path, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+        try:
+            path = await self.b.cache.get(entry.spec)
+            return os.open(path, os.O_RDONLY)
+        except FragmentCorrupted as err:
+            log.error("corrupted fragment journal=%s fragment=[%d,%d) err=%s",
+                      replica.name, entry.begin, entry.end, err)
+            await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupted fragment: {err}")
+        except (FragmentStoreError, FileNotFoundError) as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"fragment store: {err}")
+        return None
+
+    # --- Append -----------------------------------------------------------------------------
+    async def Append(self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any) -> pb.AppendResponse:  # noqa: N802
+        it = request_iterator.__aiter__()
+        try:
+            first = await anext(it)
+        except StopAsyncIteration:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty Append stream")
+        try:
+            validate_append_request(first)
+        except ValidationError as err:
+            await self._invalid(context, err)
+        replica = await self.b.resolve(first.journal, first.min_etcd_revision)
+        if replica is None:
+            return pb.AppendResponse(status=pb.JOURNAL_NOT_FOUND, header=self.b.header())
+        header = self.b.header(replica.name)
+        if not replica.writable():
+            return pb.AppendResponse(status=pb.NOT_ALLOWED, header=header)
+        if replica.spec.suspend.level == pb.JournalSpec.Suspend.FULL:
+            return pb.AppendResponse(status=pb.SUSPENDED, header=header)
+
+        async with replica.lock:
+            if first.offset and first.offset != replica.write_head:
+                return pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET, header=header,
+                                         registers=replica.registers)
+            if first.HasField("check_registers") and not registers_match(
+                first.check_registers, replica.registers
+            ):
+                return pb.AppendResponse(status=pb.REGISTER_MISMATCH, header=header,
+                                         registers=replica.registers)
+            if replica.should_roll(time.time()):
+                entry = replica.roll()
+                if entry is not None:
+                    self.b.persist_queue.put_nowait((replica, entry))
+            spool = replica.ensure_spool()
+            pending = spool.begin_append()
+            chunks = 0
+            try:
+                if first.content:
+                    pending.write(first.content)
+                    chunks += 1
+                await self._receive(it, pending)
+                chunks = max(chunks, 1)
+            except BaseException as err:
+                pending.rollback()
+                if isinstance(err, StopAsyncIteration):
+                    await context.abort(grpc.StatusCode.ABORTED,
+                                        "append stream ended without the empty commit message: "
+                                        "rolled back")
+                if isinstance(err, AppendProtocolError):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+                if isinstance(err, TimeoutError):
+                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                        f"append stalled for over {self.b.cfg.chunk_timeout}s: "
+                                        "rolled back")
+                if isinstance(err, SpoolError):
+                    log.error("spool write failed: %s", err)
+                    await context.abort(grpc.StatusCode.INTERNAL, str(err))
+                raise
+            begin, end = pending.begin, pending.end
+            digest = b""
+            if end > begin:
+                try:
+                    digest = pending.commit()
+                except SpoolError as err:
+                    log.error("spool commit failed: %s", err)
+                    await context.abort(grpc.StatusCode.INTERNAL, str(err))
+                regs = replica.registers
+                if first.HasField("union_registers") and first.union_registers.labels:
+                    regs = labels.union(regs, first.union_registers)
+                if first.HasField("subtract_registers") and first.subtract_registers.labels:
+                    regs = labels.subtract(regs, first.subtract_registers)
+                if regs is not replica.registers and not labels.label_set_equal(
+                    regs, replica.registers
+                ):
+                    replica.store_registers(regs)
+                replica.committed(spool)
+            commit = pb.Fragment(journal=replica.name, begin=begin, end=end,
+                                 compression_codec=replica.codec)
+            if digest:
+                from broker.protocol.sha1sum import sha1sum_from_digest
+
+                commit.sum.CopyFrom(sha1sum_from_digest(digest))
+            return pb.AppendResponse(
+                status=pb.OK, header=header, commit=commit, registers=replica.registers,
+                total_chunks=chunks, store_health_error=replica.store_health_error,
+            )
+
+    async def _receive(self, it: AsyncIterator[pb.AppendRequest], pending: Any) -> None:
+        """Write content chunks until the empty commit message, then require EOF."""
+        timeout = self.b.cfg.chunk_timeout
+        while True:
+            async with asyncio.timeout(timeout):
+                msg = await anext(it)
+            if not msg.content:
+                break
+            pending.write(msg.content)
+        async with asyncio.timeout(timeout):
+            try:
+                extra = await anext(it)
+            except StopAsyncIteration:
+                return
+        raise AppendProtocolError(
+            f"unexpected message after the commit message (content {len(extra.content)} bytes)"
+        )
+
+    # --- Fragments ----------------------------------------------------------------------------
+    async def ListFragments(self, request: pb.FragmentsRequest, context: Any) -> pb.FragmentsResponse:  # noqa: N802
+        try:
+            validate_fragments_request(request)
+        except ValidationError as err:
+            await self._invalid(context, err)
+        replica = await self.b.resolve(request.journal)
+        if replica is None:
+            return pb.FragmentsResponse(status=pb.JOURNAL_NOT_FOUND, header=self.b.header())
+        limit = request.page_limit or DEFAULT_FRAGMENTS_PAGE
+        resp = pb.FragmentsResponse(status=pb.OK, header=self.b.header(replica.name))
+        ttl = request.signatureTTL.seconds + request.signatureTTL.nanos / 1e9 \
+            if request.HasField("signatureTTL") else 0.0
+        for entry in replica.index:
+            f = entry.spec
+            if f.begin < request.next_page_token:
+                continue
+            if request.begin_mod_time and f.mod_time < request.begin_mod_time:
+                continue
+            if request.end_mod_time and f.mod_time >= request.end_mod_time:
+                continue
+            if len(resp.fragments) == limit:
+                resp.next_page_token = f.begin
+                break
+            item = resp.fragments.add(spec=f)
+            if ttl > 0 and f.backing_store:
+                try:
+                    item.signed_url = await store_for_url(f.backing_store).sign_get_url(f, ttl)
+                except FragmentStoreError as err:
+                    log.warning("cannot sign fragment URL err=%s", err)
+        return resp
+
+    async def FragmentStoreHealth(self, request: pb.FragmentStoreHealthRequest, context: Any) -> pb.FragmentStoreHealthResponse:  # noqa: N802
+        try:
+            store = store_for_url(request.fragment_store)
+            await store.health()
+        except FragmentStoreError as err:
+            return pb.FragmentStoreHealthResponse(status=pb.FRAGMENT_STORE_UNHEALTHY,
+                                                  header=self.b.header(),
+                                                  store_health_error=str(err))
+        return pb.FragmentStoreHealthResponse(status=pb.OK, header=self.b.header())
+
+    async def Replicate(self, request_iterator: Any, context: Any) -> AsyncIterator[pb.ReplicateResponse]:  # noqa: N802
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            "replication (journals with replication > 1 across brokers) is not "
+                            "implemented in this version: every broker serves with replication 1")
+        yield pb.ReplicateResponse()  # pragma: no cover - unreachable, makes this a generator
