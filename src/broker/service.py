@@ -271,14 +271,12 @@ class JournalService(pb_grpc.JournalServicer):
                 except SpoolError as err:
                     log.error("spool commit failed: %s", err)
                     await context.abort(grpc.StatusCode.INTERNAL, str(err))
-                regs = replica.registers
-                if first.HasField("union_registers") and first.union_registers.labels:
-                    regs = labels.union(regs, first.union_registers)
-                if first.HasField("subtract_registers") and first.subtract_registers.labels:
-                    regs = labels.subtract(regs, first.subtract_registers)
-                if regs is not replica.registers and not labels.label_set_equal(
-                    regs, replica.registers
-                ):
+                # As upstream: the request's union values replace current values of a name.
+                regs = labels.union(
+                    first.union_registers,
+                    labels.subtract(replica.registers, first.subtract_registers),
+                )
+                if not labels.label_set_equal(regs, replica.registers):
                     replica.store_registers(regs)
                 replica.committed(spool)
             commit = pb.Fragment(journal=replica.name, begin=begin, end=end,

@@ -1,0 +1,189 @@
+"""Append and Read against a real broker process: round trips, atomicity, blocking, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import grpc
+import pytest
+
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pb_grpc
+from broker.protocol.sha1sum import sha1sum_from_digest
+
+from .conftest import MakeJournal, append, read_all
+
+
+async def test_append_then_read_round_trip(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+    spec = await make_journal()
+    r1 = await append(stub, spec.name, b"hello, ", b"world\n")
+    assert r1.status == pb.OK
+    assert (r1.commit.begin, r1.commit.end) == (0, 13)
+    assert r1.commit.sum == sha1sum_from_digest(hashlib.sha1(b"hello, world\n").digest())
+    assert r1.header.route.members[0].suffix == "broker-1"
+    r2 = await append(stub, spec.name, b"second\n")
+    assert (r2.commit.begin, r2.commit.end) == (13, 20)
+
+    content, metas = await read_all(stub, spec.name)
+    assert content == b"hello, world\nsecond\n"
+    assert metas[0].header.process_id.suffix == "broker-1"
+    assert metas[-1].status == pb.OFFSET_NOT_YET_AVAILABLE
+    assert metas[-1].write_head == 20
+
+    # Reading from the middle, and with an end offset.
+    content, _ = await read_all(stub, spec.name, offset=7, end_offset=12)
+    assert content == b"world"
+
+
+async def test_zero_byte_append_commits_nothing(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+    spec = await make_journal()
+    r = await append(stub, spec.name)
+    assert r.status == pb.OK and r.commit.begin == r.commit.end == 0
+    assert r.commit.sum == pb.SHA1Sum()
+
+
+async def test_read_from_write_head_blocks_until_append(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+    spec = await make_journal()
+    await append(stub, spec.name, b"before\n")
+    got: list[pb.ReadResponse] = []
+
+    async def reader() -> None:
+        async for resp in stub.Read(pb.ReadRequest(journal=spec.name, offset=-1, block=True)):
+            got.append(resp)
+            if resp.content:
+                return
+
+    task = asyncio.create_task(reader())
+    await asyncio.sleep(0.3)
+    assert not task.done(), "a blocking read at the write head must wait"
+    await append(stub, spec.name, b"after\n")
+    await asyncio.wait_for(task, 5)
+    assert got[-1].content == b"after\n"
+    assert got[0].offset == 7
+
+
+async def test_non_blocking_read_at_head_is_not_yet_available(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+    spec = await make_journal()
+    content, metas = await read_all(stub, spec.name, offset=0)
+    assert content == b""
+    assert metas[0].status == pb.OFFSET_NOT_YET_AVAILABLE
+
+
+async def test_concurrent_appends_never_interleave(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+    spec = await make_journal(length=64 << 10)
+    writers, per_writer = 8, 12
+
+    async def writer(w: int) -> list[tuple[int, int]]:
+        spans = []
+        for i in range(per_writer):
+            # Several chunks per append, so interleaving would be visible if it happened.
+            record = [f"<{w}:{i}:{c}>".encode() * 50 for c in range(4)]
+            r = await append(stub, spec.name, *record)
+            assert r.status == pb.OK
+            spans.append((r.commit.begin, r.commit.end))
+        return spans
+
+    results = await asyncio.gather(*(writer(w) for w in range(writers)))
+    content, _ = await read_all(stub, spec.name)
+    for w, spans in enumerate(results):
+        for i, (begin, end) in enumerate(spans):
+            expect = b"".join(f"<{w}:{i}:{c}>".encode() * 50 for c in range(4))
+            assert content[begin:end] == expect
+    assert len(content) == sum(e - b for spans in results for b, e in spans)
+
+
+async def test_append_without_commit_message_rolls_back(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+    spec = await make_journal()
+    await append(stub, spec.name, b"kept\n")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await append(stub, spec.name, b"rolled back", commit=False)
+    assert err.value.code() == grpc.StatusCode.ABORTED
+    r = await append(stub, spec.name, b"next\n")
+    assert r.commit.begin == 5
+    content, _ = await read_all(stub, spec.name)
+    assert content == b"kept\nnext\n"
+
+
+async def test_cancelled_append_leaves_no_bytes(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+    spec = await make_journal()
+    sent = asyncio.Event()
+
+    async def requests():  # type: ignore[no-untyped-def]
+        yield pb.AppendRequest(journal=spec.name)
+        yield pb.AppendRequest(content=b"partial " * 1000)
+        sent.set()
+        await asyncio.sleep(30)
+
+    call = stub.Append(requests())
+    await sent.wait()
+    await asyncio.sleep(0.2)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await asyncio.sleep(0.2)
+    r = await append(stub, spec.name, b"whole\n")
+    assert r.commit.begin == 0
+    content, _ = await read_all(stub, spec.name)
+    assert content == b"whole\n"
+
+
+async def test_wrong_append_offset(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+    spec = await make_journal()
+    await append(stub, spec.name, b"12345")
+    r = await append(stub, spec.name, b"x", offset=3)
+    assert r.status == pb.WRONG_APPEND_OFFSET
+    r = await append(stub, spec.name, b"x", offset=5)
+    assert r.status == pb.OK and r.commit.begin == 5
+
+
+async def test_unknown_journal(stub: pb_grpc.JournalStub) -> None:
+    r = await append(stub, "tests/does-not-exist", b"x")
+    assert r.status == pb.JOURNAL_NOT_FOUND
+    _, metas = await read_all(stub, "tests/does-not-exist")
+    assert metas[0].status == pb.JOURNAL_NOT_FOUND
+
+
+@pytest.mark.parametrize("request_kw, field", [
+    ({"journal": "bad//name"}, "journal"),
+    ({"journal": "a"}, "journal"),
+    ({"journal": "tests/ok-name", "offset": -5}, "offset"),
+])
+async def test_invalid_read_requests_are_rejected(stub: pb_grpc.JournalStub, request_kw: dict, field: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in stub.Read(pb.ReadRequest(**request_kw)):
+            pass
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in err.value.details().lower()
+
+
+async def test_invalid_append_request_is_rejected(stub: pb_grpc.JournalStub) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await append(stub, "/leading/slash", b"x")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "journal" in err.value.details().lower()
+
+
+async def test_content_after_commit_message_is_a_protocol_error(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+    spec = await make_journal()
+
+    async def requests():  # type: ignore[no-untyped-def]
+        yield pb.AppendRequest(journal=spec.name)
+        yield pb.AppendRequest(content=b"a")
+        yield pb.AppendRequest()
+        yield pb.AppendRequest(content=b"b")
+
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Append(requests())
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    content, _ = await read_all(stub, spec.name)
+    assert content == b""
+
+
+async def test_metadata_only_read(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+    spec = await make_journal()
+    await append(stub, spec.name, b"abcdef")
+    content, metas = await read_all(stub, spec.name, metadata_only=True)
+    assert content == b""
+    assert len(metas) == 1
+    assert (metas[0].fragment.begin, metas[0].fragment.end, metas[0].write_head) == (0, 6, 6)
