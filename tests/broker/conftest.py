@@ -54,6 +54,7 @@ def make_journal(stub: pb_grpc.JournalStub, tmp_path: Path) -> MakeJournal:
     async def make(prefix: str = "it", *, store: str | None = "", **kw: object) -> pb.JournalSpec:
         name = f"tests/{prefix}-{next(_names)}"
         if store == "":
+            (tmp_path / "store").mkdir(exist_ok=True)
             store = f"file://{tmp_path}/store/"
         spec = journal_spec(name, store, **kw)  # type: ignore[arg-type]
         resp = await stub.Apply(pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))

@@ -1,0 +1,72 @@
+"""A real broker shared by the client tests of a session, and per-test journals on it."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client import JournalClient, apply_journals
+from broker.protocol import protocol_pb2 as pb
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def client_broker(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(
+        etcd_server.endpoint,
+        root=f"/test-client/{os.getpid()}",
+        spool_dir=tmp_path_factory.mktemp("client-spool"),
+    )
+    with proc:
+        yield proc
+
+
+@pytest.fixture
+async def client(client_broker: BrokerProcess) -> AsyncIterator[JournalClient]:
+    async with JournalClient(client_broker.endpoint) as c:
+        yield c
+
+
+def journal_spec(
+    name: str,
+    store: str,
+    *,
+    codec: int = pb.NONE,
+    length: int = 1 << 20,
+    refresh: int = 10,
+    labels: dict[str, str] | None = None,
+) -> pb.JournalSpec:
+    frag = pb.JournalSpec.Fragment(
+        length=length, compression_codec=codec, refresh_interval=Duration(seconds=refresh)
+    )
+    frag.stores.append(store)
+    spec = pb.JournalSpec(name=name, replication=1, fragment=frag)
+    for k, v in sorted((labels or {"app": "client-test"}).items()):
+        spec.labels.labels.add(name=k, value=v)
+    return spec
+
+
+MakeJournal = Callable[..., Awaitable[pb.JournalSpec]]
+
+
+@pytest.fixture
+def make_journal(client: JournalClient, tmp_path: Path) -> MakeJournal:
+    """Apply a journal with a unique name and a file:// store under tmp_path."""
+
+    async def make(prefix: str = "c", **kw: object) -> pb.JournalSpec:
+        name = f"client/{prefix}-{next(_names)}"
+        spec = journal_spec(name, f"file://{tmp_path}/store/", **kw)  # type: ignore[arg-type]
+        await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
+        return spec
+
+    return make

@@ -1,0 +1,167 @@
+"""AppendService: exactly-once landing, ordering, batching, dependencies, failures, retries."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import grpc
+import pytest
+
+from broker.client import (
+    AppendAborted,
+    AppendService,
+    DependencyFailed,
+    JournalClient,
+    RegisterMismatch,
+)
+from broker.protocol import protocol_pb2 as pb
+
+from .conftest import MakeJournal
+from .fake_broker import FakeBroker
+from .test_appender import read_all
+
+
+async def test_concurrent_small_appends_land_once_in_order_and_batched(
+    client: JournalClient, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal()
+    tasks, per_task = 20, 10
+    async with AppendService(client) as svc:
+
+        async def producer(t: int) -> list[pb.AppendResponse]:
+            out = []
+            for i in range(per_task):
+                async with svc.start_append(pb.AppendRequest(journal=spec.name)) as a:
+                    a.write(f"task={t:02d} seq={i:02d}\n".encode())
+                out.append(a)
+                if i % 3 == 0:
+                    await asyncio.sleep(0)  # Interleave producers.
+            return [await a.done() for a in out]
+
+        responses = await asyncio.gather(*(producer(t) for t in range(tasks)))
+
+    total = tasks * per_task
+    assert svc.appends_committed == total
+    assert svc.rpc_count < total, "concurrent appends must be batched"
+    lines = (await read_all(client, spec.name)).decode().splitlines()
+    assert sorted(lines) == sorted(
+        f"task={t:02d} seq={i:02d}" for t in range(tasks) for i in range(per_task)
+    )
+    for t in range(tasks):
+        seqs = [
+            int(m.group(1)) for line in lines if (m := re.match(f"task={t:02d} seq=(\\d+)", line))
+        ]
+        assert seqs == list(range(per_task))
+    # Each response covers the batch its append went in, which includes the append's line.
+    for resps in responses:
+        assert all(r.commit.end > r.commit.begin for r in resps)
+
+
+async def test_dependencies_order_appends_across_journals(
+    client: JournalClient, make_journal: MakeJournal
+) -> None:
+    j1, j2 = await make_journal(), await make_journal()
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async with AppendService(client) as svc:
+        first = svc.start_append(pb.AppendRequest(journal=j1.name), [gate])
+        first.write(b"first\n")
+        first.release()
+        second = svc.start_append(pb.AppendRequest(journal=j2.name), [first])
+        second.write(b"second\n")
+        second.release()
+        assert svc.pending_except(j2.name) == [first]
+        assert set(svc.pending_except("")) == {first, second}
+
+        await asyncio.sleep(0.3)
+        assert not first.is_done() and not second.is_done()
+        assert await read_all(client, j1.name) == b"" and await read_all(client, j2.name) == b""
+        gate.set_result(None)
+        r2 = await second.done()
+        assert first.is_done() and first.response is not None
+        assert r2.commit.end == 7
+    assert await read_all(client, j2.name) == b"second\n"
+
+
+async def test_failed_dependency_fails_dependents(
+    client: JournalClient, make_journal: MakeJournal
+) -> None:
+    j1 = await make_journal()
+    gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async with AppendService(client) as svc:
+        a = svc.start_append(pb.AppendRequest(journal=j1.name), [gate])
+        a.write(b"never\n")
+        a.release()
+        gate.set_exception(RuntimeError("upstream failed"))
+        with pytest.raises(DependencyFailed) as exc:
+            await a.done()
+        assert isinstance(exc.value.__cause__, RuntimeError)
+        assert isinstance(a.error(), DependencyFailed)
+    assert await read_all(client, j1.name) == b""
+
+
+async def test_register_mismatch_fails_only_that_append(
+    client: JournalClient, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal()
+    async with AppendService(client) as svc:
+        fence = pb.AppendRequest(journal=spec.name)
+        fence.union_registers.labels.add(name="author", value="a1")
+        ok = svc.start_append(fence)
+        ok.write(b"f")  # Registers change only with content.
+        ok.release()
+
+        bad_req = pb.AppendRequest(journal=spec.name)
+        bad_req.check_registers.include.labels.add(name="author", value="someone-else")
+        bad = svc.start_append(bad_req)
+        bad.write(b"rejected\n")
+        bad.release()
+        after = svc.start_append(pb.AppendRequest(journal=spec.name))
+        after.write(b"after\n")
+        after.release()
+        with pytest.raises(RegisterMismatch):
+            await bad.done()
+        assert (await after.done()).commit.end == 7
+        assert list((await ok.done()).registers.labels) == [pb.Label(name="author", value="a1")]
+    assert await read_all(client, spec.name) == b"fafter\n"
+
+
+async def test_aborted_and_spilled_appends(
+    client: JournalClient, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal(length=8 << 20)
+    big = b"0123456789abcdef" * (160 * 1024)  # 2.5 MiB: spills to a temporary file.
+    async with AppendService(client) as svc:
+        with pytest.raises(KeyError):
+            async with svc.start_append(pb.AppendRequest(journal=spec.name)) as dropped:
+                dropped.write(b"dropped\n")
+                raise KeyError
+        with pytest.raises(AppendAborted):
+            await dropped.done()
+        async with svc.start_append(pb.AppendRequest(journal=spec.name)) as a:
+            a.write(big[:100])
+            a.write(big[100:])
+        assert (await a.done()).commit.end == len(big)
+        with pytest.raises(RuntimeError):
+            a.write(b"late")
+    assert await read_all(client, spec.name) == big
+    with pytest.raises(RuntimeError):
+        svc.start_append(pb.AppendRequest(journal=spec.name))
+
+
+async def test_service_retries_transient_failures() -> None:
+    ok = pb.AppendResponse(status=pb.OK, commit=pb.Fragment(journal="fake/j", begin=0, end=2))
+    async with FakeBroker() as fb, JournalClient(fb.endpoint) as client:
+        fb.journal.script(
+            "Append",
+            grpc.StatusCode.UNAVAILABLE,
+            pb.AppendResponse(status=pb.NO_JOURNAL_PRIMARY_BROKER),
+            ok,
+        )
+        async with AppendService(client, backoff_fn=lambda _: 0.01) as svc:
+            a = svc.start_append(pb.AppendRequest(journal="fake/j"))
+            a.write(b"hi")
+            a.release()
+            assert await a.done() == ok
+        assert svc.rpc_count == 3
+        assert [m.content for m in fb.journal.calls["Append"][-1]] == [b"", b"hi", b""]

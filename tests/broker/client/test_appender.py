@@ -1,0 +1,146 @@
+"""Appender and the append() helper: commit, abort/rollback, errors, retries."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from broker.client import (
+    Appender,
+    JournalClient,
+    OffsetNotYetAvailable,
+    RegisterMismatch,
+    RetryReader,
+    WrongAppendOffset,
+    append,
+)
+from broker.protocol import protocol_pb2 as pb
+
+from .conftest import MakeJournal
+from .fake_broker import FakeBroker
+
+
+async def read_all(client: JournalClient, journal: str) -> bytes:
+    rr = RetryReader(client, pb.ReadRequest(journal=journal))
+    out = bytearray()
+    try:
+        while True:
+            out += await rr.read()
+    except OffsetNotYetAvailable:
+        return bytes(out)
+
+
+async def test_appender_commits_on_close(client: JournalClient, make_journal: MakeJournal) -> None:
+    spec = await make_journal()
+    a = Appender(client, pb.AppendRequest(journal=spec.name))
+    await a.write(b"hello, ")
+    await a.write(b"world\n")
+    resp = await a.close()
+    assert (resp.commit.begin, resp.commit.end) == (0, 13)
+    assert a.response is resp and a.written == 13
+    async with Appender(client, pb.AppendRequest(journal=spec.name)) as b:
+        await b.write(b"more\n")
+    assert b.response is not None and b.response.commit.end == 18
+    assert await read_all(client, spec.name) == b"hello, world\nmore\n"
+
+
+async def test_aborted_appender_leaves_no_bytes(
+    client: JournalClient, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal()
+    a = Appender(client, pb.AppendRequest(journal=spec.name))
+    await a.write(b"x" * 300_000)
+    await a.abort()
+    await a.abort()  # Idempotent.
+    with pytest.raises(RuntimeError):
+        await a.write(b"y")
+
+    with pytest.raises(ZeroDivisionError):
+        async with Appender(client, pb.AppendRequest(journal=spec.name)) as b:
+            await b.write(b"partial")
+            raise ZeroDivisionError
+
+    assert await read_all(client, spec.name) == b""
+    resp = await append(client, pb.AppendRequest(journal=spec.name), b"kept\n")
+    assert (resp.commit.begin, resp.commit.end) == (0, 5)
+    assert await read_all(client, spec.name) == b"kept\n"
+
+
+async def test_large_append_is_chunked(client: JournalClient, make_journal: MakeJournal) -> None:
+    spec = await make_journal(length=4 << 20)
+    data = bytes(range(251)) * (3 * 4200)  # ~3.1 MiB: four chunks.
+    resp = await append(client, pb.AppendRequest(journal=spec.name), data)
+    assert resp.commit.end == len(data)
+    assert await read_all(client, spec.name) == data
+
+
+async def test_append_from_async_iterable(client: JournalClient, make_journal: MakeJournal) -> None:
+    spec = await make_journal()
+
+    async def parts() -> AsyncIterator[bytes]:
+        for i in range(5):
+            yield f"part {i}\n".encode()
+
+    resp = await append(client, pb.AppendRequest(journal=spec.name), parts())
+    assert resp.commit.end == 35
+    assert await read_all(client, spec.name) == b"".join(f"part {i}\n".encode() for i in range(5))
+
+
+async def test_wrong_offset_and_register_mismatch(
+    client: JournalClient, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal()
+    await append(client, pb.AppendRequest(journal=spec.name), b"abc")
+    with pytest.raises(WrongAppendOffset) as wrong:
+        await append(client, pb.AppendRequest(journal=spec.name, offset=1), b"x")
+    assert wrong.value.journal == spec.name and wrong.value.offset == 1
+    ok = await append(client, pb.AppendRequest(journal=spec.name, offset=3), b"def")
+    assert ok.commit.end == 6
+
+    fenced = pb.AppendRequest(journal=spec.name)
+    fenced.union_registers.labels.add(name="author", value="a1")
+    await append(client, fenced, b"g")
+    check = pb.AppendRequest(journal=spec.name)
+    check.check_registers.include.labels.add(name="author", value="zz")
+    with pytest.raises(RegisterMismatch) as mismatch:
+        await append(client, check, b"h")
+    assert "author=a1" in str(mismatch.value)
+    assert await read_all(client, spec.name) == b"abcdefg"
+
+
+async def test_append_retries_routing_and_transport_errors() -> None:
+    ok = pb.AppendResponse(status=pb.OK, commit=pb.Fragment(journal="fake/j", begin=0, end=3))
+    async with FakeBroker() as fb, JournalClient(fb.endpoint) as client:
+        fb.journal.script(
+            "Append",
+            pb.AppendResponse(status=pb.NOT_JOURNAL_PRIMARY_BROKER),
+            grpc.StatusCode.UNAVAILABLE,
+            ok,
+        )
+        resp = await append(
+            client, pb.AppendRequest(journal="fake/j"), b"abc", backoff_fn=lambda _: 0.01
+        )
+        assert resp == ok
+        calls = fb.journal.calls["Append"]
+        assert len(calls) == 3
+        # Parameters first, then content, then the empty commit message.
+        assert [m.journal for m in calls[-1]] == ["fake/j", "", ""]
+        assert [m.content for m in calls[-1]] == [b"", b"abc", b""]
+
+
+async def test_append_does_not_retry_other_statuses() -> None:
+    async with FakeBroker() as fb, JournalClient(fb.endpoint) as client:
+        fb.journal.script("Append", pb.AppendResponse(status=pb.NOT_ALLOWED))
+        with pytest.raises(Exception) as exc:
+            await append(client, pb.AppendRequest(journal="fake/j"), b"abc")
+        assert type(exc.value).__name__ == "NotAllowed"
+        assert len(fb.journal.calls["Append"]) == 1
+
+
+def test_appender_rejects_bad_requests() -> None:
+    with pytest.raises(ValueError):
+        Appender(JournalClient("x:1"), pb.AppendRequest())
+    with pytest.raises(ValueError):
+        Appender(JournalClient("x:1"), pb.AppendRequest(journal="j", content=b"x"))

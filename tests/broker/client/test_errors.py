@@ -1,0 +1,84 @@
+"""Status -> error mapping, and classification of transport errors."""
+
+from __future__ import annotations
+
+import grpc
+import grpc.aio
+import pytest
+
+from broker.client import errors
+from broker.client.errors import (
+    BrokerError,
+    OffsetJump,
+    error_for_status,
+    is_transient_rpc_error,
+    status_name,
+)
+from broker.protocol import protocol_pb2 as pb
+
+CASES = [
+    (pb.JOURNAL_NOT_FOUND, errors.JournalNotFound),
+    (pb.NO_JOURNAL_PRIMARY_BROKER, errors.NoJournalPrimaryBroker),
+    (pb.NOT_JOURNAL_PRIMARY_BROKER, errors.NotJournalPrimaryBroker),
+    (pb.INSUFFICIENT_JOURNAL_BROKERS, errors.InsufficientJournalBrokers),
+    (pb.NOT_JOURNAL_BROKER, errors.NotJournalBroker),
+    (pb.OFFSET_NOT_YET_AVAILABLE, errors.OffsetNotYetAvailable),
+    (pb.WRONG_ROUTE, errors.WrongRoute),
+    (pb.PROPOSAL_MISMATCH, errors.ProposalMismatch),
+    (pb.ETCD_TRANSACTION_FAILED, errors.EtcdTransactionFailed),
+    (pb.NOT_ALLOWED, errors.NotAllowed),
+    (pb.WRONG_APPEND_OFFSET, errors.WrongAppendOffset),
+    (pb.INDEX_HAS_GREATER_OFFSET, errors.IndexHasGreaterOffset),
+    (pb.REGISTER_MISMATCH, errors.RegisterMismatch),
+    (pb.SUSPENDED, errors.Suspended),
+    (pb.FRAGMENT_STORE_UNHEALTHY, errors.FragmentStoreUnhealthy),
+]
+
+
+@pytest.mark.parametrize(("status", "cls"), CASES)
+def test_every_status_maps_to_its_class(status: int, cls: type[BrokerError]) -> None:
+    err = error_for_status(status, journal="a/journal", offset=42)
+    assert type(err) is cls
+    assert err.status == status == cls.STATUS
+    assert (err.journal, err.offset) == ("a/journal", 42)
+    assert str(err) == f"{status_name(status)} journal=a/journal offset=42"
+    # Constructing the class directly gives it its own status.
+    assert cls(journal="j").status == status
+
+
+def test_all_non_ok_statuses_are_covered() -> None:
+    covered = {s for s, _ in CASES}
+    assert covered == {v for v in pb.Status.values() if v != pb.OK}
+    assert len({cls for _, cls in CASES}) == len(CASES)
+
+
+def test_ok_is_not_an_error_and_unknown_status_is_generic() -> None:
+    with pytest.raises(ValueError):
+        error_for_status(pb.OK)
+    err = error_for_status(99, detail="huh")
+    assert type(err) is BrokerError and str(err) == "Status(99): huh"
+
+
+def _rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details="x")
+
+
+@pytest.mark.parametrize(
+    ("code", "transient"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, True),
+        (grpc.StatusCode.CANCELLED, True),
+        (grpc.StatusCode.INTERNAL, True),
+        (grpc.StatusCode.INVALID_ARGUMENT, False),
+        (grpc.StatusCode.UNIMPLEMENTED, False),
+        (grpc.StatusCode.DATA_LOSS, False),
+    ],
+)
+def test_transient_rpc_errors(code: grpc.StatusCode, transient: bool) -> None:
+    assert is_transient_rpc_error(_rpc_error(code)) is transient
+    assert not is_transient_rpc_error(ValueError())
+
+
+def test_offset_jump_skipped() -> None:
+    assert OffsetJump("j", 10, 25).skipped == 15
+    assert OffsetJump("j", -1, 25).skipped == 0
