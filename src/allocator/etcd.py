@@ -56,8 +56,12 @@ class Compare:
 
     def to_rpc(self) -> Any:
         c = rpc.Compare(key=self.key)
-        c.result = {"==": rpc.Compare.EQUAL, "!=": rpc.Compare.NOT_EQUAL,
-                    ">": rpc.Compare.GREATER, "<": rpc.Compare.LESS}[self.op]
+        c.result = {
+            "==": rpc.Compare.EQUAL,
+            "!=": rpc.Compare.NOT_EQUAL,
+            ">": rpc.Compare.GREATER,
+            "<": rpc.Compare.LESS,
+        }[self.op]
         if self.target == "mod":
             c.target = rpc.Compare.MOD
             c.mod_revision = self.value
@@ -95,7 +99,7 @@ class Etcd:
         self.lease_stub = rpc.LeaseStub(self._channel)
 
     async def close(self) -> None:
-        await self._channel.close()
+        await self._channel.close(None)
 
     async def __aenter__(self) -> Etcd:
         return self

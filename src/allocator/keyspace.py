@@ -99,7 +99,11 @@ class KeySpace:
         if key not in self._kvs:
             bisect.insort(self._keys, key)
         self._kvs[key] = KeyValue(
-            key, value, bytes(kv.value), int(kv.create_revision), int(kv.mod_revision),
+            key,
+            value,
+            bytes(kv.value),
+            int(kv.create_revision),
+            int(kv.mod_revision),
             int(kv.lease),
         )
 

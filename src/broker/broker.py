@@ -15,7 +15,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
@@ -66,7 +65,7 @@ class Keys:
 
 def parse_assignment_key(keys: Keys, key: str) -> tuple[str, str, str, int]:
     """`{root}/assign/{item}#{zone}#{suffix}#{slot}` -> (item, zone, suffix, slot)."""
-    rest = key[len(keys.assign):]
+    rest = key[len(keys.assign) :]
     item, zone, suffix, slot = rest.rsplit("#", 3)
     return item, zone, suffix, int(slot)
 
@@ -103,8 +102,12 @@ class Broker:
     # --- headers and routes -------------------------------------------------------------
     def etcd_header(self) -> pb.Header.Etcd:
         h = self.keyspace.header
-        return pb.Header.Etcd(cluster_id=h.cluster_id, member_id=h.member_id,
-                              revision=h.revision, raft_term=h.raft_term)
+        return pb.Header.Etcd(
+            cluster_id=h.cluster_id,
+            member_id=h.member_id,
+            revision=h.revision,
+            raft_term=h.raft_term,
+        )
 
     def route_of(self, journal: str) -> pb.Route:
         """The journal's Route from the assignments in the keyspace, with endpoints."""
@@ -255,12 +258,15 @@ class Broker:
 
     async def _reconcile_once(self) -> None:
         assert self.etcd is not None
-        specs = {kv.key[len(self.keys.items):]: kv for kv in self.keyspace.prefixed(self.keys.items)}
+        specs = {
+            kv.key[len(self.keys.items) :]: kv for kv in self.keyspace.prefixed(self.keys.items)
+        }
         for name, kv in specs.items():
             replica = self.replicas.get(name)
             if replica is None:
-                replica = JournalReplica(kv.value, kv.mod_revision, self.cfg.spool_dir,
-                                         sync=self.cfg.spool_sync)
+                replica = JournalReplica(
+                    kv.value, kv.mod_revision, self.cfg.spool_dir, sync=self.cfg.spool_sync
+                )
                 for entry in await replica.recover():
                     self.persist_queue.put_nowait((replica, entry))
                 self.replicas[name] = replica
@@ -268,8 +274,9 @@ class Broker:
                 replica.spec, replica.mod_revision = kv.value, kv.mod_revision
             key = self.keys.assignment(name, self.cfg.zone, self.cfg.suffix, 0)
             if self.keyspace.get(key) is None:
-                route = pb.Route(members=[self.process_id], primary=0,
-                                 endpoints=[self.cfg.endpoint])
+                route = pb.Route(
+                    members=[self.process_id], primary=0, endpoints=[self.cfg.endpoint]
+                )
                 await self.etcd.put(key.encode(), route.SerializeToString(), lease=self.lease_id)
             else:
                 self._ready.setdefault(name, asyncio.Event()).set()
@@ -278,17 +285,18 @@ class Broker:
                 replica = self.replicas.pop(name)
                 self._ready.pop(name, None)
                 async with replica.lock:
-                    entry = replica.roll()
-                    if entry is not None:
-                        self.persist_queue.put_nowait((replica, entry))
+                    rolled = replica.roll()
+                    if rolled is not None:
+                        self.persist_queue.put_nowait((replica, rolled))
                 replica.close()
                 log.info("journal deleted journal=%s", name)
         mine = f"#{self.cfg.zone}#{self.cfg.suffix}#"
         for kv in list(self.keyspace.prefixed(self.keys.assign)):
             item, *_ = parse_assignment_key(self.keys, kv.key)
             if mine in kv.key and item not in specs:
-                await self.etcd.txn([Compare(kv.key.encode(), "mod", kv.mod_revision)],
-                                    [op_delete(kv.key.encode())])
+                await self.etcd.txn(
+                    [Compare(kv.key.encode(), "mod", kv.mod_revision)], [op_delete(kv.key.encode())]
+                )
 
     # --- persistence ------------------------------------------------------------------------
     async def _persist_loop(self) -> None:
@@ -301,8 +309,13 @@ class Broker:
                     break
                 except (FragmentStoreError, OSError) as err:
                     replica.store_health_error = str(err)
-                    log.error("persist failed journal=%s fragment=[%d,%d) err=%s; retrying",
-                              replica.name, entry.begin, entry.end, err)
+                    log.error(
+                        "persist failed journal=%s fragment=[%d,%d) err=%s; retrying",
+                        replica.name,
+                        entry.begin,
+                        entry.end,
+                        err,
+                    )
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 30.0)
 
@@ -313,8 +326,13 @@ class Broker:
             persisted = await store_for_url(stores[0]).persist(entry.spec, entry.local_path)
             replica.index.replace(FragmentEntry(spec=persisted))
             replica.store_health_error = ""
-            log.info("persisted journal=%s fragment=[%d,%d) store=%s",
-                     replica.name, entry.begin, entry.end, stores[0])
+            log.info(
+                "persisted journal=%s fragment=[%d,%d) store=%s",
+                replica.name,
+                entry.begin,
+                entry.end,
+                stores[0],
+            )
         else:
             # A journal without stores keeps no history beyond its current spool (as upstream).
             replica.index.remove(entry)
@@ -329,9 +347,9 @@ class Broker:
             for replica in list(self.replicas.values()):
                 if replica.should_roll(now) and not replica.lock.locked():
                     async with replica.lock:
-                        entry = replica.roll()
-                    if entry is not None:
-                        self.persist_queue.put_nowait((replica, entry))
+                        rolled = replica.roll()
+                    if rolled is not None:
+                        self.persist_queue.put_nowait((replica, rolled))
                 if time.monotonic() - replica.last_refresh >= replica.refresh_interval:
                     listed = await replica.list_stores()
                     async with replica.lock:

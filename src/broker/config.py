@@ -43,35 +43,79 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     p = argparse.ArgumentParser(
         prog="gazette-broker", description="Serve Gazette journals over gRPC (protocol.Journal)."
     )
-    p.add_argument("--etcd", default=_env("ETCD_ADDRESS", d.etcd), help="etcd endpoint [ETCD_ADDRESS]")
-    p.add_argument("--root", default=_env("ETCD_PREFIX", d.root),
-                   help="etcd root prefix of the broker keyspace [ETCD_PREFIX]")
-    p.add_argument("--zone", default=_env("BROKER_ZONE", d.zone), help="zone of this broker [BROKER_ZONE]")
-    p.add_argument("--suffix", default=_env("BROKER_ID", d.suffix),
-                   help="unique id of this broker within its zone [BROKER_ID]")
-    p.add_argument("--listen", default=_env("BROKER_LISTEN", d.listen),
-                   help="host:port to serve gRPC on [BROKER_LISTEN]")
-    p.add_argument("--advertise", default=_env("BROKER_ADVERTISE", ""),
-                   help="endpoint advertised to clients (default: --listen) [BROKER_ADVERTISE]")
-    p.add_argument("--spool-dir", type=Path, default=Path(_env("BROKER_SPOOL_DIR", str(d.spool_dir))),
-                   help="local directory of spools and cached fragments [BROKER_SPOOL_DIR]")
-    p.add_argument("--lease-ttl", type=int, default=int(_env("BROKER_LEASE_TTL", str(d.lease_ttl))),
-                   help="etcd lease TTL in seconds")
-    p.add_argument("--spool-sync", action="store_true",
-                   default=_env("BROKER_SPOOL_SYNC", "") not in ("", "0", "false"),
-                   help="fdatasync spools on every commit (default off: replication is durability)")
-    p.add_argument("--chunk-timeout", type=float, default=d.chunk_timeout,
-                   help="seconds an append may stall between chunks before it is rolled back")
-    p.add_argument("--cache-bytes", type=int, default=d.cache_bytes,
-                   help="bytes of decompressed remote fragments cached for reads")
+    p.add_argument(
+        "--etcd", default=_env("ETCD_ADDRESS", d.etcd), help="etcd endpoint [ETCD_ADDRESS]"
+    )
+    p.add_argument(
+        "--root",
+        default=_env("ETCD_PREFIX", d.root),
+        help="etcd root prefix of the broker keyspace [ETCD_PREFIX]",
+    )
+    p.add_argument(
+        "--zone", default=_env("BROKER_ZONE", d.zone), help="zone of this broker [BROKER_ZONE]"
+    )
+    p.add_argument(
+        "--suffix",
+        default=_env("BROKER_ID", d.suffix),
+        help="unique id of this broker within its zone [BROKER_ID]",
+    )
+    p.add_argument(
+        "--listen",
+        default=_env("BROKER_LISTEN", d.listen),
+        help="host:port to serve gRPC on [BROKER_LISTEN]",
+    )
+    p.add_argument(
+        "--advertise",
+        default=_env("BROKER_ADVERTISE", ""),
+        help="endpoint advertised to clients (default: --listen) [BROKER_ADVERTISE]",
+    )
+    p.add_argument(
+        "--spool-dir",
+        type=Path,
+        default=Path(_env("BROKER_SPOOL_DIR", str(d.spool_dir))),
+        help="local directory of spools and cached fragments [BROKER_SPOOL_DIR]",
+    )
+    p.add_argument(
+        "--lease-ttl",
+        type=int,
+        default=int(_env("BROKER_LEASE_TTL", str(d.lease_ttl))),
+        help="etcd lease TTL in seconds",
+    )
+    p.add_argument(
+        "--spool-sync",
+        action="store_true",
+        default=_env("BROKER_SPOOL_SYNC", "") not in ("", "0", "false"),
+        help="fdatasync spools on every commit (default off: replication is durability)",
+    )
+    p.add_argument(
+        "--chunk-timeout",
+        type=float,
+        default=d.chunk_timeout,
+        help="seconds an append may stall between chunks before it is rolled back",
+    )
+    p.add_argument(
+        "--cache-bytes",
+        type=int,
+        default=d.cache_bytes,
+        help="bytes of decompressed remote fragments cached for reads",
+    )
     p.add_argument("--journal-limit", type=int, default=d.journal_limit)
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
     a = p.parse_args(argv)
     if a.lease_ttl < 2:
         p.error("--lease-ttl must be at least 2 seconds")
     return BrokerConfig(
-        etcd=a.etcd, root=a.root.rstrip("/"), zone=a.zone, suffix=a.suffix, listen=a.listen,
-        advertise=a.advertise, spool_dir=a.spool_dir, lease_ttl=a.lease_ttl,
-        spool_sync=a.spool_sync, chunk_timeout=a.chunk_timeout, cache_bytes=a.cache_bytes,
-        journal_limit=a.journal_limit, log_level=a.log_level,
+        etcd=a.etcd,
+        root=a.root.rstrip("/"),
+        zone=a.zone,
+        suffix=a.suffix,
+        listen=a.listen,
+        advertise=a.advertise,
+        spool_dir=a.spool_dir,
+        lease_ttl=a.lease_ttl,
+        spool_sync=a.spool_sync,
+        chunk_timeout=a.chunk_timeout,
+        cache_bytes=a.cache_bytes,
+        journal_limit=a.journal_limit,
+        log_level=a.log_level,
     )

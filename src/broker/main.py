@@ -41,8 +41,13 @@ async def serve(cfg: BrokerConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     # The harness and operators wait for this line.
     print(f"broker ready endpoint={cfg.endpoint} id={cfg.zone}#{cfg.suffix}", flush=True)
-    log.info("serving endpoint=%s etcd=%s root=%s spool_dir=%s",
-             cfg.endpoint, cfg.etcd, cfg.root, cfg.spool_dir)
+    log.info(
+        "serving endpoint=%s etcd=%s root=%s spool_dir=%s",
+        cfg.endpoint,
+        cfg.etcd,
+        cfg.root,
+        cfg.spool_dir,
+    )
     background = asyncio.create_task(broker.run_background(), name="broker-background")
     stopped = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({background, stopped}, return_when=asyncio.FIRST_COMPLETED)

@@ -36,8 +36,9 @@ def duration_seconds(d: Duration | None) -> float:
 class JournalReplica:
     """One journal served by this broker (as primary, in this single-broker version)."""
 
-    def __init__(self, spec: pb.JournalSpec, mod_revision: int, spool_root: Path,
-                 *, sync: bool = False) -> None:
+    def __init__(
+        self, spec: pb.JournalSpec, mod_revision: int, spool_root: Path, *, sync: bool = False
+    ) -> None:
         self.name = spec.name
         self.spec = spec
         self.mod_revision = mod_revision
@@ -63,7 +64,7 @@ class JournalReplica:
         return self.spec.fragment.length or DEFAULT_FRAGMENT_LENGTH
 
     @property
-    def codec(self) -> int:
+    def codec(self) -> pb.CompressionCodec.ValueType:
         return self.spec.fragment.compression_codec or pb.NONE
 
     @property
@@ -98,8 +99,12 @@ class JournalReplica:
         await self.refresh_index()
         self.write_head = max(self.index.end_offset(), self.write_head)
         if pending:
-            log.info("recovered spools journal=%s count=%d through=%d",
-                     self.name, len(pending), self.write_head)
+            log.info(
+                "recovered spools journal=%s count=%d through=%d",
+                self.name,
+                len(pending),
+                self.write_head,
+            )
         return pending
 
     async def refresh_index(self) -> None:
@@ -115,8 +120,9 @@ class JournalReplica:
                 listed.extend(await store_for_url(url).list(self.name))
             except FragmentStoreError as err:
                 errors.append(str(err))
-                log.warning("fragment listing failed journal=%s store=%s err=%s",
-                            self.name, url, err)
+                log.warning(
+                    "fragment listing failed journal=%s store=%s err=%s", self.name, url, err
+                )
         return listed, errors
 
     def apply_listing(self, listed: list[pb.Fragment], errors: list[str]) -> None:

@@ -78,16 +78,20 @@ class JournalService(pb_grpc.JournalServicer):
                     request.selector, journal_labels_with_meta(spec)
                 ):
                     continue
-                journals.append(pb.ListResponse.Journal(
-                    spec=spec, mod_revision=kv.mod_revision, create_revision=kv.create_revision,
-                    route=self.b.route_of(spec.name),
-                ))
+                journals.append(
+                    pb.ListResponse.Journal(
+                        spec=spec,
+                        mod_revision=kv.mod_revision,
+                        create_revision=kv.create_revision,
+                        route=self.b.route_of(spec.name),
+                    )
+                )
             first = pb.ListResponse(status=pb.OK, header=self.b.header())
             if not journals:
                 yield first
             for i in range(0, len(journals), LIST_PAGE):
                 resp = first if i == 0 else pb.ListResponse()
-                resp.journals.extend(journals[i: i + LIST_PAGE])
+                resp.journals.extend(journals[i : i + LIST_PAGE])
                 yield resp
             if not request.watch:
                 return
@@ -148,15 +152,18 @@ class JournalService(pb_grpc.JournalServicer):
                     offset = replica.write_head
                 if not request.block:
                     yield pb.ReadResponse(
-                        status=pb.OFFSET_NOT_YET_AVAILABLE, header=header if first else None,
-                        offset=offset, write_head=replica.write_head,
+                        status=pb.OFFSET_NOT_YET_AVAILABLE,
+                        header=header if first else None,
+                        offset=offset,
+                        write_head=replica.write_head,
                     )
                     return
                 await replica.wait_for_head_beyond(offset)
                 continue
             assert entry is not None
-            meta = pb.ReadResponse(status=pb.OK, offset=offset, write_head=replica.write_head,
-                                   fragment=entry.spec)
+            meta = pb.ReadResponse(
+                status=pb.OK, offset=offset, write_head=replica.write_head, fragment=entry.spec
+            )
             if first:
                 meta.header.CopyFrom(header)
                 first = False
@@ -164,7 +171,8 @@ class JournalService(pb_grpc.JournalServicer):
             if remote and entry.spec.backing_store:
                 try:
                     meta.fragment_url = await store_for_url(entry.spec.backing_store).sign_get_url(
-                        entry.spec, 3600.0)
+                        entry.spec, 3600.0
+                    )
                 except FragmentStoreError as err:
                     log.warning("cannot sign fragment URL journal=%s err=%s", replica.name, err)
             yield meta
@@ -180,9 +188,11 @@ class JournalService(pb_grpc.JournalServicer):
                     data = os.pread(fd, n, offset - entry.begin)
                     if len(data) != n:
                         log.error("short fragment read journal=%s offset=%d", replica.name, offset)
-                        await context.abort(grpc.StatusCode.DATA_LOSS,
-                                            f"fragment of {replica.name} is shorter than indexed "
-                                            f"at offset {offset}")
+                        await context.abort(
+                            grpc.StatusCode.DATA_LOSS,
+                            f"fragment of {replica.name} is shorter than indexed "
+                            f"at offset {offset}",
+                        )
                     yield pb.ReadResponse(offset=offset, content=data)
                     offset += n
             finally:
@@ -198,15 +208,22 @@ class JournalService(pb_grpc.JournalServicer):
             path = await self.b.cache.get(entry.spec)
             return os.open(path, os.O_RDONLY)
         except FragmentCorrupted as err:
-            log.error("corrupted fragment journal=%s fragment=[%d,%d) err=%s",
-                      replica.name, entry.begin, entry.end, err)
+            log.error(
+                "corrupted fragment journal=%s fragment=[%d,%d) err=%s",
+                replica.name,
+                entry.begin,
+                entry.end,
+                err,
+            )
             await context.abort(grpc.StatusCode.DATA_LOSS, f"corrupted fragment: {err}")
         except (FragmentStoreError, FileNotFoundError) as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"fragment store: {err}")
         return None
 
     # --- Append -----------------------------------------------------------------------------
-    async def Append(self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any) -> pb.AppendResponse:  # noqa: N802
+    async def Append(
+        self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any
+    ) -> pb.AppendResponse:  # noqa: N802
         it = request_iterator.__aiter__()
         try:
             first = await anext(it)
@@ -227,13 +244,15 @@ class JournalService(pb_grpc.JournalServicer):
 
         async with replica.lock:
             if first.offset and first.offset != replica.write_head:
-                return pb.AppendResponse(status=pb.WRONG_APPEND_OFFSET, header=header,
-                                         registers=replica.registers)
+                return pb.AppendResponse(
+                    status=pb.WRONG_APPEND_OFFSET, header=header, registers=replica.registers
+                )
             if first.HasField("check_registers") and not registers_match(
                 first.check_registers, replica.registers
             ):
-                return pb.AppendResponse(status=pb.REGISTER_MISMATCH, header=header,
-                                         registers=replica.registers)
+                return pb.AppendResponse(
+                    status=pb.REGISTER_MISMATCH, header=header, registers=replica.registers
+                )
             if replica.should_roll(time.time()):
                 entry = replica.roll()
                 if entry is not None:
@@ -250,15 +269,17 @@ class JournalService(pb_grpc.JournalServicer):
             except BaseException as err:
                 pending.rollback()
                 if isinstance(err, StopAsyncIteration):
-                    await context.abort(grpc.StatusCode.ABORTED,
-                                        "append stream ended without the empty commit message: "
-                                        "rolled back")
+                    await context.abort(
+                        grpc.StatusCode.ABORTED,
+                        "append stream ended without the empty commit message: rolled back",
+                    )
                 if isinstance(err, AppendProtocolError):
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 if isinstance(err, TimeoutError):
-                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                        f"append stalled for over {self.b.cfg.chunk_timeout}s: "
-                                        "rolled back")
+                    await context.abort(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"append stalled for over {self.b.cfg.chunk_timeout}s: rolled back",
+                    )
                 if isinstance(err, SpoolError):
                     log.error("spool write failed: %s", err)
                     await context.abort(grpc.StatusCode.INTERNAL, str(err))
@@ -279,15 +300,20 @@ class JournalService(pb_grpc.JournalServicer):
                 if not labels.label_set_equal(regs, replica.registers):
                     replica.store_registers(regs)
                 replica.committed(spool)
-            commit = pb.Fragment(journal=replica.name, begin=begin, end=end,
-                                 compression_codec=replica.codec)
+            commit = pb.Fragment(
+                journal=replica.name, begin=begin, end=end, compression_codec=replica.codec
+            )
             if digest:
                 from broker.protocol.sha1sum import sha1sum_from_digest
 
                 commit.sum.CopyFrom(sha1sum_from_digest(digest))
             return pb.AppendResponse(
-                status=pb.OK, header=header, commit=commit, registers=replica.registers,
-                total_chunks=chunks, store_health_error=replica.store_health_error,
+                status=pb.OK,
+                header=header,
+                commit=commit,
+                registers=replica.registers,
+                total_chunks=chunks,
+                store_health_error=replica.store_health_error,
             )
 
     async def _receive(self, it: AsyncIterator[pb.AppendRequest], pending: Any) -> None:
@@ -309,7 +335,9 @@ class JournalService(pb_grpc.JournalServicer):
         )
 
     # --- Fragments ----------------------------------------------------------------------------
-    async def ListFragments(self, request: pb.FragmentsRequest, context: Any) -> pb.FragmentsResponse:  # noqa: N802
+    async def ListFragments(
+        self, request: pb.FragmentsRequest, context: Any
+    ) -> pb.FragmentsResponse:  # noqa: N802
         try:
             validate_fragments_request(request)
         except ValidationError as err:
@@ -319,8 +347,11 @@ class JournalService(pb_grpc.JournalServicer):
             return pb.FragmentsResponse(status=pb.JOURNAL_NOT_FOUND, header=self.b.header())
         limit = request.page_limit or DEFAULT_FRAGMENTS_PAGE
         resp = pb.FragmentsResponse(status=pb.OK, header=self.b.header(replica.name))
-        ttl = request.signatureTTL.seconds + request.signatureTTL.nanos / 1e9 \
-            if request.HasField("signatureTTL") else 0.0
+        ttl = (
+            request.signatureTTL.seconds + request.signatureTTL.nanos / 1e9
+            if request.HasField("signatureTTL")
+            else 0.0
+        )
         for entry in replica.index:
             f = entry.spec
             if f.begin < request.next_page_token:
@@ -340,18 +371,26 @@ class JournalService(pb_grpc.JournalServicer):
                     log.warning("cannot sign fragment URL err=%s", err)
         return resp
 
-    async def FragmentStoreHealth(self, request: pb.FragmentStoreHealthRequest, context: Any) -> pb.FragmentStoreHealthResponse:  # noqa: N802
+    async def FragmentStoreHealth(
+        self, request: pb.FragmentStoreHealthRequest, context: Any
+    ) -> pb.FragmentStoreHealthResponse:  # noqa: N802
         try:
             store = store_for_url(request.fragment_store)
             await store.health()
         except FragmentStoreError as err:
-            return pb.FragmentStoreHealthResponse(status=pb.FRAGMENT_STORE_UNHEALTHY,
-                                                  header=self.b.header(),
-                                                  store_health_error=str(err))
+            return pb.FragmentStoreHealthResponse(
+                status=pb.FRAGMENT_STORE_UNHEALTHY,
+                header=self.b.header(),
+                store_health_error=str(err),
+            )
         return pb.FragmentStoreHealthResponse(status=pb.OK, header=self.b.header())
 
-    async def Replicate(self, request_iterator: Any, context: Any) -> AsyncIterator[pb.ReplicateResponse]:  # noqa: N802
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                            "replication (journals with replication > 1 across brokers) is not "
-                            "implemented in this version: every broker serves with replication 1")
+    async def Replicate(
+        self, request_iterator: Any, context: Any
+    ) -> AsyncIterator[pb.ReplicateResponse]:  # noqa: N802
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "replication (journals with replication > 1 across brokers) is not "
+            "implemented in this version: every broker serves with replication 1",
+        )
         yield pb.ReplicateResponse()  # pragma: no cover - unreachable, makes this a generator

@@ -58,7 +58,7 @@ class Spool:
         self,
         journal: str,
         begin: int,
-        codec: int,
+        codec: pb.CompressionCodec.ValueType,
         files: SpoolFiles,
         *,
         end: int | None = None,
@@ -78,7 +78,13 @@ class Spool:
 
     @classmethod
     def create(
-        cls, directory: Path, journal: str, begin: int, codec: int, *, sync: bool = False
+        cls,
+        directory: Path,
+        journal: str,
+        begin: int,
+        codec: pb.CompressionCodec.ValueType,
+        *,
+        sync: bool = False,
     ) -> Spool:
         directory.mkdir(parents=True, exist_ok=True)
         files = _files(directory, begin)
@@ -189,8 +195,9 @@ class PendingAppend:
             try:
                 os.ftruncate(self.spool._fd, self.begin - self.spool.begin)
             except OSError as err:
-                log.error("spool rollback truncate failed journal=%s err=%s",
-                          self.spool.journal, err)
+                log.error(
+                    "spool rollback truncate failed journal=%s err=%s", self.spool.journal, err
+                )
         self.end = self.begin
 
 
@@ -204,7 +211,7 @@ class RecoveredSpool:
     digest: bytes
     files: SpoolFiles
 
-    def fragment(self, codec: int) -> pb.Fragment:
+    def fragment(self, codec: pb.CompressionCodec.ValueType) -> pb.Fragment:
         return pb.Fragment(
             journal=self.journal,
             begin=self.begin,
@@ -242,7 +249,9 @@ def recover_spools(directory: Path, journal: str) -> list[RecoveredSpool]:
         if end - begin > size:
             log.error(
                 "spool %s is shorter (%d bytes) than its commit log says (%d); keeping the prefix",
-                path, size, end - begin,
+                path,
+                size,
+                end - begin,
             )
             end = begin + size
         if end <= begin:

@@ -20,10 +20,13 @@ _names = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def broker(etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+def broker(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
     root = f"/test/{os.getpid()}/{next(_names)}"
-    proc = BrokerProcess(etcd_server.endpoint, root=root,
-                         spool_dir=tmp_path_factory.mktemp("spool"))
+    proc = BrokerProcess(
+        etcd_server.endpoint, root=root, spool_dir=tmp_path_factory.mktemp("spool")
+    )
     with proc:
         yield proc
 
@@ -34,14 +37,25 @@ async def stub(broker: BrokerProcess) -> AsyncIterator[pb_grpc.JournalStub]:
         yield pb_grpc.JournalStub(channel)
 
 
-def journal_spec(name: str, store: str | None = None, *, codec: int = pb.NONE,
-                 length: int = 1 << 20, refresh: int = 1) -> pb.JournalSpec:
-    frag = pb.JournalSpec.Fragment(length=length, compression_codec=codec,
-                                   refresh_interval=Duration(seconds=refresh))
+def journal_spec(
+    name: str,
+    store: str | None = None,
+    *,
+    codec: int = pb.NONE,
+    length: int = 1 << 20,
+    refresh: int = 1,
+) -> pb.JournalSpec:
+    frag = pb.JournalSpec.Fragment(
+        length=length, compression_codec=codec, refresh_interval=Duration(seconds=refresh)
+    )
     if store:
         frag.stores.append(store)
-    return pb.JournalSpec(name=name, replication=1, fragment=frag,
-                          labels=pb.LabelSet(labels=[pb.Label(name="app", value="test")]))
+    return pb.JournalSpec(
+        name=name,
+        replication=1,
+        fragment=frag,
+        labels=pb.LabelSet(labels=[pb.Label(name="app", value="test")]),
+    )
 
 
 MakeJournal = Callable[..., Awaitable[pb.JournalSpec]]
@@ -64,8 +78,9 @@ def make_journal(stub: pb_grpc.JournalStub, tmp_path: Path) -> MakeJournal:
     return make
 
 
-async def append(stub: pb_grpc.JournalStub, journal: str, *chunks: bytes,
-                 commit: bool = True, **params: object) -> pb.AppendResponse:
+async def append(
+    stub: pb_grpc.JournalStub, journal: str, *chunks: bytes, commit: bool = True, **params: object
+) -> pb.AppendResponse:
     async def requests() -> AsyncIterator[pb.AppendRequest]:
         yield pb.AppendRequest(journal=journal, **params)  # type: ignore[arg-type]
         for c in chunks:
@@ -76,13 +91,15 @@ async def append(stub: pb_grpc.JournalStub, journal: str, *chunks: bytes,
     return await stub.Append(requests())
 
 
-async def read_all(stub: pb_grpc.JournalStub, journal: str, offset: int = 0,
-                   end_offset: int = 0, **kw: object) -> tuple[bytes, list[pb.ReadResponse]]:
+async def read_all(
+    stub: pb_grpc.JournalStub, journal: str, offset: int = 0, end_offset: int = 0, **kw: object
+) -> tuple[bytes, list[pb.ReadResponse]]:
     """Content from offset until OFFSET_NOT_YET_AVAILABLE (non-blocking) or end_offset."""
     out = bytearray()
     metas = []
-    async for resp in stub.Read(pb.ReadRequest(journal=journal, offset=offset,
-                                               end_offset=end_offset, **kw)):  # type: ignore[arg-type]
+    async for resp in stub.Read(
+        pb.ReadRequest(journal=journal, offset=offset, end_offset=end_offset, **kw)
+    ):  # type: ignore[arg-type]
         if resp.content:
             out += resp.content
         else:

@@ -15,7 +15,9 @@ from broker.protocol.sha1sum import sha1sum_from_digest
 from .conftest import MakeJournal, append, read_all
 
 
-async def test_append_then_read_round_trip(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+async def test_append_then_read_round_trip(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
     spec = await make_journal()
     r1 = await append(stub, spec.name, b"hello, ", b"world\n")
     assert r1.status == pb.OK
@@ -36,14 +38,18 @@ async def test_append_then_read_round_trip(stub: pb_grpc.JournalStub, make_journ
     assert content == b"world"
 
 
-async def test_zero_byte_append_commits_nothing(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+async def test_zero_byte_append_commits_nothing(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
     spec = await make_journal()
     r = await append(stub, spec.name)
     assert r.status == pb.OK and r.commit.begin == r.commit.end == 0
     assert r.commit.sum == pb.SHA1Sum()
 
 
-async def test_read_from_write_head_blocks_until_append(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+async def test_read_from_write_head_blocks_until_append(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
     spec = await make_journal()
     await append(stub, spec.name, b"before\n")
     got: list[pb.ReadResponse] = []
@@ -63,14 +69,18 @@ async def test_read_from_write_head_blocks_until_append(stub: pb_grpc.JournalStu
     assert got[0].offset == 7
 
 
-async def test_non_blocking_read_at_head_is_not_yet_available(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+async def test_non_blocking_read_at_head_is_not_yet_available(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
     spec = await make_journal()
     content, metas = await read_all(stub, spec.name, offset=0)
     assert content == b""
     assert metas[0].status == pb.OFFSET_NOT_YET_AVAILABLE
 
 
-async def test_concurrent_appends_never_interleave(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+async def test_concurrent_appends_never_interleave(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
     spec = await make_journal(length=64 << 10)
     writers, per_writer = 8, 12
 
@@ -93,7 +103,9 @@ async def test_concurrent_appends_never_interleave(stub: pb_grpc.JournalStub, ma
     assert len(content) == sum(e - b for spans in results for b, e in spans)
 
 
-async def test_append_without_commit_message_rolls_back(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+async def test_append_without_commit_message_rolls_back(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
     spec = await make_journal()
     await append(stub, spec.name, b"kept\n")
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -105,7 +117,9 @@ async def test_append_without_commit_message_rolls_back(stub: pb_grpc.JournalStu
     assert content == b"kept\nnext\n"
 
 
-async def test_cancelled_append_leaves_no_bytes(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+async def test_cancelled_append_leaves_no_bytes(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
     spec = await make_journal()
     sent = asyncio.Event()
 
@@ -144,12 +158,17 @@ async def test_unknown_journal(stub: pb_grpc.JournalStub) -> None:
     assert metas[0].status == pb.JOURNAL_NOT_FOUND
 
 
-@pytest.mark.parametrize("request_kw, field", [
-    ({"journal": "bad//name"}, "journal"),
-    ({"journal": "a"}, "journal"),
-    ({"journal": "tests/ok-name", "offset": -5}, "offset"),
-])
-async def test_invalid_read_requests_are_rejected(stub: pb_grpc.JournalStub, request_kw: dict, field: str) -> None:  # type: ignore[type-arg]
+@pytest.mark.parametrize(
+    "request_kw, field",
+    [
+        ({"journal": "bad//name"}, "journal"),
+        ({"journal": "a"}, "journal"),
+        ({"journal": "tests/ok-name", "offset": -5}, "offset"),
+    ],
+)
+async def test_invalid_read_requests_are_rejected(
+    stub: pb_grpc.JournalStub, request_kw: dict, field: str
+) -> None:  # type: ignore[type-arg]
     with pytest.raises(grpc.aio.AioRpcError) as err:
         async for _ in stub.Read(pb.ReadRequest(**request_kw)):
             pass
@@ -164,7 +183,9 @@ async def test_invalid_append_request_is_rejected(stub: pb_grpc.JournalStub) -> 
     assert "journal" in err.value.details().lower()
 
 
-async def test_content_after_commit_message_is_a_protocol_error(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+async def test_content_after_commit_message_is_a_protocol_error(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
     spec = await make_journal()
 
     async def requests():  # type: ignore[no-untyped-def]

@@ -13,7 +13,9 @@ from broker.protocol import protocol_pb2_grpc as pb_grpc
 from .conftest import MakeJournal, append, read_all
 
 
-async def _rolled(stub: pb_grpc.JournalStub, journal: str, count: int) -> list[pb.FragmentsResponse._Fragment]:
+async def _rolled(
+    stub: pb_grpc.JournalStub, journal: str, count: int
+) -> list[pb.FragmentsResponse._Fragment]:
     async with asyncio.timeout(20):
         while True:
             resp = await stub.ListFragments(pb.FragmentsRequest(journal=journal))
@@ -23,35 +25,47 @@ async def _rolled(stub: pb_grpc.JournalStub, journal: str, count: int) -> list[p
             await asyncio.sleep(0.1)
 
 
-async def test_list_fragments_paging_and_signed_urls(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+async def test_list_fragments_paging_and_signed_urls(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
     spec = await make_journal(length=1024)
     for i in range(6):
         await append(stub, spec.name, bytes([65 + i]) * 1100)  # each append rolls a fragment
     frags = await _rolled(stub, spec.name, 5)
-    assert [(f.spec.begin, f.spec.end) for f in frags][:5] == [(i * 1100, (i + 1) * 1100) for i in range(5)]
+    assert [(f.spec.begin, f.spec.end) for f in frags][:5] == [
+        (i * 1100, (i + 1) * 1100) for i in range(5)
+    ]
 
     page1 = await stub.ListFragments(pb.FragmentsRequest(journal=spec.name, page_limit=2))
     assert len(page1.fragments) == 2 and page1.next_page_token == 2200
-    page2 = await stub.ListFragments(pb.FragmentsRequest(
-        journal=spec.name, page_limit=2, next_page_token=page1.next_page_token))
+    page2 = await stub.ListFragments(
+        pb.FragmentsRequest(journal=spec.name, page_limit=2, next_page_token=page1.next_page_token)
+    )
     assert page2.fragments[0].spec.begin == 2200
 
     from google.protobuf.duration_pb2 import Duration
 
-    signed = await stub.ListFragments(pb.FragmentsRequest(
-        journal=spec.name, signatureTTL=Duration(seconds=60)))
+    signed = await stub.ListFragments(
+        pb.FragmentsRequest(journal=spec.name, signatureTTL=Duration(seconds=60))
+    )
     url = signed.fragments[0].signed_url
     assert url.startswith("file://")
     assert Path(urlparse(url).path).read_bytes() == b"A" * 1100
 
     now = int(time.time())
-    recent = await stub.ListFragments(pb.FragmentsRequest(journal=spec.name, begin_mod_time=now - 60))
+    recent = await stub.ListFragments(
+        pb.FragmentsRequest(journal=spec.name, begin_mod_time=now - 60)
+    )
     assert all(f.spec.backing_store for f in recent.fragments) and len(recent.fragments) >= 5
-    future = await stub.ListFragments(pb.FragmentsRequest(journal=spec.name, begin_mod_time=now + 3600))
+    future = await stub.ListFragments(
+        pb.FragmentsRequest(journal=spec.name, begin_mod_time=now + 3600)
+    )
     assert not future.fragments
 
 
-async def test_do_not_proxy_read_returns_fragment_url(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+async def test_do_not_proxy_read_returns_fragment_url(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
     spec = await make_journal(length=1024)
     await append(stub, spec.name, b"x" * 1500)
     await append(stub, spec.name, b"y" * 10)
@@ -63,7 +77,9 @@ async def test_do_not_proxy_read_returns_fragment_url(stub: pb_grpc.JournalStub,
     assert (meta.fragment.begin, meta.fragment.end) == (0, 1500)
 
 
-async def test_read_reports_offset_jump_when_history_is_deleted(stub: pb_grpc.JournalStub, make_journal: MakeJournal, tmp_path: Path) -> None:
+async def test_read_reports_offset_jump_when_history_is_deleted(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal, tmp_path: Path
+) -> None:
     spec = await make_journal(length=1024)
     for c in b"abc":
         await append(stub, spec.name, bytes([c]) * 1100)
@@ -79,10 +95,15 @@ async def test_read_reports_offset_jump_when_history_is_deleted(stub: pb_grpc.Jo
 
 
 async def test_fragment_store_health(stub: pb_grpc.JournalStub, tmp_path: Path) -> None:
-    ok = await stub.FragmentStoreHealth(pb.FragmentStoreHealthRequest(fragment_store=f"file://{tmp_path}/"))
+    ok = await stub.FragmentStoreHealth(
+        pb.FragmentStoreHealthRequest(fragment_store=f"file://{tmp_path}/")
+    )
     assert ok.status == pb.OK
-    bad = await stub.FragmentStoreHealth(pb.FragmentStoreHealthRequest(
-        fragment_store=f"file://{tmp_path}/missing/dir/"))
+    bad = await stub.FragmentStoreHealth(
+        pb.FragmentStoreHealthRequest(fragment_store=f"file://{tmp_path}/missing/dir/")
+    )
     assert bad.status == pb.FRAGMENT_STORE_UNHEALTHY and "missing" in bad.store_health_error
-    unknown = await stub.FragmentStoreHealth(pb.FragmentStoreHealthRequest(fragment_store="ftp://x/"))
+    unknown = await stub.FragmentStoreHealth(
+        pb.FragmentStoreHealthRequest(fragment_store="ftp://x/")
+    )
     assert unknown.status == pb.FRAGMENT_STORE_UNHEALTHY and "ftp" in unknown.store_health_error

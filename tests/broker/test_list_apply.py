@@ -44,8 +44,11 @@ async def test_apply_create_update_delete_with_revisions(stub: pb_grpc.JournalSt
     assert page.journals[0].spec.fragment.length == 2 << 20
     rev = page.journals[0].mod_revision
 
-    r = await stub.Apply(pb.ApplyRequest(changes=[
-        pb.ApplyRequest.Change(delete="tests/apply/one", expect_mod_revision=rev)]))
+    r = await stub.Apply(
+        pb.ApplyRequest(
+            changes=[pb.ApplyRequest.Change(delete="tests/apply/one", expect_mod_revision=rev)]
+        )
+    )
     assert r.status == pb.OK
     (page,) = await list_journals(stub, "name=tests/apply/one")
     assert not page.journals
@@ -61,11 +64,16 @@ async def test_apply_is_atomic_across_changes(stub: pb_grpc.JournalStub) -> None
     assert [j.spec.name for j in page.journals] == ["tests/atomic/a"]
 
 
-@pytest.mark.parametrize("spec_kw, field", [
-    ({"replication": 0}, "replication"),
-    ({"replication": 6}, "replication"),
-])
-async def test_apply_rejects_invalid_specs(stub: pb_grpc.JournalStub, spec_kw: dict, field: str) -> None:  # type: ignore[type-arg]
+@pytest.mark.parametrize(
+    "spec_kw, field",
+    [
+        ({"replication": 0}, "replication"),
+        ({"replication": 6}, "replication"),
+    ],
+)
+async def test_apply_rejects_invalid_specs(
+    stub: pb_grpc.JournalStub, spec_kw: dict, field: str
+) -> None:  # type: ignore[type-arg]
     spec = journal_spec("tests/invalid/spec")
     for k, v in spec_kw.items():
         setattr(spec, k, v)
@@ -112,7 +120,8 @@ async def test_list_selectors_and_paging(stub: pb_grpc.JournalStub) -> None:
     assert all(j.spec.name.endswith(("0", "2", "4", "6", "8")) for p in pages for j in p.journals)
     pages = await list_journals(stub, "name:prefix=tests/paging/j2")
     assert [j.spec.name for p in pages for j in p.journals] == [
-        f"tests/paging/j2{i}" for i in range(10)]
+        f"tests/paging/j2{i}" for i in range(10)
+    ]
 
 
 async def test_list_watch_sends_new_snapshots(stub: pb_grpc.JournalStub) -> None:

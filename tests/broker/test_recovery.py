@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -32,9 +32,15 @@ def s3() -> Iterator[MotoS3Server]:
 
 
 @pytest.fixture(scope="module")
-def crash_broker(etcd_server: EtcdServer, s3: MotoS3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(etcd_server.endpoint, root=f"/test/{os.getpid()}/recovery",
-                         spool_dir=tmp_path_factory.mktemp("spool"), extra_env=s3.env())
+def crash_broker(
+    etcd_server: EtcdServer, s3: MotoS3Server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(
+        etcd_server.endpoint,
+        root=f"/test/{os.getpid()}/recovery",
+        spool_dir=tmp_path_factory.mktemp("spool"),
+        extra_env=s3.env(),
+    )
     with proc:
         yield proc
 
@@ -44,12 +50,16 @@ async def _stub(endpoint: str) -> tuple[grpc.aio.Channel, pb_grpc.JournalStub]:
     return ch, pb_grpc.JournalStub(ch)
 
 
-async def _wait_rolled(stub: pb_grpc.JournalStub, journal: str, timeout: float = 20) -> list[pb.Fragment]:
+async def _wait_rolled(
+    stub: pb_grpc.JournalStub, journal: str, timeout: float = 20
+) -> list[pb.Fragment]:
     """Wait until every fragment but the open spool (the last) is persisted."""
     async with asyncio.timeout(timeout):
         while True:
-            frags = [f.spec for f in
-                     (await stub.ListFragments(pb.FragmentsRequest(journal=journal))).fragments]
+            frags = [
+                f.spec
+                for f in (await stub.ListFragments(pb.FragmentsRequest(journal=journal))).fragments
+            ]
             if len(frags) > 1 and all(f.backing_store for f in frags[:-1]):
                 return frags[:-1]
             await asyncio.sleep(0.1)
@@ -74,7 +84,7 @@ async def test_every_committed_byte_survives_sigkill(
     assert resp.status == pb.OK
 
     expect = bytearray()
-    for i in range(60):  # ~60 KiB: several rolled fragments plus an open spool
+    for _ in range(60):  # ~60 KiB: several rolled fragments plus an open spool
         record = bytes(rng.getrandbits(8) for _ in range(rng.randint(200, 1800)))
         r = await append(stub, name, record)
         assert r.status == pb.OK and r.commit.begin == len(expect)

@@ -19,8 +19,9 @@ def sel(**labels: str) -> pb.LabelSelector:
 async def test_fence_with_registers(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
     spec = await make_journal()
     # Empty registers match any check, so the first writer can establish its fence.
-    r = await append(stub, spec.name, b"a", check_registers=sel(author="1"),
-                     union_registers=ls(author="1"))
+    r = await append(
+        stub, spec.name, b"a", check_registers=sel(author="1"), union_registers=ls(author="1")
+    )
     assert r.status == pb.OK
     assert list(r.registers.labels) == [pb.Label(name="author", value="1")]
 
@@ -40,7 +41,9 @@ async def test_fence_with_registers(stub: pb_grpc.JournalStub, make_journal: Mak
     assert r.status == pb.OK and r.commit.begin == 3
 
 
-async def test_register_updates_need_appended_bytes(stub: pb_grpc.JournalStub, make_journal: MakeJournal) -> None:
+async def test_register_updates_need_appended_bytes(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
     spec = await make_journal()
     r = await append(stub, spec.name, union_registers=ls(key="v"))
     assert r.status == pb.OK
@@ -53,7 +56,9 @@ async def test_register_updates_need_appended_bytes(stub: pb_grpc.JournalStub, m
     assert [(x.name, x.value) for x in r.registers.labels] == [("other", "o")]
 
 
-async def test_registers_survive_broker_restart(make_journal: MakeJournal, stub: pb_grpc.JournalStub, broker) -> None:  # type: ignore[no-untyped-def]
+async def test_registers_survive_broker_restart(
+    make_journal: MakeJournal, stub: pb_grpc.JournalStub, broker
+) -> None:  # type: ignore[no-untyped-def]
     spec = await make_journal()
     r = await append(stub, spec.name, b"x", union_registers=ls(author="7"))
     assert r.status == pb.OK

@@ -59,13 +59,29 @@ class BrokerProcess:
         # Run the installed entry point's module so coverage of the venv's interpreter is used.
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "broker.main",
-                "--etcd", self.etcd_endpoint, "--root", self.root, "--zone", self.zone,
-                "--suffix", self.suffix, "--listen", self.endpoint,
-                "--spool-dir", str(self.spool_dir), "--lease-ttl", "4",
+                sys.executable,
+                "-m",
+                "broker.main",
+                "--etcd",
+                self.etcd_endpoint,
+                "--root",
+                self.root,
+                "--zone",
+                self.zone,
+                "--suffix",
+                self.suffix,
+                "--listen",
+                self.endpoint,
+                "--spool-dir",
+                str(self.spool_dir),
+                "--lease-ttl",
+                "4",
                 *self.extra_args,
             ],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
         log.close()
         deadline = time.monotonic() + timeout

@@ -25,6 +25,10 @@ DEFAULT_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
+    # Never consult instance metadata or the host's AWS config for test clients.
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_CONFIG_FILE": "/nonexistent/aws-config",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
 }
 
 
@@ -39,6 +43,7 @@ class MotoS3Server:
     port: int = 0
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _log: Path | None = field(default=None, repr=False)
+    _client: Any = field(default=None, repr=False)
 
     @property
     def endpoint(self) -> str:
@@ -84,17 +89,20 @@ class MotoS3Server:
             return False
 
     def client(self) -> Any:
-        """A boto3 S3 client of this server (using `env()` credentials)."""
+        """A boto3 S3 client of this server (using `env()` credentials), made once."""
         import boto3
 
+        if self._client is not None:
+            return self._client
         env = self.env()
-        return boto3.client(
+        self._client = boto3.client(
             "s3",
             endpoint_url=self.endpoint,
             aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
             region_name=env["AWS_DEFAULT_REGION"],
         )
+        return self._client
 
     def create_bucket(self, name: str) -> None:
         self.client().create_bucket(Bucket=name)
@@ -114,6 +122,7 @@ class MotoS3Server:
                 self._proc.kill()
                 self._proc.wait()
         self._proc = None
+        self._client = None
         if self._log is not None:
             self._log.unlink(missing_ok=True)
             self._log = None

@@ -1,0 +1,217 @@
+"""Broker benchmark: append and read throughput as ratios of this machine's disk, same run.
+
+- append: one client, sequential 1 MiB appends (each awaits its commit) to a real broker
+  process; MB/s over the sequential write bandwidth of the same disk (write + fdatasync),
+  target >= 0.5.
+- append_service: 100-byte appends through the client AppendService, appends/s.
+- read: a full read of the journal's persisted fragments (from a restarted broker, so they
+  come from the fragment store), MB/s over a native sequential read of the same bytes.
+
+Prints progress, then one JSON line. `--quick` runs in well under a minute.
+"""
+
+from __future__ import annotations
+
+import os.path
+import sys
+
+# This script is named after the package it measures; keep its directory off the import path.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pb_grpc
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+
+MiB = 1 << 20
+# 256 KiB messages: measured ~3x the loopback gRPC throughput of single 1 MiB messages.
+CHUNK = 256 << 10
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def native_write_mbps(directory: Path, total: int, runs: int = 3) -> float:
+    """Median of `runs` sequential 1 MiB writes + fdatasync, like `dd bs=1M conv=fdatasync`."""
+    path = directory / "native.bin"
+    block = os.urandom(MiB)
+    figures = []
+    for _ in range(runs):
+        path.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for _ in range(total // MiB):
+                os.write(fd, block)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        figures.append(total / (time.perf_counter() - t0) / 1e6)
+    return sorted(figures)[len(figures) // 2]
+
+
+def native_read_mbps(directory: Path) -> float:
+    path = directory / "native.bin"
+    t0 = time.perf_counter()
+    n = 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(MiB):
+            n += len(chunk)
+    elapsed = time.perf_counter() - t0
+    path.unlink()
+    return n / elapsed / 1e6
+
+
+async def append_mbps(stub: pb_grpc.JournalStub, journal: str, total: int) -> float:
+    block = os.urandom(MiB)
+
+    async def requests() -> AsyncIterator[pb.AppendRequest]:
+        yield pb.AppendRequest(journal=journal)
+        for i in range(0, MiB, CHUNK):
+            yield pb.AppendRequest(content=block[i : i + CHUNK])
+        yield pb.AppendRequest()
+
+    await stub.Append(requests())  # warm up the route and spool
+    t0 = time.perf_counter()
+    for _ in range(total // MiB):
+        r = await stub.Append(requests())
+        assert r.status == pb.OK, r
+    return total / (time.perf_counter() - t0) / 1e6
+
+
+async def append_service_rate(endpoint: str, journal: str, count: int) -> float | None:
+    try:
+        from broker.client import AppendService, JournalClient
+    except ImportError:
+        say("append_service: client library not available; skipped")
+        return None
+    async with JournalClient(endpoint) as client:
+        svc = AppendService(client)
+        msg = b"x" * 99 + b"\n"
+        t0 = time.perf_counter()
+        ops = []
+        for _ in range(count):
+            aa = svc.start_append(pb.AppendRequest(journal=journal))
+            aa.write(msg)
+            ops.append(aa.release())
+        for op in ops:
+            await op.done()
+        rate = count / (time.perf_counter() - t0)
+        await svc.close()
+    return rate
+
+
+async def read_mbps(stub: pb_grpc.JournalStub, journal: str, expect: int) -> float:
+    t0 = time.perf_counter()
+    n = 0
+    async for resp in stub.Read(pb.ReadRequest(journal=journal, offset=0, end_offset=expect)):
+        n += len(resp.content)
+    elapsed = time.perf_counter() - t0
+    assert n == expect, (n, expect)
+    return n / elapsed / 1e6
+
+
+async def run(endpoint: str, store: Path, total: int, small: int) -> dict[str, float | None]:
+    async with grpc.aio.insecure_channel(
+        endpoint,
+        options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+        ],
+    ) as ch:
+        stub = pb_grpc.JournalStub(ch)
+        spec = pb.JournalSpec(
+            name="bench/append",
+            replication=1,
+            fragment=pb.JournalSpec.Fragment(
+                length=64 * MiB,
+                compression_codec=pb.NONE,
+                stores=[f"file://{store}/"],
+                refresh_interval=Duration(seconds=30),
+            ),
+        )
+        small_spec = pb.JournalSpec()
+        small_spec.CopyFrom(spec)
+        small_spec.name = "bench/small"
+        r = await stub.Apply(
+            pb.ApplyRequest(
+                changes=[
+                    pb.ApplyRequest.Change(upsert=spec),
+                    pb.ApplyRequest.Change(upsert=small_spec),
+                ]
+            )
+        )
+        assert r.status == pb.OK
+        say(f"appending {total // MiB} x 1 MiB ...")
+        mbps = await append_mbps(stub, spec.name, total)
+        say(f"  append: {mbps:.0f} MB/s")
+        say(f"appending {small} x 100 B through AppendService ...")
+        rate = await append_service_rate(endpoint, small_spec.name, small)
+        if rate is not None:
+            say(f"  append_service: {rate:.0f} appends/s")
+    return {"append_mbps": mbps, "append_service_per_s": rate}
+
+
+async def read_run(endpoint: str, total: int) -> float:
+    async with grpc.aio.insecure_channel(
+        endpoint, options=[("grpc.max_receive_message_length", 64 << 20)]
+    ) as ch:
+        return await read_mbps(pb_grpc.JournalStub(ch), "bench/append", total + MiB)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small run (< 1 minute)")
+    args = parser.parse_args()
+    total = (256 if args.quick else 1024) * MiB
+    small = 20_000 if args.quick else 100_000
+    with tempfile.TemporaryDirectory(prefix="bench-broker-", dir="/var/tmp") as tmp:
+        tmpdir = Path(tmp)
+        store = tmpdir / "store"
+        store.mkdir()
+        say(f"native sequential write of {total // MiB} MiB (fdatasync) ...")
+        native_w = native_write_mbps(tmpdir, total)
+        native_r = native_read_mbps(tmpdir)
+        say(f"  native write: {native_w:.0f} MB/s, read: {native_r:.0f} MB/s")
+        with EtcdServer() as etcd:
+            b = BrokerProcess(etcd.endpoint, spool_dir=tmpdir / "spool")
+            b.start()
+            try:
+                figures = asyncio.run(run(b.endpoint, store, total, small))
+                say("restarting the broker (graceful: spools persist) and reading back ...")
+                b.stop()
+                b.start()
+                read = asyncio.run(read_run(b.endpoint, total))
+                say(f"  read from persisted fragments: {read:.0f} MB/s")
+            finally:
+                b.close()
+    result = {
+        "bench": "broker",
+        "native_write_mbps": round(native_w),
+        "append_mbps": round(figures["append_mbps"] or 0),
+        "ratio_append": round((figures["append_mbps"] or 0) / native_w, 2),
+        "target": 0.5,
+        "append_service_per_s": round(figures["append_service_per_s"] or 0),
+        "native_read_mbps": round(native_r),
+        "read_mbps": round(read),
+        "ratio_read": round(read / native_r, 2),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

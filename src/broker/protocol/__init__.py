@@ -1,0 +1,161 @@
+"""The broker protocol of Gazette: generated messages and hand-written extensions.
+
+`pb` (the generated module `protocol_pb2`) holds the messages and enums of
+``proto/protocol.proto``, which are wire-compatible with Gazette's. This package
+adds what Gazette's ``*_extensions.go`` files add to them:
+
+- `errors`: `ValidationError`, which names the field path of a bad value.
+- `validation`: `validate_*` for each message, and `validate(msg)` dispatching on type.
+- `labels`: LabelSet operations keeping labels sorted and unique.
+- `selector`: parse, format and match LabelSelectors.
+- `fragment_name`: content names and paths of fragments in stores.
+- `sha1sum`: SHA1Sum to and from digests.
+- `offsets`: journal-to-offset mappings.
+"""
+
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.errors import ValidationError, context
+from broker.protocol.fragment_name import (
+    CODEC_EXTENSIONS,
+    codec_extension,
+    codec_from_extension,
+    content_name,
+    content_path,
+    parse_content_name,
+    parse_content_path,
+    parse_relative_path,
+)
+from broker.protocol.labels import (
+    add_label,
+    intersect,
+    label_set,
+    label_set_equal,
+    remove,
+    set_value,
+    subtract,
+    union,
+    value_of,
+    values_of,
+)
+from broker.protocol.offsets import Offsets, copy_offsets, validate_offsets
+from broker.protocol.selector import (
+    format_label_selector,
+    journal_labels_with_meta,
+    matches,
+    parse_label_selector,
+)
+from broker.protocol.sha1sum import (
+    is_zero,
+    sha1sum_from_digest,
+    sha1sum_from_hex,
+    sha1sum_hex,
+    sha1sum_of,
+    sha1sum_to_digest,
+)
+from broker.protocol.validation import (
+    split_journal_meta,
+    validate,
+    validate_append_request,
+    validate_append_response,
+    validate_apply_request,
+    validate_apply_response,
+    validate_broker_spec,
+    validate_codec,
+    validate_endpoint,
+    validate_fragment,
+    validate_fragment_spec,
+    validate_fragment_store,
+    validate_fragment_store_health_request,
+    validate_fragment_store_health_response,
+    validate_fragments_request,
+    validate_fragments_response,
+    validate_header,
+    validate_journal_name,
+    validate_journal_spec,
+    validate_label,
+    validate_label_selector,
+    validate_label_set,
+    validate_list_request,
+    validate_list_response,
+    validate_path_component,
+    validate_process_id,
+    validate_process_spec,
+    validate_read_request,
+    validate_read_response,
+    validate_replicate_request,
+    validate_replicate_response,
+    validate_route,
+    validate_status,
+    validate_token,
+)
+
+__all__ = [
+    "CODEC_EXTENSIONS",
+    "Offsets",
+    "ValidationError",
+    "add_label",
+    "codec_extension",
+    "codec_from_extension",
+    "content_name",
+    "content_path",
+    "context",
+    "copy_offsets",
+    "format_label_selector",
+    "intersect",
+    "is_zero",
+    "journal_labels_with_meta",
+    "label_set",
+    "label_set_equal",
+    "matches",
+    "parse_content_name",
+    "parse_content_path",
+    "parse_label_selector",
+    "parse_relative_path",
+    "pb",
+    "remove",
+    "set_value",
+    "sha1sum_from_digest",
+    "sha1sum_from_hex",
+    "sha1sum_hex",
+    "sha1sum_of",
+    "sha1sum_to_digest",
+    "split_journal_meta",
+    "subtract",
+    "union",
+    "validate",
+    "validate_append_request",
+    "validate_append_response",
+    "validate_apply_request",
+    "validate_apply_response",
+    "validate_broker_spec",
+    "validate_codec",
+    "validate_endpoint",
+    "validate_fragment",
+    "validate_fragment_spec",
+    "validate_fragment_store",
+    "validate_fragment_store_health_request",
+    "validate_fragment_store_health_response",
+    "validate_fragments_request",
+    "validate_fragments_response",
+    "validate_header",
+    "validate_journal_name",
+    "validate_journal_spec",
+    "validate_label",
+    "validate_label_selector",
+    "validate_label_set",
+    "validate_list_request",
+    "validate_list_response",
+    "validate_offsets",
+    "validate_path_component",
+    "validate_process_id",
+    "validate_process_spec",
+    "validate_read_request",
+    "validate_read_response",
+    "validate_replicate_request",
+    "validate_replicate_response",
+    "validate_route",
+    "validate_status",
+    "validate_token",
+    "value_of",
+    "values_of",
+]
