@@ -43,7 +43,7 @@ test: deps
 	$(VENV)/bin/pytest -q
 
 demo: deps
-	$(PY) -m demo
+	$(PY) examples/demo.py
 
 bench: deps
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b --quick || exit 1; done

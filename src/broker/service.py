@@ -25,6 +25,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.errors import ValidationError
 from broker.protocol.selector import journal_labels_with_meta, matches
+from broker.protocol.sha1sum import sha1sum_from_digest
 from broker.protocol.validation import (
     validate_append_request,
     validate_apply_request,
@@ -259,13 +260,10 @@ class JournalService(pb_grpc.JournalServicer):
                     self.b.persist_queue.put_nowait((replica, entry))
             spool = replica.ensure_spool()
             pending = spool.begin_append()
-            chunks = 0
+            chunks = 1  # the first message, as upstream counts
             try:
-                if first.content:
-                    pending.write(first.content)
-                    chunks += 1
-                await self._receive(it, pending)
-                chunks = max(chunks, 1)
+                pending.write(first.content)
+                chunks += await self._receive(it, pending)
             except BaseException as err:
                 pending.rollback()
                 if isinstance(err, StopAsyncIteration):
@@ -304,8 +302,6 @@ class JournalService(pb_grpc.JournalServicer):
                 journal=replica.name, begin=begin, end=end, compression_codec=replica.codec
             )
             if digest:
-                from broker.protocol.sha1sum import sha1sum_from_digest
-
                 commit.sum.CopyFrom(sha1sum_from_digest(digest))
             return pb.AppendResponse(
                 status=pb.OK,
@@ -316,12 +312,19 @@ class JournalService(pb_grpc.JournalServicer):
                 store_health_error=replica.store_health_error,
             )
 
-    async def _receive(self, it: AsyncIterator[pb.AppendRequest], pending: Any) -> None:
-        """Write content chunks until the empty commit message, then require EOF."""
+    async def _receive(self, it: AsyncIterator[pb.AppendRequest], pending: Any) -> int:
+        """Write content chunks until the empty commit message, then require EOF.
+
+        Returns the number of messages received. Raises StopAsyncIteration if the stream
+        ends before the commit message, TimeoutError if the client stalls, and
+        AppendProtocolError if anything follows the commit message.
+        """
         timeout = self.b.cfg.chunk_timeout
+        count = 0
         while True:
             async with asyncio.timeout(timeout):
                 msg = await anext(it)
+            count += 1
             if not msg.content:
                 break
             pending.write(msg.content)
@@ -329,7 +332,7 @@ class JournalService(pb_grpc.JournalServicer):
             try:
                 extra = await anext(it)
             except StopAsyncIteration:
-                return
+                return count
         raise AppendProtocolError(
             f"unexpected message after the commit message (content {len(extra.content)} bytes)"
         )
