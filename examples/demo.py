@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -33,7 +34,10 @@ def gazctl(broker: BrokerProcess, *args: str, stdin: bytes | None = None) -> byt
     env = {**os.environ, "BROKER_ADDRESS": broker.endpoint}
     proc = subprocess.run(
         [sys.executable, "-m", "gazctl.main", "journals", *args],
-        input=stdin, capture_output=True, env=env, timeout=120,
+        input=stdin,
+        capture_output=True,
+        env=env,
+        timeout=120,
     )
     if proc.returncode != 0:
         raise SystemExit(f"gazctl journals {' '.join(args)} failed:\n{proc.stderr.decode()}")
@@ -60,7 +64,8 @@ def main() -> None:
     store = data / "fragments"
     store.mkdir()
     specs = data / "journals.yaml"
-    specs.write_text(textwrap.dedent(f"""\
+    specs.write_text(
+        textwrap.dedent(f"""\
         # Journals under examples/demo/ share this configuration.
         name: examples/demo/
         replication: 1
@@ -78,7 +83,8 @@ def main() -> None:
             labels:
               - name: content-type
                 value: application/x-ndjson
-        """))
+        """)
+    )
 
     step("starting etcd on loopback")
     with EtcdServer() as etcd:
@@ -96,7 +102,8 @@ def main() -> None:
 
             step(f"appending {args.lines} JSON lines with `gazctl journals append`")
             lines = b"".join(
-                f'{{"n": {i}, "word": "{hashlib.sha1(str(i).encode()).hexdigest()[:8]}"}}\n'.encode()
+                json.dumps({"n": i, "word": hashlib.sha1(b"%d" % i).hexdigest()[:8]}).encode()
+                + b"\n"
                 for i in range(args.lines)
             )
             t0 = time.perf_counter()
@@ -104,10 +111,12 @@ def main() -> None:
             per = -(-args.lines // batches)
             all_lines = lines.splitlines(keepends=True)
             for b in range(batches):
-                batch = b"".join(all_lines[b * per:(b + 1) * per])
+                batch = b"".join(all_lines[b * per : (b + 1) * per])
                 gazctl(broker, "append", "--journal", JOURNAL, "--framing", "lines", stdin=batch)
-            print(f"    appended {len(lines):,} bytes in {batches} runs of gazctl, "
-                  f"{time.perf_counter() - t0:.2f}s")
+            print(
+                f"    appended {len(lines):,} bytes in {batches} runs of gazctl, "
+                f"{time.perf_counter() - t0:.2f}s"
+            )
 
             step("reading the journal back with `gazctl journals read`")
             back = gazctl(broker, "read", "-l", f"name={JOURNAL}")
@@ -122,13 +131,17 @@ def main() -> None:
             broker.start()
             back = gazctl(broker, "read", "-l", f"name={JOURNAL}")
             assert back == lines, "content differs after the broker crash"
-            print(f"    after the crash: {len(back):,} bytes, identical (spool recovered from its"
-                  " commit log, fragments from the store)")
+            print(
+                f"    after the crash: {len(back):,} bytes, identical (spool recovered from its"
+                " commit log, fragments from the store)"
+            )
         finally:
             broker.close()
     step("done")
-    print(f"    etcd, a broker and gazctl: {args.lines} lines appended, read, persisted as"
-          " GZIP fragments, and recovered after SIGKILL.")
+    print(
+        f"    etcd, a broker and gazctl: {args.lines} lines appended, read, persisted as"
+        " GZIP fragments, and recovered after SIGKILL."
+    )
     if args.keep:
         print(f"    data kept in {data}")
     else:

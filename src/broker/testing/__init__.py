@@ -1,1 +1,1 @@
-"""Real-component harnesses for tests, benchmarks and the demo: an etcd server and broker processes."""
+"""Real-component harnesses for tests, benchmarks and the demo: etcd, brokers, S3 (moto)."""

@@ -35,9 +35,15 @@ async def test_list_get_and_apply(
 ) -> None:
     spec = await make_journal("lst", labels={"app": "list-test", "color": "red"})
     await make_journal("lst", labels={"app": "list-test", "color": "blue"})
-    red = await list_all_journals(client, parse_label_selector("app=list-test, color=red"))
-    assert [j.spec.name for j in red] == [spec.name]
-    assert red[0].route.members[0].suffix == "broker-1" and red[0].mod_revision > 0
+    red_sel = parse_label_selector("app=list-test, color=red")
+    red = await list_all_journals(client, red_sel)
+    assert [j.spec.name for j in red] == [spec.name] and red[0].mod_revision > 0
+    for _ in range(100):  # The route appears once the broker has taken the assignment.
+        if red[0].route.members:
+            break
+        await asyncio.sleep(0.05)
+        red = await list_all_journals(client, red_sel)
+    assert red[0].route.members[0].suffix == "broker-1"
     assert client.routes.get(spec.name) is not None  # Listing primes the route cache.
     both = await list_all_journals(client, parse_label_selector("app=list-test"))
     assert len(both) == 2
@@ -94,7 +100,14 @@ async def test_watch_and_polled_list(client: JournalClient, make_journal: MakeJo
     async with PolledList(client, sel, interval=0.2) as pl:
         assert pl.journals == []
         spec = await make_journal("w", labels={"app": "watch-test"})
-        snap = await asyncio.wait_for(anext(watch), 10)
+
+        async def next_nonempty() -> list[pb.ListResponse.Journal]:
+            # Other changes of the keyspace may produce snapshots before ours.
+            while not (snap := await anext(watch)):
+                pass
+            return snap
+
+        snap = await asyncio.wait_for(next_nonempty(), 10)
         assert [j.spec.name for j in snap] == [spec.name]
         polled = await asyncio.wait_for(pl.updated(), 5)
         assert [j.spec.name for j in polled] == [spec.name]

@@ -1,0 +1,137 @@
+"""JournalClient: gRPC channels to brokers, and routing of journal RPCs among them.
+
+A `JournalClient` is created with one or more broker endpoints; the first is the *default*
+endpoint, used for RPCs with no journal (List, Apply) and for journals whose route is not yet
+known. Any broker can serve any request (it proxies to the journal's primary when needed), so
+routing is an optimisation: responses carry the journal's route in their header, the client
+remembers it in a `RouteCache`, and later RPCs of that journal dial the primary (or, for reads,
+a replica in the client's zone) directly. Channels are opened lazily, one per endpoint, and
+closed by `close()`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import grpc
+import grpc.aio
+
+from broker.client.route_cache import RouteCache, endpoint_to_target, pick_endpoint
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from broker.protocol.protocol_pb2_grpc import JournalAsyncStub as JournalStub
+else:
+    JournalStub = pb_grpc.JournalStub
+
+__all__ = ["JournalClient", "JournalStub", "MAX_MESSAGE_SIZE"]
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_SIZE = 64 << 20
+"""Largest gRPC message sent or received, both ways (64 MiB)."""
+
+_CHANNEL_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_SIZE),
+    # Fail fast while a broker is down, and reconnect quickly once it is back.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
+class JournalClient:
+    """Channels to brokers plus a `RouteCache`. Use as ``async with JournalClient(...)``.
+
+    `endpoints` is a target (``127.0.0.1:8080`` or ``http://host:8080``) or a sequence of them;
+    the first is the default endpoint. `zone` is the client's availability zone, used to prefer
+    same-zone replicas for reads.
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        zone: str = "",
+        route_cache: RouteCache | None = None,
+    ) -> None:
+        if isinstance(endpoints, str):
+            endpoints = [endpoints]
+        targets = [endpoint_to_target(e) for e in endpoints if e]
+        if not targets:
+            raise ValueError("JournalClient needs at least one broker endpoint")
+        self.endpoints: tuple[str, ...] = tuple(targets)
+        self.zone = zone
+        self.routes = route_cache if route_cache is not None else RouteCache()
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, JournalStub] = {}
+        self._closed = False
+
+    @property
+    def default_endpoint(self) -> str:
+        """The gRPC target of the first configured broker."""
+        return self.endpoints[0]
+
+    def channel(self, target: str | None = None) -> grpc.aio.Channel:
+        """The (lazily opened) channel to `target`, or to the default endpoint."""
+        if self._closed:
+            raise RuntimeError("JournalClient is closed")
+        target = endpoint_to_target(target) if target else self.default_endpoint
+        ch = self._channels.get(target)
+        if ch is None:
+            ch = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            self._channels[target] = ch
+        return ch
+
+    def stub(self, target: str | None = None) -> JournalStub:
+        """A `protocol.Journal` stub on `target`, or on the default endpoint."""
+        target = endpoint_to_target(target) if target else self.default_endpoint
+        st = self._stubs.get(target)
+        if st is None:
+            st = pb_grpc.JournalStub(self.channel(target))
+            self._stubs[target] = st
+        return st
+
+    def endpoint_for(self, journal: str, *, primary: bool = True) -> str:
+        """The target an RPC of `journal` should be dispatched to.
+
+        With `primary` (appends), the cached route's primary; otherwise (reads) a replica in
+        our zone if there is one. Falls back to the default endpoint when the route is
+        unknown or names no usable endpoint.
+        """
+        route = self.routes.get(journal)
+        if route is not None:
+            ep = pick_endpoint(route, primary=primary, zone=self.zone)
+            if ep:
+                return endpoint_to_target(ep)
+        return self.default_endpoint
+
+    def stub_for(self, journal: str, *, primary: bool = True) -> JournalStub:
+        """A stub dialing `endpoint_for(journal, primary=primary)`."""
+        return self.stub(self.endpoint_for(journal, primary=primary))
+
+    def update_route(self, journal: str, header: pb.Header | None) -> None:
+        """Remember the route of `journal` carried by a response `header` (if any)."""
+        if header is not None and header.HasField("route"):
+            self.routes.update(journal, header.route)
+
+    def invalidate_route(self, journal: str) -> None:
+        """Forget the route of `journal`, e.g. after its broker failed to answer."""
+        self.routes.invalidate(journal)
+
+    async def close(self, grace: float | None = None) -> None:
+        """Close every channel. In-flight RPCs are cancelled (after `grace` seconds, if
+        given). Idempotent."""
+        self._closed = True
+        channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        for ch in channels:
+            await ch.close(grace)
+
+    async def __aenter__(self) -> JournalClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

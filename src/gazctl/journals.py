@@ -1,0 +1,676 @@
+"""``gazctl journals ...``: list, apply, edit, read, append, fragments, prune, store-health.
+
+Each command opens one `JournalClient` to ``--broker`` for its duration. Label selectors
+(``-l``) use Gazette's syntax: ``app=clicks, region in (us, eu), !deprecated``,
+``name:prefix=examples/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client import (
+    AppendService,
+    AsyncAppend,
+    JournalClient,
+    OffsetNotYetAvailable,
+    PolledList,
+    RetryReader,
+    append,
+    apply_journals_in_batches,
+    fragment_store_health,
+    list_all_fragments,
+    list_all_journals,
+    watch_journals,
+)
+from broker.client.errors import BrokerError
+from broker.fragment.store import store_for_url
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.errors import ValidationError
+from broker.protocol.selector import format_label_selector, parse_label_selector
+from broker.protocol.sha1sum import sha1sum_hex
+from broker.protocol.validation import validate_journal_spec
+from gazctl.journalspace import apply_changes, dump_tree, load_tree, tree_from_journals
+from gazctl.main import GazctlError, Streams
+from gazctl.output import render_table
+from gazctl.specyaml import format_duration, parse_duration
+
+__all__ = ["register", "parse_time"]
+
+Journals = list[pb.ListResponse.Journal]
+
+
+def register(groups: Any, common: argparse.ArgumentParser) -> None:
+    """Add the ``journals`` group and its commands to the `groups` subparsers."""
+    group = groups.add_parser("journals", help="interact with broker journals")
+    cmds = group.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def cmd(
+        name: str,
+        help: str,
+        handler: Callable[[argparse.Namespace, Streams], Coroutine[Any, Any, int]],
+        *,
+        selector: bool | None = False,
+    ) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = cmds.add_parser(
+            name,
+            help=help,
+            description=help,
+            parents=[common],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        if selector is not False:
+            p.add_argument(
+                "-l",
+                "--selector",
+                required=bool(selector),
+                default="",
+                help="label selector of journals, e.g. 'app=clicks, name:prefix=logs/'",
+            )
+        p.set_defaults(handler=handler)
+        return p
+
+    p = cmd("list", "list journals matching a selector", cmd_list, selector=None)
+    p.add_argument("-o", "--format", choices=("table", "yaml", "json"), default="table")
+    p.add_argument("-w", "--watch", action="store_true", help="keep listing as journals change")
+    p.add_argument("-p", "--primary", action="store_true", help="show each journal's primary")
+    p.add_argument("-L", "--label-columns", default="", help="comma-separated labels as columns")
+
+    p = cmd("apply", "apply a hierarchical YAML of journal specs", cmd_apply)
+    p.add_argument("--specs", default="-", help="YAML file of specs ('-': stdin)")
+    p.add_argument("--dry-run", action="store_true", help="print the changes, apply nothing")
+    p.add_argument(
+        "--max-txn-size", type=int, default=0, help="changes per etcd transaction (0: all in one)"
+    )
+
+    p = cmd("edit", "edit journal specs in $EDITOR and apply them", cmd_edit, selector=True)
+    p.add_argument(
+        "--max-txn-size", type=int, default=0, help="changes per etcd transaction (0: all in one)"
+    )
+
+    p = cmd("read", "read journal content to stdout", cmd_read, selector=True)
+    p.add_argument("-b", "--block", action="store_true", help="wait for new content at the head")
+    p.add_argument("--tail", action="store_true", help="begin at the write head (not offset 0)")
+    p.add_argument("--offsets", default="", help="JSON file of journal -> offset to begin at")
+    p.add_argument("--offsets-out", default="", help="JSON file to write final offsets to")
+    p.add_argument("-o", "--output", default="-", help="output file ('-': stdout)")
+    p.add_argument("--from", dest="from_time", default="", help="skip fragments persisted before")
+    p.add_argument(
+        "--progress-interval", type=float, default=5.0, help="seconds between progress lines"
+    )
+
+    p = cmd("append", "append stdin to a journal", cmd_append, selector=None)
+    p.add_argument("--journal", default="", help="journal to append to")
+    p.add_argument("-f", "--framing", choices=("none", "lines"), default="none")
+
+    p = cmd("fragments", "list fragments of journals", cmd_fragments, selector=True)
+    p.add_argument("--from", dest="from_time", default="", help="persisted at or after")
+    p.add_argument("--to", dest="to_time", default="", help="persisted before")
+    p.add_argument("--url-ttl", default="", help="also sign fragment URLs valid this long")
+    p.add_argument("-o", "--format", choices=("table", "json"), default="table")
+
+    p = cmd("prune", "delete fragments older than each journal's retention", cmd_prune)
+    p.add_argument("-l", "--selector", required=True, help="label selector of journals")
+    p.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+
+    p = cmd("store-health", "check the health of fragment stores", cmd_store_health, selector=None)
+    p.add_argument(
+        "--store",
+        action="append",
+        default=[],
+        help="store URL (repeatable; default: stores of the selected journals)",
+    )
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def _selector(text: str) -> pb.LabelSelector:
+    return parse_label_selector(text)
+
+
+@contextlib.asynccontextmanager
+async def _client(args: argparse.Namespace) -> AsyncIterator[JournalClient]:
+    async with JournalClient(args.broker, zone=args.zone) as client:
+        yield client
+
+
+def parse_time(text: str, *, now: float | None = None) -> int:
+    """Unix seconds from RFC 3339 (``2024-05-01T12:00:00Z``), a date, a unix timestamp, or a
+    duration ago (``1h``, ``30m``). Raises GazctlError."""
+    text = text.strip()
+    now = time.time() if now is None else now
+    if text.isdigit():
+        return int(text)
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        pass
+    else:
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.UTC)
+        return int(when.timestamp())
+    try:
+        ago = parse_duration(text.lstrip("-"))
+    except ValidationError:
+        raise GazctlError(
+            f"invalid time {text!r} (expected RFC 3339, unix seconds, or a duration ago like '1h')"
+        ) from None
+    return int(now - ago.ToNanoseconds() / 1e9)
+
+
+def _fmt_time(unix: int) -> str:
+    if not unix:
+        return "-"
+    return dt.datetime.fromtimestamp(unix, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _labels_text(ls: pb.LabelSet) -> str:
+    sel = pb.LabelSelector(include=ls)
+    return format_label_selector(sel)
+
+
+def _primary(j: pb.ListResponse.Journal) -> tuple[str, str]:
+    r = j.route
+    if 0 <= r.primary < len(r.members):
+        m = r.members[r.primary]
+        ep = r.endpoints[r.primary] if r.primary < len(r.endpoints) else ""
+        return f"{m.zone}/{m.suffix}", ep
+    return "<none>", ""
+
+
+def _journal_json(j: pb.ListResponse.Journal) -> dict[str, Any]:
+    return json_format.MessageToDict(j, preserving_proto_field_name=True)
+
+
+# --- list -------------------------------------------------------------------------------
+
+
+def _render_list(journals: Journals, args: argparse.Namespace) -> str:
+    if args.format == "json":
+        return json.dumps([_journal_json(j) for j in journals], indent=2)
+    if args.format == "yaml":
+        if not journals:
+            return "# no journals matched\n"
+        return dump_tree(tree_from_journals(journals)).rstrip("\n")
+    label_cols = [c.strip() for c in args.label_columns.split(",") if c.strip()]
+    header = ["NAME", *(c.upper() for c in label_cols)]
+    if not label_cols:
+        header.append("LABELS")
+    if args.primary:
+        header += ["PRIMARY", "ENDPOINT"]
+    rows = []
+    for j in journals:
+        row = [j.spec.name]
+        if label_cols:
+            for c in label_cols:
+                row.append(",".join(lb.value for lb in j.spec.labels.labels if lb.name == c))
+        else:
+            row.append(_labels_text(j.spec.labels))
+        if args.primary:
+            row += list(_primary(j))
+        rows.append(row)
+    return render_table(header, rows)
+
+
+async def cmd_list(args: argparse.Namespace, io: Streams) -> int:
+    sel = _selector(args.selector)
+    async with _client(args) as client:
+        if not args.watch:
+            io.out(_render_list(await list_all_journals(client, sel), args))
+            return 0
+        watch = watch_journals(client, sel)
+        try:
+            async for journals in watch:
+                if args.format == "json":
+                    io.out(json.dumps([_journal_json(j) for j in journals]))
+                else:
+                    io.out(_render_list(journals, args))
+                    io.out("---" if args.format == "yaml" else "")
+        finally:
+            await watch.aclose()
+    return 0
+
+
+# --- apply / edit -----------------------------------------------------------------------
+
+
+async def _apply_tree_text(
+    client: JournalClient, text: str, io: Streams, *, dry_run: bool, txn_size: int
+) -> int:
+    tree = load_tree(text)
+    names = [n.name for n in tree.terminals()]
+    current: dict[str, int] = {}
+    if names:
+        # Revisions of the journals as they exist now, for nodes that omit `revision`.
+        for j in await list_all_journals(client):
+            current[j.spec.name] = j.mod_revision
+    changes = apply_changes(tree, current)
+    for ch in changes:
+        if ch.HasField("upsert"):
+            try:
+                validate_journal_spec(ch.upsert)
+            except ValidationError as err:
+                raise err.extend(ch.upsert.name) from None
+    req = pb.ApplyRequest(changes=changes)
+    if dry_run:
+        for ch in changes:
+            if ch.HasField("upsert"):
+                verb = "update" if ch.expect_mod_revision else "create"
+                io.out(f"# {verb} {ch.upsert.name} (expect revision {ch.expect_mod_revision})")
+            else:
+                io.out(f"# delete {ch.delete} (expect revision {ch.expect_mod_revision})")
+        io.out(str(req).rstrip("\n"))
+        return 0
+    if not changes:
+        io.err("nothing to apply")
+        return 0
+    resp = await apply_journals_in_batches(client, req, txn_size)
+    io.err(f"applied {len(changes)} change(s) at revision {resp.header.etcd.revision}")
+    return 0
+
+
+async def cmd_apply(args: argparse.Namespace, io: Streams) -> int:
+    if args.specs == "-":
+        text = (await asyncio.to_thread(io.stdin.read)).decode()
+    else:
+        text = Path(args.specs).read_text()
+    async with _client(args) as client:
+        return await _apply_tree_text(
+            client, text, io, dry_run=args.dry_run, txn_size=args.max_txn_size
+        )
+
+
+_EDIT_HEADER = """\
+# Edit the journal specifications below; they are applied when the editor exits.
+# Set `delete: true` on a journal (or a directory of them) to delete it. Keep `revision`:
+# it makes the apply fail if the journal changed meanwhile. Empty the file to cancel.
+"""
+
+
+async def cmd_edit(args: argparse.Namespace, io: Streams) -> int:
+    async with _client(args) as client:
+        journals = await list_all_journals(client, _selector(args.selector))
+        if not journals:
+            raise GazctlError(f"no journals match selector {args.selector!r}")
+        original = _EDIT_HEADER + dump_tree(tree_from_journals(journals))
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="gazctl-", delete=False) as f:
+            f.write(original)
+            path = f.name
+        try:
+            editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+            rc = await asyncio.to_thread(subprocess.call, [*shlex.split(editor), path])
+            if rc != 0:
+                raise GazctlError(f"editor {editor!r} exited with status {rc}; nothing applied")
+            edited = Path(path).read_text()
+        finally:
+            os.unlink(path)
+        body = "\n".join(ln for ln in edited.splitlines() if not ln.lstrip().startswith("#"))
+        if edited == original or not body.strip():
+            io.err("no changes")
+            return 0
+        return await _apply_tree_text(client, edited, io, dry_run=False, txn_size=args.max_txn_size)
+
+
+# --- read -------------------------------------------------------------------------------
+
+
+class _ReadState:
+    def __init__(self, out: Any, io: Streams) -> None:
+        self.out = out
+        self.io = io
+        self.readers: dict[str, RetryReader] = {}
+        self.done: dict[str, int] = {}
+        self.bytes_read: dict[str, int] = {}
+
+
+async def _pump(rr: RetryReader, state: _ReadState) -> None:
+    """Copy one journal to the output until its head (non-blocking) or cancellation."""
+    journal = rr.journal
+    buf = bytearray()
+    try:
+        while True:
+            try:
+                data = await rr.read()
+            except OffsetNotYetAvailable:
+                break
+            if not data:
+                break
+            buf += data
+            frag = rr.reader.fragment
+            # Write whole fragments (or 4 MiB) at once: appends of whole messages then stay
+            # whole in output multiplexed from several journals.
+            at_boundary = frag is None or rr.offset >= min(frag.end, rr.reader.write_head)
+            if at_boundary or len(buf) >= 4 << 20:
+                state.out.write(bytes(buf))
+                state.out.flush()
+                state.bytes_read[journal] = state.bytes_read.get(journal, 0) + len(buf)
+                buf.clear()
+    finally:
+        if buf:
+            state.out.write(bytes(buf))
+            state.out.flush()
+            state.bytes_read[journal] = state.bytes_read.get(journal, 0) + len(buf)
+        state.done[journal] = rr.offset if rr.offset >= 0 else 0
+        rr.close()
+
+
+async def _progress(state: _ReadState, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        for name, rr in sorted(state.readers.items()):
+            if name in state.done:
+                continue
+            state.io.err(
+                f"read journal={name} offset={rr.offset} write_head={rr.reader.write_head} "
+                f"bytes={state.bytes_read.get(name, 0)}"
+            )
+
+
+async def cmd_read(args: argparse.Namespace, io: Streams) -> int:
+    begin: dict[str, int] = {}
+    if args.offsets:
+        try:
+            loaded = json.loads(Path(args.offsets).read_text() or "{}")
+        except json.JSONDecodeError as err:
+            raise GazctlError(f"--offsets {args.offsets}: invalid JSON: {err}") from None
+        if not isinstance(loaded, dict):
+            raise GazctlError(f"--offsets {args.offsets}: expected a JSON object")
+        begin = {str(k): int(v) for k, v in loaded.items()}
+    from_unix = parse_time(args.from_time) if args.from_time else 0
+    sel = _selector(args.selector)
+
+    out: Any
+    if args.output == "-":
+        out = io.stdout
+    else:
+        out = open(args.output, "wb")  # noqa: SIM115 - closed below
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    state = _ReadState(out, io)
+    try:
+        async with _client(args) as client:
+            polled = PolledList(client, sel, interval=10.0)
+            await polled.start()
+            try:
+                if not polled.journals:
+                    io.err(f"no journals match selector {args.selector!r}")
+                await _read_loop(client, polled, state, args, begin, from_unix, stop)
+            finally:
+                await polled.close()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(sig)
+        if out is not io.stdout:
+            out.close()
+    if args.offsets_out:
+        final = {**begin, **state.done}
+        tmp = args.offsets_out + ".temp"
+        with open(tmp, "w") as f:
+            json.dump(final, f, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, args.offsets_out)
+    return 0
+
+
+async def _read_loop(
+    client: JournalClient,
+    polled: PolledList,
+    state: _ReadState,
+    args: argparse.Namespace,
+    begin: dict[str, int],
+    from_unix: int,
+    stop: asyncio.Event,
+) -> None:
+    tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(journals: Journals) -> None:
+        for j in journals:
+            name = j.spec.name
+            if name in state.readers:
+                continue
+            offset = begin.get(name, -1 if args.tail else 0)
+            req = pb.ReadRequest(
+                journal=name, offset=offset, block=args.block, begin_mod_time=from_unix
+            )
+            rr = RetryReader(client, req)
+            state.readers[name] = rr
+            tasks[name] = asyncio.create_task(_pump(rr, state), name=f"read:{name}")
+
+    progress = asyncio.create_task(_progress(state, args.progress_interval))
+    stopper = asyncio.create_task(stop.wait())
+    try:
+        start(polled.journals)
+        while True:
+            running = [t for t in tasks.values() if not t.done()]
+            if not running and not args.block:
+                break
+            update = asyncio.create_task(polled.updated())
+            await asyncio.wait([*running, update, stopper], return_when=asyncio.FIRST_COMPLETED)
+            if update.done():
+                start(polled.journals)
+            else:
+                update.cancel()
+            for t in tasks.values():
+                if t.done() and not t.cancelled() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+            if stop.is_set():
+                break
+    finally:
+        owned: list[asyncio.Task[Any]] = [progress, stopper, *tasks.values()]
+        for t in owned:
+            t.cancel()
+        await asyncio.gather(*owned, return_exceptions=True)
+
+
+# --- append -----------------------------------------------------------------------------
+
+
+async def _resolve_append_journal(client: JournalClient, args: argparse.Namespace) -> str:
+    if args.journal:
+        if args.selector:
+            raise GazctlError("give either --journal or -l/--selector, not both")
+        return str(args.journal)
+    if not args.selector:
+        raise GazctlError("give --journal or -l/--selector")
+    journals = await list_all_journals(client, _selector(args.selector))
+    if len(journals) != 1:
+        names = ", ".join(j.spec.name for j in journals[:5]) or "none"
+        raise GazctlError(
+            f"selector {args.selector!r} must match exactly one journal (matched "
+            f"{len(journals)}: {names})"
+        )
+    return journals[0].spec.name
+
+
+async def _stdin_chunks(io: Streams, size: int = 1 << 20) -> AsyncIterator[bytes]:
+    read = getattr(io.stdin, "read1", io.stdin.read)
+    while chunk := await asyncio.to_thread(read, size):
+        yield chunk
+
+
+async def cmd_append(args: argparse.Namespace, io: Streams) -> int:
+    async with _client(args) as client:
+        journal = await _resolve_append_journal(client, args)
+        req = pb.AppendRequest(journal=journal)
+        if args.framing == "none":
+            resp = await append(client, req, _stdin_chunks(io))
+            io.err(
+                f"appended {resp.commit.end - resp.commit.begin} bytes to {journal} "
+                f"[{resp.commit.begin}, {resp.commit.end})"
+            )
+            return 0
+        count = 0
+        async with AppendService(client) as svc:
+            pending: list[AsyncAppend] = []
+            partial = b""
+
+            def line_append(line: bytes) -> None:
+                op = svc.start_append(req)
+                op.write(line + b"\n")
+                pending.append(op.release())
+
+            async for chunk in _stdin_chunks(io):
+                lines = (partial + chunk).split(b"\n")
+                partial = lines.pop()
+                for line in lines:
+                    line_append(line)
+                    count += 1
+                # Surface failures early, and keep only what is still in flight.
+                for op in pending:
+                    if op.is_done():
+                        await op.done()
+                pending = [op for op in pending if not op.is_done()]
+            if partial:
+                line_append(partial)  # A final line without its newline gets one.
+                count += 1
+            head = ""
+            for op in pending:
+                resp = await op.done()
+                head = f"; write head {resp.commit.end}"
+        io.err(f"appended {count} line(s) to {journal}{head}")
+        return 0
+
+
+# --- fragments --------------------------------------------------------------------------
+
+
+def _fragments_request(args: argparse.Namespace, journal: str) -> pb.FragmentsRequest:
+    req = pb.FragmentsRequest(journal=journal)
+    if args.from_time:
+        req.begin_mod_time = parse_time(args.from_time)
+    if args.to_time:
+        req.end_mod_time = parse_time(args.to_time)
+    if args.url_ttl:
+        req.signatureTTL.CopyFrom(parse_duration(args.url_ttl))
+    return req
+
+
+async def cmd_fragments(args: argparse.Namespace, io: Streams) -> int:
+    async with _client(args) as client:
+        journals = await list_all_journals(client, _selector(args.selector))
+        results: list[tuple[str, list[pb.FragmentsResponse._Fragment]]] = []
+        for j in journals:
+            frags = await list_all_fragments(client, _fragments_request(args, j.spec.name))
+            results.append((j.spec.name, frags))
+    if args.format == "json":
+        docs = []
+        for _, frags in results:
+            for f in frags:
+                d = json_format.MessageToDict(f.spec, preserving_proto_field_name=True)
+                d["begin"], d["end"] = f.spec.begin, f.spec.end
+                d["mod_time"] = f.spec.mod_time
+                d["sum"] = sha1sum_hex(f.spec.sum)
+                if f.signed_url:
+                    d["signed_url"] = f.signed_url
+                docs.append(d)
+        io.out(json.dumps(docs, indent=2))
+        return 0
+    header = ["JOURNAL", "BEGIN", "END", "SIZE", "CODEC", "PERSISTED", "STORE"]
+    if args.url_ttl:
+        header.append("URL")
+    rows = []
+    for name, frags in results:
+        for f in frags:
+            s = f.spec
+            row = [
+                name,
+                str(s.begin),
+                str(s.end),
+                str(s.end - s.begin),
+                pb.CompressionCodec.Name(s.compression_codec),
+                _fmt_time(s.mod_time),
+                s.backing_store or "-",
+            ]
+            if args.url_ttl:
+                row.append(f.signed_url or "-")
+            rows.append(row)
+    io.out(render_table(header, rows))
+    return 0
+
+
+# --- prune ------------------------------------------------------------------------------
+
+
+def _seconds(d: Duration) -> float:
+    return d.ToNanoseconds() / 1e9
+
+
+async def cmd_prune(args: argparse.Namespace, io: Streams) -> int:
+    now = time.time()
+    total_frags = total_bytes = 0
+    verb = "would prune" if args.dry_run else "pruned"
+    async with _client(args) as client:
+        journals = await list_all_journals(client, _selector(args.selector))
+        for j in journals:
+            retention = _seconds(j.spec.fragment.retention)
+            if retention <= 0:
+                io.err(f"skip journal={j.spec.name}: retention is forever")
+                continue
+            horizon = int(now - retention)
+            frags = await list_all_fragments(client, pb.FragmentsRequest(journal=j.spec.name))
+            doomed = [
+                f.spec for f in frags if f.spec.backing_store and 0 < f.spec.mod_time < horizon
+            ]
+            n_bytes = 0
+            for i, frag in enumerate(doomed, 1):
+                if not args.dry_run:
+                    await store_for_url(frag.backing_store).remove(frag)
+                n_bytes += frag.end - frag.begin
+                if i % 100 == 0:
+                    io.err(f"{verb} {i}/{len(doomed)} fragments of {j.spec.name}")
+                io.out(
+                    f"{verb} {j.spec.name} [{frag.begin}, {frag.end}) {frag.backing_store} "
+                    f"persisted {_fmt_time(frag.mod_time)}"
+                )
+            io.err(
+                f"{verb} journal={j.spec.name} fragments={len(doomed)} bytes={n_bytes} "
+                f"retention={format_duration(j.spec.fragment.retention)}"
+            )
+            total_frags += len(doomed)
+            total_bytes += n_bytes
+    io.err(f"{verb} {total_frags} fragment(s), {total_bytes} bytes of content in total")
+    return 0
+
+
+# --- store-health -----------------------------------------------------------------------
+
+
+async def cmd_store_health(args: argparse.Namespace, io: Streams) -> int:
+    async with _client(args) as client:
+        stores: Sequence[str] = list(args.store)
+        if not stores:
+            journals = await list_all_journals(client, _selector(args.selector))
+            stores = sorted({s for j in journals for s in j.spec.fragment.stores})
+            if not stores:
+                raise GazctlError("no fragment stores: give --store or select journals with stores")
+        unhealthy = 0
+        for store in stores:
+            try:
+                await fragment_store_health(client, store)
+            except BrokerError as err:
+                unhealthy += 1
+                io.out(f"UNHEALTHY {store}: {err.detail or err}")
+            else:
+                io.out(f"OK        {store}")
+    return 1 if unhealthy else 0

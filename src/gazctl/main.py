@@ -1,0 +1,131 @@
+"""gazctl: the command line of Gazette brokers (and, later, consumers).
+
+    gazctl journals list -l app=clicks --format yaml
+    gazctl journals apply --specs journals.yaml
+    gazctl journals read -l name=a/journal --block
+
+Commands are grouped (`journals` now, `shards` when the consumer lands): each group module
+exposes ``register(subparsers, common)``, adding its subcommands with the `common` options
+(`--broker`, ...) and a coroutine handler ``handler(args, io) -> int``. `main` parses, runs the
+handler on a fresh event loop and turns expected failures (broker statuses, invalid specs,
+unreachable brokers, bad files) into one ``gazctl: error: ...`` line and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO, Protocol
+
+import grpc
+import grpc.aio
+
+from broker.client.errors import BrokerError
+from broker.fragment.store import FragmentStoreError
+from broker.protocol.errors import ValidationError
+
+__all__ = ["main", "run", "Streams", "GazctlError", "build_parser", "DEFAULT_BROKER"]
+
+DEFAULT_BROKER = "127.0.0.1:8080"
+
+
+class GazctlError(Exception):
+    """A usage or input problem, reported as one line without a traceback."""
+
+
+@dataclass
+class Streams:
+    """Where commands read input and write output (the process's std streams by default)."""
+
+    stdin: IO[bytes] = field(default_factory=lambda: sys.stdin.buffer)
+    stdout: IO[bytes] = field(default_factory=lambda: sys.stdout.buffer)
+    stderr: IO[str] = field(default_factory=lambda: sys.stderr)
+
+    def out(self, text: str) -> None:
+        """Write `text` (plus a newline) to stdout."""
+        self.stdout.write(text.encode() + b"\n")
+        self.stdout.flush()
+
+    def err(self, text: str) -> None:
+        """Write `text` (plus a newline) to stderr."""
+        self.stderr.write(text + "\n")
+        self.stderr.flush()
+
+
+class Handler(Protocol):
+    async def __call__(self, args: argparse.Namespace, io: Streams) -> int: ...
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("broker")
+    g.add_argument(
+        "--broker",
+        "--broker.address",
+        dest="broker",
+        default=os.environ.get("BROKER_ADDRESS", DEFAULT_BROKER),
+        help="broker endpoint, e.g. 127.0.0.1:8080 or http://host:8080 "
+        "(env BROKER_ADDRESS; default %(default)s)",
+    )
+    g.add_argument(
+        "--zone",
+        default=os.environ.get("ZONE", ""),
+        help="availability zone of this client, to prefer same-zone brokers for reads",
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser of gazctl."""
+    from gazctl import journals
+
+    parser = argparse.ArgumentParser(
+        prog="gazctl", description="Command line interface of Gazette brokers."
+    )
+    groups = parser.add_subparsers(dest="group", metavar="GROUP", required=True)
+    common = _common_options()
+    journals.register(groups, common)
+    # The `shards` group registers here once the consumer protocol client exists.
+    return parser
+
+
+def _describe_rpc_error(err: grpc.aio.AioRpcError, args: argparse.Namespace) -> str:
+    code = err.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return f"broker {getattr(args, 'broker', '?')} is unavailable: {err.details()}"
+    return f"RPC failed ({code.name}): {err.details()}"
+
+
+def run(argv: Sequence[str] | None = None, io: Streams | None = None) -> int:
+    """Run gazctl with `argv` (default: sys.argv[1:]) and `io`; return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    io = io or Streams()
+    handler: Handler = args.handler
+    try:
+        return asyncio.run(handler(args, io))
+    except KeyboardInterrupt:
+        io.err("gazctl: interrupted")
+        return 130
+    except BrokenPipeError:
+        return 1
+    except (BrokerError, ValidationError, FragmentStoreError, GazctlError) as err:
+        io.err(f"gazctl: error: {err}")
+    except grpc.aio.AioRpcError as err:
+        io.err(f"gazctl: error: {_describe_rpc_error(err, args)}")
+    except OSError as err:
+        io.err(f"gazctl: error: {err}")
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point: ``gazctl ...``."""
+    return run(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""A real broker for gazctl tests, and a helper running gazctl in-process."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+from gazctl.main import Streams, run
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def gazctl_broker(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(
+        etcd_server.endpoint,
+        root=f"/test-gazctl/{os.getpid()}",
+        spool_dir=tmp_path_factory.mktemp("gazctl-spool"),
+    )
+    with proc:
+        yield proc
+
+
+@dataclass
+class Result:
+    rc: int
+    out: bytes
+    err: str
+
+    @property
+    def text(self) -> str:
+        return self.out.decode()
+
+
+Gazctl = Callable[..., Result]
+
+
+@pytest.fixture
+def gazctl(gazctl_broker: BrokerProcess) -> Gazctl:
+    """Run ``gazctl ARGS...`` against the test broker; returns exit status and output."""
+
+    def call(*argv: str, stdin: bytes = b"", broker: str | None = None) -> Result:
+        streams = Streams(stdin=io.BytesIO(stdin), stdout=io.BytesIO(), stderr=io.StringIO())
+        args = list(argv)
+        args += ["--broker", broker or gazctl_broker.endpoint]
+        rc = run(args, streams)
+        assert isinstance(streams.stdout, io.BytesIO) and isinstance(streams.stderr, io.StringIO)
+        return Result(rc, streams.stdout.getvalue(), streams.stderr.getvalue())
+
+    return call
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A unique journal name prefix (ending in '/') per test."""
+    return f"gz/t{next(_names)}/"

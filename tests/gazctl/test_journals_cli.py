@@ -1,0 +1,350 @@
+"""gazctl journals commands against a real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import yaml
+
+from .conftest import Gazctl
+
+
+def spec_yaml(prefix: str, store: Path, **extra: str) -> str:
+    frag_extra = "".join(f"\n  {k}: {v}" for k, v in extra.items())
+    return (
+        textwrap.dedent(
+            f"""\
+        name: {prefix}
+        replication: 1
+        labels:
+        - {{name: app, value: gazctl-test}}
+        fragment:
+          length: 1048576
+          compression_codec: NONE
+          stores: ["file://{store}/"]
+          refresh_interval: 10s"""
+        )
+        + frag_extra
+        + textwrap.dedent(
+            f"""
+        children:
+        - name: {prefix}clicks
+          labels: [{{name: topic, value: clicks}}]
+        - name: {prefix}orders
+          labels: [{{name: topic, value: orders}}]
+        """
+        )
+    )
+
+
+def apply(gazctl: Gazctl, prefix: str, store: Path, **extra: str) -> None:
+    store.mkdir(parents=True, exist_ok=True)
+    r = gazctl("journals", "apply", stdin=spec_yaml(prefix, store, **extra).encode())
+    assert r.rc == 0, r.err
+    assert "applied 2 change(s)" in r.err
+
+
+def test_apply_list_and_reapply(gazctl: Gazctl, prefix: str, tmp_path: Path) -> None:
+    dry = gazctl("journals", "apply", "--dry-run", stdin=spec_yaml(prefix, tmp_path).encode())
+    assert dry.rc == 0 and f"# create {prefix}clicks (expect revision 0)" in dry.text
+    assert gazctl("journals", "list", "-l", f"name:prefix={prefix}").text.count(prefix) == 0
+
+    apply(gazctl, prefix, tmp_path / "store")
+    for _ in range(100):  # The route appears once the broker has taken the assignment.
+        table = gazctl("journals", "list", "-l", f"name:prefix={prefix}", "--primary")
+        if "<none>" not in table.text:
+            break
+        time.sleep(0.05)
+    assert table.rc == 0
+    lines = table.text.splitlines()
+    assert lines[0].split() == ["NAME", "LABELS", "PRIMARY", "ENDPOINT"]
+    assert lines[1].startswith(f"{prefix}clicks") and "topic=clicks" in lines[1]
+    assert "local/broker-1" in lines[1]
+
+    listed = json.loads(
+        gazctl("journals", "list", "-l", f"name:prefix={prefix}", "-o", "json").text
+    )
+    assert [j["spec"]["name"] for j in listed] == [f"{prefix}clicks", f"{prefix}orders"]
+
+    tree = yaml.safe_load(
+        gazctl("journals", "list", "-l", f"name:prefix={prefix}", "-o", "yaml").text
+    )
+    assert tree["name"] == prefix and tree["fragment"]["refresh_interval"] == "10s"
+    assert [c["name"] for c in tree["children"]] == [f"{prefix}clicks", f"{prefix}orders"]
+    assert all(c["revision"] > 0 for c in tree["children"])
+
+    # Re-applying (without revisions) updates the existing journals.
+    apply(gazctl, prefix, tmp_path / "store", retention="1h")
+    listed = json.loads(
+        gazctl("journals", "list", "-l", f"name:prefix={prefix}", "-o", "json").text
+    )
+    assert all(j["spec"]["fragment"]["retention"] == "3600s" for j in listed)
+
+    # A stale explicit revision fails the whole apply, with one error line.
+    tree["children"][0]["revision"] = 1
+    tree["children"][0]["max_append_rate"] = 5
+    stale = gazctl("journals", "apply", stdin=yaml.safe_dump(tree).encode())
+    assert stale.rc == 1
+    assert (
+        stale.err.strip().splitlines() == [stale.err.strip().splitlines()[0]]
+        and "ETCD_TRANSACTION_FAILED" in stale.err
+    )
+
+    # Deleting through the tree.
+    deleted = gazctl("journals", "apply", stdin=f"name: {prefix}orders\ndelete: true\n".encode())
+    assert deleted.rc == 0, deleted.err
+    names = [
+        j["spec"]["name"]
+        for j in json.loads(
+            gazctl("journals", "list", "-l", f"name:prefix={prefix}", "-o", "json").text
+        )
+    ]
+    assert names == [f"{prefix}clicks"]
+
+
+def test_append_and_read_with_offsets(gazctl: Gazctl, prefix: str, tmp_path: Path) -> None:
+    apply(gazctl, prefix, tmp_path / "store")
+    clicks = f"{prefix}clicks"
+    r = gazctl("journals", "append", "--journal", clicks, stdin=b"one\ntwo\n")
+    assert r.rc == 0 and "appended 8 bytes" in r.err
+    r = gazctl(
+        "journals",
+        "append",
+        "-l",
+        "topic=clicks,name:prefix=" + prefix,
+        "--framing",
+        "lines",
+        stdin=b"three\nfour",
+    )
+    assert r.rc == 0 and "appended 2 line(s)" in r.err, r.err
+
+    offsets = tmp_path / "offsets.json"
+    r = gazctl("journals", "read", "-l", f"name:prefix={prefix}", "--offsets-out", str(offsets))
+    assert r.rc == 0, r.err
+    assert r.out == b"one\ntwo\nthree\nfour\n"
+    assert json.loads(offsets.read_text()) == {clicks: 19, f"{prefix}orders": 0}
+
+    gazctl("journals", "append", "--journal", clicks, stdin=b"five\n")
+    r = gazctl(
+        "journals",
+        "read",
+        "-l",
+        f"name:prefix={prefix}",
+        "--offsets",
+        str(offsets),
+        "--offsets-out",
+        str(offsets),
+    )
+    assert r.out == b"five\n"
+    assert json.loads(offsets.read_text())[clicks] == 24
+
+    tail = tmp_path / "tail.json"
+    r = gazctl("journals", "read", "-l", f"name={clicks}", "--tail", "--offsets-out", str(tail))
+    assert r.out == b"" and json.loads(tail.read_text()) == {clicks: 24}
+
+    # Two selectors at once are an error; so is matching several journals for append.
+    r = gazctl("journals", "append", "-l", f"name:prefix={prefix}", stdin=b"x")
+    assert r.rc == 1 and "must match exactly one journal" in r.err
+
+
+def test_read_block_streams_until_interrupted(gazctl_broker, prefix: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "BROKER_ADDRESS": gazctl_broker.endpoint}
+    store = tmp_path / "store"
+    store.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "gazctl.main", "journals", "apply"],
+        input=spec_yaml(prefix, store).encode(),
+        env=env,
+        check=True,
+    )
+    reader = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gazctl.main",
+            "journals",
+            "read",
+            "-l",
+            f"name={prefix}clicks",
+            "--block",
+            "--offsets-out",
+            str(tmp_path / "o.json"),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gazctl.main",
+                "journals",
+                "append",
+                "--journal",
+                f"{prefix}clicks",
+            ],
+            input=b"streamed\n",
+            env=env,
+            check=True,
+        )
+        assert reader.stdout is not None
+        line = reader.stdout.readline()
+        assert line == b"streamed\n"
+    finally:
+        reader.send_signal(2)  # SIGINT: stops cleanly and writes offsets.
+        _, err = reader.communicate(timeout=20)
+    assert reader.returncode == 0, err
+    assert json.loads((tmp_path / "o.json").read_text()) == {f"{prefix}clicks": 9}
+
+
+def test_edit_applies_editor_changes(
+    gazctl: Gazctl, prefix: str, tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    apply(gazctl, prefix, tmp_path / "store")
+    script = tmp_path / "editor.py"
+    script.write_text(
+        textwrap.dedent(
+            """\
+        import sys, yaml
+        path = sys.argv[1]
+        doc = yaml.safe_load(open(path))
+        doc["max_append_rate"] = 4242
+        open(path, "w").write(yaml.safe_dump(doc))
+        """
+        )
+    )
+    monkeypatch.setenv("EDITOR", f"{sys.executable} {script}")
+    monkeypatch.delenv("VISUAL", raising=False)
+    r = gazctl("journals", "edit", "-l", f"name:prefix={prefix}")
+    assert r.rc == 0, r.err
+    listed = json.loads(
+        gazctl("journals", "list", "-l", f"name:prefix={prefix}", "-o", "json").text
+    )
+    assert [j["spec"]["max_append_rate"] for j in listed] == ["4242", "4242"]
+
+    monkeypatch.setenv("EDITOR", "true")  # Leaves the file unchanged.
+    r = gazctl("journals", "edit", "-l", f"name:prefix={prefix}")
+    assert r.rc == 0 and "no changes" in r.err
+
+
+def test_fragments_prune_and_store_health(gazctl: Gazctl, prefix: str, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    text = spec_yaml(prefix, store, retention="1s").replace("length: 1048576", "length: 1024")
+    assert gazctl("journals", "apply", stdin=text.encode()).rc == 0
+    clicks = f"{prefix}clicks"
+    for _ in range(3):
+        assert gazctl("journals", "append", "--journal", clicks, stdin=b"x" * 1500).rc == 0
+
+    # Wait for the broker to persist the rolled fragments.
+    deadline = time.monotonic() + 30
+    while True:
+        frags = json.loads(
+            gazctl("journals", "fragments", "-l", f"name={clicks}", "-o", "json").text
+        )
+        persisted = [f for f in frags if f.get("backing_store")]
+        if len(persisted) == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert len(persisted) == 3, frags
+    assert frags[0]["begin"] == 0 and frags[-1]["end"] == 4500
+
+    table = gazctl("journals", "fragments", "-l", f"name={clicks}", "--url-ttl", "1m")
+    assert table.rc == 0
+    assert table.text.splitlines()[0].split() == [
+        "JOURNAL",
+        "BEGIN",
+        "END",
+        "SIZE",
+        "CODEC",
+        "PERSISTED",
+        "STORE",
+        "URL",
+    ]
+    assert "file://" in table.text
+
+    files = lambda: sorted(p.name for p in store.rglob("*.raw"))  # noqa: E731
+    assert len(files()) == 3
+    time.sleep(2.1)  # Older than the 1s retention.
+    dry = gazctl("journals", "prune", "-l", f"name={clicks}", "--dry-run")
+    assert dry.rc == 0 and "would prune" in dry.text and len(files()) == 3
+    pruned = gazctl("journals", "prune", "-l", f"name={clicks}")
+    assert pruned.rc == 0, pruned.err
+    assert pruned.text.count("pruned ") == 3
+    assert files() == []
+
+    ok = gazctl("journals", "store-health", "-l", f"name={clicks}")
+    assert ok.rc == 0 and ok.text.startswith("OK")
+    bad = gazctl("journals", "store-health", "--store", f"file://{tmp_path}/nope/")
+    assert bad.rc == 1 and bad.text.startswith("UNHEALTHY")
+
+
+def test_errors_are_one_line(gazctl: Gazctl, tmp_path: Path) -> None:
+    r = gazctl("journals", "list", "-l", "bad selector ((")
+    assert r.rc == 1 and r.err.startswith("gazctl: error:") and r.err.count("\n") == 1
+    r = gazctl("journals", "apply", stdin=b"name: x/\nchildren: []\n")
+    assert r.rc == 1 and "needs children" in r.err and r.err.count("\n") == 1
+    r = gazctl("journals", "apply", "--specs", str(tmp_path / "missing.yaml"))
+    assert r.rc == 1 and "No such file" in r.err
+    bad_spec = b"name: gz/bad/journal\nreplication: 9\n"
+    r = gazctl("journals", "apply", stdin=bad_spec)
+    assert r.rc == 1 and "Replication" in r.err and "gz/bad/journal" in r.err
+    r = gazctl("journals", "list", broker="127.0.0.1:1")
+    assert r.rc == 1 and "unavailable" in r.err and r.err.count("\n") == 1
+
+
+def test_entry_point_module(gazctl_broker) -> None:  # type: ignore[no-untyped-def]
+    out = subprocess.run(
+        [sys.executable, "-m", "gazctl.main", "journals", "list", "--broker", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("gazctl: error:")
+
+
+def test_list_watch_prints_snapshots(gazctl_broker, prefix: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "BROKER_ADDRESS": gazctl_broker.endpoint}
+    watcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gazctl.main",
+            "journals",
+            "list",
+            "--watch",
+            "-o",
+            "json",
+            "-l",
+            f"name:prefix={prefix}",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert watcher.stdout is not None
+        assert json.loads(watcher.stdout.readline()) == []
+        store = tmp_path / "store"
+        store.mkdir()
+        subprocess.run(
+            [sys.executable, "-m", "gazctl.main", "journals", "apply"],
+            input=spec_yaml(prefix, store).encode(),
+            env=env,
+            check=True,
+        )
+        while not (snap := json.loads(watcher.stdout.readline())):
+            pass
+        assert [j["spec"]["name"] for j in snap] == [f"{prefix}clicks", f"{prefix}orders"]
+    finally:
+        watcher.send_signal(2)
+        watcher.communicate(timeout=20)
+    assert watcher.returncode == 130
