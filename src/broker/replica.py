@@ -12,11 +12,13 @@ import asyncio
 import logging
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from google.protobuf.duration_pb2 import Duration
 
 from broker.fragment.coverset import CoverSet, FragmentEntry
+from broker.fragment.postfix import PostfixTemplateError, evaluate_postfix_template
 from broker.fragment.store import FragmentStoreError, store_for_url
 from broker.protocol import protocol_pb2 as pb
 from broker.spool import RecoveredSpool, Spool, recover_spools, spool_dir_for
@@ -93,7 +95,10 @@ class JournalReplica:
         self.recovered = await asyncio.to_thread(recover_spools, self.directory, self.name)
         pending: list[FragmentEntry] = []
         for r in self.recovered:
-            entry = FragmentEntry(spec=r.fragment(self.codec), local_path=r.files.content)
+            spec = r.fragment(self.codec)
+            # The first append time of a recovered spool is not kept: its mtime stands in.
+            spec.path_postfix = self.postfix(r.files.content.stat().st_mtime)
+            entry = FragmentEntry(spec=spec, local_path=r.files.content)
             self.index.add(entry)
             pending.append(entry)
         await self.refresh_index()
@@ -179,12 +184,27 @@ class JournalReplica:
             return now >= boundary
         return False
 
+    def postfix(self, first_append_time: float) -> str:
+        """The path postfix of a fragment whose first append was at `first_append_time`."""
+        template = self.spec.fragment.path_postfix_template
+        if not template:
+            return ""
+        try:
+            return evaluate_postfix_template(
+                template, datetime.fromtimestamp(first_append_time, UTC), self.spec
+            )
+        except PostfixTemplateError as err:  # validated at Apply; keep persisting regardless
+            log.error("path postfix template failed journal=%s err=%s", self.name, err)
+            return ""
+
     def roll(self) -> FragmentEntry | None:
         """Close the current spool (caller holds `lock`); returns its entry to persist."""
         s = self.spool
         if s is None or len(s) == 0:
             return None
-        entry = FragmentEntry(spec=s.fragment(), local_path=s.content_path)
+        spec = s.fragment()
+        spec.path_postfix = self.postfix(s.first_append_time or time.time())
+        entry = FragmentEntry(spec=spec, local_path=s.content_path)
         s.close()
         self.spool = None
         self._start_spool(self.write_head)

@@ -13,12 +13,14 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import grpc
 
 from allocator.etcd import Compare, EtcdError, op_delete, op_put
 from broker.broker import Broker
+from broker.fragment.postfix import PostfixTemplateError, evaluate_postfix_template
 from broker.fragment.store import FragmentCorrupted, FragmentStoreError, store_for_url
 from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
@@ -105,6 +107,16 @@ class JournalService(pb_grpc.JournalServicer):
             validate_apply_request(request)
         except ValidationError as err:
             await self._invalid(context, err)
+        for i, ch in enumerate(request.changes):
+            template = ch.upsert.fragment.path_postfix_template
+            if ch.HasField("upsert") and template:
+                try:
+                    evaluate_postfix_template(template, datetime.now(UTC), ch.upsert)
+                except PostfixTemplateError as err:
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"Changes[{i}].Upsert.Fragment.PathPostfixTemplate: {err}",
+                    )
         assert self.b.etcd is not None
         compares, ops = [], []
         for change in request.changes:

@@ -107,3 +107,39 @@ async def test_fragment_store_health(stub: pb_grpc.JournalStub, tmp_path: Path) 
         pb.FragmentStoreHealthRequest(fragment_store="ftp://x/")
     )
     assert unknown.status == pb.FRAGMENT_STORE_UNHEALTHY and "ftp" in unknown.store_health_error
+
+
+async def test_path_postfix_template_partitions_persisted_fragments(
+    stub: pb_grpc.JournalStub, tmp_path: Path
+) -> None:
+    from .conftest import journal_spec
+
+    (tmp_path / "store").mkdir()
+    spec = journal_spec("tests/postfix/daily", f"file://{tmp_path}/store/", length=1024)
+    spec.fragment.path_postfix_template = 'date={{ .Spool.FirstAppendTime.Format "2006-01-02" }}'
+    r = await stub.Apply(pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
+    assert r.status == pb.OK
+    await append(stub, spec.name, b"p" * 1100)
+    await append(stub, spec.name, b"q")
+    frags = await _rolled(stub, spec.name, 1)
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    assert frags[0].spec.path_postfix == f"date={today}"
+    (stored,) = (tmp_path / "store" / "tests/postfix/daily" / f"date={today}").iterdir()
+    assert stored.name.startswith("0000000000000000-000000000000044c-")
+    await asyncio.sleep(1.5)  # a refresh lists the store, postfix directories included
+    content, _ = await read_all(stub, spec.name)
+    assert content == b"p" * 1100 + b"q"
+
+
+async def test_apply_rejects_unsupported_postfix_template(stub: pb_grpc.JournalStub) -> None:
+    import grpc
+    import pytest
+
+    from .conftest import journal_spec
+
+    spec = journal_spec("tests/postfix/bad", "file:///tmp/")
+    spec.fragment.path_postfix_template = "{{ .Spool.Nope }}"
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Apply(pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "PathPostfixTemplate" in err.value.details()
