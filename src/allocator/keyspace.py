@@ -83,9 +83,12 @@ class KeySpace:
             yield self._kvs[self._keys[i]]
             i += 1
 
-    def _set_header(self, h: Any) -> None:
+    def _set_header(self, h: Any, revision: int | None = None) -> None:
         self.header = EtcdHeader(
-            int(h.cluster_id), int(h.member_id), int(h.revision), int(h.raft_term)
+            int(h.cluster_id),
+            int(h.member_id),
+            int(h.revision) if revision is None else revision,
+            int(h.raft_term),
         )
 
     def _put(self, kv: Any) -> None:
@@ -137,8 +140,15 @@ class KeySpace:
                             self._put(ev.kv)
                         else:
                             self._remove(ev.kv.key.decode())
-                    if resp.header.revision > self.revision:
-                        self._set_header(resp.header)
+                    # While catching up, etcd sends the store's *current* revision in every
+                    # header, ahead of the events delivered so far: only a response without
+                    # events (a progress notification) vouches for its header revision.
+                    if resp.events:
+                        applied = max(int(ev.kv.mod_revision) for ev in resp.events)
+                    else:
+                        applied = int(resp.header.revision)
+                    if applied > self.revision:
+                        self._set_header(resp.header, revision=applied)
                     await self._notify()
                     backoff = 0.1
             except EtcdError as err:

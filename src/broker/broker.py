@@ -9,7 +9,6 @@ itself at `{root}/members/{zone}#{suffix}` and advertises each journal's Route a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import logging
 import os
@@ -224,20 +223,36 @@ class Broker:
             tg.create_task(self._persist_loop(), name="persist")
             tg.create_task(self._flush_loop(), name="flush")
 
+    def _enqueue(self, replica: JournalReplica, entries: list[FragmentEntry]) -> None:
+        for entry in entries:
+            self.persist_queue.put_nowait((replica, entry))
+
     async def shutdown(self, persist_timeout: float = 30.0) -> None:
-        """Roll every spool and persist what is pending (bounded), then release the lease."""
+        """Roll and persist spools of journals with stores (bounded), then release the lease.
+
+        Spools of journals without stores stay on disk, to be recovered at the next start.
+        """
         for replica in list(self.replicas.values()):
-            async with replica.lock:
-                entry = replica.roll()
-                if entry is not None:
-                    self.persist_queue.put_nowait((replica, entry))
+            if replica.has_stores:
+                async with replica.lock:
+                    self._enqueue(replica, replica.roll())
         deadline = time.monotonic() + persist_timeout
         while not self.persist_queue.empty() and time.monotonic() < deadline:
             replica, entry = self.persist_queue.get_nowait()
-            with contextlib.suppress(FragmentStoreError, OSError):
+            try:
                 await asyncio.wait_for(self._persist(replica, entry), deadline - time.monotonic())
+            except (FragmentStoreError, OSError, TimeoutError) as err:
+                log.error(
+                    "persist at shutdown failed journal=%s fragment=[%d,%d) err=%s; "
+                    "its spool stays for the next start",
+                    replica.name,
+                    entry.begin,
+                    entry.end,
+                    err,
+                )
         for replica in self.replicas.values():
             replica.close()
+        await self.cache.close()
         if self.etcd is not None:
             await self.etcd.revoke_lease(self.lease_id)
             await self.etcd.close()
@@ -267,8 +282,13 @@ class Broker:
                 replica = JournalReplica(
                     kv.value, kv.mod_revision, self.cfg.spool_dir, sync=self.cfg.spool_sync
                 )
-                for entry in await replica.recover():
-                    self.persist_queue.put_nowait((replica, entry))
+                try:
+                    self._enqueue(replica, await replica.recover())
+                except Exception:  # noqa: BLE001 - one journal must not take the broker down
+                    log.exception("recovery failed journal=%s; retrying", name)
+                    replica.close()
+                    asyncio.get_running_loop().call_later(2.0, self._reconcile.set)
+                    continue
                 self.replicas[name] = replica
             elif kv.mod_revision != replica.mod_revision:
                 replica.spec, replica.mod_revision = kv.value, kv.mod_revision
@@ -285,10 +305,8 @@ class Broker:
                 replica = self.replicas.pop(name)
                 self._ready.pop(name, None)
                 async with replica.lock:
-                    rolled = replica.roll()
-                    if rolled is not None:
-                        self.persist_queue.put_nowait((replica, rolled))
-                replica.close()
+                    self._enqueue(replica, replica.roll())
+                replica.delete()
                 log.info("journal deleted journal=%s", name)
         mine = f"#{self.cfg.zone}#{self.cfg.suffix}#"
         for kv in list(self.keyspace.prefixed(self.keys.assign)):
@@ -307,8 +325,10 @@ class Broker:
                 try:
                     await self._persist(replica, entry)
                     break
-                except (FragmentStoreError, OSError) as err:
+                except Exception as err:  # noqa: BLE001 - retried; the spool stays readable
                     replica.store_health_error = str(err)
+                    if not isinstance(err, FragmentStoreError | OSError):
+                        log.exception("unexpected persist failure journal=%s", replica.name)
                     log.error(
                         "persist failed journal=%s fragment=[%d,%d) err=%s; retrying",
                         replica.name,
@@ -320,11 +340,16 @@ class Broker:
                     backoff = min(backoff * 2, 30.0)
 
     async def _persist(self, replica: JournalReplica, entry: FragmentEntry) -> None:
+        """Persist a rolled spool to the journal's first store, then remove its files.
+
+        A journal without stores keeps no history beyond its current spool (as upstream):
+        its rolled spools are dropped.
+        """
         assert entry.local_path is not None
         stores = list(replica.spec.fragment.stores)
+        persisted = None
         if stores:
             persisted = await store_for_url(stores[0]).persist(entry.spec, entry.local_path)
-            replica.index.replace(FragmentEntry(spec=persisted))
             replica.store_health_error = ""
             log.info(
                 "persisted journal=%s fragment=[%d,%d) store=%s",
@@ -333,24 +358,24 @@ class Broker:
                 entry.end,
                 stores[0],
             )
-        else:
-            # A journal without stores keeps no history beyond its current spool (as upstream).
-            replica.index.remove(entry)
+        replica.mark_persisted(entry, persisted)
         stem = entry.local_path.name[: -len(SPOOL_SUFFIX)]
         for p in (entry.local_path, entry.local_path.with_name(stem + COMMITS_SUFFIX)):
             p.unlink(missing_ok=True)
 
     async def _flush_loop(self) -> None:
+        """Roll spools due to length or flush interval; refresh indexes from the stores."""
         while True:
             await asyncio.sleep(1.0)
             now = time.time()
             for replica in list(self.replicas.values()):
-                if replica.should_roll(now) and not replica.lock.locked():
-                    async with replica.lock:
-                        rolled = replica.roll()
-                    if rolled is not None:
-                        self.persist_queue.put_nowait((replica, rolled))
-                if time.monotonic() - replica.last_refresh >= replica.refresh_interval:
-                    listed = await replica.list_stores()
-                    async with replica.lock:
-                        replica.apply_listing(*listed)
+                try:
+                    if replica.should_roll(now) and not replica.lock.locked():
+                        async with replica.lock:
+                            self._enqueue(replica, replica.roll())
+                    if time.monotonic() - replica.last_refresh >= replica.refresh_interval:
+                        listing = await replica.list_stores()
+                        async with replica.lock:
+                            replica.apply_listing(listing)
+                except Exception:  # noqa: BLE001 - keep serving; retried next tick
+                    log.exception("flush/refresh failed journal=%s", replica.name)

@@ -26,7 +26,7 @@ class FragmentCache:
         self.directory = directory
         self.max_bytes = max_bytes
         self._files: OrderedDict[str, tuple[Path, int]] = OrderedDict()
-        self._inflight: dict[str, asyncio.Future[Path]] = {}
+        self._inflight: dict[str, asyncio.Task[Path]] = {}
         self._size = 0
         directory.mkdir(parents=True, exist_ok=True)
         for stale in directory.glob("*"):
@@ -39,44 +39,53 @@ class FragmentCache:
         """Path of the verified content of `fragment`, fetching it if needed.
 
         Raises broker.fragment.store.FragmentCorrupted when the stored fragment does not
-        match its SHA1 or length, and FragmentStoreError when the store fails. The returned
-        file may be evicted later: open it promptly (an open descriptor stays valid).
+        match its SHA1 or length, and FragmentStoreError when the store fails. Concurrent
+        callers share one fetch, owned by the cache: cancelling one caller cancels neither
+        the fetch nor the others. The returned file may be evicted later: open it promptly
+        (an open descriptor stays valid).
         """
         key = self._key(fragment)
         hit = self._files.get(key)
-        if hit is not None and hit[0].exists():
-            self._files.move_to_end(key)
-            return hit[0]
-        fut = self._inflight.get(key)
-        if fut is not None:
-            return await asyncio.shield(fut)
-        fut = asyncio.get_running_loop().create_future()
-        self._inflight[key] = fut
-        try:
-            path = await self._fetch(fragment)
-        except BaseException as err:
-            fut.set_exception(err)
-            fut.exception()  # mark retrieved: waiters (if any) re-raise it
-            raise
-        else:
-            fut.set_result(path)
-            return path
-        finally:
-            del self._inflight[key]
+        if hit is not None:
+            if hit[0].exists():
+                self._files.move_to_end(key)
+                return hit[0]
+            self._forget(key)
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._fetch(key, fragment))
+            self._inflight[key] = task
+            task.add_done_callback(lambda _t: self._inflight.pop(key, None))
+        return await asyncio.shield(task)
 
-    async def _fetch(self, fragment: pb.Fragment) -> Path:
-        name = f"{abs(hash(self._key(fragment))):x}-{content_name(fragment)}"
+    async def _fetch(self, key: str, fragment: pb.Fragment) -> Path:
+        name = f"{abs(hash(key)):x}-{content_name(fragment)}"
         dest = self.directory / name
         await store_for_url(fragment.backing_store).fetch(fragment, dest)
         size = fragment.end - fragment.begin
-        self._files[self._key(fragment)] = (dest, size)
+        self._files[key] = (dest, size)
         self._size += size
-        self._evict()
+        self._evict(keep=key)
         return dest
 
-    def _evict(self) -> None:
+    def _forget(self, key: str) -> None:
+        entry = self._files.pop(key, None)
+        if entry is not None:
+            self._size -= entry[1]
+
+    async def close(self) -> None:
+        """Cancel in-flight fetches (their callers see CancelledError)."""
+        for task in list(self._inflight.values()):
+            task.cancel()
+
+    def _evict(self, keep: str) -> None:
+        """Drop least recently used files beyond `max_bytes`, never the one just fetched."""
         while self._size > self.max_bytes and len(self._files) > 1:
-            _, (path, size) = self._files.popitem(last=False)
+            key, (path, size) = next(iter(self._files.items()))
+            if key == keep:
+                self._files.move_to_end(key)
+                continue
+            del self._files[key]
             self._size -= size
             try:
                 os.unlink(path)

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,6 +25,16 @@ from broker.protocol import protocol_pb2 as pb
 from broker.spool import RecoveredSpool, Spool, recover_spools, spool_dir_for
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A listing of a journal's stores, taken at index epoch `epoch`."""
+
+    fragments: list[pb.Fragment]
+    errors: list[str]
+    epoch: int
+
 
 DEFAULT_FRAGMENT_LENGTH = 1 << 29  # upstream's default of 512 MiB
 DEFAULT_REFRESH_INTERVAL = 300.0
@@ -55,6 +66,12 @@ class JournalReplica:
         self.recovered: list[RecoveredSpool] = []
         self.last_refresh = 0.0
         self.store_health_error = ""
+        # Bumped whenever a local entry leaves the index for a persisted one (or is dropped):
+        # a store listing that started before such a change must not rebuild the index.
+        self.index_epoch = 0
+        # Recovered spools of a journal without stores: readable until the next roll.
+        self.retained: list[FragmentEntry] = []
+        self.deleted = False
 
     # --- configuration -----------------------------------------------------------------
     @property
@@ -77,6 +94,10 @@ class JournalReplica:
     def flush_interval(self) -> float:
         return duration_seconds(self.spec.fragment.flush_interval)
 
+    @property
+    def has_stores(self) -> bool:
+        return len(self.spec.fragment.stores) > 0
+
     def readable(self) -> bool:
         return self.spec.flags in (0, pb.JournalSpec.O_RDONLY, pb.JournalSpec.O_RDWR) or bool(
             self.spec.flags & (pb.JournalSpec.O_RDONLY | pb.JournalSpec.O_RDWR)
@@ -90,8 +111,10 @@ class JournalReplica:
     # --- lifecycle ---------------------------------------------------------------------
     async def recover(self) -> list[FragmentEntry]:
         """Load registers, recovered spools and the stores' fragments; returns the spools to
-        persist. The write head is the end of everything known."""
+        persist. The write head is the end of everything known, and never below the head
+        recorded at the last roll (so offsets are never handed out twice)."""
         self.registers = self._load_registers()
+        self.write_head = self._load_head()
         self.recovered = await asyncio.to_thread(recover_spools, self.directory, self.name)
         pending: list[FragmentEntry] = []
         for r in self.recovered:
@@ -110,14 +133,18 @@ class JournalReplica:
                 len(pending),
                 self.write_head,
             )
+        if not self.has_stores:
+            # Nowhere to persist them: keep them readable until this journal next rolls.
+            self.retained, pending = pending, []
         return pending
 
     async def refresh_index(self) -> None:
         """Rebuild the index from a fresh listing of every store (no appends may run)."""
-        self.apply_listing(*await self.list_stores())
+        self.apply_listing(await self.list_stores())
 
-    async def list_stores(self) -> tuple[list[pb.Fragment], list[str]]:
+    async def list_stores(self) -> Listing:
         """Fragments of every store of the journal, and the errors of stores that failed."""
+        epoch = self.index_epoch
         listed: list[pb.Fragment] = []
         errors: list[str] = []
         for url in self.spec.fragment.stores:
@@ -128,20 +155,21 @@ class JournalReplica:
                 log.warning(
                     "fragment listing failed journal=%s store=%s err=%s", self.name, url, err
                 )
-        return listed, errors
+        return Listing(listed, errors, epoch)
 
-    def apply_listing(self, listed: list[pb.Fragment], errors: list[str]) -> None:
-        """Make the index local entries plus `listed` (caller holds `lock`).
+    def apply_listing(self, listing: Listing) -> None:
+        """Make the index local entries plus the listed fragments (caller holds `lock`).
 
-        When a store failed, the listing only adds: history is never dropped because a
-        store was briefly unreachable.
+        The listing only adds when a store failed (history is never dropped because a store
+        was briefly unreachable) or when a fragment was persisted while the listing ran (the
+        listing may predate it); fragments removed from stores then leave at the next refresh.
         """
-        if errors:
-            self.store_health_error = "; ".join(errors)
+        listed, errors = listing.fragments, listing.errors
+        self.store_health_error = "; ".join(errors)
+        if errors or listing.epoch != self.index_epoch:
             for f in listed:
                 self.index.add(FragmentEntry(spec=f))
         else:
-            self.store_health_error = ""
             fresh = CoverSet()
             for f in listed:
                 fresh.add(FragmentEntry(spec=f))
@@ -155,7 +183,22 @@ class JournalReplica:
             # The stores hold content beyond our head (e.g. restored from elsewhere): follow.
             self.write_head = end
             self._start_spool(end)
-        self.write_head = max(self.write_head, end)
+        if end > self.write_head:
+            self.write_head = end
+            self.notify()
+
+    def mark_persisted(self, entry: FragmentEntry, persisted: pb.Fragment | None) -> None:
+        """Swap a rolled local entry for its persisted fragment (or drop it when None)."""
+        try:
+            if persisted is None:
+                self.index.remove(entry)
+            else:
+                self.index.replace(FragmentEntry(spec=persisted))
+        except KeyError:
+            # A listed fragment already covers it (e.g. persisted by an earlier incarnation).
+            if persisted is not None:
+                self.index.add(FragmentEntry(spec=persisted))
+        self.index_epoch += 1
 
     # --- spools --------------------------------------------------------------------------
     def _start_spool(self, begin: int) -> None:
@@ -197,18 +240,21 @@ class JournalReplica:
             log.error("path postfix template failed journal=%s err=%s", self.name, err)
             return ""
 
-    def roll(self) -> FragmentEntry | None:
-        """Close the current spool (caller holds `lock`); returns its entry to persist."""
+    def roll(self) -> list[FragmentEntry]:
+        """Close the current spool (caller holds `lock`); returns the entries to persist:
+        the spool's, and any retained recovered spools of a journal without stores."""
         s = self.spool
         if s is None or len(s) == 0:
-            return None
+            return []
         spec = s.fragment()
         spec.path_postfix = self.postfix(s.first_append_time or time.time())
         entry = FragmentEntry(spec=spec, local_path=s.content_path)
         s.close()
         self.spool = None
+        self._store_head(self.write_head)
         self._start_spool(self.write_head)
-        return entry
+        rolled, self.retained = [*self.retained, entry], []
+        return rolled
 
     def committed(self, spool: Spool) -> None:
         """Publish a commit of `spool` to the index and wake blocked readers."""
@@ -217,10 +263,12 @@ class JournalReplica:
         self._head_changed.set()
         self._head_changed = asyncio.Event()
 
-    async def wait_for_head_beyond(self, offset: int) -> None:
-        """Return once the write head is greater than `offset`."""
-        while self.write_head <= offset:
+    async def wait_for_head_beyond(self, offset: int) -> bool:
+        """Wait until the write head is greater than `offset` (True), or the journal is
+        deleted (False)."""
+        while self.write_head <= offset and not self.deleted:
             await self._head_changed.wait()
+        return not self.deleted
 
     def notify(self) -> None:
         self._head_changed.set()
@@ -241,16 +289,53 @@ class JournalReplica:
             return pb.LabelSet()
 
     def store_registers(self, registers: pb.LabelSet) -> None:
-        """Durably replace the registers file (write + rename), then adopt `registers`."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self._registers_path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(registers.SerializeToString())
-            if self.sync:
-                os.fdatasync(f.fileno())
-        os.replace(tmp, self._registers_path)
+        """Adopt `registers`, then durably replace the registers file (write + rename).
+
+        Called after the append that changed them committed, so a failure to write the file
+        is logged rather than raised: the fence holds in memory, and only its survival of a
+        restart is at risk.
+        """
         self.registers = registers
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tmp = self._registers_path.with_suffix(".tmp")
+            with open(tmp, "wb") as f:
+                f.write(registers.SerializeToString())
+                if self.sync:
+                    os.fdatasync(f.fileno())
+            os.replace(tmp, self._registers_path)
+        except OSError as err:
+            log.error("cannot persist registers journal=%s err=%s", self.name, err)
+
+    @property
+    def _head_path(self) -> Path:
+        return self.directory / "head"
+
+    def _load_head(self) -> int:
+        try:
+            return int(self._head_path.read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def _store_head(self, head: int) -> None:
+        """Record the write head at a roll, so a restart never hands out offsets twice even
+        when the stores (or a store-less journal's spools) no longer hold the content."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            tmp = self._head_path.with_suffix(".tmp")
+            tmp.write_text(str(head))
+            os.replace(tmp, self._head_path)
+        except OSError as err:
+            log.error("cannot record write head journal=%s err=%s", self.name, err)
 
     def close(self) -> None:
         if self.spool is not None:
             self.spool.close()
+
+    def delete(self) -> None:
+        """The journal was deleted: wake blocked readers and forget its local state files."""
+        self.deleted = True
+        self.notify()
+        self.close()
+        for p in (self._registers_path, self._head_path):
+            p.unlink(missing_ok=True)

@@ -63,6 +63,19 @@ class JournalService(pb_grpc.JournalServicer):
     async def _invalid(self, context: Any, err: ValidationError) -> None:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
 
+    async def _resolve(
+        self, journal: str, min_revision: int, context: Any
+    ) -> JournalReplica | None:
+        """The journal's replica; UNAVAILABLE if it or the keyspace is not ready in time."""
+        try:
+            return await self.b.resolve(journal, min_revision)
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"journal {journal} not ready (etcd revision {min_revision} or its recovery)",
+            )
+        return None  # unreachable: abort raises
+
     # --- List -------------------------------------------------------------------------------
     async def List(self, request: pb.ListRequest, context: Any) -> AsyncIterator[pb.ListResponse]:  # noqa: N802
         try:
@@ -134,7 +147,14 @@ class JournalService(pb_grpc.JournalServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
         if not resp.succeeded:
             return pb.ApplyResponse(status=pb.ETCD_TRANSACTION_FAILED, header=self.b.header())
-        await self.b.keyspace.wait_for_revision(resp.header.revision, timeout=10)
+        try:
+            await self.b.keyspace.wait_for_revision(resp.header.revision, timeout=10)
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"applied at revision {resp.header.revision}, but this broker's "
+                "view of etcd did not catch up within 10s",
+            )
         return pb.ApplyResponse(status=pb.OK, header=self.b.header())
 
     # --- Read -------------------------------------------------------------------------------
@@ -143,7 +163,7 @@ class JournalService(pb_grpc.JournalServicer):
             validate_read_request(request)
         except ValidationError as err:
             await self._invalid(context, err)
-        replica = await self.b.resolve(request.journal, request.min_etcd_revision)
+        replica = await self._resolve(request.journal, request.min_etcd_revision, context)
         if replica is None:
             yield pb.ReadResponse(status=pb.JOURNAL_NOT_FOUND, header=self.b.header())
             return
@@ -171,7 +191,9 @@ class JournalService(pb_grpc.JournalServicer):
                         write_head=replica.write_head,
                     )
                     return
-                await replica.wait_for_head_beyond(offset)
+                if not await replica.wait_for_head_beyond(offset):
+                    yield pb.ReadResponse(status=pb.JOURNAL_NOT_FOUND, header=self.b.header())
+                    return
                 continue
             assert entry is not None
             meta = pb.ReadResponse(
@@ -246,7 +268,7 @@ class JournalService(pb_grpc.JournalServicer):
             validate_append_request(first)
         except ValidationError as err:
             await self._invalid(context, err)
-        replica = await self.b.resolve(first.journal, first.min_etcd_revision)
+        replica = await self._resolve(first.journal, first.min_etcd_revision, context)
         if replica is None:
             return pb.AppendResponse(status=pb.JOURNAL_NOT_FOUND, header=self.b.header())
         header = self.b.header(replica.name)
@@ -267,8 +289,7 @@ class JournalService(pb_grpc.JournalServicer):
                     status=pb.REGISTER_MISMATCH, header=header, registers=replica.registers
                 )
             if replica.should_roll(time.time()):
-                entry = replica.roll()
-                if entry is not None:
+                for entry in replica.roll():
                     self.b.persist_queue.put_nowait((replica, entry))
             spool = replica.ensure_spool()
             pending = spool.begin_append()
@@ -357,7 +378,7 @@ class JournalService(pb_grpc.JournalServicer):
             validate_fragments_request(request)
         except ValidationError as err:
             await self._invalid(context, err)
-        replica = await self.b.resolve(request.journal)
+        replica = await self._resolve(request.journal, 0, context)
         if replica is None:
             return pb.FragmentsResponse(status=pb.JOURNAL_NOT_FOUND, header=self.b.header())
         limit = request.page_limit or DEFAULT_FRAGMENTS_PAGE

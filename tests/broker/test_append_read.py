@@ -208,3 +208,48 @@ async def test_metadata_only_read(stub: pb_grpc.JournalStub, make_journal: MakeJ
     assert content == b""
     assert len(metas) == 1
     assert (metas[0].fragment.begin, metas[0].fragment.end, metas[0].write_head) == (0, 6, 6)
+
+
+async def test_blocked_read_ends_when_journal_is_deleted(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal()
+    responses: list[pb.ReadResponse] = []
+
+    async def reader() -> None:
+        async for resp in stub.Read(pb.ReadRequest(journal=spec.name, offset=0, block=True)):
+            responses.append(resp)
+
+    task = asyncio.create_task(reader())
+    await asyncio.sleep(0.3)
+    listing = [r async for r in stub.List(pb.ListRequest())]
+    rev = next(j.mod_revision for r in listing for j in r.journals if j.spec.name == spec.name)
+    r = await stub.Apply(
+        pb.ApplyRequest(changes=[pb.ApplyRequest.Change(delete=spec.name, expect_mod_revision=rev)])
+    )
+    assert r.status == pb.OK
+    await asyncio.wait_for(task, 5)
+    assert responses[-1].status == pb.JOURNAL_NOT_FOUND
+
+
+async def test_storeless_journal_keeps_bytes_and_offsets_across_restarts(
+    broker, make_journal: MakeJournal
+) -> None:  # type: ignore[no-untyped-def]
+    import grpc
+
+    spec = await make_journal(store=None)
+    async with grpc.aio.insecure_channel(broker.endpoint) as ch:
+        s = pb_grpc.JournalStub(ch)
+        assert (await append(s, spec.name, b"z" * 1000)).commit.end == 1000
+    broker.kill()
+    broker.start()
+    async with grpc.aio.insecure_channel(broker.endpoint) as ch:
+        s = pb_grpc.JournalStub(ch)
+        content, _ = await read_all(s, spec.name)
+        assert content == b"z" * 1000, "a crash must not drop committed bytes"
+    broker.stop()
+    broker.start()
+    async with grpc.aio.insecure_channel(broker.endpoint) as ch:
+        s = pb_grpc.JournalStub(ch)
+        r = await append(s, spec.name, b"next")
+        assert (r.commit.begin, r.commit.end) == (1000, 1004), "offsets are never reused"
