@@ -26,6 +26,7 @@ PROTO_DIR = ROOT / "proto"
 # proto file -> (output directory relative to src/, python package of that directory)
 TARGETS: dict[str, tuple[str, str]] = {
     "protocol.proto": ("broker/protocol", "broker.protocol"),
+    "recoverylog.proto": ("recoverylog", "recoverylog"),
 }
 
 

@@ -1,0 +1,147 @@
+"""Message UUIDs: RFC 4122 version-1 UUIDs laid out exactly as Gazette's.
+
+A UUID carries a producer's identity (`ProducerID`, the 6-byte "node" field), a `Clock` (the
+60-bit timestamp of 100 ns intervals since 1582-10-15 shifted left by 4, plus a 4-bit counter
+in the low bits, so a producer may sequence 16 messages within one 100 ns interval), and
+`Flags` (10 bits of the clock-sequence field) that say how the message takes part in a
+transaction: OUTSIDE_TXN, CONTINUE_TXN or ACK_TXN.
+
+Byte layout (big-endian, reference §5):
+
+    0-3   uint32(clock >> 4)                      time_low
+    4-5   uint16(clock >> 36)                     time_mid
+    6-7   uint16(clock >> 52) | 0x1000            time_hi and version 1
+    8-9   ((clock << 10) & 0x3C00) | flags | 0x8000   counter, flags, RFC 4122 variant
+    10-15 ProducerID
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid as _uuid
+from enum import IntFlag
+from typing import NewType
+
+__all__ = [
+    "Clock",
+    "ProducerID",
+    "Flags",
+    "GREGORIAN_OFFSET_100NS",
+    "clock_from_unix",
+    "clock_from_unix_ns",
+    "clock_to_unix_ns",
+    "tick",
+    "update",
+    "new_producer_id",
+    "build_uuid",
+    "get_clock",
+    "get_producer_id",
+    "get_flags",
+    "UUIDError",
+]
+
+Clock = NewType("Clock", int)
+"""60-bit timestamp (100 ns since 1582-10-15) << 4 | 4-bit sequence counter."""
+
+ProducerID = NewType("ProducerID", bytes)
+"""6 bytes identifying a producer; random, with the multicast bit (id[0] & 0x01) set."""
+
+# 100 ns intervals between the Gregorian reform (1582-10-15) and the Unix epoch.
+GREGORIAN_OFFSET_100NS = 0x01B21DD213814000
+
+_MAX_CLOCK = (1 << 64) - 1
+_FLAGS_MASK = 0x3FF
+
+
+class UUIDError(ValueError):
+    """A UUID is not a version-1, RFC 4122 variant UUID, or an argument is out of range."""
+
+
+class Flags(IntFlag):
+    """How a message takes part in its producer's transaction (10 bits)."""
+
+    OUTSIDE_TXN = 0x0
+    """Not part of a transaction: committed as soon as it is read."""
+    CONTINUE_TXN = 0x1
+    """Part of a transaction that a later ACK_TXN message of the producer commits."""
+    ACK_TXN = 0x2
+    """Commits every CONTINUE_TXN message of the producer with a clock <= this one's."""
+
+
+def clock_from_unix_ns(ns: int) -> Clock:
+    """The Clock of a Unix time in nanoseconds, with a zero counter."""
+    return Clock(((ns // 100) + GREGORIAN_OFFSET_100NS) << 4)
+
+
+def clock_from_unix(seconds: int, nanos: int = 0) -> Clock:
+    """The Clock of Unix `seconds` + `nanos`, with a zero counter."""
+    return clock_from_unix_ns(seconds * 1_000_000_000 + nanos)
+
+
+def clock_to_unix_ns(clock: Clock) -> int:
+    """The Unix time, in nanoseconds, of a Clock's timestamp (its counter is dropped)."""
+    return ((clock >> 4) - GREGORIAN_OFFSET_100NS) * 100
+
+
+def tick(clock: Clock) -> Clock:
+    """The next Clock: the counter advances (carrying into the timestamp when it wraps)."""
+    return Clock(clock + 1)
+
+
+def update(clock: Clock, now_ns: int | None = None) -> Clock:
+    """`clock` moved forward to the wall time `now_ns` (default: now), never backwards."""
+    wall = clock_from_unix_ns(time.time_ns() if now_ns is None else now_ns)
+    return wall if wall > clock else clock
+
+
+def new_producer_id() -> ProducerID:
+    """A random ProducerID with the multicast bit set, as RFC 4122 asks of random node IDs."""
+    raw = bytearray(os.urandom(6))
+    raw[0] |= 0x01
+    return ProducerID(bytes(raw))
+
+
+def build_uuid(producer: ProducerID, clock: Clock, flags: Flags | int) -> _uuid.UUID:
+    """The version-1 UUID of (producer, clock, flags)."""
+    if len(producer) != 6:
+        raise UUIDError(f"producer ID must be 6 bytes, not {len(producer)}")
+    if not 0 <= clock <= _MAX_CLOCK:
+        raise UUIDError(f"clock {clock} out of range")
+    if not 0 <= int(flags) <= _FLAGS_MASK:
+        raise UUIDError(f"flags {int(flags):#x} exceed 10 bits")
+    ts = clock >> 4
+    b = bytearray(16)
+    b[0:4] = (ts & 0xFFFFFFFF).to_bytes(4, "big")
+    b[4:6] = ((ts >> 32) & 0xFFFF).to_bytes(2, "big")
+    b[6:8] = (((ts >> 48) & 0x0FFF) | 0x1000).to_bytes(2, "big")
+    b[8:10] = (((clock << 10) & 0x3C00) | int(flags) | 0x8000).to_bytes(2, "big")
+    b[10:16] = producer
+    return _uuid.UUID(bytes=bytes(b))
+
+
+def _check(u: _uuid.UUID) -> bytes:
+    b = u.bytes
+    if b[6] >> 4 != 1 or b[8] & 0xC0 != 0x80:
+        raise UUIDError(f"{u} is not a version 1, RFC 4122 variant UUID")
+    return b
+
+
+def get_clock(u: _uuid.UUID) -> Clock:
+    """The Clock (timestamp and counter) of a UUID built by `build_uuid`."""
+    b = _check(u)
+    ts = (
+        int.from_bytes(b[0:4], "big")
+        | int.from_bytes(b[4:6], "big") << 32
+        | (int.from_bytes(b[6:8], "big") & 0x0FFF) << 48
+    )
+    counter = (int.from_bytes(b[8:10], "big") >> 10) & 0xF
+    return Clock(ts << 4 | counter)
+
+
+def get_producer_id(u: _uuid.UUID) -> ProducerID:
+    return ProducerID(_check(u)[10:16])
+
+
+def get_flags(u: _uuid.UUID) -> Flags:
+    return Flags(int.from_bytes(_check(u)[8:10], "big") & _FLAGS_MASK)
