@@ -72,6 +72,8 @@ class JournalReplica:
         # Recovered spools of a journal without stores: readable until the next roll.
         self.retained: list[FragmentEntry] = []
         self.deleted = False
+        self._rate_tokens = 0.0
+        self._rate_at = time.monotonic()
 
     # --- configuration -----------------------------------------------------------------
     @property
@@ -97,6 +99,24 @@ class JournalReplica:
     @property
     def has_stores(self) -> bool:
         return len(self.spec.fragment.stores) > 0
+
+    async def throttle(self, nbytes: int) -> bool:
+        """Delay an append chunk to honour `max_append_rate` (bytes/s; 0: unlimited).
+
+        A token bucket holding up to one second of rate: bursts up to the rate pass at once.
+        Returns True if the chunk was delayed (reported as AppendResponse.delayed_chunks).
+        """
+        rate = self.spec.max_append_rate
+        if rate <= 0:
+            return False
+        now = time.monotonic()
+        self._rate_tokens = min(float(rate), self._rate_tokens + (now - self._rate_at) * rate)
+        self._rate_at = now
+        self._rate_tokens -= nbytes
+        if self._rate_tokens >= 0:
+            return False
+        await asyncio.sleep(-self._rate_tokens / rate)
+        return True
 
     def readable(self) -> bool:
         return self.spec.flags in (0, pb.JournalSpec.O_RDONLY, pb.JournalSpec.O_RDWR) or bool(

@@ -293,10 +293,14 @@ class JournalService(pb_grpc.JournalServicer):
                     self.b.persist_queue.put_nowait((replica, entry))
             spool = replica.ensure_spool()
             pending = spool.begin_append()
-            chunks = 1  # the first message, as upstream counts
+            chunks, delayed = 1, 0  # the first message counts, as upstream
             try:
+                if first.content and await replica.throttle(len(first.content)):
+                    delayed += 1
                 pending.write(first.content)
-                chunks += await self._receive(it, pending)
+                received, delayed_more = await self._receive(it, pending, replica)
+                chunks += received
+                delayed += delayed_more
             except BaseException as err:
                 pending.rollback()
                 if isinstance(err, StopAsyncIteration):
@@ -342,30 +346,35 @@ class JournalService(pb_grpc.JournalServicer):
                 commit=commit,
                 registers=replica.registers,
                 total_chunks=chunks,
+                delayed_chunks=delayed,
                 store_health_error=replica.store_health_error,
             )
 
-    async def _receive(self, it: AsyncIterator[pb.AppendRequest], pending: Any) -> int:
+    async def _receive(
+        self, it: AsyncIterator[pb.AppendRequest], pending: Any, replica: JournalReplica
+    ) -> tuple[int, int]:
         """Write content chunks until the empty commit message, then require EOF.
 
-        Returns the number of messages received. Raises StopAsyncIteration if the stream
-        ends before the commit message, TimeoutError if the client stalls, and
-        AppendProtocolError if anything follows the commit message.
+        Returns (messages received, chunks delayed by the journal's max_append_rate). Raises
+        StopAsyncIteration if the stream ends before the commit message, TimeoutError if
+        the client stalls, and AppendProtocolError if anything follows the commit message.
         """
         timeout = self.b.cfg.chunk_timeout
-        count = 0
+        count = delayed = 0
         while True:
             async with asyncio.timeout(timeout):
                 msg = await anext(it)
             count += 1
             if not msg.content:
                 break
+            if await replica.throttle(len(msg.content)):
+                delayed += 1
             pending.write(msg.content)
         async with asyncio.timeout(timeout):
             try:
                 extra = await anext(it)
             except StopAsyncIteration:
-                return count
+                return count, delayed
         raise AppendProtocolError(
             f"unexpected message after the commit message (content {len(extra.content)} bytes)"
         )

@@ -253,3 +253,25 @@ async def test_storeless_journal_keeps_bytes_and_offsets_across_restarts(
         s = pb_grpc.JournalStub(ch)
         r = await append(s, spec.name, b"next")
         assert (r.commit.begin, r.commit.end) == (1000, 1004), "offsets are never reused"
+
+
+async def test_max_append_rate_throttles_appends(stub: pb_grpc.JournalStub) -> None:
+    import time
+
+    from .conftest import journal_spec
+
+    spec = journal_spec("tests/rate/limited", None)
+    spec.max_append_rate = 100_000  # bytes/s; the bucket holds one second of burst
+    r = await stub.Apply(pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
+    assert r.status == pb.OK
+    t0 = time.monotonic()
+    total_delayed = 0
+    for _ in range(6):
+        r = await append(stub, spec.name, *([b"r" * 10_000] * 5))  # 50 kB per append
+        assert r.status == pb.OK
+        total_delayed += r.delayed_chunks
+    elapsed = time.monotonic() - t0
+    # 300 kB at 100 kB/s with a 100 kB burst: at least ~2 s.
+    assert elapsed >= 1.8, elapsed
+    assert total_delayed > 0
+    assert r.commit.end == 300_000
