@@ -4,4 +4,102 @@ A Recorder appends file operations (create, write, link, unlink) as `RecordedOp`
 reads them back into a directory. The sans-I/O `FSM` validates the sequence of operations (seq
 numbers, a CRC-32C checksum chain, authors) and tracks live files and the log Segments holding
 them, from which `FSMHints` let a Player skip dead portions of the log.
+
+Modules: `fsm` (the FSM and its errors), `codec` (op framing and the sans-I/O `OpDecoder`),
+`segments` (Segment validation and `SegmentSet`), `hints` (hints as stored in etcd), `author`
+(authors and their fences).
 """
+
+from recoverylog.author import AUTHOR_LABEL, author_fence, format_author, new_author
+from recoverylog.codec import (
+    HEADER_LENGTH,
+    MAGIC,
+    DecodedOp,
+    Desync,
+    OpDecodeError,
+    OpDecoder,
+    OpEvent,
+    PayloadChunk,
+    PayloadEnd,
+    encode_op,
+    encode_write,
+)
+from recoverylog.fsm import (
+    FSM,
+    ChecksumMismatch,
+    ExpectedHintedFnode,
+    FnodeNotTracked,
+    FnodeState,
+    FSMError,
+    LinkExists,
+    NoSuchLink,
+    NotHintedAuthor,
+    PropertyExists,
+    WrongChecksum,
+    WrongSeqNo,
+)
+from recoverylog.hints import hints_from_bytes, hints_from_json, hints_to_json, validate_hints
+from recoverylog.segments import (
+    AuthorMismatch,
+    FirstChecksumMismatch,
+    InconsistentSegments,
+    InvalidHints,
+    LogMismatch,
+    MissingLastOffset,
+    NonMonotonicFirstOffset,
+    NonMonotonicLastOffset,
+    OpenSegmentLogChange,
+    SegmentSet,
+    flatten_hints,
+    live_log_segments,
+    reduce_segments,
+    validate_segment,
+)
+
+__all__ = [
+    "AUTHOR_LABEL",
+    "FSM",
+    "HEADER_LENGTH",
+    "MAGIC",
+    "AuthorMismatch",
+    "ChecksumMismatch",
+    "DecodedOp",
+    "Desync",
+    "ExpectedHintedFnode",
+    "FSMError",
+    "FirstChecksumMismatch",
+    "FnodeNotTracked",
+    "FnodeState",
+    "InconsistentSegments",
+    "InvalidHints",
+    "LinkExists",
+    "LogMismatch",
+    "MissingLastOffset",
+    "NoSuchLink",
+    "NonMonotonicFirstOffset",
+    "NonMonotonicLastOffset",
+    "NotHintedAuthor",
+    "OpDecodeError",
+    "OpDecoder",
+    "OpEvent",
+    "OpenSegmentLogChange",
+    "PayloadChunk",
+    "PayloadEnd",
+    "PropertyExists",
+    "SegmentSet",
+    "WrongChecksum",
+    "WrongSeqNo",
+    "author_fence",
+    "encode_op",
+    "encode_write",
+    "flatten_hints",
+    "format_author",
+    "hints_from_bytes",
+    "hints_from_json",
+    "hints_to_json",
+    "live_log_segments",
+    "new_author",
+    "reduce_segments",
+    "validate_hints",
+    "validate_segment",
+]
