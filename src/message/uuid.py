@@ -21,6 +21,7 @@ import os
 import time
 import uuid as _uuid
 from enum import IntFlag
+from collections.abc import Callable
 from typing import NewType
 
 __all__ = [
@@ -35,6 +36,8 @@ __all__ = [
     "update",
     "new_producer_id",
     "build_uuid",
+    "build_uuid_unchecked",
+    "uuid_int",
     "get_clock",
     "get_producer_id",
     "get_flags",
@@ -102,6 +105,45 @@ def new_producer_id() -> ProducerID:
     return ProducerID(bytes(raw))
 
 
+def _uuid_of_int_public(value: int) -> _uuid.UUID:
+    return _uuid.UUID(int=value)
+
+
+def _uuid_of_int_fast(value: int) -> _uuid.UUID:
+    # What UUID.__init__ ends with, minus its argument parsing: ~4x cheaper, and this is
+    # on the publisher's per-message path. Verified at import against the public constructor.
+    u = object.__new__(_uuid.UUID)
+    object.__setattr__(u, "int", value)
+    object.__setattr__(u, "is_safe", _uuid.SafeUUID.unknown)
+    return u
+
+
+def _pick_uuid_of_int() -> Callable[[int], _uuid.UUID]:
+    probe = 0x0123456789ABCDEF0123456789ABCDEF
+    try:
+        fast = _uuid_of_int_fast(probe)
+        if fast == _uuid.UUID(int=probe) and str(fast) == str(_uuid.UUID(int=probe)):
+            return _uuid_of_int_fast
+    except (AttributeError, TypeError):
+        pass
+    return _uuid_of_int_public
+
+
+_uuid_of_int = _pick_uuid_of_int()
+
+
+def uuid_int(producer_int: int, clock: int, flags: int) -> int:
+    """The 128-bit integer of the UUID of (producer as a 48-bit int, clock, flags), unchecked."""
+    ts = clock >> 4
+    return (
+        (ts & 0xFFFFFFFF) << 96
+        | ((ts >> 32) & 0xFFFF) << 80
+        | (((ts >> 48) & 0x0FFF) | 0x1000) << 64
+        | (((clock << 10) & 0x3C00) | flags | 0x8000) << 48
+        | producer_int
+    )
+
+
 def build_uuid(producer: ProducerID, clock: Clock, flags: Flags | int) -> _uuid.UUID:
     """The version-1 UUID of (producer, clock, flags)."""
     if len(producer) != 6:
@@ -110,14 +152,12 @@ def build_uuid(producer: ProducerID, clock: Clock, flags: Flags | int) -> _uuid.
         raise UUIDError(f"clock {clock} out of range")
     if not 0 <= int(flags) <= _FLAGS_MASK:
         raise UUIDError(f"flags {int(flags):#x} exceed 10 bits")
-    ts = clock >> 4
-    b = bytearray(16)
-    b[0:4] = (ts & 0xFFFFFFFF).to_bytes(4, "big")
-    b[4:6] = ((ts >> 32) & 0xFFFF).to_bytes(2, "big")
-    b[6:8] = (((ts >> 48) & 0x0FFF) | 0x1000).to_bytes(2, "big")
-    b[8:10] = (((clock << 10) & 0x3C00) | int(flags) | 0x8000).to_bytes(2, "big")
-    b[10:16] = producer
-    return _uuid.UUID(bytes=bytes(b))
+    return _uuid_of_int(uuid_int(int.from_bytes(producer, "big"), clock, int(flags)))
+
+
+def build_uuid_unchecked(producer_int: int, clock: int, flags: int) -> _uuid.UUID:
+    """`build_uuid` for hot paths whose arguments are already known to be valid."""
+    return _uuid_of_int(uuid_int(producer_int, clock, flags))
 
 
 def _check(u: _uuid.UUID) -> bytes:
