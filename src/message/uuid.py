@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 import time
 import uuid as _uuid
-from enum import IntFlag
 from collections.abc import Callable
+from enum import IntFlag
 from typing import NewType
 
 __all__ = [
