@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
 import contextlib
 import datetime as dt
 import json
+import logging
 import os
+import random
 import shlex
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,7 @@ from broker.client import (
     fragment_store_health,
     list_all_fragments,
     list_all_journals,
+    name_selector,
     watch_journals,
 )
 from broker.client.errors import BrokerError
@@ -50,8 +56,20 @@ from gazctl.journalspace import apply_changes, dump_tree, load_tree, tree_from_j
 from gazctl.main import GazctlError, Streams
 from gazctl.output import render_table
 from gazctl.specyaml import format_duration, parse_duration
+from message.framing_fixed import FIXED_FRAME_HEADER_LENGTH, FIXED_FRAME_WORD
+from message.mapping import (
+    MappingError,
+    MappingFunc,
+    direct_mapping,
+    modulo_mapping,
+    random_mapping,
+    rendezvous_mapping,
+)
+from message.publisher import JournalBatcher
 
 __all__ = ["register", "parse_time"]
+
+log = logging.getLogger(__name__)
 
 Journals = list[pb.ListResponse.Journal]
 
@@ -115,9 +133,29 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
         "--progress-interval", type=float, default=5.0, help="seconds between progress lines"
     )
 
-    p = cmd("append", "append stdin to a journal", cmd_append, selector=None)
-    p.add_argument("--journal", default="", help="journal to append to")
-    p.add_argument("-f", "--framing", choices=("none", "lines"), default="none")
+    p = cmd("append", "append input to journals", cmd_append, selector=None)
+    p.description = APPEND_HELP
+    p.add_argument("--journal", default="", help="journal to append to (instead of -l)")
+    p.add_argument("-i", "--input", default="-", help="input file ('-': stdin)")
+    p.add_argument(
+        "-f",
+        "--framing",
+        choices=("none", "lines", "fixed"),
+        default="none",
+        help="framing of records in the input (default %(default)s: one atomic append)",
+    )
+    p.add_argument(
+        "-m",
+        "--mapping",
+        choices=("random", "modulo", "rendezvous", "direct"),
+        default=None,
+        help="mapping of records to the selected journals (default random; see above)",
+    )
+    p.add_argument(
+        "--base64",
+        action="store_true",
+        help="partition keys under 'lines' framing are base64-encoded",
+    )
 
     p = cmd("fragments", "list fragments of journals", cmd_fragments, selector=True)
     p.add_argument("--from", dest="from_time", default="", help="persisted at or after")
@@ -486,6 +524,119 @@ async def _read_loop(
 # --- append -----------------------------------------------------------------------------
 
 
+APPEND_HELP = """\
+Append input (stdin, or --input) to journals selected by -l/--selector (or --journal).
+
+With --framing none (the default) the whole input is one atomic append to one journal: the
+selector must match exactly one journal, unless --mapping random is given, which picks one of
+those matched at random.
+
+With --framing lines, records are input lines; with --framing fixed, records are fixed frames
+(a header of the bytes 66 33 93 36 and a little-endian uint32 length, then the payload). Each
+record is mapped to one of the selected journals and appended whole, delimiter included;
+records mapped to a journal keep their input order there.
+
+--mapping random maps each record to a random journal. With modulo or rendezvous, each record
+is preceded by its partition key, written with the same framing (a line, or a fixed frame
+whose payload is the key), and the key's FNV-1a hash selects the journal as Gazette's
+ModuloMapping / RendezvousMapping do (the same keys map to the same journals as with Go's
+gazctl). --base64 decodes line keys from base64 first. With direct, each record is preceded
+by the name of its journal, which must be one of the selected journals.
+
+  gazctl journals append -l name=my/journal -i ./fizzbuzz
+  printf 'S2V5MQ==\\n{"msg": 1}\\n' | gazctl journals append -l topic=t -f lines -m modulo --base64
+"""
+
+
+class RecordError(GazctlError):
+    """The input is not a stream of records of the chosen framing."""
+
+
+class _Records:
+    """Splits input chunks into records (and their partition keys), without I/O."""
+
+    def __init__(self, framing: str, keyed: bool, base64_keys: bool) -> None:
+        self.framing = framing
+        self.keyed = keyed
+        self.base64 = base64_keys
+        self.buf = bytearray()
+        self.pos = 0
+        self.offset = 0  # Input offset of buf[pos], for error messages.
+        self.key: bytes | None = None  # A key read, whose record hasn't arrived yet.
+
+    def feed(self, data: bytes) -> None:
+        if self.pos:
+            del self.buf[: self.pos]
+            self.pos = 0
+        self.buf += data
+
+    def _line(self, final: bool) -> bytes | None:
+        nl = self.buf.find(b"\n", self.pos)
+        if nl < 0:
+            if not final or self.pos == len(self.buf):
+                return None
+            nl = len(self.buf)  # A last line without its newline gets one.
+            out = bytes(self.buf[self.pos :]) + b"\n"
+        else:
+            out = bytes(self.buf[self.pos : nl + 1])
+        self.offset += nl + 1 - self.pos
+        self.pos = min(nl + 1, len(self.buf))
+        return out
+
+    def _fixed(self, final: bool) -> bytes | None:
+        avail = len(self.buf) - self.pos
+        if avail < FIXED_FRAME_HEADER_LENGTH:
+            if final and avail:
+                raise RecordError(f"input ends inside a fixed frame header at {self.offset}")
+            return None
+        head = bytes(self.buf[self.pos : self.pos + FIXED_FRAME_HEADER_LENGTH])
+        if head[:4] != FIXED_FRAME_WORD:
+            raise RecordError(f"no fixed frame header at input offset {self.offset} (desync)")
+        size = FIXED_FRAME_HEADER_LENGTH + int.from_bytes(head[4:], "little")
+        if avail < size:
+            if final:
+                raise RecordError(f"input ends inside the fixed frame at {self.offset}")
+            return None
+        out = bytes(self.buf[self.pos : self.pos + size])
+        self.pos += size
+        self.offset += size
+        return out
+
+    def _next(self, final: bool) -> bytes | None:
+        return self._fixed(final) if self.framing == "fixed" else self._line(final)
+
+    def records(self, final: bool = False) -> Iterator[tuple[bytes | None, bytes]]:
+        """(key, record) pairs complete in the input fed so far (key None if not keyed).
+
+        With `final`, the input has ended: a partial record is an error (a last line
+        without its newline is completed), and so is a key without its record.
+        """
+        while True:
+            if self.keyed and self.key is None:
+                raw = self._next(final)
+                if raw is None:
+                    return
+                self.key = self._decode_key(raw)
+            record = self._next(final)
+            if record is None:
+                if final and self.key is not None:
+                    raise RecordError("input ends with a partition key but no record")
+                return
+            key, self.key = self.key, None
+            yield key, record
+
+    def _decode_key(self, raw: bytes) -> bytes:
+        if self.framing == "fixed":
+            return raw[FIXED_FRAME_HEADER_LENGTH:]
+        key = raw.rstrip(b"\r\n")
+        if self.base64:
+            try:
+                return base64.b64decode(key, validate=True)
+            except binascii.Error as err:
+                raise RecordError(f"partition key {key[:40]!r} is not base64: {err}") from None
+        return key
+
+
 async def _resolve_append_journal(client: JournalClient, args: argparse.Namespace) -> str:
     if args.journal:
         if args.selector:
@@ -494,13 +645,25 @@ async def _resolve_append_journal(client: JournalClient, args: argparse.Namespac
     if not args.selector:
         raise GazctlError("give --journal or -l/--selector")
     journals = await list_all_journals(client, _selector(args.selector))
+    if args.mapping == "random" and journals:
+        return random.choice(journals).spec.name
     if len(journals) != 1:
         names = ", ".join(j.spec.name for j in journals[:5]) or "none"
         raise GazctlError(
             f"selector {args.selector!r} must match exactly one journal (matched "
-            f"{len(journals)}: {names})"
+            f"{len(journals)}: {names}); give --mapping random to pick one of them"
         )
     return journals[0].spec.name
+
+
+async def _input_chunks(args: argparse.Namespace, io: Streams) -> AsyncIterator[bytes]:
+    if args.input == "-":
+        async for chunk in _stdin_chunks(io):
+            yield chunk
+        return
+    with open(args.input, "rb") as f:
+        while chunk := await asyncio.to_thread(f.read, 1 << 20):
+            yield chunk
 
 
 async def _stdin_chunks(io: Streams, size: int = 1 << 20) -> AsyncIterator[bytes]:
@@ -509,46 +672,90 @@ async def _stdin_chunks(io: Streams, size: int = 1 << 20) -> AsyncIterator[bytes
         yield chunk
 
 
+def _validate_append_args(args: argparse.Namespace) -> None:
+    mapping = args.mapping or "random"
+    if args.framing == "none" and mapping != "random":
+        raise GazctlError("'none' --framing may only be used with 'random' --mapping")
+    if args.base64 and (args.framing != "lines" or mapping == "random"):
+        raise GazctlError("--base64 requires --framing 'lines' and a --mapping other than random")
+
+
+def _append_mapping(mapping: str, partitions: Callable[[], Journals]) -> MappingFunc:
+    def key(k: bytes) -> bytes:
+        return k
+
+    if mapping == "modulo":
+        return modulo_mapping(key, partitions)
+    if mapping == "rendezvous":
+        return rendezvous_mapping(key, partitions)
+    if mapping == "direct":
+        return direct_mapping(key, partitions)
+    return random_mapping(partitions)
+
+
 async def cmd_append(args: argparse.Namespace, io: Streams) -> int:
+    _validate_append_args(args)
     async with _client(args) as client:
-        journal = await _resolve_append_journal(client, args)
-        req = pb.AppendRequest(journal=journal)
         if args.framing == "none":
-            resp = await append(client, req, _stdin_chunks(io))
+            journal = await _resolve_append_journal(client, args)
+            req = pb.AppendRequest(journal=journal)
+            resp = await append(client, req, _input_chunks(args, io))
             io.err(
                 f"appended {resp.commit.end - resp.commit.begin} bytes to {journal} "
                 f"[{resp.commit.begin}, {resp.commit.end})"
             )
             return 0
+
+        if args.journal and args.selector:
+            raise GazctlError("give either --journal or -l/--selector, not both")
+        if not (args.journal or args.selector):
+            raise GazctlError("give --journal or -l/--selector")
+        selector = name_selector(args.journal) if args.journal else _selector(args.selector)
+        mapping_name = args.mapping or "random"
+        records = _Records(args.framing, mapping_name != "random", args.base64)
         count = 0
-        async with AppendService(client) as svc:
-            pending: list[AsyncAppend] = []
-            partial = b""
+        touched: dict[str, AsyncAppend] = {}
+        async with (
+            PolledList(client, selector, 30.0) as listing,
+            AppendService(client) as svc,
+        ):
+            if not listing.journals:
+                raise GazctlError(f"no journals match {format_label_selector(selector)!r}")
+            mapping = _append_mapping(mapping_name, lambda: listing.journals)
+            batcher = JournalBatcher(svc)
+            in_flight: deque[AsyncAppend] = deque()
 
-            def line_append(line: bytes) -> None:
-                op = svc.start_append(req)
-                op.write(line + b"\n")
-                pending.append(op.release())
-
-            async for chunk in _stdin_chunks(io):
-                lines = (partial + chunk).split(b"\n")
-                partial = lines.pop()
-                for line in lines:
-                    line_append(line)
+            def process(final: bool) -> None:
+                nonlocal count
+                for key, record in records.records(final):
+                    try:
+                        journal, _ = mapping(key)
+                    except MappingError as err:
+                        raise GazctlError(f"record {count + 1}: {err}") from None
+                    log.debug("mapped record journal=%s key=%r", journal, key)
+                    touched[journal] = batcher.write(journal, record)
                     count += 1
-                # Surface failures early, and keep only what is still in flight.
-                for op in pending:
-                    if op.is_done():
-                        await op.done()
-                pending = [op for op in pending if not op.is_done()]
-            if partial:
-                line_append(partial)  # A final line without its newline gets one.
-                count += 1
-            head = ""
-            for op in pending:
-                resp = await op.done()
-                head = f"; write head {resp.commit.end}"
-        io.err(f"appended {count} line(s) to {journal}{head}")
+
+            try:
+                async for chunk in _input_chunks(args, io):
+                    records.feed(chunk)
+                    process(final=False)
+                    # Release what this chunk produced, bounding appends in flight (and memory).
+                    in_flight.extend(batcher.flush())
+                    while in_flight and (in_flight[0].is_done() or len(in_flight) > 64):
+                        await in_flight.popleft().done()
+                process(final=True)
+            finally:
+                batcher.flush()
+            await batcher.barrier()
+        unit = "line" if args.framing == "lines" else "record"
+        if len(touched) == 1:
+            [(journal, last)] = touched.items()
+            resp = await last.done()
+            where = f"{journal}; write head {resp.commit.end}"
+        else:
+            where = f"{len(touched)} journals"
+        io.err(f"appended {count} {unit}(s) to {where}")
         return 0
 
 

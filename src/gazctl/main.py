@@ -81,7 +81,7 @@ def _common_options() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser of gazctl."""
-    from gazctl import journals
+    from gazctl import attach_uuids, journals
 
     parser = argparse.ArgumentParser(
         prog="gazctl", description="Command line interface of Gazette brokers."
@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     groups = parser.add_subparsers(dest="group", metavar="GROUP", required=True)
     common = _common_options()
     journals.register(groups, common)
+    attach_uuids.register(groups, common)
     # The `shards` group registers here once the consumer protocol client exists.
     return parser
 

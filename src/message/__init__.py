@@ -38,7 +38,31 @@ from message.framing_fixed import (
 )
 from message.framing_json import JSON_FRAMING, JSONFrameable, JSONFraming
 from message.json_message import JSONMessage
+from message.mapping import (
+    JournalNotInPartitions,
+    MappingError,
+    MappingFunc,
+    MappingKeyFunc,
+    NoPartitions,
+    PartitionsFunc,
+    direct_mapping,
+    fnv1a_32,
+    modulo_mapping,
+    random_mapping,
+    rendezvous_mapping,
+)
 from message.proto_message import ProtoMessage
+from message.sequencer import (
+    MustStartReplay,
+    ProducerState,
+    QueueOutcome,
+    ReplayError,
+    Sequencer,
+    SequencerError,
+    SequencerStateError,
+    states_from_checkpoint,
+    states_to_checkpoint,
+)
 from message.uuid import (
     GREGORIAN_OFFSET_100NS,
     Clock,
@@ -57,7 +81,28 @@ from message.uuid import (
     update,
 )
 
-# --- Exports of sequencer.py, publisher.py, mapping.py and iterators.py go here. ---
+# The publisher and iterators speak to brokers (grpc): imported on first use, so that
+# `import message` stays cheap for code that only frames or sequences messages.
+_LAZY = {
+    "Publisher": "message.publisher",
+    "AckIntent": "message.publisher",
+    "JournalBatcher": "message.publisher",
+    "DEFAULT_MAX_BATCH_BYTES": "message.publisher",
+    "ReadUncommittedIter": "message.iterators",
+    "ReadCommittedIter": "message.iterators",
+    "NewMessageFunc": "message.iterators",
+    "MessageDecodeError": "message.iterators",
+    "TruncatedFrame": "message.iterators",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'message' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
 
 __all__ = [
     # uuid
@@ -115,5 +160,28 @@ __all__ = [
     "CSVMessage",
     "JSONMessage",
     "ProtoMessage",
-    # --- sequencer, publisher, mapping, iterators: add their names here. ---
+    # mapping
+    "MappingFunc",
+    "MappingKeyFunc",
+    "PartitionsFunc",
+    "MappingError",
+    "NoPartitions",
+    "JournalNotInPartitions",
+    "fnv1a_32",
+    "modulo_mapping",
+    "rendezvous_mapping",
+    "random_mapping",
+    "direct_mapping",
+    # sequencer
+    "Sequencer",
+    "QueueOutcome",
+    "ProducerState",
+    "SequencerError",
+    "SequencerStateError",
+    "MustStartReplay",
+    "ReplayError",
+    "states_to_checkpoint",
+    "states_from_checkpoint",
+    # publisher, iterators (lazily imported)
+    *_LAZY,
 ]
