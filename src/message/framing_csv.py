@@ -55,7 +55,7 @@ def _quote(field: str) -> str:
         or "," in field
         or "\n" in field
         or "\r" in field
-        or field[:1] in (" ", "\t")
+        or field[:1].isspace()  # As Go's unicode.IsSpace: \v, \f, U+0085, U+00A0 too.
         or field == "\\."  # Go quotes it, for PostgreSQL's sake.
     ):
         return '"' + field.replace('"', '""') + '"'
@@ -71,10 +71,8 @@ def format_csv_record(fields: list[str]) -> str:
         and '"' not in line
         and "\n" not in line
         and "\r" not in line
-        and ", " not in line
-        and ",\t" not in line
-        and line[:1] not in (" ", "\t")
         and "\\." not in line
+        and not any(f[:1].isspace() for f in fields)
     ):
         if not line and len(fields) == 1:
             return '""\n'  # Not a blank line, which readers skip.

@@ -38,7 +38,7 @@ from message.framing import (
     Framing,
     framing_for_spec,
 )
-from message.sequencer import QueueOutcome, Sequencer
+from message.sequencer import MustStartReplay, QueueOutcome, Sequencer
 
 __all__ = [
     "NewMessageFunc",
@@ -219,7 +219,14 @@ class ReadCommittedIter:
         seq = self.sequencer
         it = self.uncommitted
         while True:
-            if seq.step():
+            try:
+                stepped = seq.step()
+            except MustStartReplay:
+                # A replay did not complete (it failed or was cancelled): run it again rather
+                # than wedge the iterator.
+                await self._replay()
+                continue
+            if stepped:
                 env = seq.dequeued
                 assert env is not None
                 return env
@@ -229,6 +236,11 @@ class ReadCommittedIter:
 
     async def _replay(self) -> None:
         journal, begin, end = self.sequencer.replay_range()
+        if begin >= end:
+            # Nothing to read (e.g. restored mid-dequeue of an ACK at offset 0). Never read:
+            # an end_offset of 0 would mean "no end" and block at the write head.
+            self.sequencer.start_replay([])
+            return
         it = self.uncommitted
         req = pb.ReadRequest()
         req.CopyFrom(it.reader.request)
@@ -239,8 +251,16 @@ class ReadCommittedIter:
         replay.spec = it.spec  # The real spec, when it was given or fetched.
         envelopes = []
         try:
-            async for env in replay:
-                envelopes.append(env)
+            while True:
+                try:
+                    envelopes.append(await replay.next())
+                except StopAsyncIteration:
+                    break
+                except MessageDecodeError as err:
+                    # The main read path reported this frame already; skip it here as well.
+                    log.warning(
+                        "skipping undecodable frame in replay journal=%s err=%s", journal, err
+                    )
         finally:
             replay.close()
         self.sequencer.start_replay(envelopes)

@@ -46,7 +46,7 @@ from collections.abc import Iterable
 from time import time_ns as _time_ns
 from typing import Any, NamedTuple
 
-from broker.client.append_service import AppendService, AsyncAppend
+from broker.client.append_service import AppendAborted, AppendService, AsyncAppend
 from broker.protocol import protocol_pb2 as pb
 from message.framing import Framing, framing_for
 from message.mapping import MappingFunc
@@ -114,6 +114,19 @@ class AckIntent(NamedTuple):
     intent: bytes
 
 
+class PublisherBroken(Exception):
+    """An append of this publisher failed, so it publishes nothing more.
+
+    Crash-only, as the consumer runtime: after a failure, the open transaction's fate is
+    unknown, and any later ACK of this producer could commit part of it. Create a new
+    Publisher (a new ProducerID) to go on. `__cause__` is the append's error.
+    """
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"publisher broken by a failed append: {cause!r}")
+        self.__cause__ = cause
+
+
 class Batch:
     """The open (unreleased) batch of one journal: its AsyncAppend and content so far."""
 
@@ -142,6 +155,9 @@ class JournalBatcher:
         self._requests: dict[str, pb.AppendRequest] = {}
         self._released: deque[AsyncAppend] = deque()
         self._flush_handle: asyncio.Handle | None = None
+        # The first failure among released appends dropped from `_released` before a
+        # barrier looked at them: the next barrier raises it rather than hide it.
+        self._missed_error: BaseException | None = None
 
     def open(self, journal: str) -> Batch:
         """The open batch of `journal`, started if there is none. Must run in the event loop."""
@@ -172,11 +188,16 @@ class JournalBatcher:
             aa.abort()
             return
         aa.write(bytes(batch.buf))
+        self._prune_released()
+        self._released.append(aa)
+        aa.release()
+
+    def _prune_released(self) -> None:
         released = self._released
         while released and released[0].is_done():
-            released.popleft()
-        released.append(aa)
-        aa.release()
+            err = released.popleft().error()
+            if err is not None and self._missed_error is None:
+                self._missed_error = err
 
     def _flush_soon(self) -> None:
         self._flush_handle = None
@@ -211,9 +232,10 @@ class JournalBatcher:
         self.flush()
         for aa in list(self._released):
             await aa.done()
-        released = self._released
-        while released and released[0].is_done():
-            released.popleft()
+        self._prune_released()
+        if self._missed_error is not None:
+            err, self._missed_error = self._missed_error, None
+            raise err
 
 
 class Publisher:
@@ -248,6 +270,12 @@ class Publisher:
         self._framings: dict[str, Framing] = {}
         # Journal -> (acknowledgement message, framing), in first-publish order.
         self._intents: dict[str, tuple[Any, Framing]] = {}
+        # Appends holding the open transaction's CONTINUE messages (all journals).
+        self._txn_appends: list[AsyncAppend] = []
+        # ACK appends queued by build_ack_intents, gated until publish_ack_intents.
+        self._gated: dict[AckIntent, tuple[asyncio.Future[None], AsyncAppend]] = {}
+        self._acks: list[AsyncAppend] = []
+        self._error: BaseException | None = None
 
     # Clock.
 
@@ -278,6 +306,8 @@ class Publisher:
         validate = getattr(msg, "validate", None)
         if validate is not None:
             validate()
+        if self._error is not None:
+            raise PublisherBroken(self._error)
         journal, content_type = mapping(msg)
         framing = self._framings.get(content_type) or self._framing(content_type)
         batch = self._batches.get(journal) or self._open(journal)
@@ -297,14 +327,20 @@ class Publisher:
         validate = getattr(msg, "validate", None)
         if validate is not None:
             validate()
+        if self._error is not None:
+            raise PublisherBroken(self._error)
         journal, content_type = mapping(msg)
         framing = self._framings.get(content_type) or self._framing(content_type)
+        if journal not in self._intents:
+            # Before anything is written: a message whose ACK cannot be built must not land.
+            self._intents[journal] = (msg.new_acknowledgement(journal), framing)
         batch = self._batches.get(journal) or self._open(journal)
         msg.set_uuid(self._next_uuid(_CONTINUE))
         buf = batch.buf
         buf += framing.marshal(msg)
-        if journal not in self._intents:
-            self._intents[journal] = (msg.new_acknowledgement(journal), framing)
+        txn = self._txn_appends
+        if not txn or txn[-1] is not batch.append:
+            txn.append(batch.append)
         if len(buf) >= self._max_batch:
             self.batcher.release(journal, batch)
         return batch.append
@@ -314,8 +350,30 @@ class Publisher:
         return framing
 
     def _open(self, journal: str) -> Batch:
+        if self._error is not None:
+            raise PublisherBroken(self._error)
         self._refresh = True  # A new batch: likely a new event-loop iteration. Re-read time.
-        return self.batcher.open(journal)
+        batch = self.batcher.open(journal)
+        batch.append.add_done_callback(self._on_append_done)
+        return batch
+
+    def _on_append_done(self, aa: AsyncAppend) -> None:
+        err = aa.error()
+        if err is None or isinstance(err, AppendAborted) and err.__cause__ is None:
+            return  # Committed, or an empty batch discarded by the batcher.
+        if self._error is None:
+            self._error = err
+            log.error(
+                "publisher append failed journal=%s err=%r: the publisher is broken; its open "
+                "transaction will never be acknowledged",
+                aa.journal,
+                err,
+            )
+
+    @property
+    def broken(self) -> BaseException | None:
+        """The append failure that broke this publisher, if any (see `PublisherBroken`)."""
+        return self._error
 
     def _next_uuid(self, flags: int) -> _uuid.UUID:
         """Tick the clock; the UUID of the tick.
@@ -358,7 +416,14 @@ class Publisher:
         Raises the error of the first failed append (a `BrokerError`, `DependencyFailed`,
         ...). Cancelling the barrier does not cancel the appends.
         """
-        await self.batcher.barrier()
+        try:
+            await self.batcher.barrier()
+            for aa in list(self._acks):
+                await aa.done()
+        finally:
+            self._acks = [aa for aa in self._acks if not aa.is_done()]
+        if self._error is not None:
+            raise PublisherBroken(self._error)
 
     # Transactions.
 
@@ -366,23 +431,67 @@ class Publisher:
         """Framed ACK_TXN messages for every journal published to (uncommitted) since the last
         call, in first-publish order; the next `publish_uncommitted` opens a new transaction.
 
-        Append them (`publish_ack_intents`) only after making them durable, if the
-        transaction must commit atomically across journals.
+        The ACK appends are queued at once, so each takes its place in its journal before
+        anything published later (an ACK landing after the next transaction's messages would
+        roll them back). They stay gated until `publish_ack_intents(intents)`, which the caller
+        may delay until the intents are durable (a consumer's checkpoint), or are cancelled by
+        `abort_ack_intents`. Each also depends on every append of the transaction, in every
+        journal: if one of those fails, no ACK is appended and the transaction never commits,
+        anywhere. Raises `PublisherBroken` after any append of this publisher failed.
         """
+        if self._error is not None:
+            raise PublisherBroken(self._error)
+        self.batcher.flush()  # The transaction's messages precede its ACKs in each journal.
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        deps: list[AsyncAppend | asyncio.Future[Any]] = [gate, *self._txn_appends]
         out = []
         self._refresh = True
         for journal, (ack, framing) in self._intents.items():
             ack.set_uuid(self._next_uuid(_ACK))
-            out.append(AckIntent(journal, framing.marshal(ack)))
+            intent = AckIntent(journal, framing.marshal(ack))
+            aa = self.append_service.start_append(pb.AppendRequest(journal=journal), deps)
+            aa.write(intent.intent)
+            aa.add_done_callback(self._on_append_done)
+            aa.release()
+            self._gated[intent] = (gate, aa)
+            out.append(intent)
         self._intents.clear()
+        self._txn_appends = []
         return out
 
     def publish_ack_intents(self, intents: Iterable[AckIntent]) -> list[AsyncAppend]:
-        """Append `intents` to their journals, after everything this publisher wrote there.
+        """Let the ACK appends of `intents` proceed (see `build_ack_intents`).
 
-        Returns one AsyncAppend per intent (await their `done()`, or `barrier()`).
+        Intents that were not built by this publisher object (e.g. restored from a checkpoint,
+        to be re-appended on recovery) are appended after everything this publisher wrote to
+        their journals. Returns one AsyncAppend per intent (await their `done()`, or
+        `barrier()`).
         """
-        return [self.batcher.write(journal, intent) for journal, intent in intents]
+        out = []
+        for intent in intents:
+            gated = self._gated.pop(intent, None)
+            if gated is None:
+                aa = self.batcher.write(intent.journal, intent.intent)
+            else:
+                gate, aa = gated
+                if not gate.done():
+                    gate.set_result(None)
+            self._acks.append(aa)
+            out.append(aa)
+        return out
+
+    def abort_ack_intents(self, intents: Iterable[AckIntent], cause: BaseException) -> None:
+        """Never append the ACKs of `intents` (e.g. the store commit failed).
+
+        Their transaction then never commits; the publisher is broken, as a later ACK of this
+        producer would otherwise commit the aborted transaction's messages.
+        """
+        for intent in intents:
+            gated = self._gated.pop(intent, None)
+            if gated is not None and not gated[0].done():
+                gated[0].set_exception(cause)
+        if self._error is None:
+            self._error = cause
 
     async def commit(self) -> list[AckIntent]:
         """Acknowledge the open transaction and wait until the ACKs (and every message before

@@ -183,3 +183,11 @@ def test_parse_csv_record() -> None:
     assert parse_csv_record(b'a,"b\nc",') == ["a", "b\nc", ""]
     with pytest.raises(UnmarshalError):
         parse_csv_record(b"\xff")
+
+
+def test_leading_unicode_space_is_quoted_as_go_does() -> None:
+    from message.framing_csv import format_csv_record
+
+    for lead in (" ", "\t", "\v", "\f", "\u0085", "\u00a0"):
+        assert format_csv_record([lead + "x"]) == f'"{lead}x"\n'
+    assert format_csv_record(["x "]) == "x \n"

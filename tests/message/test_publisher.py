@@ -40,6 +40,8 @@ class FakeAppend:
         self.data = bytearray()
         self.released = False
         self.aborted = False
+        self.callbacks: list[Any] = []
+        self.dependencies: Any = ()
 
     def write(self, data: bytes) -> None:
         assert not self.released
@@ -56,6 +58,12 @@ class FakeAppend:
     def is_done(self) -> bool:
         return False
 
+    def error(self) -> BaseException | None:
+        return None
+
+    def add_done_callback(self, fn: Any) -> None:
+        self.callbacks.append(fn)
+
 
 class FakeService:
     """Records what a Publisher starts, writes and releases (nothing is sent)."""
@@ -66,6 +74,7 @@ class FakeService:
 
     def start_append(self, request: pb.AppendRequest, dependencies: Any = ()) -> FakeAppend:
         a = FakeAppend(self, request.journal)
+        a.dependencies = tuple(dependencies)
         self.started.append(a)
         return a
 
@@ -235,15 +244,33 @@ async def test_ack_intents_acknowledge_each_journal_of_the_transaction() -> None
         assert ack.producer == ""  # A fresh message from new_acknowledgement.
     assert pub.build_ack_intents() == [] and pub.pending_journals() == []
 
-    # Intents are appended after the journal's messages, in the same ordering.
-    pub.publish_ack_intents(intents)
-    await asyncio.sleep(0)
-    by_journal = {a.journal: decode(a.data) for a in svc.released}
-    assert [get_flags(n.uuid) for n in by_journal["a/two"] if n.uuid] == [
-        Flags.CONTINUE_TXN,
-        Flags.CONTINUE_TXN,
-        Flags.ACK_TXN,
+    # Building the intents released the transaction's batches, then queued one ACK append
+    # per journal right behind them: each ACK's place in its journal is reserved before
+    # anything published later. The ACKs wait on a gate (opened by publish_ack_intents) and
+    # on every append of the transaction, in every journal.
+    flags = [
+        (a.journal, [get_flags(n.uuid) for n in decode(a.data) if n.uuid]) for a in svc.released
     ]
+    assert flags == [
+        ("a/two", [Flags.CONTINUE_TXN, Flags.CONTINUE_TXN]),
+        ("a/one", [Flags.CONTINUE_TXN]),
+        ("a/two", [Flags.ACK_TXN]),
+        ("a/one", [Flags.ACK_TXN]),
+    ]
+    batches, acks = svc.released[:2], svc.released[2:]
+    gate = acks[0].dependencies[0]
+    assert isinstance(gate, asyncio.Future) and not gate.done()
+    for ack in acks:
+        assert ack.dependencies[0] is gate
+        assert all(any(d is b for d in ack.dependencies) for b in batches)
+
+    # A message published now lands behind the ACKs in its journal.
+    later = Note()
+    pub.publish_uncommitted(to("a/two"), later)
+    assert pub.publish_ack_intents(intents) == acks  # type: ignore[comparison-overlap]
+    assert gate.done() and gate.exception() is None
+    pub.flush()
+    assert svc.released[-1].journal == "a/two" and svc.released[-1] not in acks
 
 
 async def test_release_into_a_closed_service(

@@ -136,6 +136,10 @@ class AsyncAppend:
         """Whether the append has committed or failed."""
         return self._future.done()
 
+    def add_done_callback(self, fn: Callable[[AsyncAppend], None]) -> None:
+        """Call `fn(self)` (from the event loop) once the append commits or fails."""
+        self._future.add_done_callback(lambda _f: fn(self))
+
     async def done(self) -> pb.AppendResponse:
         """Wait for the append to commit and return the broker's response.
 
