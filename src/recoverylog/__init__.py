@@ -7,7 +7,11 @@ them, from which `FSMHints` let a Player skip dead portions of the log.
 
 Modules: `fsm` (the FSM and its errors), `codec` (op framing and the sans-I/O `OpDecoder`),
 `segments` (Segment validation and `SegmentSet`), `hints` (hints as stored in etcd), `author`
-(authors and their fences).
+(authors and their fences), `recorder` (the asyncio Recorder), `recorded_files` (file objects
+that record through a Recorder), `player` (playback, hot-standby tailing and handoff).
+
+The Recorder and Player speak to brokers (grpc) and are imported on first use, so that the
+sans-I/O core stays cheap to import.
 """
 
 from recoverylog.author import AUTHOR_LABEL, author_fence, format_author, new_author
@@ -56,7 +60,40 @@ from recoverylog.segments import (
     validate_segment,
 )
 
+_LAZY = {
+    **dict.fromkeys(
+        ["Recorder", "RecorderBroken", "RecorderFenced", "RecorderInconsistent", "InvalidPath"],
+        "recoverylog.recorder",
+    ),
+    **dict.fromkeys(["RecordedFS", "NotRecorded"], "recoverylog.recorded_files"),
+    **dict.fromkeys(
+        [
+            "Player",
+            "PlayerState",
+            "PlaybackProgress",
+            "PlaybackError",
+            "DataLoss",
+            "UnusedHints",
+            "UnsafeDirectory",
+            "EXIT_AT_HEAD",
+            "TAIL",
+        ],
+        "recoverylog.player",
+    ),
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'recoverylog' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
+    *_LAZY,
     "AUTHOR_LABEL",
     "FSM",
     "HEADER_LENGTH",

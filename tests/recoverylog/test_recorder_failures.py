@@ -1,0 +1,100 @@
+"""Recorder failure handling against a scripted fake broker: a failed group of appends stops
+every later group (no gaps in the log), and a regressing write head breaks the Recorder."""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+
+from broker.client import AppendService, FragmentStoreUnhealthy, JournalClient
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pb_grpc
+from recoverylog.fsm import FSM
+from recoverylog.recorder import MAX_WRITE_CHUNK, Recorder, RecorderBroken, WriteHeadRegressed
+
+LOG = "fake/recovery-log"
+
+
+class FakeJournal(pb_grpc.JournalServicer):
+    """Answers each Append RPC with the next scripted response; records the requests."""
+
+    def __init__(self, *responses: pb.AppendResponse) -> None:
+        self.responses = deque(responses)
+        self.calls: list[list[pb.AppendRequest]] = []
+
+    async def Append(self, request_iterator: Any, context: Any) -> pb.AppendResponse:  # noqa: N802
+        self.calls.append([m async for m in request_iterator])
+        return self.responses.popleft()
+
+
+class FakeBroker:
+    def __init__(self, *responses: pb.AppendResponse) -> None:
+        self.journal = FakeJournal(*responses)  # type: ignore[abstract]  # Append only.
+        self.server = grpc.aio.server()
+        pb_grpc.add_JournalServicer_to_server(self.journal, self.server)
+        self.endpoint = f"127.0.0.1:{self.server.add_insecure_port('127.0.0.1:0')}"
+
+    async def __aenter__(self) -> FakeBroker:
+        await self.server.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.server.stop(None)
+
+
+def ok(begin: int, end: int) -> pb.AppendResponse:
+    return pb.AppendResponse(
+        status=pb.OK,
+        commit=pb.Fragment(journal=LOG, begin=begin, end=end, compression_codec=pb.NONE),
+    )
+
+
+async def test_a_failed_group_stops_later_groups(tmp_path: Path) -> None:
+    failed = pb.AppendResponse(status=pb.FRAGMENT_STORE_UNHEALTHY)
+    async with FakeBroker(failed, ok(0, 1 << 30)) as fb, JournalClient(fb.endpoint) as client:
+        async with AppendService(client) as svc:
+            rec = Recorder(FSM(LOG), 0xA1, tmp_path, svc, LOG)
+            f = rec.record_create("f")
+            chunk = b"x" * MAX_WRITE_CHUNK
+            for i in range(24):  # 12 MiB: more than one group (one Append RPC each).
+                rec.record_write(f, i * len(chunk), chunk)
+            with pytest.raises(RecorderBroken) as info:
+                await rec.barrier()
+            assert isinstance(info.value.__cause__, FragmentStoreUnhealthy)
+            with pytest.raises(RecorderBroken):
+                rec.record_write(f, 0, b"more")
+        # Only the first group was sent: the log can't hold later ops without the failed ones.
+        assert len(fb.journal.calls) == 1
+        sent = sum(len(m.content) for m in fb.journal.calls[0])
+        assert 0 < sent < 12 << 20
+
+
+async def test_a_regressing_write_head_breaks_the_recorder(tmp_path: Path) -> None:
+    async with FakeBroker(ok(100, 200), ok(50, 60)) as fb, JournalClient(fb.endpoint) as client:
+        async with AppendService(client) as svc:
+            rec = Recorder(FSM(LOG), 0xA1, tmp_path, svc, LOG)
+            rec.record_create("a")
+            assert (await rec.barrier()).commit.end == rec.write_head == 200
+            rec.record_create("b")
+            with pytest.raises(RecorderBroken) as info:
+                await rec.barrier()
+            assert isinstance(info.value.__cause__, WriteHeadRegressed)
+            assert info.value.offset == 200
+
+
+async def test_barrier_cancellation_cancels_only_the_wait(tmp_path: Path) -> None:
+    async with FakeBroker(ok(0, 10), ok(10, 20)) as fb, JournalClient(fb.endpoint) as client:
+        async with AppendService(client) as svc:
+            rec = Recorder(FSM(LOG), 0xA1, tmp_path, svc, LOG)
+            rec.record_create("a")
+            first = rec.barrier()
+            first.cancel()
+            rec.record_create("b")
+            resp = await rec.barrier()
+            assert resp.commit.end == rec.write_head == 20
+            assert rec.error is None
