@@ -4,7 +4,7 @@
     gazctl journals apply --specs journals.yaml
     gazctl journals read -l name=a/journal --block
 
-Commands are grouped (`journals` now, `shards` when the consumer lands): each group module
+Commands are grouped (`journals`, and `shards` for recovery logs): each group module
 exposes ``register(subparsers, common)``, adding its subcommands with the `common` options
 (`--broker`, ...) and a coroutine handler ``handler(args, io) -> int``. `main` parses, runs the
 handler on a fresh event loop and turns expected failures (broker statuses, invalid specs,
@@ -81,7 +81,7 @@ def _common_options() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser of gazctl."""
-    from gazctl import attach_uuids, journals
+    from gazctl import attach_uuids, journals, shards
 
     parser = argparse.ArgumentParser(
         prog="gazctl", description="Command line interface of Gazette brokers."
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = _common_options()
     journals.register(groups, common)
     attach_uuids.register(groups, common)
-    # The `shards` group registers here once the consumer protocol client exists.
+    shards.register(groups, common)  # Recovery-log tools; shard specs come with the consumer.
     return parser
 
 

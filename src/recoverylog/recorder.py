@@ -24,10 +24,14 @@ Appending (see docs of `Recorder` for the exact contract):
 - `barrier()` resolves once everything recorded before it is committed; `build_hints()`
   returns hints of the FSM as of its call, once they are committed.
 
-Offsets: a Recorder cannot know where an op lands (appends of other writers interleave), so
-as upstream each op's `first_offset` is the write head last observed in an append response, a
-lower bound, and `last_offset` is left unknown (0). `Recorder.open` learns the write head with
-a barrier before recording anything.
+Offsets: when an op is recorded, a Recorder cannot yet know where it lands (appends of other
+writers interleave), so as upstream its `first_offset` is the write head last observed in an
+append response, a lower bound, and `last_offset` is left unknown (0). `Recorder.open` learns
+the write head with a barrier before recording anything. Once the append holding an op
+commits, its exact offset is known (the commit's begin, plus the appends batched before it in
+the same RPC, plus the op's position within its append): the Recorder then raises the
+`first_offset` of every Segment which that op began to it, so that hints (built behind a
+barrier) let a Player seek straight to each live segment rather than read from a stale head.
 
 A Recorder is driven from one asyncio event loop: its methods must be called from the loop's
 thread while the loop runs (the `record_*` methods are plain functions; appending happens in
@@ -229,6 +233,12 @@ class Recorder:
         self._request = self._make_request(check_fence)
         self._write_head = write_head
         self._last_resp: pb.AppendResponse | None = None
+        # Journal offset at which the next append of the last response's batch begins (-1:
+        # unknown, the batch holding content of another writer).
+        self._batch_cursor = -1
+        # Segments begun by recorded ops whose append has not committed yet, in recording
+        # order: (append, position of the op within it, the FSM's Segment).
+        self._unplaced: deque[tuple[AsyncAppend, int, rpb.Segment]] = deque()
 
         # Appends being filled (not yet released), in order; the last is open for writing.
         self._pending: list[AsyncAppend] = []
@@ -397,10 +407,12 @@ class Recorder:
         if fnode is not None and exclusive:
             self._inconsistent(PathExists(p, "exclusive create"))
         if fnode is not None and truncate:
-            self._process(rpb.RecordedOp(unlink=rpb.RecordedOp.Link(fnode=fnode, path=p)))
+            self._process(
+                rpb.RecordedOp(unlink=rpb.RecordedOp.Link(fnode=fnode, path=p)), fnode=fnode
+            )
             fnode = None
         if fnode is None:
-            self._process(rpb.RecordedOp(create=rpb.RecordedOp.Create(path=p)))
+            self._process(rpb.RecordedOp(create=rpb.RecordedOp.Create(path=p)), fnode=-1)
             fnode = self._fsm.links[p]
         return fnode
 
@@ -429,7 +441,7 @@ class Recorder:
         op = rpb.RecordedOp(
             write=rpb.RecordedOp.Write(fnode=fnode, offset=offset, length=len(chunk))
         )
-        self._process(op, chunk)
+        self._process(op, chunk, fnode)
 
     def record_link(self, fnode: int, path: str | os.PathLike[str]) -> None:
         """Record that `path` was hard-linked to the file `fnode`."""
@@ -441,7 +453,7 @@ class Recorder:
             self._inconsistent(UnknownFnode(fnode, "link"))
         if p in self._fsm.links:
             self._inconsistent(PathExists(p, "link"))
-        self._process(rpb.RecordedOp(link=rpb.RecordedOp.Link(fnode=fnode, path=p)))
+        self._process(rpb.RecordedOp(link=rpb.RecordedOp.Link(fnode=fnode, path=p)), fnode=fnode)
 
     def record_unlink(self, path: str | os.PathLike[str]) -> None:
         """Record that `path` was removed (the file is gone with its last link)."""
@@ -452,7 +464,7 @@ class Recorder:
         fnode = self._fsm.links.get(p)
         if fnode is None:
             self._inconsistent(UnknownPath(p, "unlink"))
-        self._process(rpb.RecordedOp(unlink=rpb.RecordedOp.Link(fnode=fnode, path=p)))
+        self._process(rpb.RecordedOp(unlink=rpb.RecordedOp.Link(fnode=fnode, path=p)), fnode=fnode)
 
     def record_rename(self, src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
         """Record that file `src` was renamed to `dst`, replacing any file there.
@@ -478,12 +490,16 @@ class Recorder:
             except (OSError, UnicodeDecodeError) as err:
                 self._inconsistent(RecorderInconsistent(f"reading property {d!r}: {err}"))
         if prev is not None:
-            self._process(rpb.RecordedOp(unlink=rpb.RecordedOp.Link(fnode=prev, path=d)))
+            self._process(
+                rpb.RecordedOp(unlink=rpb.RecordedOp.Link(fnode=prev, path=d)), fnode=prev
+            )
         if content is not None:
             self._process(rpb.RecordedOp(property=rpb.Property(path=d, content=content)))
         else:
-            self._process(rpb.RecordedOp(link=rpb.RecordedOp.Link(fnode=fnode, path=d)))
-        self._process(rpb.RecordedOp(unlink=rpb.RecordedOp.Link(fnode=fnode, path=s)))
+            self._process(
+                rpb.RecordedOp(link=rpb.RecordedOp.Link(fnode=fnode, path=d)), fnode=fnode
+            )
+        self._process(rpb.RecordedOp(unlink=rpb.RecordedOp.Link(fnode=fnode, path=s)), fnode=fnode)
 
     # -- Barriers and hints --------------------------------------------------------------
 
@@ -514,8 +530,16 @@ class Recorder:
 
         Raises `RecorderBroken`/`RecorderFenced` if they could not be committed.
         """
-        hints = self._fsm.build_hints(self._log)
+        fsm = self._fsm
+        hints = fsm.build_hints(self._log)
+        # The FSM's Segments in the order build_hints copied them: once the barrier resolves,
+        # each has its exact first_offset (if this Recorder began it), to be copied over.
+        live = [seg for fnode in sorted(fsm.live_nodes) for seg in fsm.live_nodes[fnode].segments]
         await self.barrier()
+        hinted = (seg for node in hints.live_nodes for seg in node.segments)
+        for out, seg in zip(hinted, live, strict=True):
+            if out.first_seq_no == seg.first_seq_no and out.first_offset < seg.first_offset:
+                out.first_offset = seg.first_offset
         return hints
 
     async def throttle(self, max_uncommitted: int = 64 << 20) -> None:
@@ -553,10 +577,12 @@ class Recorder:
         self._break(err)
         raise err
 
-    def _process(self, op: rpb.RecordedOp, payload: bytes = b"") -> None:
+    def _process(self, op: rpb.RecordedOp, payload: bytes = b"", fnode: int = 0) -> None:
+        """Sequence, apply and buffer `op`. `fnode` is the Fnode the op concerns (-1: the one
+        a create makes; 0: none), whose Segment the op may begin."""
         fsm = self._fsm
         op.author = self._author
-        op.seq_no = fsm.next_seq_no
+        op.seq_no = seq_no = fsm.next_seq_no
         op.checksum = fsm.next_checksum
         frame = encode_op(op)
         op.first_offset = self._write_head
@@ -567,13 +593,22 @@ class Recorder:
             wrapped = RecorderInconsistent(f"FSM rejected a recorded op: {err}")
             wrapped.__cause__ = err
             self._inconsistent(wrapped)
-        self._buffer(frame, payload)
+        a, position = self._buffer(frame, payload)
+        if fnode:
+            # The op begins a Segment if it creates its Fnode, or is the first op of this
+            # author on it (recording on from a hand-off). Such Segments are placed exactly
+            # once the append commits.
+            node = fsm.live_nodes.get(seq_no if fnode < 0 else fnode)
+            if node is not None and (seg := node.segments[-1]).first_seq_no == seq_no:
+                self._unplaced.append((a, position, seg))
 
-    def _buffer(self, frame: bytes, payload: bytes) -> None:
+    def _buffer(self, frame: bytes, payload: bytes) -> tuple[AsyncAppend, int]:
+        """Buffer an op; returns its append and its position within that append."""
         size = len(frame) + len(payload)
         a = self._pending[-1] if self._pending else None
         if a is None or (a.size and a.size + size > _APPEND_BYTES):
             a = self._new_pending()
+        position = a.size
         if len(payload) <= 4096:
             a.write(frame + payload)  # One buffer write: cheaper than two for small ops.
         else:
@@ -584,6 +619,7 @@ class Recorder:
         self.ops_recorded += 1
         self.bytes_recorded += size
         self._ensure_task()
+        return a, position
 
     def _new_pending(self) -> AsyncAppend:
         # Appends are released in groups which each fit one Append RPC. Every append of a
@@ -639,7 +675,7 @@ class Recorder:
                 self._inflight.popleft()
                 self._uncommitted -= a.size
                 try:
-                    self._observe(resp)
+                    self._observe(a, resp)
                 except WriteHeadRegressed as err:
                     self._break(err)
                     return
@@ -654,14 +690,34 @@ class Recorder:
                     fut.cancel()
                 self._waiters.clear()
 
-    def _observe(self, resp: pb.AppendResponse) -> None:
-        if resp is self._last_resp:
-            return  # Appends batched into one RPC share its response.
+    def _observe(self, a: AsyncAppend, resp: pb.AppendResponse) -> None:
+        """Advance the write head past committed append `a`, and place the ops it holds."""
         commit = resp.commit
-        if commit.begin < self._write_head:
-            raise WriteHeadRegressed(self._log, commit.begin, self._write_head)
-        self._write_head = commit.end
-        self._last_resp = resp
+        if resp is not self._last_resp:  # Appends batched into one RPC share its response.
+            if commit.begin < self._write_head:
+                raise WriteHeadRegressed(self._log, commit.begin, self._write_head)
+            self._write_head = commit.end
+            self._last_resp = resp
+            # The batch's appends complete together, so the rest of it is already done and
+            # next in line. Its content is theirs in order, unless the AppendService batched
+            # another writer's appends with them (same request): then sizes don't add up,
+            # and the ops keep their lower bounds.
+            size = a.size
+            for other in self._inflight:
+                if other.response is not resp:
+                    break
+                size += other.size
+            self._batch_cursor = commit.begin if size == commit.end - commit.begin else -1
+        begin = self._batch_cursor
+        unplaced = self._unplaced
+        if begin < 0:
+            while unplaced and unplaced[0][0] is a:
+                unplaced.popleft()
+            return
+        self._batch_cursor = begin + a.size
+        while unplaced and unplaced[0][0] is a:
+            _, position, seg = unplaced.popleft()
+            seg.first_offset = max(seg.first_offset, begin + position)
 
     def _break(self, err: BaseException) -> None:
         if self._error is not None:
@@ -679,6 +735,7 @@ class Recorder:
         pending, self._pending = self._pending, []
         for a in pending:
             a.abort(self._error)
+        self._unplaced.clear()
         waiters, self._waiters = self._waiters, deque()
         for _, fut in waiters:
             if not fut.done():
