@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
+from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer
 
 
@@ -13,3 +15,17 @@ from broker.testing.etcd import EtcdServer
 def etcd_server() -> Iterator[EtcdServer]:
     with EtcdServer() as server:
         yield server
+
+
+def session_broker(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory, name: str
+) -> Iterator[BrokerProcess]:
+    """A real broker for one test package, under its own etcd root (so listings of different
+    packages never see each other's journals). Use from a session-scoped fixture."""
+    proc = BrokerProcess(
+        etcd_server.endpoint,
+        root=f"/test-{name}/{os.getpid()}",
+        spool_dir=tmp_path_factory.mktemp(f"{name}-spool"),
+    )
+    with proc:
+        yield proc

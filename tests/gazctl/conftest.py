@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import itertools
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -13,6 +12,7 @@ import pytest
 from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer
 from gazctl.main import Streams, run
+from tests.conftest import session_broker
 
 _names = itertools.count()
 
@@ -21,13 +21,7 @@ _names = itertools.count()
 def gazctl_broker(
     etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(
-        etcd_server.endpoint,
-        root=f"/test-gazctl/{os.getpid()}",
-        spool_dir=tmp_path_factory.mktemp("gazctl-spool"),
-    )
-    with proc:
-        yield proc
+    yield from session_broker(etcd_server, tmp_path_factory, "gazctl")
 
 
 @dataclass

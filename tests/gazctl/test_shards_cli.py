@@ -57,11 +57,15 @@ async def _record(endpoint: str, log: str, src: Path, store: Path) -> list[rpb.F
                 if r in (10, 29):
                     out.append(await rec.build_hints())
             await rec.close()
-        for _ in range(200):  # Wait until rolled spools are persisted.
+        # Wait until every rolled spool is persisted: the tests compare store listings taken
+        # at different times, so the store must be quiet (under load this can take a while).
+        for _ in range(1200):
             frags = await list_all_fragments(client, pb.FragmentsRequest(journal=log))
             if sum(1 for f in frags if not f.spec.backing_store) <= 1:
                 break
             await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"rolled fragments of {log} not persisted within 60 s")
     return out
 
 

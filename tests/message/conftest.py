@@ -16,6 +16,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.selector import parse_label_selector
 from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer
+from tests.conftest import session_broker
 from tests.message.notes import JSON, Note
 
 __all__ = ["JSON", "Note", "MakeTopic", "Topic"]
@@ -27,13 +28,7 @@ _names = itertools.count()
 def message_broker(
     etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(
-        etcd_server.endpoint,
-        root=f"/test-message/{os.getpid()}",
-        spool_dir=tmp_path_factory.mktemp("message-spool"),
-    )
-    with proc:
-        yield proc
+    yield from session_broker(etcd_server, tmp_path_factory, "message")
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.author import author_fence
 from recoverylog.codec import HEADER_LENGTH, encode_op
 from recoverylog.fsm import FSM
+from tests.conftest import session_broker
 
 _names = itertools.count()
 
@@ -31,13 +32,8 @@ RECOVERYLOG_CONTENT_TYPE = "application/x-gazette-recoverylog"
 def player_broker(
     etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(
-        etcd_server.endpoint,
-        root=f"/test-player/{os.getpid()}-{next(_names)}",
-        spool_dir=tmp_path_factory.mktemp("player-spool"),
-    )
-    with proc:
-        yield proc
+    # One per importing module: each module gets its own broker and etcd root.
+    yield from session_broker(etcd_server, tmp_path_factory, f"player-{next(_names)}")
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ recorded log into a model of the files it describes."""
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from broker.testing.etcd import EtcdServer
 from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.codec import DecodedOp, Desync, OpDecoder, PayloadChunk, PayloadEnd
 from recoverylog.fsm import FSM
+from tests.conftest import session_broker
 
 _names = itertools.count()
 
@@ -33,13 +33,8 @@ _names = itertools.count()
 def recorder_broker(
     etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(
-        etcd_server.endpoint,
-        root=f"/test-recorder/{os.getpid()}-{next(_names)}",  # One per importing module.
-        spool_dir=tmp_path_factory.mktemp("recorder-spool"),
-    )
-    with proc:
-        yield proc
+    # One per importing module: each module gets its own broker and etcd root.
+    yield from session_broker(etcd_server, tmp_path_factory, f"recorder-{next(_names)}")
 
 
 @pytest.fixture

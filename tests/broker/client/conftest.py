@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from broker.client import JournalClient, apply_journals
 from broker.protocol import protocol_pb2 as pb
 from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer
+from tests.conftest import session_broker
 
 _names = itertools.count()
 
@@ -22,13 +22,7 @@ _names = itertools.count()
 def client_broker(
     etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(
-        etcd_server.endpoint,
-        root=f"/test-client/{os.getpid()}",
-        spool_dir=tmp_path_factory.mktemp("client-spool"),
-    )
-    with proc:
-        yield proc
+    yield from session_broker(etcd_server, tmp_path_factory, "client")
 
 
 @pytest.fixture
