@@ -195,6 +195,11 @@ class OpDecoder:
         return self._write is not None
 
     @property
+    def payload_op(self) -> rpb.RecordedOp | None:
+        """The Write op whose payload is being read (with its meta-fields), or None."""
+        return self._write
+
+    @property
     def payload_remaining(self) -> int:
         """Payload bytes of the current Write not yet consumed."""
         return self._remaining

@@ -395,7 +395,8 @@ class Player:
 
     @property
     def write_head(self) -> int:
-        """Offset of the log through which playback completed (valid with `fsm`).
+        """Offset of the log through which playback completed (valid with `fsm`): the end of
+        the last whole op read, never within one (a write read past the head is read whole).
 
         After a hand-off, the end of the injected no-op: a Recorder continuing the log from
         `fsm` passes it as its `write_head` (a lower bound of the offsets of its ops).
@@ -736,15 +737,27 @@ class Player:
             state = self.state
 
             if state is PlayerState.READ_HANDOFF_BARRIER:
-                # The no-op was not seen where it was appended (swallowed by a corrupt frame
-                # before it): start decoding afresh, and try again.
+                # The no-op was not seen where it was appended: a corrupt frame or payload
+                # before it swallowed it, and may have swallowed ops appended after it too.
+                dec = self._dec
+                payload_op = dec.payload_op
+                if payload_op is not None and payload_op.first_offset >= self._read_through:
+                    # Within the payload of an op appended after the no-op: read it whole.
+                    self._feed(await self._read(), fsm)
+                    if self._handoff_applied:
+                        return
+                    continue
                 log.warning(
                     "hand-off no-op not read back log=%s offset=%d; injecting again",
                     self.log,
                     self._handoff_begin,
                 )
-                self._dec.reset(self._fed)
-                self._live_payload = False
+                if dec.in_payload or dec.offset != self._read_through or self._fed != dec.offset:
+                    # Decode afresh from the no-op's end, where an append (so an op) begins:
+                    # `_fed` may lie within an op. Ops read again which were applied already
+                    # are rejected by the FSM (their seq_no is behind).
+                    await self._close_reader()
+                    self._open_reader(self.log, self._read_through, 0)
                 state = PlayerState.INJECT_HANDOFF_AT_HEAD
             elif state in (PlayerState.BACKFILL, PlayerState.TAIL):
                 request = self._request
@@ -767,7 +780,15 @@ class Player:
             self._set_state(state)
 
             if state is PlayerState.EXIT_AT_HEAD:
-                self._write_head = self._fed
+                if self._dec.in_payload:
+                    # The log grew past the head, and the last read ended within a write's
+                    # payload (the op is applied, its file partly written): read on to the
+                    # payload's end, within the same append.
+                    self._feed(await self._read(), fsm)
+                    continue
+                # Between ops: complete after the last whole op (bytes of a partial frame
+                # beyond it are not played).
+                self._write_head = self._dec.offset
                 return
             if state is PlayerState.INJECT_HANDOFF_AT_HEAD:
                 assert self._request

@@ -22,6 +22,13 @@ What the recovery log can express, and so what is supported:
   is renamed), `remove`, `link`. Directories themselves are not recorded: a Player creates
   the parents of the files it restores.
 
+Files open while their path is removed, renamed over or truncated (by ``truncate``, or by an
+``O_TRUNC`` open) behave as on POSIX: their buffered writes are flushed and recorded first;
+afterwards the handles of a truncated file write its new Fnode, and writes to a file which is
+no longer linked anywhere are made on disk but not recorded (nothing can reach them). In
+append mode, each flush records its bytes where O_APPEND put them: at the end of the file as
+of that flush, whichever handles appended before.
+
 A file that exists on disk but was never recorded (it predates the Recorder) raises
 `NotRecorded` before any change when opened for append/update, removed, linked or renamed.
 Like the Recorder, a RecordedFS is used from the thread of the Recorder's running event loop.
@@ -88,7 +95,6 @@ class RecordedFile:
         self.fnode = fnode
         self._append = append
         self._pos = 0
-        self._size = os.fstat(fd).st_size
         self._buf = bytearray()
         self._buf_off = 0
         self._closed = False
@@ -115,19 +121,26 @@ class RecordedFile:
         return True
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
-        """Buffer `data` at the position (at the end, in append mode); return its length."""
+        """Buffer `data` at the position (at the end, in append mode); return its length.
+
+        In append mode the bytes land, as O_APPEND writes, at the end of the file as of when
+        the buffer is flushed (other handles may have appended meanwhile), and are recorded
+        there.
+        """
         self._check_writable()
         n = len(data)
         if not n:
             return 0
-        off = self._size if self._append else self._pos
-        if self._buf and off != self._buf_off + len(self._buf):
-            self._flush_buffer()
+        if self._append:  # Always contiguous: the offset is the file's end at the flush.
+            off = self._buf_off + len(self._buf) if self._buf else self._disk_size()
+        else:
+            off = self._pos
+            if self._buf and off != self._buf_off + len(self._buf):
+                self._flush_buffer()
         if not self._buf:
             self._buf_off = off
         self._buf += data
         self._pos = off + n
-        self._size = max(self._size, self._pos)
         if len(self._buf) >= WRITE_BUFFER_SIZE:
             self._flush_buffer()
         return n
@@ -137,7 +150,7 @@ class RecordedFile:
         self._check_open()
         self._flush_buffer()
         if size < 0:
-            size = max(self._size - self._pos, 0)
+            size = max(self._disk_size() - self._pos, 0)
         data = os.pread(self._fd, size, self._pos)
         self._pos += len(data)
         return data
@@ -149,7 +162,8 @@ class RecordedFile:
         elif whence == io.SEEK_CUR:
             pos = self._pos + offset
         elif whence == io.SEEK_END:
-            pos = self._size + offset
+            self._flush_buffer()
+            pos = self._disk_size() + offset
         else:
             raise ValueError(f"invalid whence {whence}")
         if pos < 0:
@@ -168,29 +182,35 @@ class RecordedFile:
         any change) if the file has other links or was renamed since it was opened.
         """
         self._check_writable()
-        self._flush_buffer()
+        fnode = self.fnode
+        assert fnode is not None
+        # Every handle's buffered writes (this one's included) happened before the truncation.
+        self._fs._flush_files(fnode)
         if size is None:
             size = self._pos
         if size < 0:
             raise ValueError(f"negative size {size}")
         rec = self._fs.recorder
-        assert self.fnode is not None
-        if size < self._size and rec.links(self.fnode) != {self._path}:
+        old = self._disk_size()
+        if fnode not in rec.fsm.live_nodes:  # Removed: the content is unreachable.
+            os.ftruncate(self._fd, size)
+            return size
+        if size < old and rec.links(fnode) != {self._path}:
             raise io.UnsupportedOperation(
                 f"truncate of {self._path!r}: the file has other links, or was renamed"
             )
         os.ftruncate(self._fd, size)
-        if size > self._size:
-            zeros = bytes(min(size - self._size, _READ_CHUNK))
-            for off in range(self._size, size, len(zeros)):
-                rec.record_write(self.fnode, off, zeros[: size - off])
-        elif size < self._size:
-            self.fnode = rec.record_truncate(self._fs._local(self._path))
+        if size > old:
+            zeros = bytes(min(size - old, _READ_CHUNK))
+            for off in range(old, size, len(zeros)):
+                rec.record_write(fnode, off, zeros[: size - off])
+        elif size < old:
+            new = rec.record_truncate(self._fs._local(self._path))
+            self._fs._renumber(fnode, new)  # The same file on disk, for every handle.
             if size:  # Record the kept prefix, read back (the fd may be write-only).
                 with open(self._fs._local(self._path), "rb") as src:
                     for off in range(0, size, _READ_CHUNK):
-                        rec.record_write(self.fnode, off, src.read(min(_READ_CHUNK, size - off)))
-        self._size = size
+                        rec.record_write(new, off, src.read(min(_READ_CHUNK, size - off)))
         return size
 
     def flush(self) -> None:
@@ -223,6 +243,9 @@ class RecordedFile:
     def __repr__(self) -> str:
         return f"<RecordedFile {self._path!r} mode={self.mode!r} fnode={self.fnode}>"
 
+    def _disk_size(self) -> int:
+        return os.fstat(self._fd).st_size
+
     def _flush_buffer(self) -> None:
         if not self._buf:
             return
@@ -230,10 +253,25 @@ class RecordedFile:
         self._buf = bytearray()
         with memoryview(buf) as view:
             done = 0
-            while done < len(buf):  # pwrite may write less than asked.
-                done += os.pwrite(self._fd, view[done:], off + done)
-        assert self.fnode is not None
-        self._fs.recorder.record_write(self.fnode, off, buf)
+            while done < len(buf):  # Writes may write less than asked.
+                if self._append:  # O_APPEND: at the end of the file, whatever the offset.
+                    done += os.write(self._fd, view[done:])
+                else:
+                    done += os.pwrite(self._fd, view[done:], off + done)
+        if self._append:
+            # Where the bytes landed: the end of the file, which other handles may have
+            # moved since the buffer began (this thread is the only writer).
+            off = self._disk_size() - len(buf)
+            self._pos = off + len(buf)
+        fnode = self.fnode
+        assert fnode is not None
+        rec = self._fs.recorder
+        if fnode not in rec.fsm.live_nodes:
+            # The file was removed (or replaced) while open: as on POSIX, what is written to
+            # it is unreachable, so nothing is recorded.
+            rec.check()
+            return
+        rec.record_write(fnode, off, buf)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -275,9 +313,11 @@ class RecordedFS:
 
         rec = self.recorder
         rec.check()
-        known = rec.fnode(disk) is not None
-        if not known and not flags & os.O_TRUNC and disk.exists():
+        known = rec.fnode(disk)
+        if known is None and not flags & os.O_TRUNC and disk.exists():
             raise NotRecorded(f"{rel!r} exists but was not recorded")
+        if known is not None and flags & os.O_TRUNC:
+            self._flush_files(known)  # Writes buffered by open handles precede the truncation.
         fd = os.open(disk, flags, 0o666)
         try:
             fnode = rec.record_open(
@@ -289,6 +329,9 @@ class RecordedFS:
         except BaseException:
             os.close(fd)
             raise
+        if known is not None and known != fnode:
+            # Truncated (recorded as a new Fnode): handles open on it write the same file.
+            self._renumber(known, fnode)
         f = RecordedFile(self, rel, fd, mode, fnode, bool(flags & os.O_APPEND))
         self._files.add(f)
         return f
@@ -306,6 +349,9 @@ class RecordedFS:
                 rec.record_rename(self._local(p), self._local(d + p[len(s) :]))
             return
         self._require_recorded(src)
+        replaced = rec.fnode(self.root / d[1:])
+        if replaced is not None:
+            self._flush_files(replaced)  # Writes buffered by its open handles came first.
         os.replace(disk_src, self.root / d[1:])
         rec.record_rename(disk_src, self.root / d[1:])
 
@@ -314,6 +360,9 @@ class RecordedFS:
     def remove(self, path: str | os.PathLike[str]) -> None:
         """Remove file `path`."""
         p = self._require_recorded(path)
+        fnode = self.recorder.fnode(self.root / p[1:])
+        assert fnode is not None
+        self._flush_files(fnode)  # Writes buffered by its open handles came first.
         os.remove(self.root / p[1:])
         self.recorder.record_unlink(self.root / p[1:])
 
@@ -355,6 +404,22 @@ class RecordedFS:
 
     def _local(self, recorded: str) -> Path:
         return self.root / recorded[1:]
+
+    def _flush_files(self, fnode: int) -> None:
+        """Flush the buffers of the open files of `fnode` (before it is unlinked, replaced
+        or truncated: their writes happened first)."""
+        for f in list(self._files):
+            if f.fnode == fnode and not f.closed:
+                f.flush()
+
+    def _renumber(self, old: int, new: int) -> None:
+        """Open files of Fnode `old` write Fnode `new` (a truncation, recorded as unlink and
+        create, of the same file on disk), unless `old` is still live (other links)."""
+        if old in self.recorder.fsm.live_nodes:
+            return
+        for f in self._files:
+            if f.fnode == old:
+                f.fnode = new
 
     def _require_recorded(self, path: str | os.PathLike[str]) -> str:
         rec = self.recorder

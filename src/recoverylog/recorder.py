@@ -50,7 +50,6 @@ from typing import Any, NoReturn
 
 from broker.client.append_service import (
     BUFFER_IN_MEMORY_LIMIT,
-    MAX_BATCH_BYTES,
     AppendService,
     AsyncAppend,
     DependencyFailed,
@@ -94,7 +93,12 @@ Keeps every op within an append small enough to stay buffered in memory (`AsyncA
 spills larger content to a temporary file)."""
 
 _APPEND_BYTES = BUFFER_IN_MEMORY_LIMIT
-_GROUP_BYTES = MAX_BATCH_BYTES // 2
+
+
+def _group_limit(append_service: AppendService) -> int:
+    """Bytes of ops released as one group: half a batch of `append_service` (8 MiB by default),
+    so that the dispatcher sends a whole group as one Append RPC."""
+    return max(1, append_service.max_batch_bytes // 2)
 
 
 class RecorderError(Exception):
@@ -243,6 +247,7 @@ class Recorder:
         # Appends being filled (not yet released), in order; the last is open for writing.
         self._pending: list[AsyncAppend] = []
         self._group_bytes = 0
+        self._group_limit = _group_limit(append_service)
         self._group_dep: AsyncAppend | None = None
         # Released appends whose outcome the committer has not yet observed, in order.
         self._inflight: deque[AsyncAppend] = deque()
@@ -606,8 +611,12 @@ class Recorder:
         """Buffer an op; returns its append and its position within that append."""
         size = len(frame) + len(payload)
         a = self._pending[-1] if self._pending else None
-        if a is None or (a.size and a.size + size > _APPEND_BYTES):
-            a = self._new_pending()
+        if (
+            a is None
+            or a.size + size > _APPEND_BYTES
+            or self._group_bytes + size > self._group_limit
+        ):
+            a = self._new_pending(size)
         position = a.size
         if len(payload) <= 4096:
             a.write(frame + payload)  # One buffer write: cheaper than two for small ops.
@@ -621,12 +630,15 @@ class Recorder:
         self._ensure_task()
         return a, position
 
-    def _new_pending(self) -> AsyncAppend:
-        # Appends are released in groups which each fit one Append RPC. Every append of a
-        # group depends on the last append of the group before: the dispatcher then never
-        # batches across groups, and once an append fails, every later one fails with
-        # DependencyFailed unsent, so the log never holds ops beyond a failed one.
-        if not self._pending or self._group_bytes + _APPEND_BYTES > _GROUP_BYTES:
+    def _new_pending(self, size: int) -> AsyncAppend:
+        # Appends are released in groups which each fit one Append RPC of the AppendService
+        # (at most `_group_limit` bytes, or a single op). Every append of a group depends on
+        # the last append of the group before: the dispatcher then never batches across
+        # groups, and sends a group's appends (released together, so adjacent in its queue)
+        # as one RPC, which commits or fails as a whole. Once an append fails, every later
+        # one fails with DependencyFailed unsent, so the log never holds ops beyond a failed
+        # one.
+        if not self._pending or self._group_bytes + size > self._group_limit:
             self._group_dep = self._pending[-1] if self._pending else self._last
             self._group_bytes = 0
         deps = [self._group_dep] if self._group_dep is not None else []

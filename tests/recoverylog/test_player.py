@@ -544,3 +544,126 @@ async def test_hints_across_logs(client: JournalClient, make_log: MakeLog, tmp_p
     assert read_tree(directory) == {"/f": b"written to the first log; then the second", "/g": b"g"}
     assert player.progress.bytes_read < 1000  # The dead write in the first log is skipped.
     assert player.fsm.last_log == second.name
+
+
+class StaleBarrierPlayer(Player):
+    """A Player whose barriers return `stale` once it is set: the write head as of just before
+    another append landed (the log grew after the barrier)."""
+
+    stale: int | None = None
+
+    async def _barrier(self, name: str) -> int:
+        if self.stale is not None:
+            return self.stale
+        return await super()._barrier(name)
+
+
+BIG = 4 << 20  # A payload larger than one read chunk.
+
+
+async def test_exit_at_head_reads_a_write_through(
+    client: JournalClient, make_log: MakeLog, tmp_path: Path
+) -> None:
+    log = SharedLog(client, await make_log())
+    a = LogWriter(log, A)
+    f = a.create("/a")
+    a.write(f, 0, b"x" * 10)
+    await a.flush()
+    head = log.head
+    a.write(f, 0, b"y" * BIG)  # Appended after the (stale) barrier.
+    await a.flush()
+
+    directory = tmp_path / "play"
+    player = StaleBarrierPlayer(client, log.name, None, directory)
+    player.stale = head
+    await asyncio.wait_for(player.play(EXIT_AT_HEAD), 30)
+    # Not a torn write: the op applied by the FSM is whole in the tree, and the write head
+    # is after it (not within its payload).
+    assert_played(player, directory, a)
+    assert player.write_head == log.head
+
+
+async def test_finish_at_head_reads_a_write_through(
+    client: JournalClient, make_log: MakeLog, tmp_path: Path
+) -> None:
+    log = SharedLog(client, await make_log())
+    a = LogWriter(log, A)
+    f = a.create("/a")
+    a.write(f, 0, b"x" * 10)
+    await a.flush()
+
+    directory = tmp_path / "play"
+    player = StaleBarrierPlayer(client, log.name, None, directory)
+    task = asyncio.create_task(player.play(until=TAIL))
+    try:
+        await asyncio.wait_for(player.tailing.wait(), 30)
+        player.stale = log.head
+        a.write(f, 0, b"y" * BIG)
+        await a.flush()
+        async with asyncio.timeout(30):
+            while player.progress.offset == player.stale:  # Until it has read some of it.
+                await asyncio.sleep(0.001)
+        player.finish_at_head()
+        await asyncio.wait_for(task, 30)
+    finally:
+        task.cancel()
+    assert_played(player, directory, a)
+    assert player.write_head == log.head
+
+
+class SwallowedHandoffPlayer(Player):
+    """A Player whose first hand-off no-op is swallowed by the corrupt write before it, and is
+    followed in the same append by `after` (the bytes another writer appended right after it,
+    arriving in the same read)."""
+
+    after = b""
+    injections = 0
+
+    async def _inject(self, fsm: FSM, author: int) -> tuple[int, int]:
+        self.injections += 1
+        if self.injections > 1:
+            return await super()._inject(fsm, author)
+        noop = encode_op(
+            rpb.RecordedOp(seq_no=fsm.next_seq_no, checksum=fsm.next_checksum, author=author)
+        )
+        req = pb.AppendRequest(journal=self.log, union_registers=author_fence(author))
+        resp = await append(self.client, req, noop + self.after)
+        return resp.commit.begin, resp.commit.begin + len(noop)
+
+
+@pytest.mark.parametrize("overrun", [0, 4])
+async def test_handoff_after_a_swallowed_noop(
+    client: JournalClient, make_log: MakeLog, tmp_path: Path, overrun: int
+) -> None:
+    log = SharedLog(client, await make_log())
+    a = LogWriter(log, A)
+    f = a.create("/a")
+    a.write(f, 0, b"ok")
+    await a.flush()
+
+    # A corrupt write claiming 8 payload bytes more than it has, and as many as the no-op
+    # the Player will inject after it (plus `overrun` bytes of what follows the no-op).
+    for n in range(8, 40):
+        w = a.fork(A)
+        corrupt = rpb.RecordedOp.Write(fnode=f, offset=0, length=8 + n)
+        w.op(rpb.RecordedOp(write=corrupt), b"8 bytes!")
+        noop = rpb.RecordedOp(seq_no=w.fsm.next_seq_no, checksum=w.fsm.next_checksum, author=B)
+        if len(encode_op(noop)) + overrun == n:
+            break
+    else:
+        raise AssertionError("no fixed point")
+    await w.flush(check=False)
+    # A large write sequenced after the corrupt one, appended right after the no-op.
+    w.write(f, 0, b"y" * BIG)
+    after, w.pending = bytes(w.pending), bytearray()
+
+    directory = tmp_path / "play"
+    player = SwallowedHandoffPlayer(client, log.name, None, directory)
+    player.after = after
+    player.inject_handoff(B)
+    fsm = await asyncio.wait_for(player.play(until=TAIL), 30)
+    assert player.injections >= 2
+    # The write appended after the swallowed no-op is applied, whole.
+    assert read_tree(directory) == {"/a": b"y" * BIG}
+    assert fsm.links == w.fsm.links
+    assert fsm.next_seq_no == w.fsm.next_seq_no + 1  # Then the no-op which landed.

@@ -250,3 +250,98 @@ async def test_sync_flushes_open_files_and_fails_once_fenced(
     with pytest.raises(RecorderFenced):
         f.write(b"x")
     f.close()
+
+
+async def test_remove_a_file_while_open(
+    rec_client: JournalClient, rec_service: AppendService, make_rec_log: MakeLog, tmp_path: Path
+) -> None:
+    log = await make_rec_log()
+    fs = await recorded_fs(rec_service, log, tmp_path)
+    f = fs.open("a", "wb")
+    f.write(b"hello")  # Buffered.
+    fs.remove("a")  # Legal with the file open: later writes go to an unreachable file.
+    f.write(b" world")
+    f.truncate(100)
+    f.close()
+
+    g = fs.open("b", "wb")
+    g.write(b"kept ")
+    fs.link("b", "c")
+    fs.remove("b")  # Still linked at c.
+    g.write(b"by c")
+    g.close()
+    assert fs.recorder.error is None
+    r = await check_log_matches_disk(rec_client, fs)
+    assert r.files() == {"/c": b"kept by c"}
+
+
+async def test_truncating_open_while_open(
+    rec_client: JournalClient, rec_service: AppendService, make_rec_log: MakeLog, tmp_path: Path
+) -> None:
+    log = await make_rec_log()
+    fs = await recorded_fs(rec_service, log, tmp_path)
+    f1 = fs.open("a", "wb")
+    f1.write(b"one")  # Buffered: written before the truncation below.
+    f2 = fs.open("a", "wb")  # Truncates the same file (recorded as a new Fnode).
+    f2.write(b"two")
+    f1.write(b"X")  # At f1's position, 3, of the same (truncated) file.
+    f1.close()
+    f2.close()
+    assert fs.recorder.error is None
+    r = await check_log_matches_disk(rec_client, fs)
+    assert r.files() == {"/a": b"twoX"}
+
+
+async def test_truncate_while_another_handle_is_open(
+    rec_client: JournalClient, rec_service: AppendService, make_rec_log: MakeLog, tmp_path: Path
+) -> None:
+    log = await make_rec_log()
+    fs = await recorded_fs(rec_service, log, tmp_path)
+    f1 = fs.open("a", "wb")
+    f1.write(b"0123456789")
+    f1.flush()
+    f2 = fs.open("a", "r+b")
+    f2.write(b"ab")  # Buffered: written before the truncation.
+    f1.truncate(4)
+    f2.write(b"Z")  # At 2, in the truncated file.
+    f2.close()
+    f1.close()
+    assert fs.recorder.error is None
+    r = await check_log_matches_disk(rec_client, fs)
+    assert r.files() == {"/a": b"abZ3"}
+
+
+async def test_rename_over_an_open_file(
+    rec_client: JournalClient, rec_service: AppendService, make_rec_log: MakeLog, tmp_path: Path
+) -> None:
+    log = await make_rec_log()
+    fs = await recorded_fs(rec_service, log, tmp_path)
+    old = fs.open("dst", "wb")
+    old.write(b"old")
+    with fs.open("src", "wb") as f:
+        f.write(b"new")
+    fs.rename("src", "dst")  # Replaces the open file, which becomes unreachable.
+    old.write(b" and more")
+    old.close()
+    assert fs.recorder.error is None
+    r = await check_log_matches_disk(rec_client, fs)
+    assert r.files() == {"/dst": b"new"}
+
+
+async def test_two_append_handles(
+    rec_client: JournalClient, rec_service: AppendService, make_rec_log: MakeLog, tmp_path: Path
+) -> None:
+    log = await make_rec_log()
+    fs = await recorded_fs(rec_service, log, tmp_path)
+    h1, h2 = fs.open("a", "ab"), fs.open("a", "ab")
+    h1.write(b"AAAAA")
+    h1.flush()
+    h2.write(b"BBB")  # Lands at the end as of its flush: after h1's bytes.
+    h2.flush()
+    h1.write(b"11")
+    h2.write(b"22")
+    h2.flush()  # Flushed first, so written first.
+    h1.close()
+    h2.close()
+    r = await check_log_matches_disk(rec_client, fs)
+    assert r.files() == {"/a": b"AAAAABBB2211"}

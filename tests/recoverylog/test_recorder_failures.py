@@ -74,6 +74,39 @@ async def test_a_failed_group_stops_later_groups(tmp_path: Path) -> None:
         assert 0 < sent < 12 << 20
 
 
+async def test_groups_fit_the_append_services_batch_size(tmp_path: Path) -> None:
+    # With a 1 MiB batch size, a group sized by the default batch would span several RPCs:
+    # after the first failed, the others (depending only on the group before) were still sent.
+    failed = pb.AppendResponse(status=pb.FRAGMENT_STORE_UNHEALTHY)
+    oks = [ok(i << 20, (i + 1) << 20) for i in range(20)]
+    async with FakeBroker(failed, *oks) as fb, JournalClient(fb.endpoint) as client:
+        async with AppendService(client, max_batch_bytes=1 << 20) as svc:
+            rec = Recorder(FSM(LOG), 0xA1, tmp_path, svc, LOG)
+            f = rec.record_create("f")
+            chunk = b"x" * MAX_WRITE_CHUNK
+            for i in range(8):
+                rec.record_write(f, i * len(chunk), chunk)
+            with pytest.raises(RecorderBroken) as info:
+                await rec.barrier()
+            assert isinstance(info.value.__cause__, FragmentStoreUnhealthy)
+        assert len(fb.journal.calls) == 1
+
+
+async def test_small_batches_commit_in_order(tmp_path: Path) -> None:
+    oks = [ok(i << 20, (i + 1) << 20) for i in range(20)]
+    async with FakeBroker(*oks) as fb, JournalClient(fb.endpoint) as client:
+        async with AppendService(client, max_batch_bytes=1 << 20) as svc:
+            rec = Recorder(FSM(LOG), 0xA1, tmp_path, svc, LOG)
+            f = rec.record_create("f")
+            chunk = b"x" * MAX_WRITE_CHUNK
+            for i in range(8):
+                rec.record_write(f, i * len(chunk), chunk)
+            await rec.barrier()
+        sizes = [sum(len(m.content) for m in call) for call in fb.journal.calls]
+        assert sum(sizes) == rec.bytes_recorded
+        assert all(0 < n <= 1 << 20 for n in sizes)
+
+
 async def test_a_regressing_write_head_breaks_the_recorder(tmp_path: Path) -> None:
     async with FakeBroker(ok(100, 200), ok(50, 60)) as fb, JournalClient(fb.endpoint) as client:
         async with AppendService(client) as svc:

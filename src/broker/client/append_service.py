@@ -253,6 +253,11 @@ class AppendService:
         self.rpc_count = 0
         self.appends_committed = 0
 
+    @property
+    def max_batch_bytes(self) -> int:
+        """Appends are batched into one RPC up to this many bytes (one append may exceed it)."""
+        return self._max_batch
+
     def start_append(
         self,
         request: pb.AppendRequest,
