@@ -1,0 +1,205 @@
+"""SQLite store benchmark: the recorded store against native apsw on local disk, same run.
+
+Workloads (batched transactions of `--rows` rows, WAL mode and the same page cache on both sides):
+that grows the database to tens of MiB, ~120-byte values) and updating a few existing ones,
+then committing. Both sides use WAL mode and the same page cache size.
+
+- native: apsw on local disk, ``synchronous=FULL`` (each commit durable on disk when it
+  returns) and ``synchronous=NORMAL`` (durable at checkpoints only).
+- store: `SQLiteStore` recording to a real broker; each transaction is `transact` +
+  `start_commit`, timed until its commit is in the recovery log (as durable as native FULL).
+
+Prints progress, then one JSON line whose ``ratio`` is store time / native FULL time (the
+equally durable baseline), target <= 1.25; ``ratio_vs_normal`` is against native NORMAL.
+`--quick` runs in under a minute.
+"""
+
+from __future__ import annotations
+
+import os.path
+import sys
+
+# This script is named after the package it measures; keep its directory off the import path.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+import argparse
+import asyncio
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import apsw
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client import AppendService, JournalClient, apply_journals
+from broker.protocol import protocol_pb2 as pb
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+from recoverylog.fsm import FSM
+from recoverylog.recorder import Recorder
+from stores.sqlite import SQLiteStore
+
+MiB = 1 << 20
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (k INTEGER PRIMARY KEY, v TEXT NOT NULL, n INTEGER);
+CREATE TABLE IF NOT EXISTS agg (a INTEGER PRIMARY KEY, c INTEGER NOT NULL);
+"""
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+Batch = list[tuple[int, str, int]]
+
+
+def consumer_batches(txns: int, rows: int, seed: int = 1) -> list[Batch]:
+    """Each transaction appends `rows` events (increasing keys) and updates the aggregates of
+    the keys it saw (a hot set of 2,000 rows): a stream consumer's batched transaction."""
+    rnd = random.Random(seed)
+    return [
+        [(i * rows + j, f"{rnd.getrandbits(400):0120x}", rnd.randrange(2000)) for j in range(rows)]
+        for i in range(txns)
+    ]
+
+
+def random_batches(txns: int, rows: int, seed: int = 1) -> list[Batch]:
+    """Each transaction upserts `rows` rows at random keys of the whole table: every
+    transaction dirties pages all over the database (the write-amplification worst case)."""
+    rnd = random.Random(seed)
+    keys = txns * rows
+    return [
+        [(rnd.randrange(keys), f"{rnd.getrandbits(400):0120x}", i) for _ in range(rows)]
+        for i in range(txns)
+    ]
+
+
+def apply_batch(conn: apsw.Connection, batch: Batch) -> None:
+    conn.executemany("INSERT OR REPLACE INTO kv (k, v, n) VALUES (?, ?, ?)", batch)
+    conn.executemany(
+        "INSERT INTO agg (a, c) VALUES (?, 1) ON CONFLICT (a) DO UPDATE SET c = c + 1",
+        [(n % 2000,) for _, _, n in batch],
+    )
+
+
+def native(directory: Path, work: list[Batch], synchronous: str) -> float:
+    directory.mkdir(parents=True)
+    conn = apsw.Connection(str(directory / "native.db"))
+    conn.execute("PRAGMA cache_size = -65536")
+    conn.execute("PRAGMA journal_mode = wal")
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    conn.execute(SCHEMA)
+    t0 = time.perf_counter()
+    for batch in work:
+        conn.execute("BEGIN")
+        apply_batch(conn, batch)
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    return elapsed
+
+
+async def recorded(
+    endpoint: str, fragments: Path, directory: Path, work: list[Batch], sync_waits: bool
+) -> tuple[float, SQLiteStore, int]:
+    async with JournalClient(endpoint) as client, AppendService(client) as svc:
+        frag = pb.JournalSpec.Fragment(
+            length=256 * MiB, compression_codec=pb.NONE, refresh_interval=Duration(seconds=600)
+        )
+        frag.stores.append(f"file://{fragments}/")
+        log = f"bench/sqlite-{os.getpid()}-{time.monotonic_ns()}"
+        spec = pb.JournalSpec(name=log, replication=1, fragment=frag)
+        await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
+        directory.mkdir(parents=True)
+        rec = await Recorder.open(FSM(log), 0xBE4C, directory, svc, log)
+        store = await SQLiteStore.open(rec, bootstrap_sql=SCHEMA, sync_waits=sync_waits)
+        await store.start_commit(None, b"", [])
+        t0 = time.perf_counter()
+        # As a consumer: the next transaction runs while the previous one commits, and a
+        # transaction starts committing once its predecessor's commit completed.
+        pending: asyncio.Future[None] | None = None
+        for i, batch in enumerate(work):
+            await store.transact(apply_batch, batch)
+            if pending is not None:
+                await pending
+            pending = store.start_commit(None, str(i).encode(), [])
+        if pending is not None:
+            await pending
+        elapsed = time.perf_counter() - t0
+        log_bytes = rec.write_head
+        await store.close()
+        return elapsed, store, log_bytes
+
+
+def measure(
+    tmpdir: Path, endpoint: str, name: str, work: list[Batch], runs: int
+) -> dict[str, float]:
+    figures: dict[str, list[float]] = {"full": [], "normal": [], "store": [], "pipelined": []}
+    for run in range(runs):
+        for sync in ("full", "normal"):
+            s = native(tmpdir / f"{name}-native-{sync}-{run}", work, sync)
+            figures[sync].append(s)
+            say(f"  {name} run {run}: native {sync}: {s:.2f} s")
+        for side, waits in (("store", True), ("pipelined", False)):
+            directory = tmpdir / f"{name}-{side}-{run}"
+            s, store, log_bytes = asyncio.run(
+                recorded(endpoint, tmpdir / "fragments", directory, work, waits)
+            )
+            figures[side].append(s)
+            db_size = os.path.getsize(store.path)
+            st = store.stats()
+            say(
+                f"  {name} run {run}: {side} (sync_waits={waits}): {s:.2f} s, "
+                f"database {db_size / MiB:.1f} MiB, log {log_bytes / MiB:.1f} MiB, "
+                f"barriers {st['barriers']}, compactions {st['compactions']}"
+            )
+    best = {k: min(v) for k, v in figures.items()}
+    return {
+        "ratio": round(best["store"] / best["full"], 3),
+        "ratio_pipelined": round(best["pipelined"] / best["full"], 3),
+        "ratio_vs_normal": round(best["store"] / best["normal"], 3),
+        "store_s": round(best["store"], 3),
+        "pipelined_s": round(best["pipelined"], 3),
+        "native_full_s": round(best["full"], 3),
+        "native_normal_s": round(best["normal"], 3),
+        "database_mib": round(db_size / MiB, 1),
+        "log_mib": round(log_bytes / MiB, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small run (< 1 minute)")
+    parser.add_argument("--rows", type=int, default=1000, help="rows per transaction")
+    parser.add_argument("--runs", type=int, default=0, help="alternating runs of each side")
+    args = parser.parse_args()
+    txns = 200 if args.quick else 1000
+    runs = args.runs or (2 if args.quick else 3)
+    say(f"workload: {txns} transactions x {args.rows} rows, {runs} runs of each side")
+    with tempfile.TemporaryDirectory(prefix="bench-sqlite-", dir="/var/tmp") as tmp:
+        tmpdir = Path(tmp)
+        (tmpdir / "fragments").mkdir()
+        with EtcdServer() as etcd, BrokerProcess(etcd.endpoint, spool_dir=tmpdir / "spool") as b:
+            consumer = measure(
+                tmpdir, b.endpoint, "consumer", consumer_batches(txns, args.rows), runs
+            )
+            rand = measure(tmpdir, b.endpoint, "random", random_batches(txns // 4, args.rows), 1)
+    result = {
+        "bench": "sqlite",
+        "ratio": consumer["ratio"],
+        "target": 1.25,
+        **{f"consumer_{k}": v for k, v in consumer.items() if k != "ratio"},
+        "random_ratio": rand["ratio"],
+        **{f"random_{k}": v for k, v in rand.items() if k != "ratio"},
+        "txns": txns,
+        "rows_per_txn": args.rows,
+        "runs": runs,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Embedded stores whose files are recorded into recovery logs (`stores.sqlite`)."""

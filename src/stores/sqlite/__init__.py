@@ -1,0 +1,25 @@
+"""The SQLite store: an embedded SQLite database recorded through an APSW VFS.
+
+`SQLiteStore` implements the consumer Store contract; `RecordingVFS` records the database's
+files (main databases as page stores, journals and WALs as files) through a `RecorderBridge`
+into a recovery-log `Recorder`. The design is in docs/sqlite-store.md.
+"""
+
+from stores.sqlite.bridge import RecorderBridge, RecordingFailed
+from stores.sqlite.pagestore import CorruptPageFile, PageStore, rebuild
+from stores.sqlite.store import DB_NAME, JOURNAL_MODES, SQLiteStore, StoreClosed, recover
+from stores.sqlite.vfs import RecordingVFS
+
+__all__ = [
+    "DB_NAME",
+    "JOURNAL_MODES",
+    "CorruptPageFile",
+    "PageStore",
+    "RecorderBridge",
+    "RecordingFailed",
+    "RecordingVFS",
+    "SQLiteStore",
+    "StoreClosed",
+    "rebuild",
+    "recover",
+]

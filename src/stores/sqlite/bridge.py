@@ -1,0 +1,216 @@
+"""RecorderBridge: carries file operations from the thread running SQLite to a Recorder.
+
+The VFS callbacks of SQLite are synchronous and run in the store's SQLite thread; the
+`Recorder` lives on an asyncio event loop. The bridge queues operations (create, truncate,
+write, unlink) in the order SQLite performs them, coalescing contiguous writes to one file,
+and hands them to the loop in batches with ``call_soon_threadsafe`` (FIFO: the log receives
+them in the same order). `sync` hands over the batch and, if asked to, blocks the SQLite
+thread until a Recorder barrier behind it resolves: everything recorded so far is then
+committed to the log.
+
+Paths are relative to the Recorder's directory. A bridge is used by one SQLite thread at a
+time. It never blocks the loop; the SQLite thread must not be the loop's thread (`sync`
+raises `RuntimeError` there rather than deadlock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Final
+
+from recoverylog.recorder import Recorder
+
+__all__ = ["RecorderBridge", "RecordingFailed"]
+
+_CREATE: Final = 0
+_TRUNCATE: Final = 1
+_WRITE: Final = 2
+_UNLINK: Final = 3
+
+_Op = tuple[int, str, int, bytes]
+
+
+class RecordingFailed(Exception):
+    """The Recorder failed (e.g. fenced by a new primary): nothing more can be recorded.
+
+    ``__cause__`` is the Recorder's error. The store is unusable from then on (crash-only).
+    """
+
+
+class RecorderBridge:
+    """Queues file operations of the SQLite thread into `recorder` on `loop` (module docs).
+
+    Construct it on the loop's thread.
+
+    `flush_bytes`: queued bytes which trigger a hand-over without waiting.
+    `max_unsynced`: bytes handed over since the last waited barrier which make the next
+    hand-over wait for a barrier (bounds the memory of huge transactions).
+    """
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        flush_bytes: int = 4 << 20,
+        max_unsynced: int = 64 << 20,
+    ) -> None:
+        self._rec = recorder
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+        self.flush_bytes = flush_bytes
+        self.max_unsynced = max_unsynced
+        self._ops: list[_Op] = []
+        self._queued = 0
+        # The open (coalescing) write: path, offset, buffer.
+        self._wpath: str | None = None
+        self._woff = 0
+        self._wbuf = bytearray()
+        self._unsynced = 0
+        self._dirty = False  # Ops were handed over since the last barrier resolved.
+        self._error: BaseException | None = None
+        self._discard = False
+        self.barriers = 0
+        self.bytes_recorded = 0
+
+    @property
+    def recorder(self) -> Recorder:
+        return self._rec
+
+    # -- Called from the SQLite thread ------------------------------------------------------
+
+    def create(self, path: str) -> None:
+        """`path` was created (it was not a recorded file)."""
+        self._push((_CREATE, path, 0, b""))
+
+    def truncate(self, path: str) -> None:
+        """Recorded file `path` was truncated to zero length: it becomes a new Fnode."""
+        self._push((_TRUNCATE, path, 0, b""))
+
+    def unlink(self, path: str) -> None:
+        """Recorded file `path` was removed."""
+        self._push((_UNLINK, path, 0, b""))
+
+    def write(self, path: str, offset: int, data: bytes) -> None:
+        """`data` was written at `offset` of recorded file `path`."""
+        if not data:
+            return
+        buf = self._wbuf
+        if self._wpath == path and self._woff + len(buf) == offset:
+            buf += data
+        else:
+            self._seal()
+            self._wpath, self._woff = path, offset
+            buf += data
+        self._queued += len(data)
+        if self._queued >= self.flush_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand queued operations to the loop without waiting for them to commit (but wait
+        for a barrier if `max_unsynced` bytes are in flight)."""
+        self._seal()
+        if self._unsynced + self._queued >= self.max_unsynced:
+            self.sync()
+            return
+        self._hand_over()
+
+    def sync(self, wait: bool = True) -> None:
+        """Hand queued operations to the loop; with `wait`, return once everything recorded
+        so far is committed to the log.
+
+        Raises `RecordingFailed` once the Recorder failed, `RuntimeError` if called from the
+        loop's thread with `wait`.
+        """
+        self._seal()
+        if self._discard:
+            self._ops.clear()
+            return
+        self.check()
+        if not wait:
+            self._hand_over()
+            return
+        if not self._ops and not self._dirty:
+            return  # Nothing recorded since the last barrier.
+        if threading.get_ident() == self._loop_thread:
+            raise RuntimeError("RecorderBridge.sync would block the event loop it waits on")
+        ops = self._take()
+        self._dirty = False
+        fut = asyncio.run_coroutine_threadsafe(self._apply_and_barrier(ops), self._loop)
+        try:
+            fut.result()
+        except BaseException as err:
+            if self._error is None:
+                self._error = err
+            raise RecordingFailed(f"recording to {self._rec.log} failed: {err!r}") from err
+        self._unsynced = 0
+        self.barriers += 1
+
+    def discard(self) -> None:
+        """Drop queued and later operations (the store is being destroyed)."""
+        self._discard = True
+        self._ops.clear()
+        self._wpath = None
+        self._wbuf = bytearray()
+
+    # -- Internals ---------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise `RecordingFailed` if the Recorder failed."""
+        err = self._error
+        if err is not None:
+            raise RecordingFailed(f"recording to {self._rec.log} failed: {err!r}") from err
+
+    def _push(self, op: _Op) -> None:
+        self._seal()
+        self._ops.append(op)
+
+    def _seal(self) -> None:
+        if self._wpath is not None:
+            self._ops.append((_WRITE, self._wpath, self._woff, bytes(self._wbuf)))
+            self._wpath = None
+            self._wbuf = bytearray()
+
+    def _take(self) -> list[_Op]:
+        ops, self._ops = self._ops, []
+        self._unsynced += self._queued
+        self.bytes_recorded += self._queued
+        self._queued = 0
+        return ops
+
+    def _hand_over(self) -> None:
+        self.check()
+        if self._ops and not self._discard:
+            self._dirty = True
+            self._loop.call_soon_threadsafe(self._apply, self._take())
+        else:
+            self._ops.clear()
+
+    # -- On the loop ----------------------------------------------------------------------------
+
+    def _apply(self, ops: list[_Op]) -> None:
+        if self._error is not None or self._discard:
+            return
+        rec = self._rec
+        try:
+            for kind, path, offset, data in ops:
+                if kind == _WRITE:
+                    fnode = rec.fnode(path)
+                    if fnode is None:
+                        raise RuntimeError(f"write of unrecorded file {path!r}")
+                    rec.record_write(fnode, offset, data)
+                elif kind == _CREATE:
+                    rec.record_open(path, create=True, exclusive=True)
+                elif kind == _TRUNCATE:
+                    rec.record_truncate(path)
+                else:
+                    rec.record_unlink(path)
+        except BaseException as err:  # The Recorder is broken, or the VFS has a bug.
+            self._error = err
+
+    async def _apply_and_barrier(self, ops: list[_Op]) -> None:
+        self._apply(ops)
+        if self._error is not None:
+            raise self._error
+        await self._rec.barrier()

@@ -1,0 +1,263 @@
+"""The recorded page store of a SQLite main database file (see docs/sqlite-store.md).
+
+A main database file is not recorded as a file: its whole write history would stay live in
+the recovery log. Instead every write and truncation of it is recorded as a *page record*
+appended to a recorded page file ``<db>.pages/<generation>``, and playback rebuilds the
+database by applying the page files in generation order. Page files are append-only and are
+closed ("rolled") at a database sync once they hold `roll_bytes`, so each spans a short
+stretch of the log. Once the page files written since the last compaction hold more than
+`compaction_factor` times the database size, a *compaction* records the whole database as a
+new generation (the base) and unlinks every older page file: their log bytes become dead and
+a Player with hints skips them.
+
+Page files exist only in the log and in a played-back directory: the store reads the local
+database file for everything, and removes the played page files once it has rebuilt the
+database from them.
+
+Record layout (little-endian): kind (u8), offset or size (u64), length (u32), then `length`
+bytes for a write. Kinds: `WRITE` (bytes at offset) and `SIZE` (truncate or extend the file
+to `offset` bytes). A log cut anywhere (a crash) leaves a prefix of the records: a torn
+record can only end the last page file, and is dropped, as a write which did not happen.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import struct
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+__all__ = [
+    "PAGES_SUFFIX",
+    "RECORD",
+    "SIZE",
+    "WRITE",
+    "CorruptPageFile",
+    "FileSink",
+    "PageStore",
+    "RebuildStats",
+    "encode_size",
+    "encode_write_header",
+    "generation_of",
+    "live_generations",
+    "rebuild",
+]
+
+PAGES_SUFFIX = ".pages"
+RECORD = struct.Struct("<BQI")
+WRITE = 1
+SIZE = 2
+_COPY_CHUNK = 256 << 10
+
+
+class CorruptPageFile(Exception):
+    """A page file which is not a sequence of page records (other than a torn last record of
+    the last generation)."""
+
+    def __init__(self, path: Path, offset: int, why: str) -> None:
+        super().__init__(f"page file {path} at offset {offset}: {why}")
+        self.path = path
+        self.offset = offset
+
+
+def encode_write_header(offset: int, length: int) -> bytes:
+    return RECORD.pack(WRITE, offset, length)
+
+
+def encode_size(size: int) -> bytes:
+    return RECORD.pack(SIZE, size, 0)
+
+
+def generation_path(db: str, generation: int) -> str:
+    """Recorded path (relative to the store directory) of `db`'s page file `generation`."""
+    return f"{db}{PAGES_SUFFIX}/{generation:016d}"
+
+
+def generation_of(db: str, path: str) -> int | None:
+    """The generation of `path` if it is a page file of `db` (both relative), else None."""
+    head, name = posixpath.split(path)
+    if head != db + PAGES_SUFFIX or len(name) != 16 or not name.isdigit():
+        return None
+    return int(name)
+
+
+def live_generations(db: str, paths: Iterable[str]) -> list[int]:
+    """Generations of `db`'s page files among `paths`, in order."""
+    return sorted(g for p in paths if (g := generation_of(db, p)) is not None)
+
+
+@dataclass(frozen=True)
+class RebuildStats:
+    files: int
+    records: int
+    bytes_read: int
+    size: int
+    torn_tail: bool
+
+
+def _complete_length(path: Path) -> int:
+    """Length of the longest prefix of page file `path` made of whole records."""
+    size = path.stat().st_size
+    pos = 0
+    with open(path, "rb") as f:
+        while pos + RECORD.size <= size:
+            f.seek(pos)
+            kind, _, length = RECORD.unpack(f.read(RECORD.size))
+            end = pos + RECORD.size + (length if kind == WRITE else 0)
+            if end > size:
+                break
+            pos = end
+    return pos
+
+
+def rebuild(sources: Sequence[Path], target: Path) -> RebuildStats:
+    """Write `target` (replacing it) by applying the page files `sources` in order.
+
+    A torn record ending the last file is dropped. Raises `CorruptPageFile` for an unknown
+    record kind, or a torn record in other than the last file.
+    """
+    records = bytes_read = 0
+    torn = False
+    fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for i, src in enumerate(sources):
+            end = src.stat().st_size
+            if i == len(sources) - 1:
+                complete = _complete_length(src)
+                torn, end = complete < end, complete
+            with open(src, "rb", buffering=1 << 20) as f:
+                pos = 0
+                while pos < end:
+                    head = f.read(RECORD.size)
+                    if len(head) < RECORD.size:
+                        raise CorruptPageFile(src, pos, "torn record header")
+                    kind, offset, length = RECORD.unpack(head)
+                    if kind == SIZE:
+                        os.ftruncate(fd, offset)
+                        length = 0
+                    elif kind == WRITE:
+                        done = 0
+                        while done < length:
+                            chunk = f.read(min(length - done, _COPY_CHUNK))
+                            if not chunk:
+                                raise CorruptPageFile(src, pos, "torn write record")
+                            os.pwrite(fd, chunk, offset + done)
+                            done += len(chunk)
+                    else:
+                        raise CorruptPageFile(src, pos, f"unknown record kind {kind}")
+                    records += 1
+                    pos += RECORD.size + length
+                bytes_read += pos
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    return RebuildStats(len(sources), records, bytes_read, size, torn)
+
+
+class FileSink(Protocol):
+    """Where a PageStore records its page files (a `RecorderBridge`)."""
+
+    def create(self, path: str) -> None: ...
+
+    def write(self, path: str, offset: int, data: bytes) -> None: ...
+
+    def unlink(self, path: str) -> None: ...
+
+
+class PageStore:
+    """Records the writes of one main database file as page files (module docs).
+
+    Driven synchronously by the VFS file of the database, from the thread running SQLite.
+    `live` are the (generation, size) of page files already in the log (after playback), the
+    first being treated as the base of the next compaction.
+    """
+
+    def __init__(
+        self,
+        sink: FileSink,
+        db: str,
+        live: Sequence[tuple[int, int]] = (),
+        *,
+        compaction_factor: float = 1.5,
+        min_compaction_bytes: int = 1 << 20,
+        roll_bytes: int = 64 << 10,
+    ) -> None:
+        self.sink = sink
+        self.db = db
+        self.compaction_factor = compaction_factor
+        self.min_compaction_bytes = min_compaction_bytes
+        self.roll_bytes = roll_bytes
+        self.generations = [g for g, _ in live]
+        self._next_gen = (self.generations[-1] + 1) if self.generations else 1
+        self._cur: str | None = None
+        self._cur_size = 0
+        self.delta_bytes = sum(size for _, size in live[1:])
+        """Bytes of page files recorded since the base (the first live generation)."""
+        self.compactions = 0
+        self.bytes_recorded = 0
+
+    def _open(self) -> str:
+        if self._cur is None:
+            gen = self._next_gen
+            self._next_gen += 1
+            self._cur = generation_path(self.db, gen)
+            self._cur_size = 0
+            self.generations.append(gen)
+            self.sink.create(self._cur)
+        return self._cur
+
+    def _append(self, data: bytes) -> None:
+        path = self._open()
+        self.sink.write(path, self._cur_size, data)
+        self._cur_size += len(data)
+        self.delta_bytes += len(data)
+        self.bytes_recorded += len(data)
+
+    def write(self, offset: int, data: bytes) -> None:
+        """Record that `data` was written at `offset` of the database file."""
+        self._append(encode_write_header(offset, len(data)))
+        self._append(data)
+
+    def truncate(self, size: int) -> None:
+        """Record that the database file was truncated (or extended) to `size` bytes."""
+        self._append(encode_size(size))
+
+    @property
+    def has_base(self) -> bool:
+        return bool(self.generations)
+
+    def synced(self, db_size: int, read: Callable[[int, int], bytes]) -> None:
+        """The database file was synced at `db_size` bytes: roll or compact as due.
+
+        `read(offset, n)` reads the local database file (for a compaction).
+        """
+        threshold = max(self.min_compaction_bytes, self.compaction_factor * db_size)
+        if self.delta_bytes >= threshold:
+            self.compact(db_size, read)
+        elif self._cur is not None and self._cur_size >= self.roll_bytes:
+            self._cur = None
+
+    def compact(self, db_size: int, read: Callable[[int, int], bytes]) -> None:
+        """Record the whole database (`db_size` bytes, read with `read`) as a new base
+        generation, then unlink every older page file."""
+        old = [generation_path(self.db, g) for g in self.generations]
+        self._cur = None
+        self._open()
+        self._append(encode_size(db_size))
+        offset = 0
+        while offset < db_size:
+            data = read(offset, min(_COPY_CHUNK, db_size - offset))
+            if not data:
+                raise OSError(f"short read of {self.db} at {offset} (size {db_size})")
+            self.write(offset, data)
+            offset += len(data)
+        base = self.generations[-1]
+        for path in old:
+            self.sink.unlink(path)
+        self.generations = [base]
+        self._cur = None  # The base is closed: later writes go to a new delta file.
+        self.delta_bytes = 0
+        self.compactions += 1

@@ -1,0 +1,415 @@
+"""SQLiteStore: a consumer Store of an embedded SQLite database, recorded to a recovery log.
+
+The database lives in the Recorder's directory on local disk and is driven by one APSW
+connection, in a thread owned by the store (`run`); its files are recorded through a
+`RecordingVFS` (see docs/sqlite-store.md). The consumer transaction is an SQL transaction,
+begun on demand by `run`; `start_commit` writes the Checkpoint into table
+``gazette_checkpoint`` within it, commits, and resolves once the commit is in the log.
+
+Recovery: play the log into a directory (`recover`, or a Player and a Recorder of one's own),
+then `open`, which rebuilds each database from its played page files and reopens it through
+the VFS; SQLite then rolls back a hot journal or replays a WAL as after a power loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import functools
+import itertools
+import logging
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import apsw
+
+from broker.client import AppendService, JournalClient
+from consumer.store import Checkpoint, OpFuture, Shard
+from recoverylog import recoverylog_pb2 as rpb
+from recoverylog.author import new_author
+from recoverylog.player import TAIL, Player
+from recoverylog.recorder import Recorder
+from stores.sqlite.bridge import RecorderBridge
+from stores.sqlite.pagestore import PAGES_SUFFIX, PageStore, generation_of, rebuild
+from stores.sqlite.vfs import RecordingVFS
+
+__all__ = [
+    "DB_NAME",
+    "JOURNAL_MODES",
+    "SQLiteStore",
+    "StoreClosed",
+    "rebuild_played",
+    "recover",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DB_NAME = "primary.db"
+JOURNAL_MODES = frozenset({"delete", "truncate", "persist", "wal"})
+"""Journal modes the store supports (MEMORY and OFF leave no recoverable journal)."""
+
+_CHECKPOINT_DDL = """
+CREATE TABLE IF NOT EXISTS gazette_checkpoint (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    checkpoint BLOB NOT NULL
+);
+INSERT OR IGNORE INTO gazette_checkpoint (id, checkpoint) VALUES (0, x'');
+"""
+
+_vfs_names = itertools.count()
+
+
+class StoreClosed(RuntimeError):
+    """The store was closed or destroyed."""
+
+
+def _played_page_files(links: dict[str, int]) -> dict[str, list[int]]:
+    """Database (relative path) -> live page-file generations, from recorded `links`."""
+    out: dict[str, list[int]] = {}
+    for link in links:
+        rel = link.lstrip("/")
+        head = os.path.dirname(rel)
+        if head.endswith(PAGES_SUFFIX):
+            db = head[: -len(PAGES_SUFFIX)]
+            gen = generation_of(db, rel)
+            if gen is not None:
+                out.setdefault(db, []).append(gen)
+    for gens in out.values():
+        gens.sort()
+    return out
+
+
+def rebuild_played(directory: Path, links: dict[str, int]) -> dict[str, list[tuple[int, int]]]:
+    """Rebuild every database of played `directory` from its page files (then removed from
+    local disk), given the recorded `links` of the played FSM; returns the (generation, size)
+    of each database's page files."""
+    played = _played_page_files(links)
+    out: dict[str, list[tuple[int, int]]] = {}
+    for db, gens in played.items():
+        pages = directory / (db + PAGES_SUFFIX)
+        files = [pages / f"{g:016d}" for g in gens]
+        if all(f.exists() for f in files):
+            sizes = [f.stat().st_size for f in files]
+            stats = rebuild(files, directory / db)
+            log.info(
+                "rebuilt database db=%s page_files=%d records=%d bytes_read=%d size=%d torn=%s",
+                db,
+                stats.files,
+                stats.records,
+                stats.bytes_read,
+                stats.size,
+                stats.torn_tail,
+            )
+            shutil.rmtree(pages)
+        elif not (directory / db).exists():
+            raise FileNotFoundError(f"neither {db} nor its page files are in {directory}")
+        else:
+            # Reopened in place: the local database is current; page-file sizes only steer
+            # the next compaction.
+            sizes = [0] * len(gens)
+        out[db] = list(zip(gens, sizes, strict=True))
+    return out
+
+
+class SQLiteStore:
+    """A recorded SQLite store (module docs). Create with `open`."""
+
+    def __init__(self) -> None:  # Use `open`.
+        self.recorder: Recorder
+        self.directory: Path
+        self.path: Path
+        self._vfs: RecordingVFS | None = None
+        self._bridge: RecorderBridge
+        self._thread: concurrent.futures.ThreadPoolExecutor
+        self._conn: apsw.Connection | None = None
+        self._loop: asyncio.AbstractEventLoop
+        self._page_stores: dict[str, PageStore] = {}
+        self._sync_waits = True
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        recorder: Recorder,
+        *,
+        db_name: str = DB_NAME,
+        journal_mode: str = "wal",
+        bootstrap_sql: str = "",
+        sync_waits: bool = True,
+        compaction_factor: float = 1.5,
+        min_compaction_bytes: int = 1 << 20,
+        cache_size_kib: int = 64 << 10,
+        wal_checkpoint_pages: int = 1000,
+    ) -> SQLiteStore:
+        """Open the store in `recorder`'s directory, recording through `recorder`.
+
+        The directory is empty (a new store) or was just played back from the recorder's log.
+        `bootstrap_sql` runs first (pragmas, tables). ``synchronous=FULL`` is set and checked;
+        `journal_mode` must be one of `JOURNAL_MODES`. `sync_waits`: whether each xSync waits
+        for the log (docs/sqlite-store.md); `start_commit` always does. In WAL mode, a commit
+        leaving `wal_checkpoint_pages` or more in the WAL checkpoints it and truncates it
+        (instead of SQLite's auto-checkpoint), so that the checkpointed WAL becomes dead log.
+
+        Raises `apsw.Error` for SQL errors, and `RecordingFailed` (from the bridge) if the
+        recorder failed.
+        """
+        journal_mode = journal_mode.lower()
+        if journal_mode not in JOURNAL_MODES:
+            raise ValueError(f"journal_mode {journal_mode!r} is not one of {sorted(JOURNAL_MODES)}")
+        self = cls()
+        self.recorder = recorder
+        self.directory = recorder.directory
+        self.path = self.directory / db_name
+        self._loop = asyncio.get_running_loop()
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sqlite-store")
+
+        links = dict(recorder.fsm.links)
+        page_files = await self._loop.run_in_executor(
+            self._thread, rebuild_played, self.directory, links
+        )
+        recorded = {p.lstrip("/") for p in links if not os.path.dirname(p).endswith(PAGES_SUFFIX)}
+        self._bridge = RecorderBridge(recorder, self._loop)
+        self._vfs = RecordingVFS(
+            f"gazette-store-{os.getpid()}-{next(_vfs_names)}",
+            self.directory,
+            self._bridge,
+            recorded=recorded,
+            page_files=page_files,
+            sync_waits=sync_waits,
+            compaction_factor=compaction_factor,
+            min_compaction_bytes=min_compaction_bytes,
+        )
+        self._page_stores = self._vfs.page_stores
+        self._sync_waits = sync_waits
+        try:
+            await self.run(
+                self._open_connection,
+                bootstrap_sql,
+                journal_mode,
+                cache_size_kib,
+                wal_checkpoint_pages,
+            )
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def _open_connection(
+        self,
+        conn_unused: object,
+        bootstrap_sql: str,
+        journal_mode: str,
+        cache_kib: int,
+        wal_checkpoint_pages: int,
+    ) -> None:
+        assert self._vfs is not None
+        flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
+        conn = apsw.Connection(str(self.path), flags=flags, vfs=self._vfs.name)
+        self._conn = conn
+        conn.execute(f"PRAGMA cache_size = -{cache_kib}")
+        if bootstrap_sql:
+            conn.execute(bootstrap_sql)
+        conn.execute("PRAGMA synchronous = FULL")
+        mode = conn.execute(f"PRAGMA journal_mode = {journal_mode}").fetchall()[0][0]
+        if mode != journal_mode:
+            raise apsw.SQLError(f"journal_mode is {mode!r}, not {journal_mode!r}")
+        if conn.execute("PRAGMA synchronous").fetchall()[0][0] != 2:
+            raise apsw.SQLError("synchronous=FULL is required by the recording VFS")
+        if journal_mode == "wal":
+
+            def wal_hook(conn: apsw.Connection, dbname: str, pages: int) -> int:
+                if pages >= wal_checkpoint_pages:
+                    conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_TRUNCATE)
+                return apsw.SQLITE_OK
+
+            conn.set_wal_hook(wal_hook)
+        conn.execute(_CHECKPOINT_DDL)
+        self._bridge.sync()
+
+    # -- The application API ---------------------------------------------------------------
+
+    @property
+    def connection(self) -> apsw.Connection:
+        """The APSW connection: use it only within functions passed to `run`."""
+        if self._conn is None:
+            raise StoreClosed("the store is not open")
+        return self._conn
+
+    @property
+    def bridge(self) -> RecorderBridge:
+        return self._bridge
+
+    def stats(self) -> dict[str, int]:
+        """Counters: barriers waited on, bytes handed to the recorder, page-store bytes and
+        compactions (valid after `close` too)."""
+        stores = self._page_stores.values()
+        return {
+            "barriers": self._bridge.barriers,
+            "bytes_recorded": self._bridge.bytes_recorded,
+            "page_bytes": sum(p.bytes_recorded for p in stores),
+            "compactions": sum(p.compactions for p in stores),
+        }
+
+    @property
+    def vfs(self) -> RecordingVFS:
+        if self._vfs is None:
+            raise StoreClosed("the store is closed")
+        return self._vfs
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(connection, *args)`` in the store's SQLite thread; return its result.
+
+        Calls run one at a time, in call order. Cancelling the await does not stop `fn`.
+        """
+        if self._closed:
+            raise StoreClosed("the store is closed")
+        ctx = contextvars.copy_context()
+        call = functools.partial(ctx.run, self._call, fn, *args)
+        return await self._loop.run_in_executor(self._thread, call)
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(self._conn, *args)
+
+    async def transact(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(connection, *args)`` within the current consumer transaction (begun on
+        demand), which `start_commit` commits with its Checkpoint."""
+        return await self.run(self._in_transaction, fn, *args)
+
+    def _in_transaction(self, conn: apsw.Connection, fn: Callable[..., T], *args: Any) -> T:
+        if not conn.in_transaction:
+            conn.execute("BEGIN")
+        return fn(conn, *args)
+
+    # -- The Store contract -----------------------------------------------------------------
+
+    def start_commit(
+        self, shard: Shard, checkpoint: Checkpoint, wait_for: Sequence[OpFuture] = ()
+    ) -> asyncio.Future[None]:
+        """Commit the current transaction with `checkpoint` (Store contract).
+
+        The commit job is queued at once, so later `transact` calls belong to the next
+        transaction; in the SQLite thread it waits for `wait_for`, updates
+        ``gazette_checkpoint`` and commits. The returned future resolves once the commit is in
+        the log, or fails with the first error (of `wait_for`, SQL, or the recorder: the store
+        must then be destroyed). With ``sync_waits=False`` the SQLite thread does not wait for
+        the log: the next transaction runs while this one commits to the log (pipelining).
+        """
+        waiting: concurrent.futures.Future[Any] | None = None
+        if wait_for:
+            waiting = asyncio.run_coroutine_threadsafe(_gather(wait_for), self._loop)
+        return asyncio.ensure_future(self._start_commit(bytes(checkpoint), waiting))
+
+    async def _start_commit(
+        self, checkpoint: bytes, waiting: concurrent.futures.Future[Any] | None
+    ) -> None:
+        await self.run(self._commit, checkpoint, waiting)
+        if not self._sync_waits:
+            # The commit's operations were handed to the loop before this resumed (FIFO).
+            self._bridge.check()
+            await self.recorder.barrier()
+
+    def _commit(
+        self,
+        conn: apsw.Connection,
+        checkpoint: bytes,
+        waiting: concurrent.futures.Future[Any] | None,
+    ) -> None:
+        try:
+            if waiting is not None:
+                waiting.result()
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        if not conn.in_transaction:
+            conn.execute("BEGIN")
+        conn.execute("UPDATE gazette_checkpoint SET checkpoint = ? WHERE id = 0", (checkpoint,))
+        conn.execute("COMMIT")
+        # COMMIT's own syncs handed it over; this also covers what follows the last sync
+        # (e.g. a journal deletion).
+        self._bridge.sync(self._sync_waits)
+
+    async def restore_checkpoint(self, shard: Shard = None) -> Checkpoint:
+        """The Checkpoint of the last committed transaction (b"" for a new store)."""
+        return await self.run(_select_checkpoint)
+
+    async def close(self) -> None:
+        """Close the connection (recording its final checkpoint of the WAL), wait until
+        everything is in the log, and stop the thread. The local files stay."""
+        if self._closed:
+            return
+        try:
+            if self._conn is not None:
+                await self.run(self._close_connection)
+        finally:
+            self._closed = True
+            self._shutdown()
+
+    def _close_connection(self, conn: apsw.Connection) -> None:
+        conn.close()
+        self._conn = None
+        self._bridge.sync()
+
+    def _shutdown(self) -> None:
+        self._thread.shutdown(wait=True)
+        if self._vfs is not None:
+            self._vfs.unregister()
+            self._vfs = None
+
+    def destroy(self) -> None:
+        """Release everything and remove the store directory; nothing more is recorded."""
+        self._closed = True
+        self._bridge.discard()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                self._thread.submit(conn.close, True).result()
+            except apsw.Error as err:  # Closing checkpoints a WAL; nothing of it matters now.
+                log.warning("closing destroyed store dir=%s err=%r", self.directory, err)
+        self._shutdown()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _select_checkpoint(conn: apsw.Connection) -> bytes:
+    rows = conn.execute("SELECT checkpoint FROM gazette_checkpoint WHERE id = 0").fetchall()
+    if not rows:
+        return b""
+    value = rows[0][0]
+    assert isinstance(value, bytes), f"gazette_checkpoint holds {type(value).__name__}"
+    return value
+
+
+async def _gather(futures: Sequence[OpFuture]) -> None:
+    await asyncio.gather(*futures)
+
+
+async def recover(
+    client: JournalClient,
+    append_service: AppendService,
+    log_name: str,
+    directory: Path,
+    *,
+    hints: rpb.FSMHints | None = None,
+    author: int | None = None,
+    **open_args: Any,
+) -> SQLiteStore:
+    """Play `log_name` into `directory` (wiped first), take the log over as `author` (a new
+    one by default), and open the store recording onwards from the played FSM.
+
+    The hand-off fences earlier authors' Recorders, also of a log never written to. Raises
+    the Player's errors (`DataLoss`...) and `open`'s.
+    """
+    author = author or new_author()
+    player = Player(client, log_name, hints, directory)
+    player.inject_handoff(author)
+    fsm = await player.play(until=TAIL)
+    recorder = Recorder(
+        fsm, author, directory, append_service, log_name, write_head=player.write_head
+    )
+    return await SQLiteStore.open(recorder, **open_args)

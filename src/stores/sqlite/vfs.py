@@ -1,0 +1,217 @@
+"""An APSW VFS which records SQLite's files into a recovery log (see docs/sqlite-store.md).
+
+Files are opened through SQLite's default VFS on local disk, and SQLite reads them there. What
+is recorded depends on the file:
+
+- Main databases (``SQLITE_OPEN_MAIN_DB``): every write and truncation is recorded into the
+  database's `PageStore`, never as a file.
+- Rollback journals, super-journals and WALs: recorded as files, write by write. When SQLite
+  resets one for reuse (truncation to zero, the zeroed header of ``journal_mode=PERSIST``, the
+  header of a restarted WAL) it becomes a new Fnode, so the old content turns into dead log.
+- Temporary files, sub-journals and anything outside the store directory: not recorded.
+
+``xSync`` is the flush signal: it hands every queued operation to the Recorder and (with
+`sync_waits`, the default) returns once they are committed to the log. Local files are never
+fsync'd: durability comes from the log. The store must run with ``PRAGMA synchronous=FULL``:
+a lower setting skips the syncs which commit transactions.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import apsw
+
+from stores.sqlite.bridge import RecorderBridge, RecordingFailed
+from stores.sqlite.pagestore import PageStore
+
+__all__ = ["LOG_FILE_FLAGS", "RecordingVFS"]
+
+LOG_FILE_FLAGS = (
+    apsw.SQLITE_OPEN_MAIN_JOURNAL | apsw.SQLITE_OPEN_SUPER_JOURNAL | apsw.SQLITE_OPEN_WAL
+)
+"""Open flags of the files recorded directly, as files."""
+
+
+def _filename(name: str | apsw.URIFilename) -> str:
+    return name.filename() if isinstance(name, apsw.URIFilename) else name
+
+
+class RecordingVFS(apsw.VFS):
+    """A VFS named `name` whose files under `directory` are recorded through `bridge`.
+
+    `recorded` are the paths (relative to `directory`) already recorded as files, and
+    `page_files` the (generation, size) of each database's live page files (after playback).
+    SQLite must use the VFS from one thread at a time (one connection).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        bridge: RecorderBridge,
+        *,
+        recorded: set[str],
+        page_files: Mapping[str, Sequence[tuple[int, int]]],
+        sync_waits: bool = True,
+        compaction_factor: float = 1.5,
+        min_compaction_bytes: int = 1 << 20,
+    ) -> None:
+        super().__init__(name, "")
+        self.name = name
+        self.directory = posixpath.normpath(os.path.abspath(directory))
+        self.bridge = bridge
+        self.recorded = recorded
+        self.sync_waits = sync_waits
+        self._page_files = dict(page_files)
+        self._compaction = (compaction_factor, min_compaction_bytes)
+        self.page_stores: dict[str, PageStore] = {}
+
+    def relative(self, filename: str) -> str | None:
+        """`filename` relative to the store directory, or None if it is outside."""
+        path = posixpath.normpath(os.path.abspath(filename))
+        rel = posixpath.relpath(path, self.directory)
+        if rel == "." or rel == ".." or rel.startswith("../"):
+            return None
+        return rel
+
+    def page_store(self, db: str) -> PageStore:
+        store = self.page_stores.get(db)
+        if store is None:
+            factor, minimum = self._compaction
+            store = PageStore(
+                self.bridge,
+                db,
+                self._page_files.get(db, ()),
+                compaction_factor=factor,
+                min_compaction_bytes=minimum,
+            )
+            self.page_stores[db] = store
+        return store
+
+    def xOpen(self, name: str | apsw.URIFilename | None, flags: list[int]) -> apsw.VFSFile:
+        inflags = flags[0]
+        if name is None or inflags & apsw.SQLITE_OPEN_DELETEONCLOSE:
+            return apsw.VFSFile("", name, flags)
+        rel = self.relative(_filename(name))
+        if inflags & apsw.SQLITE_OPEN_MAIN_DB:
+            if rel is None:
+                raise apsw.CantOpenError(f"database {_filename(name)} is outside {self.directory}")
+            return MainDBFile(self, name, flags, rel)
+        if inflags & LOG_FILE_FLAGS and rel is not None:
+            return LogFile(self, name, flags, rel, wal=bool(inflags & apsw.SQLITE_OPEN_WAL))
+        return apsw.VFSFile("", name, flags)
+
+    def xDelete(self, filename: str, syncdir: bool) -> None:
+        super().xDelete(filename, syncdir)
+        rel = self.relative(filename)
+        if rel is not None and rel in self.recorded:
+            self.recorded.discard(rel)
+            try:
+                self.bridge.unlink(rel)
+                # Deleting a rollback journal commits its transaction (journal_mode=DELETE),
+                # and SQLite syncs nothing after it: this is that transaction's flush signal.
+                self.bridge.sync(self.sync_waits)
+            except RecordingFailed as err:
+                raise apsw.IOError(str(err)) from err
+
+
+class MainDBFile(apsw.VFSFile):
+    """A main database: read and written on local disk, writes recorded as page records."""
+
+    def __init__(
+        self, vfs: RecordingVFS, name: str | apsw.URIFilename, flags: list[int], rel: str
+    ) -> None:
+        super().__init__("", name, flags)
+        self._vfs = vfs
+        self._bridge = vfs.bridge
+        self._pages = vfs.page_store(rel)
+        self._fd = os.open(_filename(name), os.O_RDONLY)
+        size = self.xFileSize()
+        if not self._pages.has_base and size > 0:
+            # A database which was never recorded: its current content is the first base.
+            self._pages.compact(size, self._read)
+
+    def _read(self, offset: int, n: int) -> bytes:
+        return os.pread(self._fd, n, offset)
+
+    def xWrite(self, data: bytes, offset: int) -> None:
+        super().xWrite(data, offset)
+        self._pages.write(offset, data)
+
+    def xTruncate(self, newsize: int) -> None:
+        super().xTruncate(newsize)
+        self._pages.truncate(newsize)
+
+    def xSync(self, flags: int) -> None:
+        try:
+            self._pages.synced(self.xFileSize(), self._read)
+            self._bridge.sync(self._vfs.sync_waits)
+        except RecordingFailed as err:
+            raise apsw.IOError(str(err)) from err
+
+    def xClose(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        super().xClose()
+
+
+class LogFile(apsw.VFSFile):
+    """A rollback journal, super-journal or WAL: recorded as a file, a new Fnode per reset."""
+
+    def __init__(
+        self,
+        vfs: RecordingVFS,
+        name: str | apsw.URIFilename,
+        flags: list[int],
+        rel: str,
+        *,
+        wal: bool,
+    ) -> None:
+        super().__init__("", name, flags)
+        self._vfs = vfs
+        self._bridge = vfs.bridge
+        self._rel = rel
+        self._wal = wal
+        size = self.xFileSize()
+        self._size = size  # Recorded size, which may lag the local one after a reset.
+        if rel not in vfs.recorded:
+            vfs.recorded.add(rel)
+            self._bridge.create(rel)
+            if size:  # A file left unrecorded (not by this VFS): record its content.
+                self._bridge.write(rel, 0, self.xRead(size, 0))
+
+    def _is_reset(self, data: bytes) -> bool:
+        if self._wal:
+            return True  # SQLite writes a WAL's header only when it (re)starts the WAL.
+        return data.count(0) == len(data)  # PERSIST mode's zeroed journal header.
+
+    def xWrite(self, data: bytes, offset: int) -> None:
+        super().xWrite(data, offset)
+        if offset == 0 and self._size > 0 and self._is_reset(data):
+            self._bridge.truncate(self._rel)
+            self._size = 0
+        self._bridge.write(self._rel, offset, data)
+        self._size = max(self._size, offset + len(data))
+
+    def xTruncate(self, newsize: int) -> None:
+        super().xTruncate(newsize)
+        if newsize >= self._size:
+            if newsize > self._size:
+                self._bridge.write(self._rel, self._size, bytes(newsize - self._size))
+        else:
+            # The log cannot shrink a file: record a new Fnode holding the kept prefix.
+            self._bridge.truncate(self._rel)
+            if newsize:
+                self._bridge.write(self._rel, 0, self.xRead(newsize, 0))
+        self._size = newsize
+
+    def xSync(self, flags: int) -> None:
+        try:
+            self._bridge.sync(self._vfs.sync_waits)
+        except RecordingFailed as err:
+            raise apsw.IOError(str(err)) from err

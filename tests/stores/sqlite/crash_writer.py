@@ -1,0 +1,76 @@
+"""A SQLite store writer to be killed: recovers the store from its log, then commits
+deterministic transactions forever, printing ``ACK <txn>`` once each commit is in the log.
+
+Usage: python -m tests.stores.sqlite.crash_writer ENDPOINT LOG DIRECTORY JOURNAL_MODE SEED
+
+Transaction `t` applies `txn_ops(seed, t)` to table ``kv`` and commits checkpoint
+``str(t)``; `model(seed, t)` is the table after it, for the test to compare against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from pathlib import Path
+
+import apsw
+
+from broker.client import AppendService, JournalClient
+from stores.sqlite import recover
+
+Op = tuple[int, bytes | None]  # (key, value); None deletes.
+
+
+def txn_ops(seed: int, t: int) -> list[Op]:
+    rnd = random.Random(seed * 1_000_003 + t)
+    if rnd.random() < 0.15:  # A large transaction: hundreds of KiB to a few MiB.
+        n, size = rnd.randrange(50, 400), rnd.choice((4000, 9000))
+    else:
+        n, size = rnd.randrange(1, 30), rnd.choice((8, 100, 1500))
+    ops: list[Op] = []
+    for _ in range(n):
+        k = rnd.randrange(2000)
+        ops.append((k, None) if rnd.random() < 0.1 else (k, rnd.randbytes(rnd.randrange(size))))
+    return ops
+
+
+def model(seed: int, t: int) -> dict[int, bytes]:
+    """The table after transactions 1..t."""
+    out: dict[int, bytes] = {}
+    for i in range(1, t + 1):
+        for k, v in txn_ops(seed, i):
+            if v is None:
+                out.pop(k, None)
+            else:
+                out[k] = v
+    return out
+
+
+def _apply(conn: apsw.Connection, ops: list[Op]) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS kv (k INTEGER PRIMARY KEY, v BLOB NOT NULL)")
+    for k, v in ops:
+        if v is None:
+            conn.execute("DELETE FROM kv WHERE k = ?", (k,))
+        else:
+            conn.execute("INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)", (k, v))
+
+
+async def main(endpoint: str, log: str, directory: Path, journal_mode: str, seed: int) -> None:
+    async with JournalClient(endpoint) as client, AppendService(client) as svc:
+        store = await recover(
+            client, svc, log, directory, journal_mode=journal_mode, min_compaction_bytes=512 << 10
+        )
+        cp = await store.restore_checkpoint()
+        t = int(cp) if cp else 0
+        print(f"RECOVERED {t}", flush=True)
+        while True:
+            t += 1
+            await store.transact(_apply, txn_ops(seed, t))
+            await store.start_commit(None, str(t).encode(), [])
+            print(f"ACK {t}", flush=True)
+
+
+if __name__ == "__main__":
+    endpoint, log, directory, mode, seed = sys.argv[1:6]
+    asyncio.run(main(endpoint, log, Path(directory), mode, int(seed)))

@@ -1,0 +1,106 @@
+"""Support for the SQLite store tests: a real broker, recovery-log journals, and helpers to
+open, play back and read stores."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import apsw
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client import AppendService, JournalClient, apply_journals
+from broker.protocol import protocol_pb2 as pb
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+from recoverylog.fsm import FSM
+from recoverylog.player import Player
+from recoverylog.recorder import Recorder
+from tests.conftest import session_broker
+
+_names = itertools.count()
+
+MakeLog = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture(scope="session")
+def store_broker(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    yield from session_broker(etcd_server, tmp_path_factory, f"sqlite-{next(_names)}")
+
+
+@pytest.fixture
+async def client(store_broker: BrokerProcess) -> AsyncIterator[JournalClient]:
+    async with JournalClient(store_broker.endpoint) as c:
+        yield c
+
+
+@pytest.fixture
+async def service(client: JournalClient) -> AsyncIterator[AppendService]:
+    async with AppendService(client) as svc:
+        yield svc
+
+
+async def apply_log(client: JournalClient, name: str, store_dir: Path) -> str:
+    frag = pb.JournalSpec.Fragment(
+        length=1 << 26, compression_codec=pb.NONE, refresh_interval=Duration(seconds=60)
+    )
+    frag.stores.append(f"file://{store_dir}/")
+    spec = pb.JournalSpec(name=name, replication=1, fragment=frag)
+    spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")
+    await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
+    return name
+
+
+@pytest.fixture
+def make_log(client: JournalClient, tmp_path: Path) -> MakeLog:
+    """Apply a recovery-log journal with a unique name; return its name."""
+
+    async def make(prefix: str = "sqlite") -> str:
+        name = f"stores/{prefix}-{os.getpid()}-{next(_names)}"
+        return await apply_log(client, name, tmp_path / "fragments")
+
+    return make
+
+
+async def new_recorder(service: AppendService, log: str, directory: Path, author: int) -> Recorder:
+    directory.mkdir(parents=True, exist_ok=True)
+    return await Recorder.open(FSM(log), author, directory, service, log)
+
+
+async def play(
+    client: JournalClient, log: str, directory: Path, hints: object = None
+) -> tuple[Player, FSM]:
+    player = Player(client, log, hints, directory)  # type: ignore[arg-type]
+    fsm = await player.play()
+    return player, fsm
+
+
+def dump(path: Path) -> list[tuple[object, ...]]:
+    """Every row of every user table of the database at `path`, opened natively."""
+    conn = apsw.Connection(str(path))
+    try:
+        out: list[tuple[object, ...]] = []
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            )
+        ]
+        for t in tables:
+            out.extend((t, *row) for row in conn.execute(f"SELECT * FROM {t} ORDER BY 1"))
+        return out
+    finally:
+        conn.close()
+
+
+def integrity(path: Path) -> str:
+    conn = apsw.Connection(str(path))
+    try:
+        return str(conn.execute("PRAGMA integrity_check").fetchall()[0][0])
+    finally:
+        conn.close()

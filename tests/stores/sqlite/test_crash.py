@@ -1,0 +1,137 @@
+"""Crash tests: a writer process is SIGKILLed at random points (while recovering, committing,
+compacting...), and each time the log plays back into a database whose integrity check passes
+and whose data is exactly that of a committed checkpoint at least as new as the last one the
+writer acknowledged. Each trial's writer recovers from the previous trials' log."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker.client import JournalClient
+from broker.testing.broker import BrokerProcess
+from stores.sqlite.store import rebuild_played
+from tests.stores.sqlite.crash_writer import model
+from tests.stores.sqlite.support import (
+    MakeLog,
+    client,
+    dump,
+    integrity,
+    make_log,
+    play,
+    store_broker,
+)
+
+__all__ = ["client", "make_log", "store_broker"]  # Fixtures used here.
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+async def _trial(
+    endpoint: str, log: str, workdir: Path, mode: str, seed: int, rnd: random.Random
+) -> tuple[int, int]:
+    """Run a writer and SIGKILL it at a random point; return (recovered, last acked)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.stores.sqlite.crash_writer",
+        endpoint,
+        log,
+        str(workdir),
+        mode,
+        str(seed),
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    recovered, acked = -1, -1
+    delay = rnd.uniform(0.0, 2.5)  # After recovery (sometimes during: see below).
+    kill_in_recovery = rnd.random() < 0.2
+
+    async def read_lines() -> None:
+        nonlocal recovered, acked
+        assert proc.stdout is not None
+        while line := await proc.stdout.readline():
+            word, n = line.decode().split()
+            if word == "RECOVERED":
+                recovered = int(n)
+            else:
+                acked = int(n)
+
+    reader = asyncio.create_task(read_lines())
+    try:
+        if kill_in_recovery:
+            await asyncio.sleep(rnd.uniform(0.3, 1.5))
+        else:
+            async with asyncio.timeout(60):
+                while recovered < 0:
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(delay)
+        os.kill(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        await reader
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return recovered, acked
+
+
+async def _crash_trials(
+    client: JournalClient,
+    broker: BrokerProcess,
+    make_log: MakeLog,
+    tmp_path: Path,
+    mode: str,
+    trials: int,
+    seed: int,
+) -> None:
+    log = await make_log(f"crash-{mode}")
+    rnd = random.Random(seed)
+    newest_acked = 0
+    for trial in range(trials):
+        recovered, acked = await _trial(
+            broker.endpoint, log, tmp_path / f"writer-{trial}", mode, seed, rnd
+        )
+        if recovered >= 0:
+            assert recovered >= newest_acked, "recovery lost an acknowledged commit"
+        newest_acked = max(newest_acked, acked)
+
+        target = tmp_path / f"verify-{trial}"
+        _, fsm = await play(client, log, target)
+        if not rebuild_played(target, dict(fsm.links)):
+            assert newest_acked == 0  # Killed before the database was first recorded.
+            continue
+        db = target / "primary.db"
+        assert integrity(db) == "ok"
+        rows = dump(db)
+        checkpoints = [r[2] for r in rows if r[0] == "gazette_checkpoint"]
+        assert len(checkpoints) <= 1  # None if killed while the store was first opened.
+        cp = checkpoints[0] if checkpoints else b""
+        assert isinstance(cp, bytes)
+        t = int(cp) if cp else 0
+        assert t >= newest_acked, f"trial {trial}: checkpoint {t} < acknowledged {newest_acked}"
+        kv = {r[1]: r[2] for r in rows if r[0] == "kv"}
+        assert kv == model(seed, t), f"trial {trial}: data differs from checkpoint {t}"
+        print(f"trial {trial}: recovered={recovered} acked={acked} checkpoint={t}")
+
+
+@pytest.mark.parametrize("mode", ["wal", "delete"])
+async def test_sigkill_at_random_points(
+    client: JournalClient, store_broker: BrokerProcess, make_log: MakeLog, tmp_path: Path, mode: str
+) -> None:
+    await _crash_trials(client, store_broker, make_log, tmp_path, mode, trials=5, seed=7)
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("mode", ["wal", "delete", "truncate", "persist"])
+async def test_sigkill_at_random_points_chaos(
+    client: JournalClient, store_broker: BrokerProcess, make_log: MakeLog, tmp_path: Path, mode: str
+) -> None:
+    await _crash_trials(client, store_broker, make_log, tmp_path, mode, trials=25, seed=1234)
