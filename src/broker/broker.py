@@ -84,7 +84,6 @@ class Broker:
         self.etcd: Etcd | None = None
         self.lease_id = 0
         self._reconcile = asyncio.Event()
-        self._stopping = asyncio.Event()
         self._lock_fd: int | None = None
 
     # --- decoding of the keyspace ---------------------------------------------------------

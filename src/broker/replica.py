@@ -22,7 +22,7 @@ from broker.fragment.coverset import CoverSet, FragmentEntry
 from broker.fragment.postfix import PostfixTemplateError, evaluate_postfix_template
 from broker.fragment.store import FragmentStoreError, store_for_url
 from broker.protocol import protocol_pb2 as pb
-from broker.spool import RecoveredSpool, Spool, recover_spools, spool_dir_for
+from broker.spool import Spool, recover_spools, spool_dir_for
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,6 @@ class JournalReplica:
         self.registers = pb.LabelSet()
         self.lock = asyncio.Lock()
         self._head_changed = asyncio.Event()
-        self.recovered: list[RecoveredSpool] = []
         self.last_refresh = 0.0
         self.store_health_error = ""
         # Bumped whenever a local entry leaves the index for a persisted one (or is dropped):
@@ -135,9 +134,9 @@ class JournalReplica:
         recorded at the last roll (so offsets are never handed out twice)."""
         self.registers = self._load_registers()
         self.write_head = self._load_head()
-        self.recovered = await asyncio.to_thread(recover_spools, self.directory, self.name)
+        recovered = await asyncio.to_thread(recover_spools, self.directory, self.name)
         pending: list[FragmentEntry] = []
-        for r in self.recovered:
+        for r in recovered:
             spec = r.fragment(self.codec)
             # The first append time of a recovered spool is not kept: its mtime stands in.
             spec.path_postfix = self.postfix(r.files.content.stat().st_mtime)
