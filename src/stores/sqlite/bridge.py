@@ -16,8 +16,9 @@ raises `RuntimeError` there rather than deadlock).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
-from typing import Final
+from typing import Any, Final
 
 from recoverylog.recorder import Recorder
 
@@ -62,6 +63,10 @@ class RecorderBridge:
         self.flush_bytes = flush_bytes
         self.max_unsynced = max_unsynced
         self._ops: list[_Op] = []
+        # Cross-thread waits of the SQLite thread on the loop: `discard` cancels them, so that
+        # destroying the store from the loop never waits on a thread that waits on the loop.
+        self._waits: set[concurrent.futures.Future[Any]] = set()
+        self._waits_lock = threading.Lock()
         self._queued = 0
         # The open (coalescing) write: path, offset, buffer.
         self._wpath: str | None = None
@@ -96,13 +101,12 @@ class RecorderBridge:
         """`data` was written at `offset` of recorded file `path`."""
         if not data:
             return
-        buf = self._wbuf
-        if self._wpath == path and self._woff + len(buf) == offset:
-            buf += data
-        else:
+        if not (self._wpath == path and self._woff + len(self._wbuf) == offset):
+            # Not contiguous with the run being buffered: seal it, start a new run. (_seal
+            # replaces the buffer, so it must be looked up again after.)
             self._seal()
             self._wpath, self._woff = path, offset
-            buf += data
+        self._wbuf += data
         self._queued += len(data)
         if self._queued >= self.flush_bytes:
             self.flush()
@@ -139,7 +143,7 @@ class RecorderBridge:
         self._dirty = False
         fut = asyncio.run_coroutine_threadsafe(self._apply_and_barrier(ops), self._loop)
         try:
-            fut.result()
+            self.wait(fut)
         except BaseException as err:
             if self._error is None:
                 self._error = err
@@ -147,9 +151,28 @@ class RecorderBridge:
         self._unsynced = 0
         self.barriers += 1
 
+    def wait(self, fut: concurrent.futures.Future[Any]) -> Any:
+        """Wait (in the SQLite thread) for `fut`, completed by the loop; `discard` cancels it.
+
+        Raises concurrent.futures.CancelledError once the bridge is discarded.
+        """
+        with self._waits_lock:
+            if self._discard:
+                fut.cancel()
+            self._waits.add(fut)
+        try:
+            return fut.result()
+        finally:
+            with self._waits_lock:
+                self._waits.discard(fut)
+
     def discard(self) -> None:
-        """Drop queued and later operations (the store is being destroyed)."""
-        self._discard = True
+        """Drop queued and later operations (the store is being destroyed), and cancel every
+        wait of the SQLite thread on the loop."""
+        with self._waits_lock:
+            self._discard = True
+            for fut in self._waits:
+                fut.cancel()
         self._ops.clear()
         self._wpath = None
         self._wbuf = bytearray()

@@ -322,7 +322,7 @@ class SQLiteStore:
     ) -> None:
         try:
             if waiting is not None:
-                waiting.result()
+                self._bridge.wait(waiting)
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
