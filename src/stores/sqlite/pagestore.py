@@ -17,7 +17,8 @@ database from them.
 Record layout (little-endian): kind (u8), offset or size (u64), length (u32), then `length`
 bytes for a write. Kinds: `WRITE` (bytes at offset) and `SIZE` (truncate or extend the file
 to `offset` bytes). A log cut anywhere (a crash) leaves a prefix of the records: a torn
-record can only end the last page file, and is dropped, as a write which did not happen.
+record can only end a page file, and is dropped, as a write which did not happen (also in an
+older generation: the recovery after the crash dropped it, and later files build on that).
 """
 
 from __future__ import annotations
@@ -54,8 +55,7 @@ _COPY_CHUNK = 256 << 10
 
 
 class CorruptPageFile(Exception):
-    """A page file which is not a sequence of page records (other than a torn last record of
-    the last generation)."""
+    """A page file which is not a sequence of page records (other than a torn last record)."""
 
     def __init__(self, path: Path, offset: int, why: str) -> None:
         super().__init__(f"page file {path} at offset {offset}: {why}")
@@ -116,18 +116,20 @@ def _complete_length(path: Path) -> int:
 def rebuild(sources: Sequence[Path], target: Path) -> RebuildStats:
     """Write `target` (replacing it) by applying the page files `sources` in order.
 
-    A torn record ending the last file is dropped. Raises `CorruptPageFile` for an unknown
-    record kind, or a torn record in other than the last file.
+    A torn record ending a file is dropped, in any file: a crash tears only the tail of the
+    file being written, the recovery after it dropped that record, and generations written
+    since were built on the database without it; dropping it again rebuilds the same state.
+    Raises `CorruptPageFile` for an unknown record kind.
     """
     records = bytes_read = 0
     torn = False
     fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        for i, src in enumerate(sources):
+        for src in sources:
             end = src.stat().st_size
-            if i == len(sources) - 1:
-                complete = _complete_length(src)
-                torn, end = complete < end, complete
+            complete = _complete_length(src)
+            if complete < end:
+                torn, end = True, complete
             with open(src, "rb", buffering=1 << 20) as f:
                 pos = 0
                 while pos < end:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from stores.sqlite.pagestore import (
     RECORD,
     CorruptPageFile,
     PageStore,
+    encode_write_header,
     generation_of,
     generation_path,
     rebuild,
@@ -89,13 +89,23 @@ def test_torn_tail_of_the_last_file_is_dropped(tmp_path: Path) -> None:
         assert (tmp_path / "out.db").read_bytes() == b"a" * 100
 
 
-def test_torn_record_before_the_last_file_is_corruption(tmp_path: Path) -> None:
-    store = PageStore(DirSink(tmp_path), "db", roll_bytes=1)
-    store.write(0, b"a" * 100)
-    store.synced(100, lambda o, n: b"")  # Rolls: the next write opens generation 2.
-    store.write(0, b"b" * 10)
-    first, second = _files(tmp_path, "db")
-    first.write_bytes(first.read_bytes()[:-1])
+def test_torn_tail_of_an_older_generation_rebuilds_as_first_recovered(tmp_path: Path) -> None:
+    # A crash tore generation 2's tail; the recovery dropped that record and later writes went
+    # to generation 3. The next recovery must rebuild the same state, not call it corruption.
+    g1, g2, g3 = tmp_path / "1", tmp_path / "2", tmp_path / "3"
+    g1.write_bytes(encode_write_header(0, 4) + b"AAAA")
+    g2.write_bytes(encode_write_header(4, 4) + b"BB")  # torn by the crash
+    first = rebuild([g1, g2], tmp_path / "first.db")
+    assert first.torn_tail and (tmp_path / "first.db").read_bytes() == b"AAAA"
+    g3.write_bytes(encode_write_header(4, 4) + b"CCCC")  # written after that recovery
+    again = rebuild([g1, g2, g3], tmp_path / "again.db")
+    assert again.torn_tail and (tmp_path / "again.db").read_bytes() == b"AAAACCCC"
+
+
+def test_unknown_record_kind_is_corruption(tmp_path: Path) -> None:
+    good = tmp_path / "1"
+    good.write_bytes(encode_write_header(0, 4) + b"AAAA")
+    bad = tmp_path / "2"
+    bad.write_bytes(b"\xff" * RECORD.size + good.read_bytes())
     with pytest.raises(CorruptPageFile):
-        rebuild([first, second], tmp_path / "out.db")
-    assert os.path.exists(second)
+        rebuild([good, bad], tmp_path / "out.db")
