@@ -52,10 +52,13 @@ from message.framing import Framing, framing_for
 from message.mapping import MappingFunc
 from message.uuid import (
     GREGORIAN_OFFSET_100NS,
+    UUID_SLOTS_VERIFIED,
     Clock,
     Flags,
     ProducerID,
+    build_uuid_unchecked,
     new_producer_id,
+    uuid_of_int,
 )
 
 __all__ = [
@@ -79,31 +82,14 @@ _OUTSIDE = int(Flags.OUTSIDE_TXN)
 _CONTINUE = int(Flags.CONTINUE_TXN)
 _ACK = int(Flags.ACK_TXN)
 
+# Building a UUID is on the per-message path: see message.uuid.build_uuid_unchecked.
+fast_uuid = build_uuid_unchecked
+# `_next_uuid` inlines uuid_of_int's slot assignment (a call costs ~0.45 µs per message), but
+# only where message.uuid verified it at import; elsewhere it calls the checked construction.
 _new_object = object.__new__
 _set_attr = object.__setattr__
 _UUID = _uuid.UUID
 _SAFE_UNKNOWN = _uuid.SafeUUID.unknown
-
-
-def fast_uuid(node: int, clock: int, flags: int) -> _uuid.UUID:
-    """`message.uuid.build_uuid` for a producer given as a 48-bit int, without validation.
-
-    About 4x faster than constructing through ``uuid.UUID(...)``: the 128-bit value is computed
-    directly and set on a bare instance (UUID's own constructor parses and checks arguments).
-    Callers guarantee ``0 <= clock < 2**64`` and ``0 <= flags < 1024``.
-    """
-    ts = clock >> 4
-    n = (
-        (ts & 0xFFFFFFFF) << 96
-        | ((ts >> 32) & 0xFFFF) << 80
-        | (((ts >> 48) & 0x0FFF) | 0x1000) << 64
-        | (((clock << 10) & 0x3C00) | flags | 0x8000) << 48
-        | node
-    )
-    u = _new_object(_UUID)
-    _set_attr(u, "int", n)
-    _set_attr(u, "is_safe", _SAFE_UNKNOWN)
-    return u
 
 
 class AckIntent(NamedTuple):
@@ -401,8 +387,11 @@ class Publisher:
                     | self._node
                 )
         self._clock = clock
+        value = self._hi | (((clock & 0xF) << 10 | flags | 0x8000) << 48)
+        if not UUID_SLOTS_VERIFIED:
+            return uuid_of_int(value)
         u = _new_object(_UUID)
-        _set_attr(u, "int", self._hi | (((clock & 0xF) << 10 | flags | 0x8000) << 48))
+        _set_attr(u, "int", value)
         _set_attr(u, "is_safe", _SAFE_UNKNOWN)
         return u
 
