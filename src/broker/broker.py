@@ -1,9 +1,14 @@
 """The Broker: a process's etcd session, keyspace mirror, journal replicas and background work.
 
-In this version every broker that sees a journal serves it as primary with replication 1:
-multi-broker assignment and replication come with the allocator. The broker announces
-itself at `{root}/members/{zone}#{suffix}` and advertises each journal's Route at
-`{root}/assign/{journal}#{zone}#{suffix}#0`, both under its lease (reference §4).
+The broker announces itself at `{root}/members/{zone}#{suffix}` under its lease and runs the
+shared allocator (allocator.Allocator): the leader among the brokers assigns each journal to
+`replication` brokers, writing `{root}/assign/{journal}#{zone}#{suffix}#{slot}` keys (slot 0 =
+primary) under each broker's lease (reference §4). A broker keeps a JournalReplica for every
+journal assigned to it and advertises the journal's Route as its assignment's value: a peer as
+soon as it sees the route, the primary once its replication pipeline has synchronised every
+peer under that route (broker.replication). The allocator counts a replica as consistent when
+its advertised route equals the current one, and removes replicas only while enough remain
+consistent, so a route change never leaves committed content on too few brokers.
 """
 
 from __future__ import annotations
@@ -16,16 +21,31 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
-from allocator.keyspace import KeySpace
+import grpc
+import grpc.aio
+
+from allocator.allocator import Allocator
+from allocator.etcd import Compare, Etcd, EtcdError, op_put
+from allocator.keyspace import KeySpace, KeyValue
+from allocator.model import Assignment, Item, MemberID
+from allocator.session import MemberExistsError, MemberSession
 from broker.config import BrokerConfig
 from broker.fragment.coverset import FragmentEntry
 from broker.fragment.store import FragmentStoreError, store_for_url
 from broker.fragment_cache import FragmentCache
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.validation import split_journal_meta
 from broker.replica import JournalReplica
+from broker.replication import Pipeline, ReplicationError, RouteKey, route_key
 from broker.spool import COMMITS_SUFFIX, SPOOL_SUFFIX
+
+PEER_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +89,24 @@ def parse_assignment_key(keys: Keys, key: str) -> tuple[str, str, str, int]:
     return item, zone, suffix, int(slot)
 
 
+@dataclass
+class Resolution:
+    """Where a journal request is served: here (`replica`), by proxy (`proxy_to`), or not
+    at all (`status` != OK). `header` is this broker's view of the journal's route."""
+
+    status: pb.Status.ValueType
+    header: pb.Header
+    replica: JournalReplica | None = None
+    proxy_to: str = ""
+
+
+def route_from_assignments(assignments: list[Assignment]) -> RouteKey:
+    """The route key of an item's assignments (members sorted by (zone, suffix))."""
+    ordered = sorted((a.member.zone, a.member.suffix, a.slot) for a in assignments)
+    primary = next((i for i, (_, _, slot) in enumerate(ordered) if slot == 0), -1)
+    return (tuple((z, s) for z, s, _ in ordered), primary)
+
+
 class Broker:
     """A broker process's state. `run()` serves until cancelled or `stop()` is called."""
 
@@ -76,15 +114,26 @@ class Broker:
         self.cfg = cfg
         self.keys = Keys(cfg.root)
         self.process_id = pb.ProcessSpec.ID(zone=cfg.zone, suffix=cfg.suffix)
+        self.member_id = MemberID(cfg.zone, cfg.suffix)
+        self.spec = pb.BrokerSpec(
+            process_spec=pb.ProcessSpec(id=self.process_id, endpoint=cfg.endpoint),
+            journal_limit=cfg.journal_limit,
+        )
         self.keyspace = KeySpace(cfg.root + "/", self._decode)
         self.replicas: dict[str, JournalReplica] = {}
         self._ready: dict[str, asyncio.Event] = {}
         self.persist_queue: asyncio.Queue[tuple[JournalReplica, FragmentEntry]] = asyncio.Queue()
         self.cache = FragmentCache(cfg.spool_dir / "cache", cfg.cache_bytes)
         self.etcd: Etcd | None = None
+        self.session: MemberSession | None = None
+        self.allocator: Allocator | None = None
         self.lease_id = 0
         self._reconcile = asyncio.Event()
         self._lock_fd: int | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, Any] = {}
+        self._pulses: dict[str, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # --- decoding of the keyspace ---------------------------------------------------------
     def _decode(self, key: str, raw: bytes) -> Any:
@@ -124,30 +173,93 @@ class Broker:
                 route.primary = i
         return route
 
-    def header(self, journal: str | None = None) -> pb.Header:
-        return pb.Header(
-            process_id=self.process_id,
-            route=self.route_of(journal) if journal else pb.Route(primary=-1),
-            etcd=self.etcd_header(),
-        )
+    def my_assignment(self, journal: str) -> tuple[KeyValue[Any], int] | None:
+        """This broker's assignment of `journal` and its slot, if it has one."""
+        found: tuple[KeyValue[Any], int] | None = None
+        for kv in self.keyspace.prefixed(f"{self.keys.assign}{journal}#"):
+            item, zone, suffix, slot = parse_assignment_key(self.keys, kv.key)
+            if item == journal and zone == self.cfg.zone and suffix == self.cfg.suffix:
+                if found is None or slot < found[1]:
+                    found = (kv, slot)
+        return found
+
+    def header(self, journal: str | None = None, route: pb.Route | None = None) -> pb.Header:
+        if route is None:
+            route = self.route_of(journal) if journal else pb.Route(primary=-1)
+        return pb.Header(process_id=self.process_id, route=route, etcd=self.etcd_header())
+
+    def peer_stub(self, endpoint: str) -> Any:
+        """A `protocol.Journal` stub on another broker (channels are kept and reused)."""
+        target = endpoint
+        for scheme in ("http://", "https://", "grpc://"):
+            if target.startswith(scheme):
+                target = target[len(scheme) :].rstrip("/")
+        stub = self._stubs.get(target)
+        if stub is None:
+            channel = grpc.aio.insecure_channel(target, options=PEER_CHANNEL_OPTIONS)
+            self._channels[target] = channel
+            stub = self._stubs[target] = pb_grpc.JournalStub(channel)
+        return stub
 
     # --- request resolution -------------------------------------------------------------
     async def resolve(
-        self, journal: str, min_etcd_revision: int = 0, timeout: float = 10.0
-    ) -> JournalReplica | None:
-        """The ready replica of `journal`, or None if no such journal exists.
+        self,
+        journal: str,
+        *,
+        min_etcd_revision: int = 0,
+        require_primary: bool = False,
+        may_proxy: bool = True,
+        timeout: float = 10.0,
+    ) -> Resolution:
+        """Decide where a request of `journal` is served.
 
-        Waits (up to `timeout`) for the keyspace to reach `min_etcd_revision` and for a
-        just-created journal's replica to finish recovery.
+        Appends (`require_primary`) are served by the primary; reads are served by the
+        primary too, or by any assigned replica when the request may not be proxied. A
+        broker that cannot serve a request proxies it to the primary when `may_proxy`.
+        Waits (up to `timeout`) for the keyspace to reach `min_etcd_revision`, for a journal
+        without a primary to get one, and for a just-assigned replica to finish recovery;
+        raises TimeoutError if the keyspace or the replica is not ready in time.
         """
         name, _meta = split_journal_meta(journal)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         if min_etcd_revision > self.keyspace.revision:
             await self.keyspace.wait_for_revision(min_etcd_revision, timeout=timeout)
-        if self.keyspace.get(self.keys.item(name)) is None:
-            return None
+        while True:
+            revision = self.keyspace.revision
+            if self.keyspace.get(self.keys.item(name)) is None:
+                return Resolution(pb.JOURNAL_NOT_FOUND, self.header())
+            route = self.route_of(name)
+            header = self.header(route=route)
+            mine = self.my_assignment(name)
+            is_primary = mine is not None and mine[1] == 0
+            has_primary = route.primary >= 0
+            primary_ep = route.endpoints[route.primary] if has_primary else ""
+            if is_primary or (mine is not None and not require_primary and not may_proxy):
+                replica = await self._ready_replica(name, deadline - loop.time())
+                if replica is not None:
+                    return Resolution(pb.OK, header, replica)
+            elif has_primary:
+                if may_proxy and primary_ep:
+                    return Resolution(pb.OK, header, proxy_to=primary_ep)
+                if require_primary:
+                    return Resolution(pb.NOT_JOURNAL_PRIMARY_BROKER, header)
+                return Resolution(pb.NOT_JOURNAL_BROKER, header)
+            elif not may_proxy and mine is None:
+                return Resolution(pb.NOT_JOURNAL_BROKER, header)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return Resolution(pb.NO_JOURNAL_PRIMARY_BROKER, header)
+            try:
+                async with asyncio.timeout(remaining):
+                    await self.keyspace.wait_for_change(revision)
+            except TimeoutError:
+                return Resolution(pb.NO_JOURNAL_PRIMARY_BROKER, self.header(name))
+
+    async def _ready_replica(self, name: str, timeout: float) -> JournalReplica | None:
         ready = self._ready.setdefault(name, asyncio.Event())
         self._reconcile.set()
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(max(timeout, 0.001)):
             await ready.wait()
         return self.replicas.get(name)
 
@@ -164,60 +276,68 @@ class Broker:
             ) from err
         self._lock_fd = fd
 
+    def _is_previous_instance(self, raw: bytes) -> bool:
+        """Whether an existing member announcement is our own crashed predecessor.
+
+        We hold the spool directory's lock, so no live broker uses this spool dir; if the
+        announcement advertises our endpoint it is our previous incarnation (e.g. after
+        SIGKILL), and revoking its lease removes its member and assignment keys at once
+        instead of waiting out the TTL.
+        """
+        try:
+            previous = pb.BrokerSpec.FromString(raw)
+        except Exception:  # noqa: BLE001
+            return False
+        return previous.process_spec.endpoint == self.cfg.endpoint
+
     async def start(self) -> None:
         """Lock the spool dir, open etcd, announce this member and load the keyspace."""
         self._lock_spool_dir()
         self.etcd = Etcd(self.cfg.etcd)
+        key = self.keys.member(self.cfg.zone, self.cfg.suffix)
+        self.session = MemberSession(self.etcd, key, self.cfg.lease_ttl)
         try:
-            self.lease_id = await self.etcd.grant_lease(self.cfg.lease_ttl)
-            spec = pb.BrokerSpec(
-                process_spec=pb.ProcessSpec(id=self.process_id, endpoint=self.cfg.endpoint),
-                journal_limit=self.cfg.journal_limit,
+            await self.session.announce(
+                self.spec.SerializeToString(), replace_if=self._is_previous_instance
             )
-            key = self.keys.member(self.cfg.zone, self.cfg.suffix).encode()
-            await self._clear_previous_instance(key)
-            resp = await self.etcd.txn(
-                [Compare(key, "create", 0)],
-                [op_put(key, spec.SerializeToString(), self.lease_id)],
-            )
-            if not resp.succeeded:
-                raise BrokerStartupError(
-                    f"member key {key.decode()} exists: another broker runs as "
-                    f"{self.cfg.zone}#{self.cfg.suffix} (or its lease has not expired yet)"
-                )
+            self.lease_id = self.session.lease_id
             await self.keyspace.load(self.etcd)
+        except MemberExistsError as err:
+            raise BrokerStartupError(
+                f"member key {key} exists: another broker runs as "
+                f"{self.cfg.zone}#{self.cfg.suffix} (or its lease has not expired yet)"
+            ) from err
         except EtcdError as err:
             raise BrokerStartupError(f"etcd {self.cfg.etcd}: {err}") from err
+        self.allocator = Allocator(
+            self.etcd,
+            self.keyspace,
+            self.cfg.root,
+            self.member_id,
+            item_replication=lambda spec: int(spec.replication),
+            member_limit=lambda spec: int(spec.journal_limit),
+            member_exiting=lambda spec: bool(spec.exiting),
+            is_consistent=self._is_consistent,
+        )
         self.keyspace.observe(self._reconcile.set)
         self._reconcile.set()
 
-    async def _clear_previous_instance(self, key: bytes) -> None:
-        """Revoke the lease of a crashed previous instance of this same broker.
-
-        We hold the spool directory's lock, so no live broker uses this spool dir; if the
-        existing announcement advertises our endpoint it is our own previous incarnation
-        (e.g. after SIGKILL), and revoking its lease removes its member and assignment keys
-        at once instead of waiting out the TTL.
-        """
-        assert self.etcd is not None
-        resp = await self.etcd.get(key)
-        if not resp.kvs:
-            return
-        kv = resp.kvs[0]
-        try:
-            previous = pb.BrokerSpec.FromString(kv.value)
-        except Exception:  # noqa: BLE001
-            return
-        if previous.process_spec.endpoint == self.cfg.endpoint and kv.lease:
-            log.info("revoking lease of previous instance lease=%x", kv.lease)
-            await self.etcd.revoke_lease(kv.lease)
+    @staticmethod
+    def _is_consistent(item: Item, assignment: Assignment, assignments: list[Assignment]) -> bool:
+        """A broker replica is consistent when it advertises the item's current route."""
+        value = assignment.value
+        return isinstance(value, pb.Route) and route_key(value) == route_from_assignments(
+            assignments
+        )
 
     async def run_background(self) -> None:
         """Background loops; runs until cancelled. Any loop failing fails the broker."""
-        assert self.etcd is not None
+        assert self.etcd is not None and self.session is not None
+        assert self.allocator is not None
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.keyspace.watch(self.etcd), name="keyspace-watch")
-            tg.create_task(self.etcd.keep_alive(self.lease_id, self.cfg.lease_ttl), name="lease")
+            tg.create_task(self.session.keep_alive(), name="lease")
+            tg.create_task(self.allocator.serve(), name="allocator")
             tg.create_task(self._reconcile_loop(), name="reconcile")
             tg.create_task(self._persist_loop(), name="persist")
             tg.create_task(self._flush_loop(), name="flush")
@@ -226,12 +346,48 @@ class Broker:
         for entry in entries:
             self.persist_queue.put_nowait((replica, entry))
 
+    def assigned_count(self) -> int:
+        mine = f"#{self.cfg.zone}#{self.cfg.suffix}#"
+        return sum(1 for kv in self.keyspace.prefixed(self.keys.assign) if mine in kv.key)
+
+    async def drain(self, timeout: float) -> bool:
+        """Graceful exit: mark this member `exiting` and wait (up to `timeout`) until the
+        allocator has moved every journal away. Returns whether it got there."""
+        assert self.session is not None
+        spec = pb.BrokerSpec()
+        spec.CopyFrom(self.spec)
+        spec.exiting = True
+        try:
+            await self.session.update(spec.SerializeToString())
+        except EtcdError as err:
+            log.error("cannot mark this broker exiting err=%s", err)
+            return False
+        log.info("exiting: waiting for journals to move away count=%d", self.assigned_count())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (n := self.assigned_count()) > 0:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                log.warning("drain timed out with %d journals still assigned", n)
+                return False
+            try:
+                async with asyncio.timeout(remaining):
+                    await self.keyspace.wait_for_change(self.keyspace.revision)
+            except TimeoutError:
+                pass
+        log.info("drained: no journals assigned")
+        return True
+
     async def shutdown(self, persist_timeout: float = 30.0) -> None:
         """Roll and persist spools of journals with stores (bounded), then release the lease.
 
         Spools of journals without stores stay on disk, to be recovered at the next start.
         """
+        for task in [*self._pulses.values(), *self._tasks]:
+            task.cancel()
         for replica in list(self.replicas.values()):
+            if isinstance(replica.pipeline, Pipeline):
+                replica.pipeline.close()
             if replica.has_stores:
                 async with replica.lock:
                     self._enqueue(replica, replica.roll())
@@ -252,8 +408,14 @@ class Broker:
         for replica in self.replicas.values():
             replica.close()
         await self.cache.close()
+        for channel in self._channels.values():
+            await channel.close(None)
+        if self.session is not None:
+            try:
+                await self.session.release()
+            except EtcdError as err:
+                log.warning("cannot revoke lease err=%s", err)
         if self.etcd is not None:
-            await self.etcd.revoke_lease(self.lease_id)
             await self.etcd.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -271,15 +433,26 @@ class Broker:
                 self._reconcile.set()
 
     async def _reconcile_once(self) -> None:
+        """Make local replicas follow this broker's assignments and advertise routes."""
         assert self.etcd is not None
         specs = {
             kv.key[len(self.keys.items) :]: kv for kv in self.keyspace.prefixed(self.keys.items)
         }
-        for name, kv in specs.items():
+        mine: dict[str, tuple[KeyValue[Any], int]] = {}
+        for kv in self.keyspace.prefixed(self.keys.assign):
+            item, zone, suffix, slot = parse_assignment_key(self.keys, kv.key)
+            if zone == self.cfg.zone and suffix == self.cfg.suffix and item in specs:
+                if item not in mine or slot < mine[item][1]:
+                    mine[item] = (kv, slot)
+        for name, (akv, slot) in mine.items():
+            spec_kv = specs[name]
             replica = self.replicas.get(name)
             if replica is None:
                 replica = JournalReplica(
-                    kv.value, kv.mod_revision, self.cfg.spool_dir, sync=self.cfg.spool_sync
+                    spec_kv.value,
+                    spec_kv.mod_revision,
+                    self.cfg.spool_dir,
+                    sync=self.cfg.spool_sync,
                 )
                 try:
                     self._enqueue(replica, await replica.recover())
@@ -289,31 +462,163 @@ class Broker:
                     asyncio.get_running_loop().call_later(2.0, self._reconcile.set)
                     continue
                 self.replicas[name] = replica
-            elif kv.mod_revision != replica.mod_revision:
-                replica.spec, replica.mod_revision = kv.value, kv.mod_revision
-            key = self.keys.assignment(name, self.cfg.zone, self.cfg.suffix, 0)
-            if self.keyspace.get(key) is None:
-                route = pb.Route(
-                    members=[self.process_id], primary=0, endpoints=[self.cfg.endpoint]
-                )
-                await self.etcd.put(key.encode(), route.SerializeToString(), lease=self.lease_id)
-            else:
-                self._ready.setdefault(name, asyncio.Event()).set()
+            elif spec_kv.mod_revision != replica.mod_revision:
+                replica.spec, replica.mod_revision = spec_kv.value, spec_kv.mod_revision
+            route = self.route_of(name)
+            key = route_key(route)
+            replica.set_route(key)
+            self._ready.setdefault(name, asyncio.Event()).set()
+            if slot == 0:
+                p = replica.pipeline
+                synced = isinstance(p, Pipeline) and p.key == key and not p.broken
+                if not synced:
+                    self._start_pulse(name)
+                    continue
+            if route_key(akv.value) != key:
+                await self._advertise(akv, route)
         for name in list(self.replicas):
-            if name not in specs:
+            if name not in mine:
                 replica = self.replicas.pop(name)
                 self._ready.pop(name, None)
+                self._spawn(self._drop(replica, deleted=name not in specs))
+
+    async def _advertise(self, akv: KeyValue[Any], route: pb.Route) -> None:
+        """Write `route` as the value of our assignment (guarded by its mod revision)."""
+        assert self.etcd is not None
+        key = akv.key.encode()
+        await self.etcd.txn(
+            [Compare(key, "mod", akv.mod_revision)],
+            [op_put(key, route.SerializeToString(), akv.lease)],
+        )
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _start_pulse(self, name: str) -> None:
+        if name in self._pulses:
+            return
+        task = asyncio.create_task(self._pulse(name), name=f"pulse-{name}")
+        self._pulses[name] = task
+        task.add_done_callback(lambda _t: self._pulses.pop(name, None))
+
+    async def _pulse(self, name: str) -> None:
+        """As primary, synchronise the peers of the current route, then let the reconcile
+        loop advertise it. Retries while this broker stays primary."""
+        backoff = 0.1
+        while True:
+            replica = self.replicas.get(name)
+            mine = self.my_assignment(name)
+            if replica is None or mine is None or mine[1] != 0:
+                return
+            try:
                 async with replica.lock:
-                    self._enqueue(replica, replica.roll())
+                    await self.ensure_pipeline(replica)
+                self._reconcile.set()
+                return
+            except ReplicationError as err:
+                log.warning("replication sync failed journal=%s err=%s; retrying", name, err)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    async def ensure_pipeline(self, replica: JournalReplica) -> Pipeline:
+        """The replication pipeline of the journal's current route, opened and synchronised
+        if needed. The caller holds `replica.lock` and is the primary."""
+        route = self.route_of(replica.name)
+        key = route_key(route)
+        p = replica.pipeline
+        if isinstance(p, Pipeline):
+            if p.key == key and not p.broken:
+                return p
+            p.close()
+            replica.pipeline = None
+        if route.primary < 0 or key[0][route.primary] != (self.cfg.zone, self.cfg.suffix):
+            raise ReplicationError(f"this broker is not the primary of {replica.name}")
+        p = Pipeline(
+            replica,
+            route,
+            self.header(route=route),
+            self.peer_stub,
+            timeout=self.cfg.chunk_timeout,
+        )
+        await p.open(
+            lambda entries: self._enqueue(replica, entries),
+            lambda endpoint, begin, end: self._catch_up(replica, endpoint, begin, end),
+        )
+        replica.pipeline = p
+        log.info("replication synchronised journal=%s peers=%d", replica.name, len(p.peers))
+        return p
+
+    async def _catch_up(self, replica: JournalReplica, endpoint: str, begin: int, end: int) -> None:
+        """Copy committed content [begin, end) that a peer holds beyond our head into our
+        spool (caller holds the lock). Content the peer can no longer serve from its spools
+        is left to the fragment stores: we then roll forward to `end`, logging the gap."""
+        spool = replica.ensure_spool()
+        pending = spool.begin_append()
+        offset = begin
+        req = pb.ReadRequest(
+            journal=replica.name, offset=begin, end_offset=end, block=False, do_not_proxy=True
+        )
+        try:
+            async with asyncio.timeout(self.cfg.chunk_timeout):
+                async for resp in self.peer_stub(endpoint).Read(req):
+                    if resp.status != pb.OK or resp.offset != offset:
+                        break
+                    if resp.content:
+                        pending.write(resp.content)
+                        offset += len(resp.content)
+                    if offset >= end:
+                        break
+        except (grpc.aio.AioRpcError, TimeoutError) as err:
+            pending.rollback()
+            raise ReplicationError(f"catching up {replica.name} from {endpoint}: {err}") from err
+        if len(pending):
+            pending.commit()
+            replica.committed(spool)
+        else:
+            pending.rollback()
+        if offset < end:
+            log.error(
+                "peer %s could not serve [%d, %d) of %s from its spools; rolling forward "
+                "(the content is expected in the fragment stores)",
+                endpoint,
+                offset,
+                end,
+                replica.name,
+            )
+            self._enqueue(replica, replica.roll_to(end))
+            replica.last_refresh = 0.0  # list the stores at the next flush tick
+
+    def _is_primary(self, name: str) -> bool:
+        mine = self.my_assignment(name)
+        return mine is not None and mine[1] == 0
+
+    async def _roll_primary(self, replica: JournalReplica) -> None:
+        """Roll the primary's spool (length or flush interval) and have its peers roll too.
+        Peers never roll on their own: their spools follow the primary's proposals."""
+        async with replica.lock:
+            self._enqueue(replica, replica.roll())
+            p = replica.pipeline
+            if isinstance(p, Pipeline) and not p.broken:
+                try:
+                    await p.propose(replica.ensure_spool().fragment(), replica.registers)
+                except ReplicationError as err:
+                    log.warning("peers did not roll journal=%s err=%s", replica.name, err)
+
+    async def _drop(self, replica: JournalReplica, *, deleted: bool) -> None:
+        """Stop serving a journal no longer assigned here (or deleted): persist its spool."""
+        replica.set_route(())
+        if isinstance(replica.pipeline, Pipeline):
+            replica.pipeline.close()
+        async with replica.lock:
+            self._enqueue(replica, replica.roll())
+            if deleted:
                 replica.delete()
-                log.info("journal deleted journal=%s", name)
-        mine = f"#{self.cfg.zone}#{self.cfg.suffix}#"
-        for kv in list(self.keyspace.prefixed(self.keys.assign)):
-            item, *_ = parse_assignment_key(self.keys, kv.key)
-            if mine in kv.key and item not in specs:
-                await self.etcd.txn(
-                    [Compare(kv.key.encode(), "mod", kv.mod_revision)], [op_delete(kv.key.encode())]
-                )
+                log.info("journal deleted journal=%s", replica.name)
+            else:
+                replica.close()
+                log.info("journal unassigned journal=%s", replica.name)
 
     # --- persistence ------------------------------------------------------------------------
     async def _persist_loop(self) -> None:
@@ -345,6 +650,11 @@ class Broker:
         its rolled spools are dropped.
         """
         assert entry.local_path is not None
+        if not entry.local_path.exists():
+            # Persisted already, by an earlier replica object of this journal on this broker.
+            log.info("spool already gone journal=%s path=%s", replica.name, entry.local_path)
+            replica.mark_persisted(entry, None)
+            return
         stores = list(replica.spec.fragment.stores)
         persisted = None
         if stores:
@@ -369,9 +679,12 @@ class Broker:
             now = time.time()
             for replica in list(self.replicas.values()):
                 try:
-                    if replica.should_roll(now) and not replica.lock.locked():
-                        async with replica.lock:
-                            self._enqueue(replica, replica.roll())
+                    if (
+                        replica.should_roll(now)
+                        and not replica.lock.locked()
+                        and self._is_primary(replica.name)
+                    ):
+                        await self._roll_primary(replica)
                     if time.monotonic() - replica.last_refresh >= replica.refresh_interval:
                         listing = await replica.list_stores()
                         async with replica.lock:

@@ -25,12 +25,15 @@ class BrokerConfig:
     chunk_timeout: float = 30.0
     cache_bytes: int = 1 << 30
     journal_limit: int = 1024
+    drain_timeout: float = 30.0
     log_level: str = "INFO"
 
     @property
     def endpoint(self) -> str:
-        """The advertised gRPC endpoint (defaults to the listen address)."""
-        return self.advertise or self.listen
+        """The advertised endpoint: an absolute URL as upstream's (``http://host:port``),
+        defaulting to the listen address."""
+        ep = self.advertise or self.listen
+        return ep if "://" in ep else f"http://{ep}"
 
 
 def _env(name: str, default: str) -> str:
@@ -100,10 +103,24 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         help="bytes of decompressed remote fragments cached for reads",
     )
     p.add_argument("--journal-limit", type=int, default=d.journal_limit)
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=float(_env("BROKER_DRAIN_TIMEOUT", str(d.drain_timeout))),
+        help="at SIGTERM, seconds to wait for journals to move to other brokers (0: none)",
+    )
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
     a = p.parse_args(argv)
     if a.lease_ttl < 2:
         p.error("--lease-ttl must be at least 2 seconds")
+    from broker.protocol import protocol_pb2 as pb
+    from broker.protocol.errors import ValidationError
+    from broker.protocol.validation import validate_process_id
+
+    try:
+        validate_process_id(pb.ProcessSpec.ID(zone=a.zone, suffix=a.suffix))
+    except ValidationError as err:
+        p.error(f"--zone/--suffix: {err}")
     return BrokerConfig(
         etcd=a.etcd,
         root=a.root.rstrip("/"),
@@ -117,5 +134,6 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         chunk_timeout=a.chunk_timeout,
         cache_bytes=a.cache_bytes,
         journal_limit=a.journal_limit,
+        drain_timeout=a.drain_timeout,
         log_level=a.log_level,
     )

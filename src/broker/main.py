@@ -52,6 +52,9 @@ async def serve(cfg: BrokerConfig) -> None:
     stopped = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({background, stopped}, return_when=asyncio.FIRST_COMPLETED)
     log.info("stopping")
+    if not background.done() and cfg.drain_timeout > 0:
+        # Graceful exit: keep serving (and proxying) while the allocator moves our journals.
+        await broker.drain(cfg.drain_timeout)
     await server.stop(grace=5)
     background.cancel()
     with contextlib.suppress(asyncio.CancelledError):

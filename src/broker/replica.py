@@ -73,6 +73,12 @@ class JournalReplica:
         self.deleted = False
         self._rate_tokens = 0.0
         self._rate_at = time.monotonic()
+        # Replication: the route this broker last saw (members and primary, see route_key),
+        # an event replaced (after being set) whenever it changes, and the primary's
+        # pipeline to its peers (owned by broker.replication, used under `lock`).
+        self.route_key: tuple[object, ...] = ()
+        self._route_changed = asyncio.Event()
+        self.pipeline: object | None = None
 
     # --- configuration -----------------------------------------------------------------
     @property
@@ -274,6 +280,32 @@ class JournalReplica:
         self._start_spool(self.write_head)
         rolled, self.retained = [*self.retained, entry], []
         return rolled
+
+    def roll_to(self, offset: int) -> list[FragmentEntry]:
+        """Close the current spool and start an empty one at `offset` (>= the write head),
+        as a replication proposal asks (caller holds `lock`); returns entries to persist."""
+        if offset < self.write_head:
+            raise ValueError(f"cannot roll {self.name} back to {offset} < head {self.write_head}")
+        rolled = self.roll()
+        if offset > self.write_head:
+            self.write_head = offset
+            self._store_head(offset)
+            self._start_spool(offset)
+            self.notify()
+        elif self.spool is None:
+            self._start_spool(offset)
+        return rolled
+
+    def set_route(self, key: tuple[object, ...]) -> None:
+        """Record the journal's current route; wakes whoever waits on `route_changed()`."""
+        if key != self.route_key:
+            self.route_key = key
+            self._route_changed.set()
+            self._route_changed = asyncio.Event()
+
+    async def route_changed(self) -> None:
+        """Return at the next route change."""
+        await self._route_changed.wait()
 
     def committed(self, spool: Spool) -> None:
         """Publish a commit of `spool` to the index and wake blocked readers."""

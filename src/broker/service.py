@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from allocator.etcd import Compare, EtcdError, op_delete, op_put
-from broker.broker import Broker
+from broker.broker import Broker, Resolution
 from broker.fragment.postfix import PostfixTemplateError, evaluate_postfix_template
 from broker.fragment.store import FragmentCorrupted, FragmentStoreError, store_for_url
 from broker.protocol import labels
@@ -36,6 +36,12 @@ from broker.protocol.validation import (
     validate_read_request,
 )
 from broker.replica import JournalReplica
+from broker.replication import (
+    Follower,
+    ReplicationError,
+    ReplicationProtocolError,
+    route_key,
+)
 from broker.spool import SpoolError
 
 log = logging.getLogger(__name__)
@@ -43,6 +49,7 @@ log = logging.getLogger(__name__)
 READ_CHUNK = 1 << 18  # content bytes per ReadResponse
 LIST_PAGE = 25  # journals per ListResponse (reference §1)
 DEFAULT_FRAGMENTS_PAGE = 1000
+GAP_RECHECKS = 4  # store listings a read takes at a hole in the index before jumping over it
 
 
 class AppendProtocolError(Exception):
@@ -64,17 +71,39 @@ class JournalService(pb_grpc.JournalServicer):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
 
     async def _resolve(
-        self, journal: str, min_revision: int, context: Any
-    ) -> JournalReplica | None:
-        """The journal's replica; UNAVAILABLE if it or the keyspace is not ready in time."""
+        self,
+        journal: str,
+        min_revision: int,
+        context: Any,
+        *,
+        require_primary: bool,
+        may_proxy: bool,
+    ) -> Resolution:
+        """Where to serve `journal`; UNAVAILABLE if the keyspace or replica is not ready."""
         try:
-            return await self.b.resolve(journal, min_revision)
+            return await self.b.resolve(
+                journal,
+                min_etcd_revision=min_revision,
+                require_primary=require_primary,
+                may_proxy=may_proxy,
+            )
         except TimeoutError:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
                 f"journal {journal} not ready (etcd revision {min_revision} or its recovery)",
             )
-        return None  # unreachable: abort raises
+        raise AssertionError("unreachable: abort raises")
+
+    @staticmethod
+    def _was_proxied(header: pb.Header) -> bool:
+        """A request carrying a broker's header was proxied once already: never again."""
+        return bool(header.process_id.zone or header.process_id.suffix)
+
+    async def _proxy_error(self, context: Any, target: str, err: grpc.aio.AioRpcError) -> None:
+        code = err.code()
+        if code == grpc.StatusCode.UNKNOWN:
+            code = grpc.StatusCode.UNAVAILABLE
+        await context.abort(code, f"proxy to primary {target}: {err.details()}")
 
     # --- List -------------------------------------------------------------------------------
     async def List(self, request: pb.ListRequest, context: Any) -> AsyncIterator[pb.ListResponse]:  # noqa: N802
@@ -163,22 +192,47 @@ class JournalService(pb_grpc.JournalServicer):
             validate_read_request(request)
         except ValidationError as err:
             await self._invalid(context, err)
-        replica = await self._resolve(request.journal, request.min_etcd_revision, context)
-        if replica is None:
-            yield pb.ReadResponse(status=pb.JOURNAL_NOT_FOUND, header=self.b.header())
+        res = await self._resolve(
+            request.journal,
+            request.min_etcd_revision,
+            context,
+            require_primary=False,
+            may_proxy=not request.do_not_proxy and not self._was_proxied(request.header),
+        )
+        if res.status != pb.OK:
+            yield pb.ReadResponse(status=res.status, header=res.header)
             return
-        header = self.b.header(replica.name)
+        if res.proxy_to:
+            forwarded = pb.ReadRequest()
+            forwarded.CopyFrom(request)
+            forwarded.header.CopyFrom(res.header)
+            try:
+                async for resp in self.b.peer_stub(res.proxy_to).Read(forwarded):
+                    yield resp
+            except grpc.aio.AioRpcError as err:
+                await self._proxy_error(context, res.proxy_to, err)
+            return
+        replica = res.replica
+        assert replica is not None
+        header = res.header
         if not replica.readable():
             yield pb.ReadResponse(status=pb.NOT_ALLOWED, header=header)
             return
         offset = replica.write_head if request.offset == -1 else request.offset
         first = True
+        gap_checks = 0
         while True:
             if request.end_offset and offset >= request.end_offset:
                 return
             entry, found = replica.index.find(offset)
             if not found:
                 if entry is not None and offset < replica.write_head:
+                    if gap_checks < GAP_RECHECKS and replica.has_stores:
+                        # After a failover, a range may be persisted by another replica but
+                        # not yet listed here: look at the stores again before jumping.
+                        gap_checks += 1
+                        await self._relist(replica, delay=0.5 * (gap_checks - 1))
+                        continue
                     offset = entry.begin  # history before this was removed: an offset jump
                     continue
                 if offset < replica.write_head:
@@ -233,6 +287,12 @@ class JournalService(pb_grpc.JournalServicer):
             finally:
                 os.close(fd)
 
+    async def _relist(self, replica: JournalReplica, delay: float) -> None:
+        await asyncio.sleep(delay)
+        listing = await replica.list_stores()
+        async with replica.lock:
+            replica.apply_listing(listing)
+
     async def _open_content(self, replica: JournalReplica, entry: Any, context: Any) -> int | None:
         if entry.local_path is not None:
             try:
@@ -268,16 +328,34 @@ class JournalService(pb_grpc.JournalServicer):
             validate_append_request(first)
         except ValidationError as err:
             await self._invalid(context, err)
-        replica = await self._resolve(first.journal, first.min_etcd_revision, context)
-        if replica is None:
-            return pb.AppendResponse(status=pb.JOURNAL_NOT_FOUND, header=self.b.header())
-        header = self.b.header(replica.name)
+        res = await self._resolve(
+            first.journal,
+            first.min_etcd_revision,
+            context,
+            require_primary=True,
+            may_proxy=not first.do_not_proxy and not self._was_proxied(first.header),
+        )
+        if res.status != pb.OK:
+            return pb.AppendResponse(status=res.status, header=res.header)
+        if res.proxy_to:
+            return await self._proxy_append(res, first, it, context)
+        replica = res.replica
+        assert replica is not None
+        header = res.header
         if not replica.writable():
             return pb.AppendResponse(status=pb.NOT_ALLOWED, header=header)
         if replica.spec.suspend.level == pb.JournalSpec.Suspend.FULL:
             return pb.AppendResponse(status=pb.SUSPENDED, header=header)
+        if len(header.route.members) < replica.spec.replication:
+            return pb.AppendResponse(status=pb.INSUFFICIENT_JOURNAL_BROKERS, header=header)
 
         async with replica.lock:
+            try:
+                pipeline = await self.b.ensure_pipeline(replica)
+            except ReplicationError as err:
+                log.warning("append refused journal=%s err=%s", replica.name, err)
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+            header = self.b.header(replica.name)
             if first.offset and first.offset != replica.write_head:
                 return pb.AppendResponse(
                     status=pb.WRONG_APPEND_OFFSET, header=header, registers=replica.registers
@@ -291,18 +369,36 @@ class JournalService(pb_grpc.JournalServicer):
             if replica.should_roll(time.time()):
                 for entry in replica.roll():
                     self.b.persist_queue.put_nowait((replica, entry))
+                try:  # peers roll with us
+                    await pipeline.propose(replica.ensure_spool().fragment(), replica.registers)
+                except ReplicationError as err:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
             spool = replica.ensure_spool()
             pending = spool.begin_append()
             chunks, delayed = 1, 0  # the first message counts, as upstream
+
+            async def write(data: bytes) -> None:
+                delta = len(pending)
+                pending.write(data)
+                await pipeline.send_content(data, delta)
+
             try:
                 if first.content and await replica.throttle(len(first.content)):
                     delayed += 1
-                pending.write(first.content)
-                received, delayed_more = await self._receive(it, pending, replica)
+                await write(first.content)
+                received, delayed_more = await self._receive(it, write, replica)
                 chunks += received
                 delayed += delayed_more
             except BaseException as err:
                 pending.rollback()
+                if not pipeline.broken:
+                    try:  # peers discard the append's content too
+                        await pipeline.propose(spool.fragment(), replica.registers)
+                    except ReplicationError:
+                        pass
+                if isinstance(err, ReplicationError):
+                    log.warning("append failed journal=%s err=%s", replica.name, err)
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
                 if isinstance(err, StopAsyncIteration):
                     await context.abort(
                         grpc.StatusCode.ABORTED,
@@ -322,16 +418,22 @@ class JournalService(pb_grpc.JournalServicer):
             begin, end = pending.begin, pending.end
             digest = b""
             if end > begin:
-                try:
-                    digest = pending.commit()
-                except SpoolError as err:
-                    log.error("spool commit failed: %s", err)
-                    await context.abort(grpc.StatusCode.INTERNAL, str(err))
                 # As upstream: the request's union values replace current values of a name.
                 regs = labels.union(
                     first.union_registers,
                     labels.subtract(replica.registers, first.subtract_registers),
                 )
+                try:  # every peer commits before we do
+                    await pipeline.propose(pending.proposal(), regs)
+                except ReplicationError as err:
+                    pending.rollback()
+                    log.warning("append commit failed journal=%s err=%s", replica.name, err)
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+                try:
+                    digest = pending.commit()
+                except SpoolError as err:
+                    log.error("spool commit failed: %s", err)
+                    await context.abort(grpc.StatusCode.INTERNAL, str(err))
                 if not labels.label_set_equal(regs, replica.registers):
                     replica.store_registers(regs)
                 replica.committed(spool)
@@ -350,8 +452,35 @@ class JournalService(pb_grpc.JournalServicer):
                 store_health_error=replica.store_health_error,
             )
 
+    async def _proxy_append(
+        self,
+        res: Resolution,
+        first: pb.AppendRequest,
+        it: AsyncIterator[pb.AppendRequest],
+        context: Any,
+    ) -> pb.AppendResponse:
+        """Forward an Append stream to the journal's primary and relay its response."""
+        forwarded = pb.AppendRequest()
+        forwarded.CopyFrom(first)
+        forwarded.header.CopyFrom(res.header)
+
+        async def requests() -> AsyncIterator[pb.AppendRequest]:
+            yield forwarded
+            async for msg in it:
+                yield msg
+
+        try:
+            resp: pb.AppendResponse = await self.b.peer_stub(res.proxy_to).Append(requests())
+            return resp
+        except grpc.aio.AioRpcError as err:
+            await self._proxy_error(context, res.proxy_to, err)
+        raise AssertionError("unreachable: abort raises")
+
     async def _receive(
-        self, it: AsyncIterator[pb.AppendRequest], pending: Any, replica: JournalReplica
+        self,
+        it: AsyncIterator[pb.AppendRequest],
+        write: Any,
+        replica: JournalReplica,
     ) -> tuple[int, int]:
         """Write content chunks until the empty commit message, then require EOF.
 
@@ -369,7 +498,7 @@ class JournalService(pb_grpc.JournalServicer):
                 break
             if await replica.throttle(len(msg.content)):
                 delayed += 1
-            pending.write(msg.content)
+            await write(msg.content)
         async with asyncio.timeout(timeout):
             try:
                 extra = await anext(it)
@@ -387,11 +516,30 @@ class JournalService(pb_grpc.JournalServicer):
             validate_fragments_request(request)
         except ValidationError as err:
             await self._invalid(context, err)
-        replica = await self._resolve(request.journal, 0, context)
-        if replica is None:
-            return pb.FragmentsResponse(status=pb.JOURNAL_NOT_FOUND, header=self.b.header())
+        res = await self._resolve(
+            request.journal,
+            0,
+            context,
+            require_primary=False,
+            may_proxy=not request.do_not_proxy and not self._was_proxied(request.header),
+        )
+        if res.status != pb.OK:
+            return pb.FragmentsResponse(status=res.status, header=res.header)
+        if res.proxy_to:
+            forwarded = pb.FragmentsRequest()
+            forwarded.CopyFrom(request)
+            forwarded.header.CopyFrom(res.header)
+            try:
+                proxied: pb.FragmentsResponse = await self.b.peer_stub(res.proxy_to).ListFragments(
+                    forwarded
+                )
+                return proxied
+            except grpc.aio.AioRpcError as err:
+                await self._proxy_error(context, res.proxy_to, err)
+        replica = res.replica
+        assert replica is not None
         limit = request.page_limit or DEFAULT_FRAGMENTS_PAGE
-        resp = pb.FragmentsResponse(status=pb.OK, header=self.b.header(replica.name))
+        resp = pb.FragmentsResponse(status=pb.OK, header=res.header)
         ttl = (
             request.signatureTTL.seconds + request.signatureTTL.nanos / 1e9
             if request.HasField("signatureTTL")
@@ -433,9 +581,94 @@ class JournalService(pb_grpc.JournalServicer):
     async def Replicate(
         self, request_iterator: Any, context: Any
     ) -> AsyncIterator[pb.ReplicateResponse]:  # noqa: N802
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "replication (journals with replication > 1 across brokers) is not "
-            "implemented in this version: every broker serves with replication 1",
-        )
-        yield pb.ReplicateResponse()  # pragma: no cover - unreachable, makes this a generator
+        """Peer side of replication (broker.replication): apply the primary's content and
+        proposals to our replica while the route stays the one the stream was opened for."""
+        it = request_iterator.__aiter__()
+        try:
+            first = await anext(it)
+        except StopAsyncIteration:
+            return
+        if not first.HasField("proposal") or not first.proposal.journal:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "Replicate: the first request needs a Proposal"
+            )
+        name = first.proposal.journal
+        try:
+            if first.header.etcd.revision > self.b.keyspace.revision:
+                await self.b.keyspace.wait_for_revision(first.header.etcd.revision, timeout=10)
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"etcd revision {first.header.etcd.revision} not reached within 10s",
+            )
+        mine = self.b.my_assignment(name)
+        route = self.b.route_of(name)
+        header = self.b.header(route=route)
+        if mine is None or mine[1] == 0:
+            yield pb.ReplicateResponse(status=pb.NOT_JOURNAL_BROKER, header=header)
+            return
+        key = route_key(route)
+        if key != route_key(first.header.route):
+            yield pb.ReplicateResponse(status=pb.WRONG_ROUTE, header=header)
+            return
+        try:
+            replica = await self.b._ready_replica(name, 10.0)
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"replica of {name} not ready")
+        if replica is None:
+            yield pb.ReplicateResponse(status=pb.NOT_JOURNAL_BROKER, header=header)
+            return
+        # The replica's lock is held from an append's first content to the proposal that
+        # resolves it (and while applying a proposal), never while the stream idles: the
+        # broker's own flush loop and a promotion of this replica need it too.
+        route_change = asyncio.ensure_future(replica.route_changed())
+        follower = Follower(replica, lambda entries: self.b._enqueue(replica, entries))
+        held = False
+        try:
+            msg: pb.ReplicateRequest | None = first
+            while msg is not None:
+                if not held:
+                    await replica.lock.acquire()
+                    held = True
+                    if route_key(self.b.route_of(name)) != key or replica.deleted:
+                        yield pb.ReplicateResponse(
+                            status=pb.WRONG_ROUTE, header=self.b.header(name)
+                        )
+                        return
+                if msg.content:
+                    follower.content(msg.content, msg.content_delta)
+                if msg.HasField("proposal"):
+                    resp = follower.proposal(msg.proposal, msg.registers)
+                    replica.lock.release()
+                    held = False
+                    if msg is first:
+                        resp.header.CopyFrom(header)
+                    if msg.acknowledge:
+                        yield resp
+                msg = await self._next_unless(it, route_change)
+        except ReplicationProtocolError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except SpoolError as err:
+            log.error("replica spool write failed: %s", err)
+            await context.abort(grpc.StatusCode.INTERNAL, str(err))
+        finally:
+            route_change.cancel()
+            follower.rollback()
+            if held:
+                replica.lock.release()
+
+    @staticmethod
+    async def _next_unless(
+        it: AsyncIterator[pb.ReplicateRequest], stop: asyncio.Future[None]
+    ) -> pb.ReplicateRequest | None:
+        """The next request, or None at EOF or once `stop` is done (the route changed)."""
+        nxt: asyncio.Future[pb.ReplicateRequest] = asyncio.ensure_future(anext(it))
+        waiting: set[asyncio.Future[Any]] = {nxt, stop}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if not nxt.done():
+            nxt.cancel()
+            return None
+        try:
+            return nxt.result()
+        except StopAsyncIteration:
+            return None

@@ -180,6 +180,18 @@ class PendingAppend:
     def __len__(self) -> int:
         return self.end - self.begin
 
+    def proposal(self) -> pb.Fragment:
+        """The spool's fragment as it will be once this append commits: what a primary
+        proposes to its peers, and what a peer compares a proposal against."""
+        s = self.spool
+        return pb.Fragment(
+            journal=s.journal,
+            begin=s.begin,
+            end=self.end,
+            sum=sha1sum_from_digest(self._spool_sha1.digest()) if self.end > s.begin else None,
+            compression_codec=s.codec,
+        )
+
     def commit(self) -> bytes:
         """Make the append visible. Returns the SHA1 digest of the appended bytes."""
         try:

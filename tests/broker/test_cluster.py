@@ -1,0 +1,301 @@
+"""A replicated cluster of three real broker processes on one etcd.
+
+Journals are allocated by the brokers' allocator leader; appends commit only once every replica
+acknowledged them; non-primary brokers proxy; a SIGKILLed primary loses no acknowledged append
+and every replica (and the fragment store) ends up with identical bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client import AppendService, JournalClient
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pb_grpc
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+
+from .conftest import append, read_all
+
+_names = itertools.count()
+ZONES = ["zone-a", "zone-b", "zone-a"]
+
+
+class Cluster:
+    def __init__(self, brokers: list[BrokerProcess], store: Path) -> None:
+        self.brokers = brokers
+        self.store = store
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [b.endpoint for b in self.brokers]
+
+    def by_suffix(self, suffix: str) -> BrokerProcess:
+        return next(b for b in self.brokers if b.suffix == suffix)
+
+
+@pytest.fixture(scope="module")
+def cluster(etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = f"/test-cluster/{os.getpid()}/{next(_names)}"
+    store = tmp_path_factory.mktemp("cluster-store")
+    brokers = [
+        BrokerProcess(
+            etcd_server.endpoint,
+            root=root,
+            zone=zone,
+            suffix=f"broker-{i}",
+            spool_dir=tmp_path_factory.mktemp(f"cluster-b{i}"),
+            extra_args=["--drain-timeout", "20"],
+        )
+        for i, zone in enumerate(ZONES)
+    ]
+    try:
+        for b in brokers:
+            b.start()
+        yield Cluster(brokers, store)
+    finally:
+        for b in brokers:
+            b.close()
+
+
+@contextlib.asynccontextmanager
+async def stubs(cluster: Cluster) -> AsyncIterator[list[pb_grpc.JournalStub]]:
+    channels = [grpc.aio.insecure_channel(ep) for ep in cluster.endpoints]
+    try:
+        yield [pb_grpc.JournalStub(ch) for ch in channels]
+    finally:
+        for ch in channels:
+            await ch.close()
+
+
+def spec(name: str, store: Path, replication: int = 3) -> pb.JournalSpec:
+    return pb.JournalSpec(
+        name=name,
+        replication=replication,
+        fragment=pb.JournalSpec.Fragment(
+            length=64 << 10,
+            compression_codec=pb.NONE,
+            stores=[f"file://{store}/"],
+            refresh_interval=Duration(seconds=1),
+        ),
+        labels=pb.LabelSet(labels=[pb.Label(name="app", value="cluster")]),
+    )
+
+
+async def create(stub: pb_grpc.JournalStub, s: pb.JournalSpec) -> None:
+    resp = await stub.Apply(pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=s)]))
+    assert resp.status == pb.OK
+
+
+async def route(stub: pb_grpc.JournalStub, journal: str) -> pb.Route:
+    async for resp in stub.List(
+        pb.ListRequest(
+            selector=pb.LabelSelector(
+                include=pb.LabelSet(labels=[pb.Label(name="name", value=journal)])
+            )
+        )
+    ):
+        for j in resp.journals:
+            return j.route
+    raise AssertionError(f"journal {journal} not listed")
+
+
+async def wait_route(
+    stub: pb_grpc.JournalStub, journal: str, members: int, timeout: float = 30.0
+) -> pb.Route:
+    """Wait for `members` assigned brokers with a primary."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = await route(stub, journal)
+        if len(r.members) == members and r.primary >= 0:
+            return r
+        if time.monotonic() > deadline:
+            raise AssertionError(f"route of {journal} did not converge: {r}")
+        await asyncio.sleep(0.1)
+
+
+def primary_suffix(r: pb.Route) -> str:
+    return r.members[r.primary].suffix
+
+
+async def test_replicated_appends_are_identical_on_every_replica(cluster: Cluster) -> None:
+    async with stubs(cluster) as st:
+        s = spec(f"cluster/identical-{next(_names)}", cluster.store)
+        await create(st[0], s)
+        r = await wait_route(st[0], s.name, 3)
+        zones = {m.zone for m in r.members}
+        assert zones == {"zone-a", "zone-b"}
+        sent = b""
+        for i in range(20):
+            chunk = f"record {i} ".encode() * (i + 1)
+            resp = await append(st[i % 3], s.name, chunk)
+            assert resp.status == pb.OK, resp
+            assert resp.commit.begin == len(sent)
+            sent += chunk
+        for i, stub in enumerate(st):
+            content, _ = await read_all(stub, s.name, do_not_proxy=True)
+            assert content == sent, f"replica b{i} differs"
+
+
+async def test_non_primary_brokers_proxy(cluster: Cluster) -> None:
+    async with stubs(cluster) as st:
+        s = spec(f"cluster/proxy-{next(_names)}", cluster.store, replication=1)
+        await create(st[0], s)
+        r = await wait_route(st[0], s.name, 1)
+        primary = primary_suffix(r)
+        other = next(i for i, b in enumerate(cluster.brokers) if b.suffix != primary)
+        resp = await append(st[other], s.name, b"via a proxy\n")
+        assert resp.status == pb.OK
+        assert resp.header.process_id.suffix == primary  # answered by the primary
+        content, _ = await read_all(st[other], s.name)
+        assert content == b"via a proxy\n"
+        # Without proxying, a broker that is not the primary says so, with the route.
+        refused = await append(st[other], s.name, b"x", do_not_proxy=True)
+        assert refused.status == pb.NOT_JOURNAL_PRIMARY_BROKER
+        assert primary_suffix(refused.header.route) == primary
+        async for resp_ in st[other].Read(
+            pb.ReadRequest(journal=s.name, offset=0, do_not_proxy=True)
+        ):
+            assert resp_.status == pb.NOT_JOURNAL_BROKER
+            break
+
+
+async def test_insufficient_brokers(cluster: Cluster) -> None:
+    async with stubs(cluster) as st:
+        s = spec(f"cluster/r4-{next(_names)}", cluster.store, replication=4)
+        await create(st[0], s)
+        await wait_route(st[0], s.name, 3)
+        resp = await append(st[0], s.name, b"needs four brokers")
+        assert resp.status == pb.INSUFFICIENT_JOURNAL_BROKERS
+        assert len(resp.header.route.members) == 3
+
+
+async def read_replica(stub: pb_grpc.JournalStub, journal: str) -> bytes:
+    """Everything one replica serves without proxying: its local content, plus persisted
+    fragments it names by URL (file:// here), read directly as a client would."""
+    out = bytearray()
+    offset = 0
+    while True:
+        remote: pb.ReadResponse | None = None
+        async for resp in stub.Read(
+            pb.ReadRequest(journal=journal, offset=offset, do_not_proxy=True)
+        ):
+            if resp.content:
+                out += resp.content
+                offset += len(resp.content)
+                remote = None
+            elif resp.status == pb.OK and resp.fragment_url:
+                remote = resp
+        if remote is None:
+            return bytes(out)
+        path = Path(remote.fragment_url.removeprefix("file://"))
+        data = path.read_bytes()
+        out += data[remote.offset - remote.fragment.begin :]
+        offset = remote.fragment.end
+
+
+def assemble_store(store: Path, journal: str) -> bytes:
+    """The journal's bytes as the fragment store holds them (codec NONE), checking that the
+    persisted fragments cover [0, end) without a hole; overlapping fragments must agree."""
+    frags: list[tuple[int, int, bytes]] = []
+    for path in (store / journal).glob("*.raw"):
+        begin_hex, end_hex, _ = path.name.split("-", 2)
+        frags.append((int(begin_hex, 16), int(end_hex, 16), path.read_bytes()))
+    out = bytearray()
+    for begin, end, data in sorted(frags):
+        assert len(data) == end - begin
+        assert begin <= len(out), f"hole in the store at {len(out)} (next fragment at {begin})"
+        overlap = len(out) - begin
+        assert data[: min(overlap, len(data))] == bytes(out[begin : begin + len(data)])[:overlap]
+        if end > len(out):
+            out += data[max(overlap, 0) :]
+    return bytes(out)
+
+
+async def test_primary_sigkill_loses_no_acknowledged_append(cluster: Cluster) -> None:
+    rng = random.Random(7)
+    s = spec(f"cluster/kill-{next(_names)}", cluster.store)
+    acked: list[int] = []
+    async with stubs(cluster) as st, JournalClient(cluster.endpoints) as client:
+        await create(st[0], s)
+        await wait_route(st[0], s.name, 3)
+        svc = AppendService(client, backoff_fn=lambda n: min(0.05 * (n + 1), 0.5))
+        stop = asyncio.Event()
+
+        async def producer() -> None:
+            seq = 0
+            inflight: list[tuple[int, object]] = []
+            while not stop.is_set():
+                a = svc.start_append(pb.AppendRequest(journal=s.name))
+                a.write(f"{seq:08d}\n".encode())
+                a.release()
+                inflight.append((seq, a))
+                seq += 1
+                if len(inflight) >= 20:
+                    n, first = inflight.pop(0)
+                    await first.done()  # type: ignore[attr-defined]
+                    acked.append(n)
+                await asyncio.sleep(0.002)
+            for n, a in inflight:
+                await a.done()  # type: ignore[attr-defined]
+                acked.append(n)
+
+        task = asyncio.create_task(producer())
+        kills = 0
+        for _ in range(10):
+            await asyncio.sleep(rng.uniform(0.3, 1.2))
+            r = await wait_route(st[0], s.name, 3, timeout=60)
+            victim = cluster.by_suffix(primary_suffix(r))
+            before = len(acked)
+            await asyncio.to_thread(victim.kill)
+            await asyncio.to_thread(victim.start)
+            kills += 1
+            # Appends resume after each kill.
+            deadline = time.monotonic() + 60
+            while len(acked) <= before + 5:
+                assert time.monotonic() < deadline, "appends did not resume after a kill"
+                assert not task.done(), task
+                await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(task, 120)
+        await svc.close()
+        assert kills == 10 and len(acked) > 100
+
+        r = await wait_route(st[0], s.name, 3, timeout=60)
+        # Every acknowledged append is present, in order (retries may duplicate some).
+        content, _ = await read_all(st[0], s.name)
+        seen = [int(line) for line in content.decode().split()]
+        pos = {n: i for i, n in reversed(list(enumerate(seen)))}
+        missing = [n for n in acked if n not in pos]
+        assert not missing, f"{len(missing)} acknowledged appends lost, e.g. {missing[:5]}"
+        firsts = [pos[n] for n in acked]
+        assert firsts == sorted(firsts), "acknowledged appends out of order"
+        # Every replica serves identical bytes (a replica lists what others persisted within
+        # its refresh interval).
+        for i, stub in enumerate(st):
+            deadline = time.monotonic() + 15
+            while True:
+                replica_content = await read_replica(stub, s.name)
+                if replica_content == content or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.5)
+            assert replica_content == content, (i, len(replica_content), len(content))
+    # After a graceful stop of every broker, the store holds exactly the same bytes.
+    for b in cluster.brokers:
+        await asyncio.to_thread(b.stop)
+    try:
+        assert assemble_store(cluster.store, s.name) == content
+    finally:
+        for b in cluster.brokers:
+            await asyncio.to_thread(b.start)
