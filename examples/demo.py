@@ -1,14 +1,21 @@
-"""The demo behind `make demo`: etcd, a broker, and gazctl, end to end on this machine.
+"""The demo behind `make demo`: etcd, a cluster of three brokers, and gazctl, end to end on this
+machine.
 
-It starts a real etcd and a real `gazette-broker` on loopback, applies a hierarchical journal
-spec with `gazctl journals apply`, appends a few thousand lines with `gazctl journals append`,
-reads them back with `gazctl journals read`, lists the fragments the broker persisted, then
-SIGKILLs the broker, restarts it and reads everything back again. Every step says what it did.
+It starts a real etcd and three real `gazette-broker` processes on loopback (zones zone-a,
+zone-b, zone-a), applies a hierarchical journal spec (`replication: 3`) with `gazctl journals
+apply`, shows each journal's route (primary and replicas) with `gazctl journals list`, appends a
+few thousand lines with `gazctl journals append`, reads them back with `gazctl journals read`,
+lists the fragments the brokers persisted, then SIGKILLs the journal's primary broker: the route
+gets a new primary, everything reads back identically from the survivors, an append waits
+until the journal has its three replicas again, the killed broker is restarted and rejoins the
+route, and every line reads back identically. Every step says what it did.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -17,40 +24,105 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from broker.client import JournalClient, list_all_journals, name_selector
+from broker.protocol import protocol_pb2 as pb
 from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer
 
 JOURNAL = "examples/demo/lines"
+ZONES = ["zone-a", "zone-b", "zone-a"]
 
 
 def step(msg: str) -> None:
     print(f"\n==> {msg}", flush=True)
 
 
-def gazctl(broker: BrokerProcess, *args: str, stdin: bytes | None = None) -> bytes:
-    """Run gazctl as a user would, against `broker`; fail loudly with its stderr."""
+def gazctl_cmd(broker: BrokerProcess, *args: str) -> tuple[list[str], dict[str, str]]:
     env = {**os.environ, "BROKER_ADDRESS": broker.endpoint}
-    proc = subprocess.run(
-        [sys.executable, "-m", "gazctl.main", "journals", *args],
-        input=stdin,
-        capture_output=True,
-        env=env,
-        timeout=120,
-    )
+    return [sys.executable, "-m", "gazctl.main", "journals", *args], env
+
+
+def gazctl(
+    broker: BrokerProcess, *args: str, stdin: bytes | None = None, echo: bool = False
+) -> bytes:
+    """Run gazctl as a user would, against `broker`; fail loudly with its stderr. With `echo`,
+    print what it said on stderr."""
+    argv, env = gazctl_cmd(broker, *args)
+    proc = subprocess.run(argv, input=stdin, capture_output=True, env=env, timeout=120)
     if proc.returncode != 0:
         raise SystemExit(f"gazctl journals {' '.join(args)} failed:\n{proc.stderr.decode()}")
+    if echo:
+        sys.stdout.write(textwrap.indent(proc.stderr.decode(), "    gazctl: "))
     return proc.stdout
 
 
-def wait_persisted(broker: BrokerProcess, minimum: int, timeout: float = 30) -> str:
+@contextlib.contextmanager
+def background_gazctl(broker: BrokerProcess, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    """gazctl started in the background; killed if the block exits before gazctl did."""
+    argv, env = gazctl_cmd(broker, *args)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def show(out: bytes) -> None:
+    sys.stdout.write(textwrap.indent(out.decode(), "    "))
+    if not out.endswith(b"\n"):
+        sys.stdout.write("\n")
+
+
+def current_route(broker: BrokerProcess) -> pb.Route:
+    async def fetch() -> pb.Route:
+        async with JournalClient(broker.endpoint) as client:
+            for j in await list_all_journals(client, name_selector(JOURNAL)):
+                return j.route
+        return pb.Route(primary=-1)
+
+    return asyncio.run(fetch())
+
+
+def wait_route(
+    broker: BrokerProcess, ok: Callable[[pb.Route], bool], what: str, timeout: float = 60
+) -> tuple[pb.Route, float]:
+    """Poll `broker` until the journal's route satisfies `ok`; the route and seconds waited."""
+    t0 = time.monotonic()
+    while True:
+        route = current_route(broker)
+        if ok(route):
+            return route, time.monotonic() - t0
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit(f"the route did not reach {what} within {timeout}s: {route}")
+        time.sleep(0.1)
+
+
+def has_primary(route: pb.Route, members: int) -> bool:
+    return len(route.members) == members and 0 <= route.primary < len(route.members)
+
+
+def describe(route: pb.Route) -> str:
+    if not route.members:
+        return "    (no brokers)"
+    lines = []
+    for i, (m, ep) in enumerate(zip(route.members, route.endpoints, strict=False)):
+        role = "primary" if i == route.primary else "replica"
+        lines.append(f"    {role:8} {m.zone}#{m.suffix} at {ep}")
+    return "\n".join(lines)
+
+
+def wait_persisted(broker: BrokerProcess, minimum: int, timeout: float = 30) -> bytes:
     deadline = time.monotonic() + timeout
     while True:
         out = gazctl(broker, "fragments", "-l", f"name={JOURNAL}")
         persisted = [ln for ln in out.decode().splitlines() if "file://" in ln]
         if len(persisted) >= minimum or time.monotonic() > deadline:
-            return out.decode()
+            return out
         time.sleep(0.5)
 
 
@@ -68,7 +140,7 @@ def main() -> None:
         textwrap.dedent(f"""\
         # Journals under examples/demo/ share this configuration.
         name: examples/demo/
-        replication: 1
+        replication: 3            # every append commits on three brokers
         labels:
           - name: app
             value: demo
@@ -86,61 +158,35 @@ def main() -> None:
         """)
     )
 
+    t_start = time.monotonic()
     step("starting etcd on loopback")
     with EtcdServer() as etcd:
         print(f"    etcd at {etcd.endpoint}")
-        step("starting a broker")
-        broker = BrokerProcess(etcd.endpoint, spool_dir=data / "spool")
-        broker.start()
+        step(f"starting three brokers in zones {', '.join(ZONES)}")
+        brokers = [
+            BrokerProcess(
+                etcd.endpoint,
+                zone=zone,
+                suffix=f"broker-{i}",
+                spool_dir=data / f"spool-{i}",
+                # The demo ends by stopping every broker: there is nowhere to drain to.
+                extra_args=["--drain-timeout", "0"],
+            )
+            for i, zone in enumerate(ZONES)
+        ]
         try:
-            print(f"    broker at {broker.endpoint}, spool dir {broker.spool_dir}")
-
-            step(f"applying {specs.name} with `gazctl journals apply`")
-            print(textwrap.indent(specs.read_text(), "    | "))
-            sys.stdout.write(gazctl(broker, "apply", "--specs", str(specs)).decode())
-            sys.stdout.write(gazctl(broker, "list", "-l", "app=demo", "--primary").decode())
-
-            step(f"appending {args.lines} JSON lines with `gazctl journals append`")
-            lines = b"".join(
-                json.dumps({"n": i, "word": hashlib.sha1(b"%d" % i).hexdigest()[:8]}).encode()
-                + b"\n"
-                for i in range(args.lines)
-            )
-            t0 = time.perf_counter()
-            batches = 4
-            per = -(-args.lines // batches)
-            all_lines = lines.splitlines(keepends=True)
-            for b in range(batches):
-                batch = b"".join(all_lines[b * per : (b + 1) * per])
-                gazctl(broker, "append", "--journal", JOURNAL, "--framing", "lines", stdin=batch)
-            print(
-                f"    appended {len(lines):,} bytes in {batches} runs of gazctl, "
-                f"{time.perf_counter() - t0:.2f}s"
-            )
-
-            step("reading the journal back with `gazctl journals read`")
-            back = gazctl(broker, "read", "-l", f"name={JOURNAL}")
-            assert back == lines, f"read back {len(back)} bytes, expected {len(lines)}"
-            print(f"    read {len(back):,} bytes: identical to what was appended")
-
-            step("fragments persisted by the broker (`gazctl journals fragments`)")
-            sys.stdout.write(wait_persisted(broker, minimum=2))
-
-            step("SIGKILL the broker, restart it, and read everything again")
-            broker.kill()
-            broker.start()
-            back = gazctl(broker, "read", "-l", f"name={JOURNAL}")
-            assert back == lines, "content differs after the broker crash"
-            print(
-                f"    after the crash: {len(back):,} bytes, identical (spool recovered from its"
-                " commit log, fragments from the store)"
-            )
+            for b in brokers:
+                b.start()
+                print(f"    {b.zone}#{b.suffix} at {b.endpoint}, spool dir {b.spool_dir}")
+            run_demo(brokers, specs, args.lines)
         finally:
-            broker.close()
+            for b in brokers:
+                b.close()
     step("done")
     print(
-        f"    etcd, a broker and gazctl: {args.lines} lines appended, read, persisted as"
-        " GZIP fragments, and recovered after SIGKILL."
+        f"    etcd, three brokers and gazctl in {time.monotonic() - t_start:.0f}s: lines appended"
+        " to a journal replicated three times, read, persisted as GZIP fragments; the primary"
+        " was SIGKILLed, a survivor took over, the killed broker rejoined, and nothing was lost."
     )
     if args.keep:
         print(f"    data kept in {data}")
@@ -148,6 +194,121 @@ def main() -> None:
         import shutil
 
         shutil.rmtree(data, ignore_errors=True)
+
+
+def run_demo(brokers: list[BrokerProcess], specs: Path, n_lines: int) -> None:
+    # gazctl talks to one broker; any broker serves any journal, proxying to its primary.
+    gz = brokers[0]
+    step(f"applying {specs.name} with `gazctl journals apply`")
+    print(textwrap.indent(specs.read_text(), "    | "))
+    gazctl(gz, "apply", "--specs", str(specs), echo=True)
+    route, secs = wait_route(gz, lambda r: has_primary(r, 3), "three brokers")
+    print(f"    the brokers' allocator assigned {JOURNAL} to three brokers in {secs:.1f}s")
+
+    step("routes: `gazctl journals list --primary --replicas` (* marks the primary)")
+    show(gazctl(gz, "list", "-l", "app=demo", "--primary", "--replicas"))
+
+    step(f"appending {n_lines} JSON lines with `gazctl journals append` (via {gz.suffix})")
+    lines = b"".join(
+        json.dumps({"n": i, "word": hashlib.sha1(b"%d" % i).hexdigest()[:8]}).encode() + b"\n"
+        for i in range(n_lines)
+    )
+    t0 = time.perf_counter()
+    batches = 4
+    per = -(-n_lines // batches)
+    all_lines = lines.splitlines(keepends=True)
+    for n in range(batches):
+        batch = b"".join(all_lines[n * per : (n + 1) * per])
+        gazctl(gz, "append", "--journal", JOURNAL, "--framing", "lines", stdin=batch)
+    print(
+        f"    appended {len(lines):,} bytes in {batches} runs of gazctl, "
+        f"{time.perf_counter() - t0:.2f}s; each append committed on all three replicas"
+    )
+
+    step("reading the journal back with `gazctl journals read`")
+    back = gazctl(gz, "read", "-l", f"name={JOURNAL}")
+    assert back == lines, f"read back {len(back)} bytes, expected {len(lines)}"
+    print(f"    read {len(back):,} bytes: identical to what was appended")
+
+    step("fragments persisted by the brokers (`gazctl journals fragments`)")
+    show(wait_persisted(gz, minimum=2))
+
+    route = current_route(gz)
+    victim = next(b for b in brokers if b.suffix == route.members[route.primary].suffix)
+    survivors = [b for b in brokers if b is not victim]
+    gz = survivors[0]
+    step(f"SIGKILL the journal's primary broker, {victim.zone}#{victim.suffix}")
+    victim.kill()
+    route, secs = wait_route(
+        gz,
+        lambda r: (
+            0 <= r.primary < len(r.members) and victim.suffix not in {m.suffix for m in r.members}
+        ),
+        "a new primary",
+    )
+    print(
+        f"    {secs:.1f}s later (once its etcd lease, TTL 4 s, expired) the route has a new"
+        " primary:"
+    )
+    print(describe(route))
+    show(gazctl(gz, "list", "-l", "app=demo", "--primary", "--replicas"))
+
+    step(f"reading everything back from the survivors (via {gz.suffix})")
+    back = gazctl(gz, "read", "-l", f"name={JOURNAL}")
+    assert back == lines, f"read back {len(back)} bytes after the kill, expected {len(lines)}"
+    print(f"    read {len(back):,} bytes: identical; no acknowledged append was lost")
+
+    more = b"".join(
+        json.dumps({"n": i, "after": "failover"}).encode() + b"\n"
+        for i in range(n_lines, n_lines + 1000)
+    )
+    step("appending 1000 more lines while only two of the three brokers live")
+    more_file = specs.parent / "more.ndjson"
+    more_file.write_bytes(more)
+    with background_gazctl(
+        gz, "append", "--journal", JOURNAL, "--framing", "lines", "-i", str(more_file)
+    ) as appender:
+        time.sleep(2)
+        if appender.poll() is None:
+            print(
+                "    gazctl is still waiting after 2s: the journal has replication 3 and its"
+                " route two brokers,\n    so the primary refuses appends and gazctl retries"
+                " them with backoff"
+            )
+        else:
+            print(f"    gazctl exited with status {appender.returncode} within 2s")
+
+        step(f"restarting the killed broker {victim.zone}#{victim.suffix}")
+        t0 = time.monotonic()
+        victim.start()
+        route, secs = wait_route(
+            gz,
+            lambda r: has_primary(r, 3) and victim.suffix in {m.suffix for m in r.members},
+            "the restarted broker",
+        )
+        print(
+            f"    ready and back in the route {time.monotonic() - t0:.1f}s after the restart"
+            f" (route converged {secs:.1f}s after ready):"
+        )
+        print(describe(route))
+        show(gazctl(gz, "list", "-l", "app=demo", "--primary", "--replicas"))
+        _, err_bytes = appender.communicate(timeout=60)
+    err = err_bytes.decode()
+    if appender.returncode != 0:
+        raise SystemExit(f"the waiting append failed:\n{err}")
+    failed = [ln for ln in err.splitlines() if "will retry" in ln]
+    # Usually each attempt is refused with the status; one may instead see gRPC INTERNAL,
+    # when the broker answers before gazctl has sent the whole append.
+    refused = [ln for ln in failed if "INSUFFICIENT_JOURNAL_BROKERS" in ln]
+    print(f"    the waiting append committed after {len(failed)} failed attempt(s), e.g.:")
+    for ln in [*(refused or failed)[:1], err.strip().splitlines()[-1]]:
+        print(f"    gazctl: {ln}")
+
+    step("reading everything back through each of the three brokers")
+    for b in brokers:
+        back = gazctl(b, "read", "-l", f"name={JOURNAL}")
+        assert back == lines + more, f"{b.suffix}: read {len(back)} bytes, differs"
+        print(f"    via {b.zone}#{b.suffix}: {len(back):,} bytes, identical")
 
 
 if __name__ == "__main__":

@@ -362,6 +362,14 @@ class Broker:
         except EtcdError as err:
             log.error("cannot mark this broker exiting err=%s", err)
             return False
+        others = [
+            kv
+            for kv in self.keyspace.prefixed(self.keys.members)
+            if kv.key != self.keys.member(self.cfg.zone, self.cfg.suffix) and not kv.value.exiting
+        ]
+        if not others:
+            log.info("exiting: no other broker to hand journals to")
+            return False
         log.info("exiting: waiting for journals to move away count=%d", self.assigned_count())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -377,6 +385,15 @@ class Broker:
                 pass
         log.info("drained: no journals assigned")
         return True
+
+    def end_streams(self) -> None:
+        """Before the server stops: end peers' Replicate streams into us and our pipelines,
+        so the server's grace period is not spent waiting on idle long-lived streams."""
+        for replica in self.replicas.values():
+            replica.set_route(())
+            if isinstance(replica.pipeline, Pipeline):
+                replica.pipeline.close()
+                replica.pipeline = None
 
     async def shutdown(self, persist_timeout: float = 30.0) -> None:
         """Roll and persist spools of journals with stores (bounded), then release the lease.
@@ -474,6 +491,9 @@ class Broker:
                 if not synced:
                     self._start_pulse(name)
                     continue
+            elif isinstance(replica.pipeline, Pipeline):
+                replica.pipeline.close()  # no longer primary: peers follow someone else
+                replica.pipeline = None
             if route_key(akv.value) != key:
                 await self._advertise(akv, route)
         for name in list(self.replicas):

@@ -55,6 +55,7 @@ async def serve(cfg: BrokerConfig) -> None:
     if not background.done() and cfg.drain_timeout > 0:
         # Graceful exit: keep serving (and proxying) while the allocator moves our journals.
         await broker.drain(cfg.drain_timeout)
+    broker.end_streams()
     await server.stop(grace=5)
     background.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -664,9 +664,14 @@ class JournalService(pb_grpc.JournalServicer):
         """The next request, or None at EOF or once `stop` is done (the route changed)."""
         nxt: asyncio.Future[pb.ReplicateRequest] = asyncio.ensure_future(anext(it))
         waiting: set[asyncio.Future[Any]] = {nxt, stop}
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-        if not nxt.done():
-            nxt.cancel()
+        try:
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not nxt.done():
+                nxt.cancel()
+            # Retrieve its outcome whenever it lands, so nothing is logged as lost.
+            nxt.add_done_callback(lambda f: f.cancelled() or f.exception())
+        if not nxt.done() or nxt.cancelled():
             return None
         try:
             return nxt.result()

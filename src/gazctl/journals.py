@@ -108,6 +108,12 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--format", choices=("table", "yaml", "json"), default="table")
     p.add_argument("-w", "--watch", action="store_true", help="keep listing as journals change")
     p.add_argument("-p", "--primary", action="store_true", help="show each journal's primary")
+    p.add_argument(
+        "-R",
+        "--replicas",
+        action="store_true",
+        help="show every broker of each journal's route as zone#suffix ('*': the primary)",
+    )
     p.add_argument("-L", "--label-columns", default="", help="comma-separated labels as columns")
 
     p = cmd("apply", "apply a hierarchical YAML of journal specs", cmd_apply)
@@ -233,8 +239,28 @@ def _primary(j: pb.ListResponse.Journal) -> tuple[str, str]:
     return "<none>", ""
 
 
+def _replicas(j: pb.ListResponse.Journal) -> str:
+    """All brokers of the journal's route, in route order, as ``zone#suffix``; the primary
+    carries a trailing ``*``."""
+    r = j.route
+    if not r.members:
+        return "<none>"
+    return ",".join(
+        f"{m.zone}#{m.suffix}" + ("*" if i == r.primary else "") for i, m in enumerate(r.members)
+    )
+
+
 def _journal_json(j: pb.ListResponse.Journal) -> dict[str, Any]:
-    return json_format.MessageToDict(j, preserving_proto_field_name=True)
+    doc = json_format.MessageToDict(j, preserving_proto_field_name=True)
+    # proto3 JSON drops zero values, and primary 0 (the first member) is the usual primary:
+    # always spell the route out, so that "no primary" (-1) and "the first" differ visibly.
+    r = j.route
+    doc["route"] = {
+        "members": [{"zone": m.zone, "suffix": m.suffix} for m in r.members],
+        "primary": r.primary if 0 <= r.primary < len(r.members) else -1,
+        "endpoints": list(r.endpoints),
+    }
+    return doc
 
 
 # --- list -------------------------------------------------------------------------------
@@ -246,13 +272,21 @@ def _render_list(journals: Journals, args: argparse.Namespace) -> str:
     if args.format == "yaml":
         if not journals:
             return "# no journals matched\n"
-        return dump_tree(tree_from_journals(journals)).rstrip("\n")
+        tree = tree_from_journals(journals)
+        if args.primary or args.replicas:
+            # As each node's `comment` (ignored by apply), so the tree stays applicable.
+            routes = {j.spec.name: _replicas(j) for j in journals}
+            for node in tree.terminals():
+                node.comment = f"route: {routes[node.name]}"
+        return dump_tree(tree).rstrip("\n")
     label_cols = [c.strip() for c in args.label_columns.split(",") if c.strip()]
     header = ["NAME", *(c.upper() for c in label_cols)]
     if not label_cols:
         header.append("LABELS")
     if args.primary:
         header += ["PRIMARY", "ENDPOINT"]
+    if args.replicas:
+        header.append("REPLICAS")
     rows = []
     for j in journals:
         row = [j.spec.name]
@@ -263,6 +297,8 @@ def _render_list(journals: Journals, args: argparse.Namespace) -> str:
             row.append(_labels_text(j.spec.labels))
         if args.primary:
             row += list(_primary(j))
+        if args.replicas:
+            row.append(_replicas(j))
         rows.append(row)
     return render_table(header, rows)
 

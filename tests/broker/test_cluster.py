@@ -15,6 +15,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -205,6 +206,52 @@ async def read_replica(stub: pb_grpc.JournalStub, journal: str) -> bytes:
         offset = remote.fragment.end
 
 
+async def produce(
+    svc: AppendService,
+    journal: str,
+    stop: asyncio.Event,
+    acked: list[int],
+    gaps: list[float] | None = None,
+) -> None:
+    """Append numbered lines (up to 20 in flight) until `stop`; record acknowledged numbers
+    in order, and the longest wait for an acknowledgement in `gaps`."""
+    seq = 0
+    inflight: list[tuple[int, Any]] = []
+    last = time.monotonic()
+
+    async def ack_oldest() -> None:
+        nonlocal last
+        n, a = inflight.pop(0)
+        await a.done()  # raises if the append failed
+        acked.append(n)
+        now = time.monotonic()
+        if gaps is not None:
+            gaps.append(now - last)
+        last = now
+
+    while not stop.is_set():
+        a = svc.start_append(pb.AppendRequest(journal=journal))
+        a.write(f"{seq:08d}\n".encode())
+        a.release()
+        inflight.append((seq, a))
+        seq += 1
+        if len(inflight) >= 20:
+            await ack_oldest()
+        await asyncio.sleep(0.002)
+    while inflight:
+        await ack_oldest()
+
+
+def check_acked(content: bytes, acked: list[int]) -> None:
+    """Every acknowledged append is in `content`, in order (retries may duplicate some)."""
+    seen = [int(line) for line in content.decode().split()]
+    pos = {n: i for i, n in reversed(list(enumerate(seen)))}
+    missing = [n for n in acked if n not in pos]
+    assert not missing, f"{len(missing)} acknowledged appends lost, e.g. {missing[:5]}"
+    firsts = [pos[n] for n in acked]
+    assert firsts == sorted(firsts), "acknowledged appends out of order"
+
+
 def assemble_store(store: Path, journal: str) -> bytes:
     """The journal's bytes as the fragment store holds them (codec NONE), checking that the
     persisted fragments cover [0, end) without a hole; overlapping fragments must agree."""
@@ -223,6 +270,40 @@ def assemble_store(store: Path, journal: str) -> bytes:
     return bytes(out)
 
 
+async def test_graceful_stop_hands_over_without_failed_appends(cluster: Cluster) -> None:
+    s = spec(f"cluster/drain-{next(_names)}", cluster.store, replication=2)
+    acked: list[int] = []
+    gaps: list[float] = []
+    async with stubs(cluster) as st, JournalClient(cluster.endpoints) as client:
+        await create(st[0], s)
+        r = await wait_route(st[0], s.name, 2)
+        svc = AppendService(client, backoff_fn=lambda n: min(0.02 * (n + 1), 0.2))
+        stop = asyncio.Event()
+        task = asyncio.create_task(produce(svc, s.name, stop, acked, gaps))
+        await asyncio.sleep(1.0)
+        victim = cluster.by_suffix(primary_suffix(r))
+        t0 = time.monotonic()
+        await asyncio.to_thread(victim.stop)  # SIGTERM: drain, then exit
+        drained_in = time.monotonic() - t0
+        n_before = len(acked)
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.wait_for(task, 60)  # raises if any append failed
+        await svc.close()
+        assert len(acked) > n_before, "appends stopped after the handover"
+        r2 = await wait_route(st[1 if victim is cluster.brokers[0] else 0], s.name, 2)
+        assert victim.suffix not in {m.suffix for m in r2.members}
+        content, _ = await read_all(
+            st[cluster.brokers.index(cluster.by_suffix(primary_suffix(r2)))], s.name
+        )
+        check_acked(content, acked)
+        print(
+            f"graceful handover: stop took {drained_in:.2f}s, longest wait for an ack "
+            f"{max(gaps):.3f}s, {svc.rpc_count} RPCs for {len(acked)} appends"
+        )
+    await asyncio.to_thread(victim.start)
+
+
 async def test_primary_sigkill_loses_no_acknowledged_append(cluster: Cluster) -> None:
     rng = random.Random(7)
     s = spec(f"cluster/kill-{next(_names)}", cluster.store)
@@ -232,26 +313,7 @@ async def test_primary_sigkill_loses_no_acknowledged_append(cluster: Cluster) ->
         await wait_route(st[0], s.name, 3)
         svc = AppendService(client, backoff_fn=lambda n: min(0.05 * (n + 1), 0.5))
         stop = asyncio.Event()
-
-        async def producer() -> None:
-            seq = 0
-            inflight: list[tuple[int, object]] = []
-            while not stop.is_set():
-                a = svc.start_append(pb.AppendRequest(journal=s.name))
-                a.write(f"{seq:08d}\n".encode())
-                a.release()
-                inflight.append((seq, a))
-                seq += 1
-                if len(inflight) >= 20:
-                    n, first = inflight.pop(0)
-                    await first.done()  # type: ignore[attr-defined]
-                    acked.append(n)
-                await asyncio.sleep(0.002)
-            for n, a in inflight:
-                await a.done()  # type: ignore[attr-defined]
-                acked.append(n)
-
-        task = asyncio.create_task(producer())
+        task = asyncio.create_task(produce(svc, s.name, stop, acked))
         kills = 0
         for _ in range(10):
             await asyncio.sleep(rng.uniform(0.3, 1.2))
@@ -275,12 +337,7 @@ async def test_primary_sigkill_loses_no_acknowledged_append(cluster: Cluster) ->
         r = await wait_route(st[0], s.name, 3, timeout=60)
         # Every acknowledged append is present, in order (retries may duplicate some).
         content, _ = await read_all(st[0], s.name)
-        seen = [int(line) for line in content.decode().split()]
-        pos = {n: i for i, n in reversed(list(enumerate(seen)))}
-        missing = [n for n in acked if n not in pos]
-        assert not missing, f"{len(missing)} acknowledged appends lost, e.g. {missing[:5]}"
-        firsts = [pos[n] for n in acked]
-        assert firsts == sorted(firsts), "acknowledged appends out of order"
+        check_acked(content, acked)
         # Every replica serves identical bytes (a replica lists what others persisted within
         # its refresh interval).
         for i, stub in enumerate(st):
