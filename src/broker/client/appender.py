@@ -77,11 +77,16 @@ class Appender:
         assert self._call is not None
         try:
             await self._call.write(msg)
-        except asyncio.InvalidStateError:
-            # The broker already finished the RPC (e.g. it is not the primary, or refused the
-            # append): its response says why.
+        except Exception as err:  # noqa: BLE001 - gRPC raises several types here
+            # The broker may have finished the RPC already (e.g. it refused the append with
+            # INSUFFICIENT_JOURNAL_BROKERS while we were still writing; gRPC then fails the
+            # write with InvalidStateError, INTERNAL or a cygrpc ExecuteBatchError): its
+            # response or status says why.
             await self._finish()
-            raise RuntimeError("broker ended the append RPC without a status") from None
+            raise RuntimeError(
+                f"broker ended the append RPC of {self.request.journal} while it was being "
+                f"written ({err!r}) but answered OK"
+            ) from None
 
     async def write(self, data: bytes) -> None:
         """Stream `data` to the broker (in chunks of at most 1 MiB). Not yet committed.

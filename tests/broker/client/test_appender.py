@@ -144,3 +144,15 @@ def test_appender_rejects_bad_requests() -> None:
         Appender(JournalClient("x:1"), pb.AppendRequest())
     with pytest.raises(ValueError):
         Appender(JournalClient("x:1"), pb.AppendRequest(journal="j", content=b"x"))
+
+
+async def test_refusal_while_writing_reports_the_status(client: JournalClient) -> None:
+    """The broker answers JOURNAL_NOT_FOUND at the first message while the client is still
+    streaming megabytes: the Appender reports that status, not gRPC's failed write."""
+    from broker.client import JournalNotFound
+
+    a = Appender(client, pb.AppendRequest(journal="tests/no/such-journal"))
+    with pytest.raises(JournalNotFound):
+        for _ in range(64):
+            await a.write(b"z" * (1 << 20))
+        await a.close()
