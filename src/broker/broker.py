@@ -499,7 +499,9 @@ class Broker:
         for name in list(self.replicas):
             if name not in mine:
                 replica = self.replicas.pop(name)
-                self._ready.pop(name, None)
+                ready = self._ready.pop(name, None)
+                if ready is not None:
+                    ready.set()  # wake waiters: they find no replica and look again
                 self._spawn(self._drop(replica, deleted=name not in specs))
 
     async def _advertise(self, akv: KeyValue[Any], route: pb.Route) -> None:

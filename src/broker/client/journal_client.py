@@ -69,11 +69,14 @@ class JournalClient:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, JournalStub] = {}
         self._closed = False
+        self._default = 0
 
     @property
     def default_endpoint(self) -> str:
-        """The gRPC target of the first configured broker."""
-        return self.endpoints[0]
+        """The gRPC target of the configured broker currently used by default: the first,
+        until a journal's route is invalidated after a failure, which moves on to the next
+        (so a client configured with several brokers survives the loss of any one)."""
+        return self.endpoints[self._default]
 
     def channel(self, target: str | None = None) -> grpc.aio.Channel:
         """The (lazily opened) channel to `target`, or to the default endpoint."""
@@ -119,8 +122,10 @@ class JournalClient:
             self.routes.update(journal, header.route)
 
     def invalidate_route(self, journal: str) -> None:
-        """Forget the route of `journal`, e.g. after its broker failed to answer."""
+        """Forget the route of `journal`, e.g. after its broker failed to answer; the next
+        RPC goes to the next configured broker (any broker proxies to the primary)."""
         self.routes.invalidate(journal)
+        self._default = (self._default + 1) % len(self.endpoints)
 
     async def close(self, grace: float | None = None) -> None:
         """Close every channel. In-flight RPCs are cancelled (after `grace` seconds, if

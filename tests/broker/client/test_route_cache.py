@@ -80,6 +80,9 @@ async def test_client_routes_by_cache() -> None:
         assert client.endpoint_for("j", primary=True) == "a:1"
         assert client.endpoint_for("j", primary=False) == "b:1"
         client.invalidate_route("j")
+        # After a failure the client moves on to the next configured broker, round-robin.
+        assert client.endpoint_for("j") == "other:2"
+        client.invalidate_route("j")
         assert client.endpoint_for("j") == "default:1"
     with pytest.raises(ValueError):
         JournalClient([])
