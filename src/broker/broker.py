@@ -38,7 +38,7 @@ from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.validation import split_journal_meta
 from broker.replica import JournalReplica
 from broker.replication import Pipeline, ReplicationError, RouteKey, route_key
-from broker.spool import COMMITS_SUFFIX, SPOOL_SUFFIX
+from broker.spool import COMMITS_SUFFIX, SPOOL_SUFFIX, SpoolError
 
 PEER_CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
@@ -134,6 +134,7 @@ class Broker:
         self._stubs: dict[str, Any] = {}
         self._pulses: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._dropping: dict[str, asyncio.Task[None]] = {}
 
     # --- decoding of the keyspace ---------------------------------------------------------
     def _decode(self, key: str, raw: bytes) -> Any:
@@ -464,6 +465,8 @@ class Broker:
         for name, (akv, slot) in mine.items():
             spec_kv = specs[name]
             replica = self.replicas.get(name)
+            if replica is None and name in self._dropping:
+                continue  # its files are the old replica's until that drop ends (then again)
             if replica is None:
                 replica = JournalReplica(
                     spec_kv.value,
@@ -502,7 +505,7 @@ class Broker:
                 ready = self._ready.pop(name, None)
                 if ready is not None:
                     ready.set()  # wake waiters: they find no replica and look again
-                self._spawn(self._drop(replica, deleted=name not in specs))
+                self._spawn_drop(replica, deleted=name not in specs)
 
     async def _advertise(self, akv: KeyValue[Any], route: pb.Route) -> None:
         """Write `route` as the value of our assignment (guarded by its mod revision)."""
@@ -513,10 +516,18 @@ class Broker:
             [op_put(key, route.SerializeToString(), akv.lease)],
         )
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
+    def _spawn_drop(self, replica: JournalReplica, *, deleted: bool) -> None:
+        task = asyncio.create_task(self._drop(replica, deleted=deleted))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._dropping[replica.name] = task
+
+        def done(t: asyncio.Task[None]) -> None:
+            self._tasks.discard(t)
+            if self._dropping.get(replica.name) is t:
+                del self._dropping[replica.name]
+                self._reconcile.set()  # the journal may be assigned here again
+
+        task.add_done_callback(done)
 
     def _start_pulse(self, name: str) -> None:
         if name in self._pulses:
@@ -541,6 +552,8 @@ class Broker:
                 return
             except ReplicationError as err:
                 log.warning("replication sync failed journal=%s err=%s; retrying", name, err)
+            except Exception:  # noqa: BLE001 - a journal must not stay unsynchronised
+                log.exception("replication sync failed journal=%s; retrying", name)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 
@@ -592,9 +605,13 @@ class Broker:
                         offset += len(resp.content)
                     if offset >= end:
                         break
-        except (grpc.aio.AioRpcError, TimeoutError) as err:
-            pending.rollback()
-            raise ReplicationError(f"catching up {replica.name} from {endpoint}: {err}") from err
+        except BaseException as err:
+            pending.rollback()  # also when cancelled: no bytes past the spool's end
+            if isinstance(err, grpc.aio.AioRpcError | TimeoutError | SpoolError):
+                raise ReplicationError(
+                    f"catching up {replica.name} from {endpoint}: {err}"
+                ) from err
+            raise
         if len(pending):
             pending.commit()
             replica.committed(spool)

@@ -79,6 +79,11 @@ class JournalReplica:
         self.route_key: tuple[object, ...] = ()
         self._route_changed = asyncio.Event()
         self.pipeline: object | None = None
+        # The end of the furthest commit proposal sent to peers, and the peers it was sent
+        # to since a synchronisation last heard from all of them: beyond the write head, a
+        # failed append that those peers may have committed (see broker.replication).
+        self.unresolved_end = 0
+        self.unresolved_peers: frozenset[str] = frozenset()
 
     # --- configuration -----------------------------------------------------------------
     @property
@@ -226,13 +231,15 @@ class JournalReplica:
         self.index_epoch += 1
 
     # --- spools --------------------------------------------------------------------------
-    def _start_spool(self, begin: int) -> None:
+    def _start_spool(self, begin: int, codec: pb.CompressionCodec.ValueType | None = None) -> None:
         if self.spool is not None:
             if len(self.spool) == 0:
                 self.spool.remove()
             else:
                 raise AssertionError("starting a spool over a non-empty one")
-        self.spool = Spool.create(self.directory, self.name, begin, self.codec, sync=self.sync)
+        self.spool = Spool.create(
+            self.directory, self.name, begin, self.codec if codec is None else codec, sync=self.sync
+        )
 
     def ensure_spool(self) -> Spool:
         if self.spool is None:
@@ -246,6 +253,8 @@ class JournalReplica:
             return False
         if len(s) >= self.fragment_length or s.codec != self.codec:
             return True
+        if s.end != self.write_head:
+            return True  # a listing found content beyond our spool: appends go after it
         interval = self.flush_interval
         if interval > 0 and s.first_append_time is not None:
             boundary = (s.first_append_time // interval + 1) * interval
@@ -281,19 +290,22 @@ class JournalReplica:
         rolled, self.retained = [*self.retained, entry], []
         return rolled
 
-    def roll_to(self, offset: int) -> list[FragmentEntry]:
-        """Close the current spool and start an empty one at `offset` (>= the write head),
-        as a replication proposal asks (caller holds `lock`); returns entries to persist."""
+    def roll_to(
+        self, offset: int, codec: pb.CompressionCodec.ValueType | None = None
+    ) -> list[FragmentEntry]:
+        """Close the current spool and start an empty one at `offset` (>= the write head)
+        with `codec` (default: the spec's), as a replication proposal asks (caller holds
+        `lock`); returns entries to persist."""
         if offset < self.write_head:
             raise ValueError(f"cannot roll {self.name} back to {offset} < head {self.write_head}")
         rolled = self.roll()
         if offset > self.write_head:
             self.write_head = offset
             self._store_head(offset)
-            self._start_spool(offset)
+            self._start_spool(offset, codec)
             self.notify()
-        elif self.spool is None:
-            self._start_spool(offset)
+        elif self.spool is None or (codec is not None and self.spool.codec != codec):
+            self._start_spool(offset, codec)
         return rolled
 
     def set_route(self, key: tuple[object, ...]) -> None:

@@ -14,7 +14,11 @@ holds a *pipeline*: one long-lived `Replicate` stream to each peer, opened for o
 - **Appends.** Content chunks go to every peer (`content`, `content_delta` = offset within
   the append); the commit is a proposal of the spool extended by the append, with the
   registers it results in. Only when every peer acknowledges it does the primary commit
-  locally and answer its client. A rollback is a proposal of the unchanged spool.
+  locally and answer its client. A rollback is a proposal of the unchanged spool. A commit
+  proposal that fails once sent may still have been committed by some peers: the primary
+  then never writes other content at those offsets (`JournalReplica.unresolved_end`): the
+  next synchronisation catches the content up from a peer that holds it, or, if a peer it
+  was sent to is no longer in the route, rolls forward over it.
 
 Peers verify each proposal against their own spool and pending content (begin, end,
 compression and the rolling SHA1 of the whole fragment): a peer never commits bytes whose
@@ -125,7 +129,8 @@ class Follower:
             _adopt_registers(replica, registers)
             return pb.ReplicateResponse(status=pb.OK)
         if proposal.begin == proposal.end and proposal.end >= replica.write_head:
-            self.enqueue(replica.roll_to(proposal.end))
+            # With the proposal's codec: our spec may lag the primary's.
+            self.enqueue(replica.roll_to(proposal.end, proposal.compression_codec))
             _adopt_registers(replica, registers)
             log.info("peer rolled journal=%s to=%d", replica.name, proposal.end)
             return pb.ReplicateResponse(status=pb.OK)
@@ -170,6 +175,19 @@ class Pipeline:
         if self.broken:
             raise ReplicationError(f"replication pipeline of {self.replica.name} is broken")
 
+    def _failed(self, err: BaseException) -> BaseException:
+        """Close the pipeline after a write or read failed or was interrupted (the streams
+        may hold unread answers, or a request some peers received and others did not), and
+        return what to raise: a ReplicationError for a transport failure or a stream that
+        `close()` cancelled under us; anything else (our own cancellation) unchanged."""
+        self.close()
+        if isinstance(err, grpc.aio.AioRpcError | TimeoutError | asyncio.InvalidStateError):
+            return ReplicationError(f"replicating {self.replica.name}: {err}")
+        task = asyncio.current_task()
+        if isinstance(err, asyncio.CancelledError) and not (task and task.cancelling()):
+            return ReplicationError(f"replication pipeline of {self.replica.name} was closed")
+        return err
+
     async def _exchange(self, req: pb.ReplicateRequest) -> list[pb.ReplicateResponse]:
         """Send `req` (an acknowledged proposal) to every peer and read each one's answer."""
         self._check()
@@ -180,9 +198,8 @@ class Pipeline:
             async with asyncio.timeout(self.timeout):
                 await asyncio.gather(*(c.write(req) for c in self._calls))
                 resps = await asyncio.gather(*(c.read() for c in self._calls))
-        except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError) as err:
-            self.close()
-            raise ReplicationError(f"replicating {self.replica.name}: {err}") from err
+        except BaseException as err:
+            raise self._failed(err) from err
         out: list[pb.ReplicateResponse] = []
         for (member, _), resp in zip(self.peers, resps, strict=True):
             if resp is grpc.aio.EOF:  # type: ignore[attr-defined]
@@ -199,15 +216,19 @@ class Pipeline:
         try:
             async with asyncio.timeout(self.timeout):
                 await asyncio.gather(*(c.write(req) for c in self._calls))
-        except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError) as err:
-            self.close()
-            raise ReplicationError(f"replicating {self.replica.name}: {err}") from err
+        except BaseException as err:
+            raise self._failed(err) from err
 
     async def propose(self, proposal: pb.Fragment, registers: pb.LabelSet) -> None:
         """Propose a fragment; every peer must acknowledge it with OK."""
         self._check()
         if not self._calls:
             return
+        # Once sent, a proposal extending our spool may be committed by some peers whatever
+        # becomes of it here: until we commit it too, those offsets are not ours to reuse.
+        replica = self.replica
+        replica.unresolved_end = max(replica.unresolved_end, proposal.end)
+        replica.unresolved_peers |= {member for member, _ in self.peers}
         resps = await self._exchange(
             pb.ReplicateRequest(proposal=proposal, registers=registers, acknowledge=True)
         )
@@ -220,6 +241,16 @@ class Pipeline:
                     + (f" (its fragment {describe(resp.fragment)})" if resp.fragment.end else "")
                 )
 
+    def _roll_target(self, replica: JournalReplica) -> int:
+        """Where synchronised spools begin: our head, or beyond a failed append sent to
+        peers that are not in this route. Those may have committed it (and persist it from
+        their spools), so we leave its offsets to them rather than write other content
+        there. Peers of this route answered the synchronisation: one that committed it is
+        ahead of us, and we caught it up."""
+        if replica.unresolved_peers <= {member for member, _ in self.peers}:
+            return replica.write_head
+        return max(replica.write_head, replica.unresolved_end)
+
     async def open(
         self,
         enqueue: Callable[[list[FragmentEntry]], None],
@@ -230,6 +261,17 @@ class Pipeline:
         `catch_up(endpoint, begin, end)` is awaited to copy committed content [begin, end)
         a peer holds beyond our head into our spool. The caller holds the replica's lock.
         """
+        try:
+            await self._synchronise(enqueue, catch_up)
+        except BaseException:
+            self.close()  # never leave streams open to peers we gave up on
+            raise
+
+    async def _synchronise(
+        self,
+        enqueue: Callable[[list[FragmentEntry]], None],
+        catch_up: Callable[[str, int, int], Any],
+    ) -> None:
         replica = self.replica
         for member, endpoint in self.peers:
             if not endpoint:
@@ -248,29 +290,38 @@ class Pipeline:
                 if resp.status == pb.PROPOSAL_MISMATCH:
                     mismatched.append((endpoint, resp))
                 elif resp.status != pb.OK:
-                    self.close()
                     raise ReplicationError(
                         f"peer {member} refused {replica.name}: {pb.Status.Name(resp.status)}"
                     )
-            if not mismatched:
+            if not mismatched and replica.write_head >= self._roll_target(replica):
+                replica.unresolved_end, replica.unresolved_peers = 0, frozenset()
                 return
-            endpoint, ahead = max(mismatched, key=lambda er: er[1].fragment.end)
-            if ahead.fragment.end > replica.write_head:
+            if mismatched:
+                endpoint, ahead = max(mismatched, key=lambda er: er[1].fragment.end)
+                if ahead.fragment.end > replica.write_head:
+                    log.info(
+                        "catching up journal=%s from=%s range=[%d,%d)",
+                        replica.name,
+                        endpoint,
+                        replica.write_head,
+                        ahead.fragment.end,
+                    )
+                    await catch_up(endpoint, replica.write_head, ahead.fragment.end)
+                    _adopt_registers(replica, ahead.registers)
                 log.info(
-                    "catching up journal=%s from=%s range=[%d,%d)",
+                    "synchronising peers journal=%s head=%d mismatched=%s",
                     replica.name,
-                    endpoint,
                     replica.write_head,
-                    ahead.fragment.end,
+                    [describe(r.fragment) for _, r in mismatched],
                 )
-                await catch_up(endpoint, replica.write_head, ahead.fragment.end)
-                _adopt_registers(replica, ahead.registers)
-            log.info(
-                "synchronising peers journal=%s head=%d mismatched=%s",
-                replica.name,
-                replica.write_head,
-                [describe(r.fragment) for _, r in mismatched],
-            )
-            enqueue(replica.roll_to(replica.write_head))
-        self.close()
+            target = self._roll_target(replica)
+            if replica.write_head < target:
+                log.warning(
+                    "rolling forward journal=%s over [%d,%d): a failed append that peers "
+                    "of an earlier route may hold",
+                    replica.name,
+                    replica.write_head,
+                    replica.unresolved_end,
+                )
+            enqueue(replica.roll_to(target))
         raise ReplicationError(f"peers of {replica.name} did not converge on a fragment")

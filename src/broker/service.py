@@ -114,6 +114,7 @@ class JournalService(pb_grpc.JournalServicer):
         ks = self.b.keyspace
         if request.HasField("watch_resume"):
             await ks.wait_for_change(request.watch_resume.etcd.revision)
+        sent: list[bytes] | None = None
         while True:
             revision = ks.revision
             journals = []
@@ -131,6 +132,14 @@ class JournalService(pb_grpc.JournalServicer):
                         route=self.b.route_of(spec.name),
                     )
                 )
+            if request.watch:
+                # A watch sends a snapshot only when the listing changed (not on every
+                # keyspace change: routes' advertisements and other journals churn it).
+                listing = [j.SerializeToString(deterministic=True) for j in journals]
+                if listing == sent:
+                    await ks.wait_for_change(revision)
+                    continue
+                sent = listing
             first = pb.ListResponse(status=pb.OK, header=self.b.header())
             if not journals:
                 yield first
@@ -356,6 +365,9 @@ class JournalService(pb_grpc.JournalServicer):
                 log.warning("append refused journal=%s err=%s", replica.name, err)
                 await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
             header = self.b.header(replica.name)
+            if 1 + len(pipeline.peers) < replica.spec.replication:
+                # The route shrank while this append waited for the journal.
+                return pb.AppendResponse(status=pb.INSUFFICIENT_JOURNAL_BROKERS, header=header)
             if first.offset and first.offset != replica.write_head:
                 return pb.AppendResponse(
                     status=pb.WRONG_APPEND_OFFSET, header=header, registers=replica.registers
@@ -425,8 +437,13 @@ class JournalService(pb_grpc.JournalServicer):
                 )
                 try:  # every peer commits before we do
                     await pipeline.propose(pending.proposal(), regs)
-                except ReplicationError as err:
+                except BaseException as err:
+                    # Also when cancelled: no bytes past the spool's end, and no pipeline
+                    # whose peers may hold the append pending, or committed.
                     pending.rollback()
+                    pipeline.close()
+                    if not isinstance(err, ReplicationError):
+                        raise
                     log.warning("append commit failed journal=%s err=%s", replica.name, err)
                     await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
                 try:
@@ -621,6 +638,10 @@ class JournalService(pb_grpc.JournalServicer):
         # The replica's lock is held from an append's first content to the proposal that
         # resolves it (and while applying a proposal), never while the stream idles: the
         # broker's own flush loop and a promotion of this replica need it too.
+        if route_key(self.b.route_of(name)) == key:
+            # Our reconcile loop may not have recorded this route yet: when it does, that
+            # is no route change for this stream.
+            replica.set_route(key)
         route_change = asyncio.ensure_future(replica.route_changed())
         follower = Follower(replica, lambda entries: self.b._enqueue(replica, entries))
         held = False
@@ -631,6 +652,8 @@ class JournalService(pb_grpc.JournalServicer):
                     await replica.lock.acquire()
                     held = True
                     if route_key(self.b.route_of(name)) != key or replica.deleted:
+                        replica.lock.release()  # never held while the answer is sent
+                        held = False
                         yield pb.ReplicateResponse(
                             status=pb.WRONG_ROUTE, header=self.b.header(name)
                         )

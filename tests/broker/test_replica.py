@@ -6,7 +6,8 @@ import hashlib
 from pathlib import Path
 
 from broker.fragment.store import store_for_url
-from broker.replica import JournalReplica
+from broker.protocol import protocol_pb2 as pb
+from broker.replica import JournalReplica, Listing
 from broker.spool import Spool
 
 from .conftest import journal_spec
@@ -78,3 +79,20 @@ async def test_storeless_recovered_spool_is_readable_until_next_roll(tmp_path: P
     assert again.write_head == 4
     _committed_spool(again, b"y" * 1100)
     assert [e.begin for e in again.roll()] == [0, 4], "retained spool is dropped at the roll"
+
+
+async def test_appends_start_at_the_head_after_a_listing_beyond_it(tmp_path: Path) -> None:
+    """A listing that finds content beyond the head (another broker persisted it) moves the
+    head while our spool holds content: the next append must roll and start at the head,
+    not write other content at the listed fragment's offsets (and move the head back)."""
+    spec = journal_spec("tests/head/listed", None, length=1024)
+    replica = JournalReplica(spec, 1, tmp_path)
+    await replica.recover()
+    _committed_spool(replica, b"abc")
+    elsewhere = pb.Fragment(journal=spec.name, begin=0, end=10, compression_codec=pb.NONE)
+    replica.apply_listing(Listing([elsewhere], [], replica.index_epoch))
+    assert replica.write_head == 10
+    assert replica.should_roll(0.0)
+    replica.roll()
+    spool = _committed_spool(replica, b"next")
+    assert (spool.begin, spool.end, replica.write_head) == (10, 14, 14)

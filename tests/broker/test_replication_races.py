@@ -1,0 +1,301 @@
+"""Races between appends, route changes, drops and replication, on brokers running in this
+process (real etcd, real gRPC, real spools), so a test can hold a journal's lock or step
+in at the exact point of an interleaving."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from broker.broker import Broker
+from broker.config import BrokerConfig
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pb_grpc
+from broker.replica import JournalReplica
+from broker.replication import Pipeline
+from broker.service import JournalService
+from broker.testing.etcd import EtcdServer, free_port
+
+_names = itertools.count()
+_ports: set[int] = set()
+
+
+def fresh_port() -> int:
+    """A free port not used before by this process: gRPC shares subchannels per target
+    process-wide, and one to a stopped node of an earlier test may still be backing off."""
+    while (port := free_port()) in _ports:
+        pass
+    _ports.add(port)
+    return port
+
+
+class Node:
+    """One broker: its state, gRPC server and background loops."""
+
+    def __init__(self, cfg: BrokerConfig) -> None:
+        self.cfg = cfg
+        self.broker = Broker(cfg)
+        self.server: grpc.aio.Server | None = None
+        self.background: asyncio.Task[None] | None = None
+        self.channel = grpc.aio.insecure_channel(cfg.listen)
+        self.stub = pb_grpc.JournalStub(self.channel)
+
+    async def start(self) -> Node:
+        await self.broker.start()
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_JournalServicer_to_server(JournalService(self.broker), self.server)
+        self.server.add_insecure_port(self.cfg.listen)
+        await self.server.start()
+        self.background = asyncio.create_task(self.broker.run_background())
+        return self
+
+    async def stop(self) -> None:
+        """A graceful stop without drain: spools persisted, lease revoked."""
+        if self.server is None:
+            return
+        self.broker.end_streams()
+        await self.server.stop(0.5)
+        assert self.background is not None
+        self.background.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.background
+        await self.broker.shutdown()
+        await self.channel.close(None)
+        self.server = None
+
+    def replica(self, journal: str) -> JournalReplica:
+        return self.broker.replicas[journal]
+
+
+@contextlib.asynccontextmanager
+async def cluster(
+    etcd: EtcdServer, tmp_path: Path, n: int, zones: tuple[str, ...] = ("a", "b", "c")
+) -> AsyncIterator[list[Node]]:
+    root = f"/test-races/{os.getpid()}/{next(_names)}"
+    nodes = []
+    try:
+        for i in range(n):
+            port = fresh_port()
+            cfg = BrokerConfig(
+                etcd=etcd.endpoint,
+                root=root,
+                zone=zones[i % len(zones)],
+                suffix=f"b{i}",
+                listen=f"127.0.0.1:{port}",
+                spool_dir=tmp_path / f"b{i}",
+                lease_ttl=4,
+                chunk_timeout=5.0,
+            )
+            nodes.append(await Node(cfg).start())
+        yield nodes
+    finally:
+        for node in nodes:
+            await node.stop()
+
+
+def spec(name: str, store: Path, replication: int) -> pb.JournalSpec:
+    store.mkdir(exist_ok=True)
+    return pb.JournalSpec(
+        name=name,
+        replication=replication,
+        fragment=pb.JournalSpec.Fragment(
+            length=1 << 20,
+            compression_codec=pb.NONE,
+            stores=[f"file://{store}/"],
+            refresh_interval=Duration(seconds=60),
+        ),
+    )
+
+
+async def create(node: Node, s: pb.JournalSpec, expect: int = 0) -> None:
+    change = pb.ApplyRequest.Change(upsert=s, expect_mod_revision=expect)
+    resp = await node.stub.Apply(pb.ApplyRequest(changes=[change]))
+    assert resp.status == pb.OK
+
+
+async def eventually(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+def primary_of(nodes: list[Node], journal: str) -> Node:
+    for node in nodes:
+        r = node.broker.route_of(journal)
+        if r.primary >= 0:
+            m = r.members[r.primary]
+            return next(n for n in nodes if n.cfg.suffix == m.suffix)
+    raise AssertionError(f"{journal} has no primary")
+
+
+async def synced(nodes: list[Node], journal: str, members: int) -> Node:
+    """Wait until every node sees `members` replicas with a primary whose pipeline is up."""
+
+    def ready() -> bool:
+        routes = [n.broker.route_of(journal) for n in nodes]
+        if any(len(r.members) != members or r.primary < 0 for r in routes):
+            return False
+        p = primary_of(nodes, journal).broker.replicas.get(journal)
+        return p is not None and isinstance(p.pipeline, Pipeline) and not p.pipeline.broken
+
+    await eventually(ready, f"{journal} with {members} replicas and a synchronised primary")
+    return primary_of(nodes, journal)
+
+
+async def append(stub: pb_grpc.JournalStub, journal: str, data: bytes, **kw: Any) -> Any:
+    async def reqs() -> AsyncIterator[pb.AppendRequest]:
+        yield pb.AppendRequest(journal=journal, **kw)
+        yield pb.AppendRequest(content=data)
+        yield pb.AppendRequest()
+
+    return await stub.Append(reqs())
+
+
+async def test_queued_append_is_refused_when_the_route_shrinks(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """An append admitted with a full route but waiting for the journal's lock must not
+    commit with fewer replicas than the journal's replication once the route has shrunk."""
+    async with cluster(etcd_server, tmp_path, 2) as nodes:
+        s = spec(f"races/shrink-{next(_names)}", tmp_path / "store", replication=2)
+        await create(nodes[0], s)
+        primary = await synced(nodes, s.name, 2)
+        peer = next(n for n in nodes if n is not primary)
+        resp = await append(primary.stub, s.name, b"two copies\n")
+        assert resp.status == pb.OK
+        replica = primary.replica(s.name)
+        await replica.lock.acquire()
+        try:
+            queued = asyncio.create_task(append(primary.stub, s.name, b"one copy?\n"))
+            await eventually(lambda: len(replica.lock._waiters or ()) > 0, "a queued append")
+            await peer.stop()
+            await eventually(
+                lambda: len(primary.broker.route_of(s.name).members) == 1, "the route to shrink"
+            )
+        finally:
+            replica.lock.release()
+        resp = await queued
+        assert resp.status == pb.INSUFFICIENT_JOURNAL_BROKERS
+        assert replica.write_head == len(b"two copies\n")
+
+
+async def test_client_cancelled_during_commit_leaves_no_bytes_past_the_spool_end(
+    etcd_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append whose RPC is cancelled while its commit proposal is out rolls back: bytes
+    left past the committed end of the spool make its persisted fragment fail verification
+    (`has more than N content bytes`) at every later persist attempt."""
+    async with cluster(etcd_server, tmp_path, 2) as nodes:
+        s = spec(f"races/cancel-{next(_names)}", tmp_path / "store", replication=2)
+        await create(nodes[0], s)
+        primary = await synced(nodes, s.name, 2)
+        assert (await append(primary.stub, s.name, b"kept\n")).status == pb.OK
+
+        stalled = asyncio.Event()
+        original = Pipeline.propose
+
+        async def slow_commit(self: Pipeline, proposal: pb.Fragment, regs: pb.LabelSet) -> None:
+            if proposal.end > self.replica.write_head:
+                stalled.set()
+                await asyncio.sleep(30)
+            await original(self, proposal, regs)
+
+        monkeypatch.setattr(Pipeline, "propose", slow_commit)
+
+        async def reqs() -> AsyncIterator[pb.AppendRequest]:
+            yield pb.AppendRequest(journal=s.name)
+            yield pb.AppendRequest(content=b"cancelled while committing\n")
+            yield pb.AppendRequest()
+
+        call = primary.stub.Append(reqs())
+        await asyncio.wait_for(stalled.wait(), 10)
+        call.cancel()
+        replica = primary.replica(s.name)
+        await eventually(lambda: not replica.lock.locked(), "the append to end")
+        monkeypatch.setattr(Pipeline, "propose", original)
+        spool = replica.spool
+        assert spool is not None
+        assert os.path.getsize(spool.content_path) == len(spool) == len(b"kept\n")
+        # A later, shorter append commits, and the rolled spool persists.
+        assert (await append(primary.stub, s.name, b"x\n")).status == pb.OK
+        async with replica.lock:
+            entries = replica.roll()
+        for entry in entries:
+            await primary.broker._persist(replica, entry)
+
+
+async def test_stream_opened_for_the_new_route_survives_a_lagging_reconcile(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """A peer accepts a Replicate stream for the route its keyspace holds; its reconcile
+    loop may record that route on the replica only later. That must not end the stream
+    (which would fail the primary's next append) as if the route had changed."""
+    async with cluster(etcd_server, tmp_path, 3) as nodes:
+        s = spec(f"races/lag-{next(_names)}", tmp_path / "store", replication=2)
+        await create(nodes[0], s)
+        primary = await synced(nodes, s.name, 2)
+        assert (await append(primary.stub, s.name, b"before\n")).status == pb.OK
+        peer = next(n for n in nodes if n is not primary and s.name in n.broker.replicas)
+        original = peer.broker._reconcile_once
+
+        async def lagging() -> None:
+            await asyncio.sleep(0.5)
+            await original()
+
+        peer.broker._reconcile_once = lagging  # type: ignore[method-assign]
+        s.replication = 3
+        await create(nodes[0], s, expect=-1)
+        assert await synced(nodes, s.name, 3) is primary
+        await asyncio.sleep(1.2)  # the lagging peer's reconcile loop catches up
+        resp = await append(primary.stub, s.name, b"after\n", do_not_proxy=True)
+        assert resp.status == pb.OK
+
+
+async def read_all(stub: pb_grpc.JournalStub, journal: str) -> bytes:
+    out = b""
+    async for resp in stub.Read(pb.ReadRequest(journal=journal, offset=0, block=False)):
+        if resp.status not in (pb.OK, pb.OFFSET_NOT_YET_AVAILABLE):
+            raise AssertionError(resp)
+        out += resp.content
+    return out
+
+
+async def test_reassigned_while_its_drop_waits(etcd_server: EtcdServer, tmp_path: Path) -> None:
+    """A journal unassigned and assigned again while its old replica's drop still waits for
+    the journal's lock (an append or a peer transaction holds it): the new replica must not
+    share spool files with the old one, whose drop rolls and starts a spool of its own."""
+    async with cluster(etcd_server, tmp_path, 1) as nodes:
+        (node,) = nodes
+        b = node.broker
+        s = spec(f"races/reassign-{next(_names)}", tmp_path / "store", replication=1)
+        await create(node, s)
+        await synced(nodes, s.name, 1)
+        assert (await append(node.stub, s.name, b"one\n")).status == pb.OK
+        old = node.replica(s.name)
+        mine = b.my_assignment(s.name)
+        assert mine is not None
+        await old.lock.acquire()
+        try:
+            assert b.etcd is not None
+            await b.etcd.delete(mine[0].key.encode())  # the allocator assigns it again
+            await eventually(lambda: len(b._tasks) > 0, "the old replica's drop")
+            await asyncio.sleep(0.5)  # let a new replica (if any) recover and synchronise
+        finally:
+            old.lock.release()
+        await eventually(lambda: not b._tasks, "the drop to finish")
+        await synced(nodes, s.name, 1)
+        assert node.replica(s.name) is not old
+        assert (await append(node.stub, s.name, b"two\n")).status == pb.OK
+        assert await read_all(node.stub, s.name) == b"one\ntwo\n"
