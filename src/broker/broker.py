@@ -724,9 +724,13 @@ class Broker:
                         and self._is_primary(replica.name)
                     ):
                         await self._roll_primary(replica)
-                    if time.monotonic() - replica.last_refresh >= replica.refresh_interval:
+                    if (
+                        time.monotonic() - replica.last_refresh >= replica.refresh_interval
+                        and not replica.lock.locked()
+                    ):
                         listing = await replica.list_stores()
-                        async with replica.lock:
-                            replica.apply_listing(listing)
+                        if not replica.lock.locked():  # else: next tick (never block here)
+                            async with replica.lock:
+                                replica.apply_listing(listing)
                 except Exception:  # noqa: BLE001 - keep serving; retried next tick
                     log.exception("flush/refresh failed journal=%s", replica.name)

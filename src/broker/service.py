@@ -668,7 +668,13 @@ class JournalService(pb_grpc.JournalServicer):
                         resp.header.CopyFrom(header)
                     if msg.acknowledge:
                         yield resp
-                msg = await self._next_unless(it, route_change)
+                # Mid-transaction (lock held), a primary silent for longer than it lets its
+                # own clients stall is gone (partitioned): give the lock back.
+                msg = await self._next_unless(
+                    it, route_change, self.b.cfg.chunk_timeout * 1.5 if held else None
+                )
+                if msg is None and held:
+                    log.warning("replication stream ended mid-append journal=%s: rolled back", name)
         except ReplicationProtocolError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except SpoolError as err:
@@ -682,13 +688,16 @@ class JournalService(pb_grpc.JournalServicer):
 
     @staticmethod
     async def _next_unless(
-        it: AsyncIterator[pb.ReplicateRequest], stop: asyncio.Future[None]
+        it: AsyncIterator[pb.ReplicateRequest],
+        stop: asyncio.Future[None],
+        timeout: float | None = None,
     ) -> pb.ReplicateRequest | None:
-        """The next request, or None at EOF or once `stop` is done (the route changed)."""
+        """The next request, or None at EOF, after `timeout`, or once `stop` is done (the
+        route changed)."""
         nxt: asyncio.Future[pb.ReplicateRequest] = asyncio.ensure_future(anext(it))
         waiting: set[asyncio.Future[Any]] = {nxt, stop}
         try:
-            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waiting, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not nxt.done():
                 nxt.cancel()

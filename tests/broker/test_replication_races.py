@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
 import time
@@ -299,3 +300,37 @@ async def test_reassigned_while_its_drop_waits(etcd_server: EtcdServer, tmp_path
         assert node.replica(s.name) is not old
         assert (await append(node.stub, s.name, b"two\n")).status == pb.OK
         assert await read_all(node.stub, s.name) == b"one\ntwo\n"
+
+
+async def test_peer_gives_its_lock_back_when_the_primary_goes_silent_mid_append(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """A primary partitioned mid-append (no connection reset) must not hold a peer's journal
+    lock forever: after 1.5x chunk_timeout the peer rolls the partial append back."""
+    async with cluster(etcd_server, tmp_path, 2) as nodes:
+        for n in nodes:
+            n.broker.cfg = dataclasses.replace(n.broker.cfg, chunk_timeout=0.4)
+        s = spec(f"races/silent-{next(_names)}", tmp_path / "store", replication=2)
+        await create(nodes[0], s)
+        primary = await synced(nodes, s.name, 2)
+        peer = next(n for n in nodes if n is not primary)
+        replica = peer.replica(s.name)
+        header = primary.broker.header(s.name)
+        current = replica.ensure_spool().fragment()
+        requests: asyncio.Queue[pb.ReplicateRequest] = asyncio.Queue()
+        await requests.put(pb.ReplicateRequest(header=header, proposal=current, acknowledge=True))
+
+        async def stream() -> AsyncIterator[pb.ReplicateRequest]:
+            while True:
+                yield await requests.get()
+
+        call = peer.stub.Replicate(stream())
+        assert (await call.read()).status == pb.OK
+        await requests.put(pb.ReplicateRequest(content=b"never committed", content_delta=0))
+        await eventually(lambda: replica.lock.locked(), "the peer to take the lock")
+        t0 = time.monotonic()
+        await eventually(lambda: not replica.lock.locked(), "the lock back", timeout=5)
+        assert time.monotonic() - t0 < 3
+        assert replica.write_head == current.end  # the partial append was rolled back
+        assert os.path.getsize(replica.ensure_spool().content_path) == len(replica.ensure_spool())
+        call.cancel()
