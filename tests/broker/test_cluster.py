@@ -24,50 +24,30 @@ from google.protobuf.duration_pb2 import Duration
 from broker.client import AppendService, JournalClient
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.testing.broker import BrokerProcess
+from broker.testing.cluster import BrokerCluster
 from broker.testing.etcd import EtcdServer
 
 from .conftest import append, read_all
 
 _names = itertools.count()
-ZONES = ["zone-a", "zone-b", "zone-a"]
 
 
-class Cluster:
-    def __init__(self, brokers: list[BrokerProcess], store: Path) -> None:
-        self.brokers = brokers
+class Cluster(BrokerCluster):
+    """Three brokers (zones a, b, a) and the file:// store their journals use."""
+
+    def __init__(self, etcd: EtcdServer, root: str, spool_root: Path, store: Path) -> None:
+        super().__init__(
+            etcd.endpoint, root=root, spool_root=spool_root, extra_args=["--drain-timeout", "20"]
+        )
         self.store = store
-
-    @property
-    def endpoints(self) -> list[str]:
-        return [b.endpoint for b in self.brokers]
-
-    def by_suffix(self, suffix: str) -> BrokerProcess:
-        return next(b for b in self.brokers if b.suffix == suffix)
 
 
 @pytest.fixture(scope="module")
 def cluster(etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = f"/test-cluster/{os.getpid()}/{next(_names)}"
     store = tmp_path_factory.mktemp("cluster-store")
-    brokers = [
-        BrokerProcess(
-            etcd_server.endpoint,
-            root=root,
-            zone=zone,
-            suffix=f"broker-{i}",
-            spool_dir=tmp_path_factory.mktemp(f"cluster-b{i}"),
-            extra_args=["--drain-timeout", "20"],
-        )
-        for i, zone in enumerate(ZONES)
-    ]
-    try:
-        for b in brokers:
-            b.start()
-        yield Cluster(brokers, store)
-    finally:
-        for b in brokers:
-            b.close()
+    with Cluster(etcd_server, root, tmp_path_factory.mktemp("cluster"), store) as c:
+        yield c
 
 
 @contextlib.asynccontextmanager

@@ -21,6 +21,7 @@ import yaml
 
 from broker.protocol import protocol_pb2 as pb
 from broker.testing.broker import BrokerProcess
+from broker.testing.cluster import BrokerCluster
 from broker.testing.etcd import EtcdServer
 from gazctl.journals import _journal_json, _replicas
 from gazctl.main import Streams, run
@@ -63,26 +64,13 @@ def test_route_rendering(route: pb.Route | None, replicas: str, json_primary: in
 def brokers(
     etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[BrokerProcess]]:
-    root = f"/test-gazctl-replicas/{os.getpid()}"
-    procs = [
-        BrokerProcess(
-            etcd_server.endpoint,
-            root=root,
-            zone=zone,
-            suffix=f"broker-{i}",
-            spool_dir=tmp_path_factory.mktemp(f"gazctl-replicas-b{i}"),
-            # Teardown stops every broker: there is nowhere to drain journals to.
-            extra_args=["--drain-timeout", "0"],
-        )
-        for i, zone in enumerate(ZONES)
-    ]
-    try:
-        for b in procs:
-            b.start()
-        yield procs
-    finally:
-        for b in procs:
-            b.close()
+    with BrokerCluster(
+        etcd_server.endpoint,
+        root=f"/test-gazctl-replicas/{os.getpid()}",
+        spool_root=tmp_path_factory.mktemp("gazctl-replicas"),
+        zones=ZONES,
+    ) as cluster:
+        yield cluster.brokers
 
 
 def gazctl(broker: BrokerProcess, *argv: str, stdin: bytes = b"") -> Result:
