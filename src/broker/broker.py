@@ -320,8 +320,41 @@ class Broker:
             member_exiting=lambda spec: bool(spec.exiting),
             is_consistent=self._is_consistent,
         )
+        await self._persist_leftover_spools()
         self.keyspace.observe(self._reconcile.set)
         self._reconcile.set()
+
+    async def _persist_leftover_spools(self) -> None:
+        """Persist the committed spools a previous run left in the spool directory.
+
+        They hold acknowledged content, but the journal they belong to may not be assigned
+        to this broker any more (with replication 1 it moved elsewhere when our previous
+        lease went): persisting them to the journal's store now, before serving, makes
+        that content readable wherever the journal lives. Spools of journals without stores
+        (or whose spec is gone) stay, for the journal's replica here to recover.
+        """
+        root = self.cfg.spool_dir / "journals"
+        if not root.is_dir():
+            return
+        journals = sorted({str(p.parent.relative_to(root)) for p in root.rglob("*" + SPOOL_SUFFIX)})
+        for name in journals:
+            kv = self.keyspace.get(self.keys.item(name))
+            if kv is None or not kv.value.fragment.stores:
+                log.info("leaving spools of journal=%s (no spec or no stores)", name)
+                continue
+            replica = JournalReplica(kv.value, kv.mod_revision, self.cfg.spool_dir)
+            try:
+                for entry in await replica.recover():
+                    await self._persist(replica, entry)
+            except (FragmentStoreError, OSError, SpoolError) as err:
+                log.error(
+                    "cannot persist leftover spools journal=%s err=%s; they stay for its "
+                    "replica to retry",
+                    name,
+                    err,
+                )
+            finally:
+                replica.close()
 
     @staticmethod
     def _is_consistent(item: Item, assignment: Assignment, assignments: list[Assignment]) -> bool:

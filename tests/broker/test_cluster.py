@@ -24,6 +24,7 @@ from google.protobuf.duration_pb2 import Duration
 from broker.client import AppendService, JournalClient
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
+from broker.testing.broker import BrokerProcess
 from broker.testing.cluster import BrokerCluster
 from broker.testing.etcd import EtcdServer
 
@@ -338,3 +339,30 @@ async def test_primary_sigkill_loses_no_acknowledged_append(cluster: Cluster) ->
     finally:
         for b in cluster.brokers:
             await asyncio.to_thread(b.start)
+
+
+async def test_restarted_broker_persists_spools_of_journals_it_no_longer_serves(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """Committed content left in a killed broker's spools is persisted when it restarts,
+    even though the journal is no longer assigned to it (here: it takes no journals)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    b = BrokerProcess(
+        etcd_server.endpoint,
+        root=f"/test-leftover/{os.getpid()}/{next(_names)}",
+        spool_dir=tmp_path / "spool",
+    )
+    with b:
+        async with grpc.aio.insecure_channel(b.endpoint) as ch:
+            stub = pb_grpc.JournalStub(ch)
+            s = spec(f"cluster/leftover-{next(_names)}", store, replication=1)
+            await create(stub, s)
+            resp = await append(stub, s.name, b"acknowledged, not yet persisted\n")
+            assert resp.status == pb.OK
+        assert not list(store.rglob("*.raw"))
+        b.kill()
+        b.extra_args = ["--journal-limit", "0"]
+        b.start()
+        persisted = list(store.rglob("*.raw"))
+        assert [p.read_bytes() for p in persisted] == [b"acknowledged, not yet persisted\n"]
