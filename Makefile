@@ -3,7 +3,8 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := etcd-server etcd-client
+# fuse3 + libfuse3-dev, pkg-config, a compiler and Python headers: pyfuse3 builds from source.
+APT_PACKAGES := etcd-server etcd-client fuse3 libfuse3-dev pkg-config build-essential python3-dev
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test deps apt venv protos check-protos lint typecheck bench chaos clean

@@ -1,0 +1,181 @@
+"""RocksDB store benchmark: the recorded store (rocksdict on a fusefs mount, recording to a
+real broker) against native rocksdict on local disk, same run, same RocksDB options.
+
+Workloads, in transactions of `--batch` operations, each committed durably (native: one
+WriteBatch written with ``sync=True``; store: puts then `start_commit`, awaited until the
+commit is in the recovery log):
+
+- write: `--puts` 100-byte values under random 16-byte keys.
+- mixed: the same number of operations on the database the write phase left, half of them
+  random point reads of existing keys, half puts.
+
+Prints progress on stderr, then one JSON line: ``ratio_write`` and ``ratio_mixed`` are store
+time / native time (target <= 1.5). `--quick` runs in under a minute.
+"""
+
+from __future__ import annotations
+
+import os.path
+import sys
+
+# This script is named after the package it measures; keep its directory off the import path.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+import argparse
+import asyncio
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.duration_pb2 import Duration
+from rocksdict import Rdict, WriteBatch, WriteOptions
+
+from broker.client import JournalClient, apply_journals
+from broker.protocol import protocol_pb2 as pb
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+from stores.rocksdb import RocksDBStore, recorded_options
+
+MiB = 1 << 20
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def key(i: int) -> bytes:
+    return b"\x01" + i.to_bytes(8, "big") + b"benchkey"[:7]
+
+
+def workload(
+    puts: int, batch: int, seed: int
+) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+    """Key ids of the write phase's batches, and (op, id) of the mixed phase's (op 0: get)."""
+    rnd = random.Random(seed)
+    ids = list(range(puts))
+    rnd.shuffle(ids)
+    write = [ids[i : i + batch] for i in range(0, puts, batch)]
+    mixed = [
+        [(rnd.randrange(2), rnd.randrange(puts)) for _ in range(batch)]
+        for _ in range(0, puts, batch)
+    ]
+    return write, mixed
+
+
+VALUE = bytes(range(100))
+
+
+def native(
+    path: Path, write: list[list[int]], mixed: list[list[tuple[int, int]]]
+) -> dict[str, float]:
+    db = Rdict(str(path), recorded_options())
+    sync = WriteOptions()
+    sync.sync = True
+    t0 = time.perf_counter()
+    for n, ids in enumerate(write):
+        wb = WriteBatch(raw_mode=True)
+        for i in ids:
+            wb.put(key(i), VALUE)
+        wb.put(b"\x00checkpoint", b"%d" % n)
+        db.write(wb, sync)
+    t1 = time.perf_counter()
+    hits = 0
+    for n, ops in enumerate(mixed):
+        wb = WriteBatch(raw_mode=True)
+        for op, i in ops:
+            if op == 0:
+                hits += db.get(key(i)) is not None
+            else:
+                wb.put(key(i), VALUE)
+        wb.put(b"\x00checkpoint", b"m%d" % n)
+        db.write(wb, sync)
+    t2 = time.perf_counter()
+    db.close()
+    assert hits == sum(1 for ops in mixed for op, _ in ops if op == 0)
+    return {"write_s": t1 - t0, "mixed_s": t2 - t1}
+
+
+async def store(
+    endpoint: str, tmp: Path, write: list[list[int]], mixed: list[list[tuple[int, int]]]
+) -> dict[str, Any]:
+    async with JournalClient(endpoint) as client:
+        frag = pb.JournalSpec.Fragment(
+            length=256 * MiB, compression_codec=pb.NONE, refresh_interval=Duration(seconds=600)
+        )
+        frag.stores.append(f"file://{tmp / 'fragments'}/")
+        log = f"bench/rocksdb-{os.getpid()}-{time.monotonic_ns()}"
+        spec = pb.JournalSpec(name=log, replication=1, fragment=frag)
+        spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")
+        await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
+    s = await RocksDBStore.open(endpoint, log, tmp / f"store-{time.monotonic_ns()}")
+    try:
+        t0 = time.perf_counter()
+        for n, ids in enumerate(write):
+            for i in ids:
+                s.put(key(i), VALUE)
+            await s.start_commit(None, b"%d" % n, [])
+        t1 = time.perf_counter()
+        hits = 0
+        for n, ops in enumerate(mixed):
+            for op, i in ops:
+                if op == 0:
+                    hits += s.get(key(i)) is not None
+                else:
+                    s.put(key(i), VALUE)
+            await s.start_commit(None, b"m%d" % n, [])
+        t2 = time.perf_counter()
+        stats = await s.mount.stats()
+    finally:
+        await s.close()
+    assert hits == sum(1 for ops in mixed for op, _ in ops if op == 0)
+    return {
+        "write_s": t1 - t0,
+        "mixed_s": t2 - t1,
+        "log_bytes": stats["write_head"],
+        **{f"fuse_{k}": stats[k] for k in ("reads", "writes", "barriers", "cpu_s")},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small run (< 1 minute)")
+    parser.add_argument("--puts", type=int, default=0, help="puts of the write phase")
+    parser.add_argument("--batch", type=int, default=1000, help="operations per transaction")
+    args = parser.parse_args()
+    puts = args.puts or (200_000 if args.quick else 1_000_000)
+    write, mixed = workload(puts, args.batch, 1)
+    say(f"workload: {puts} puts in batches of {args.batch}, then {puts} mixed ops (50% gets)")
+    with tempfile.TemporaryDirectory(prefix="bench-rocksdb-", dir="/var/tmp") as t:
+        tmp = Path(t)
+        (tmp / "fragments").mkdir()
+        nat = native(tmp / "native", write, mixed)
+        say(f"native: write {nat['write_s']:.2f}s mixed {nat['mixed_s']:.2f}s")
+        with EtcdServer() as etcd, BrokerProcess(etcd.endpoint, spool_dir=tmp / "spool") as b:
+            rec = asyncio.run(store(b.endpoint, tmp, write, mixed))
+        say(f"store:  write {rec['write_s']:.2f}s mixed {rec['mixed_s']:.2f}s ({rec})")
+    result = {
+        "bench": "rocksdb",
+        "ratio_write": round(rec["write_s"] / nat["write_s"], 3),
+        "ratio_mixed": round(rec["mixed_s"] / nat["mixed_s"], 3),
+        "target": 1.5,
+        "native_write_s": round(nat["write_s"], 3),
+        "native_mixed_s": round(nat["mixed_s"], 3),
+        "store_write_s": round(rec["write_s"], 3),
+        "store_mixed_s": round(rec["mixed_s"], 3),
+        "log_bytes": rec["log_bytes"],
+        "fuse_reads": rec["fuse_reads"],
+        "fuse_writes": rec["fuse_writes"],
+        "fuse_barriers": rec["fuse_barriers"],
+        "fusefs_cpu_s": rec["fuse_cpu_s"],
+        "puts": puts,
+        "batch": args.batch,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

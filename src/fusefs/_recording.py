@@ -1,0 +1,199 @@
+"""RecordingLink: carries file operations from the trio FUSE handlers to an asyncio Recorder.
+
+The fusefs process runs pyfuse3 on trio in its main thread and an asyncio event loop in a
+second thread, which hosts the `JournalClient`, `AppendService` and `Recorder`. FUSE handlers
+call the link's plain methods *after* the operation happened on the backing directory and
+before they return to the kernel, without awaiting in between: operations are therefore
+queued in the order the kernel saw them complete. Contiguous writes to one path coalesce.
+Queued operations are handed to the loop with ``call_soon_threadsafe`` (FIFO) once 1 MiB is
+queued, on every `barrier`, and by a periodic `tick` of the server.
+
+`barrier` hands everything over and resolves (in trio) once a Recorder barrier behind it
+commits: every operation queued before the call is then in the log. Once recording failed
+(e.g. the log was fenced by a new primary), every later mutating handler and barrier fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from typing import Any, Final
+
+import trio
+
+from recoverylog.recorder import Recorder
+
+__all__ = ["RecordingFailed", "RecordingLink"]
+
+log = logging.getLogger(__name__)
+
+_CREATE: Final = 0  # path: created (O_CREAT of a path that was not a file).
+_TRUNCATE: Final = 1  # path: truncated to zero (a new Fnode).
+_WRITE: Final = 2  # path, offset, data.
+_UNLINK: Final = 3  # path.
+_RENAME: Final = 4  # path -> data (decoded target path).
+_LINK: Final = 5  # path (existing) -> data (decoded new path).
+
+_Op = tuple[int, str, int, bytes]
+
+HAND_OVER_BYTES = 1 << 20
+MAX_UNSYNCED_BYTES = 64 << 20
+"""Bytes handed over since the last barrier past which writers wait for one (bounds the
+memory of a writer that never fsyncs while the log is slower than it)."""
+
+
+class RecordingFailed(Exception):
+    """The Recorder failed: nothing more can be recorded (``__cause__`` says why)."""
+
+
+class RecordingLink:
+    """Queues operations of the trio thread into `recorder`, which lives on `loop`."""
+
+    def __init__(self, recorder: Recorder, loop: asyncio.AbstractEventLoop) -> None:
+        self._rec = recorder
+        self._loop = loop
+        self._ops: list[_Op] = []
+        self._queued = 0
+        self._wpath: str | None = None
+        self._woff = 0
+        self._wbuf = bytearray()
+        self._error: BaseException | None = None
+        self._unsynced = 0
+        self.ops = 0
+        self.bytes = 0
+        self.barriers = 0
+
+    @property
+    def recorder(self) -> Recorder:
+        return self._rec
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    # -- Trio thread -------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise `RecordingFailed` once recording failed."""
+        if self._error is not None:
+            raise RecordingFailed(f"recording to {self._rec.log} failed: {self._error!r}")
+
+    def create(self, path: str) -> None:
+        self._push((_CREATE, path, 0, b""))
+
+    def truncate(self, path: str) -> None:
+        self._push((_TRUNCATE, path, 0, b""))
+
+    def unlink(self, path: str) -> None:
+        self._push((_UNLINK, path, 0, b""))
+
+    def rename(self, src: str, dst: str) -> None:
+        self._push((_RENAME, src, 0, dst.encode()))
+
+    def link(self, src: str, dst: str) -> None:
+        self._push((_LINK, src, 0, dst.encode()))
+
+    def write(self, path: str, offset: int, data: bytes) -> None:
+        if not data:
+            return
+        if not (self._wpath == path and self._woff + len(self._wbuf) == offset):
+            self._seal()
+            self._wpath, self._woff = path, offset
+        self._wbuf += data
+        self._queued += len(data)
+        if self._queued >= HAND_OVER_BYTES:
+            self.hand_over()
+
+    def hand_over(self) -> None:
+        """Hand queued operations to the loop (without waiting for them to commit)."""
+        self._seal()
+        if not self._ops:
+            return
+        ops, self._ops = self._ops, []
+        self.bytes += self._queued
+        self._unsynced += self._queued
+        self._queued = 0
+        self._loop.call_soon_threadsafe(self._apply, ops)
+
+    @property
+    def must_throttle(self) -> bool:
+        """Whether a writer should wait for a `barrier` (see `MAX_UNSYNCED_BYTES`)."""
+        return self._unsynced + self._queued > MAX_UNSYNCED_BYTES
+
+    async def barrier(self) -> int:
+        """Wait until every operation queued so far is committed to the log; return the
+        log's write head then. Raises `RecordingFailed` if it could not be."""
+        self.check()
+        self.hand_over()
+        self._unsynced = 0
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+        cfut: concurrent.futures.Future[int] = asyncio.run_coroutine_threadsafe(
+            self._barrier(), self._loop
+        )
+
+        def wake(_: Any) -> None:
+            try:
+                token.run_sync_soon(done.set)
+            except trio.RunFinishedError:
+                pass
+
+        cfut.add_done_callback(wake)
+        await done.wait()
+        try:
+            head = cfut.result()
+        except BaseException as err:
+            if self._error is None:
+                self._error = err
+            raise RecordingFailed(f"recording to {self._rec.log} failed: {err!r}") from err
+        self.barriers += 1
+        return head
+
+    def _push(self, op: _Op) -> None:
+        self._seal()
+        self._ops.append(op)
+        self.ops += 1
+
+    def _seal(self) -> None:
+        if self._wpath is not None:
+            self._ops.append((_WRITE, self._wpath, self._woff, bytes(self._wbuf)))
+            self.ops += 1
+            self._wpath = None
+            self._wbuf = bytearray()
+
+    # -- Loop thread -------------------------------------------------------------------------
+
+    def _apply(self, ops: list[_Op]) -> None:
+        if self._error is not None:
+            return
+        rec = self._rec
+        try:
+            for kind, path, offset, data in ops:
+                if kind == _WRITE:
+                    fnode = rec.fnode(path)
+                    if fnode is None:
+                        raise RuntimeError(f"write of unrecorded file {path!r}")
+                    rec.record_write(fnode, offset, data)
+                elif kind == _CREATE:
+                    rec.record_open(path, create=True)
+                elif kind == _TRUNCATE:
+                    rec.record_truncate(path)
+                elif kind == _UNLINK:
+                    rec.record_unlink(path)
+                elif kind == _RENAME:
+                    rec.record_rename(path, data.decode())
+                else:
+                    fnode = rec.fnode(path)
+                    if fnode is None:
+                        raise RuntimeError(f"link of unrecorded file {path!r}")
+                    rec.record_link(fnode, data.decode())
+        except BaseException as err:  # The Recorder is broken, or a bug in the handlers.
+            log.error("recording failed log=%s err=%r", rec.log, err)
+            self._error = err
+
+    async def _barrier(self) -> int:
+        if self._error is not None:
+            raise self._error
+        resp = await self._rec.barrier()
+        return int(resp.commit.end)

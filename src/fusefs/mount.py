@@ -1,0 +1,277 @@
+"""FuseMount: starts and controls a fusefs process from an asyncio program.
+
+    mount = await FuseMount.start(endpoint, log, fsm, author, backing, mountpoint)
+    ...  # use files under mountpoint; fsync = committed to the log
+    await mount.barrier()  # everything recorded so far is committed
+    await mount.stop()     # commits, unmounts, returns the final FSM
+
+The FSM to record onwards from (a Player's result after `inject_handoff(author)`, or a new
+FSM with ``fence_log=True``) is handed to the process in a pickle file; the backing directory
+must hold exactly the files of that FSM (what the Player left there).
+
+No stale mount is left if either process dies: the fusefs process stops and unmounts when
+its control pipe closes or on SIGTERM (its parent-death signal); if the fusefs process dies,
+`stop`/`kill`/`close` (and `FuseMount.start` on failure) detach the mount with
+``fusermount3 -u -z``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fusefs._config import MountConfig, dump_fsm, load_fsm
+from recoverylog import recoverylog_pb2 as rpb
+from recoverylog.fsm import FSM
+from recoverylog.hints import hints_from_json
+
+__all__ = [
+    "FuseMount",
+    "MountFailed",
+    "MountStopped",
+    "force_unmount",
+    "is_mounted",
+    "play_for_mount",
+]
+
+log = logging.getLogger(__name__)
+
+
+class MountFailed(Exception):
+    """The fusefs process failed to mount, or a command to it failed."""
+
+
+class MountStopped(MountFailed):
+    """The fusefs process is gone (stopped, killed or crashed)."""
+
+
+def is_mounted(mountpoint: str | os.PathLike[str]) -> bool:
+    """Whether `mountpoint` appears in /proc/mounts (a live or a dead FUSE mount)."""
+    target = os.path.abspath(os.fspath(mountpoint))
+    with open("/proc/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 1 and fields[1].replace("\\040", " ") == target:
+                return True
+    return False
+
+
+def force_unmount(mountpoint: str | os.PathLike[str]) -> None:
+    """Lazily detach `mountpoint` if it is mounted (a dead fusefs process leaves it so)."""
+    mp = os.path.abspath(os.fspath(mountpoint))
+    if not is_mounted(mp):
+        return
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    cmd = [tool, "-u", "-z", mp] if tool else ["umount", "-l", mp]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0 and is_mounted(mp):
+        subprocess.run(["umount", "-l", mp], capture_output=True, check=False)
+    log.info("detached mount mountpoint=%s", mp)
+
+
+class FuseMount:
+    """A running fusefs process (module docs). Create with `start`."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, cfg: MountConfig, tmp: Path) -> None:
+        self.proc = proc
+        self.config = cfg
+        self.mountpoint = Path(cfg.mountpoint)
+        self.write_head = 0
+        self._tmp = tmp
+        self._ids = itertools.count(1)
+        self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._gone = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @classmethod
+    async def start(
+        cls,
+        endpoint: str,
+        log_name: str,
+        fsm: FSM,
+        author: int,
+        backing: str | os.PathLike[str],
+        mountpoint: str | os.PathLike[str],
+        *,
+        fence_log: bool | None = None,
+        writeback: bool = True,
+        timeout: float = 30.0,
+        log_level: str | None = None,
+    ) -> FuseMount:
+        """Start a fusefs process recording `backing` (mounted at `mountpoint`) into
+        `log_name` as `author`, onwards from `fsm`; return once it is mounted.
+
+        Raises `MountFailed` if the process exits or fails to mount within `timeout`.
+        """
+        backing, mountpoint = Path(backing).resolve(), Path(mountpoint).resolve()
+        mountpoint.mkdir(parents=True, exist_ok=True)
+        force_unmount(mountpoint)  # A stale mount of an earlier, dead process.
+        tmp = Path(tempfile.mkdtemp(prefix="fusefs-"))
+        cfg = MountConfig(
+            endpoint=endpoint,
+            log=log_name,
+            author=author,
+            backing=str(backing),
+            mountpoint=str(mountpoint),
+            fsm_in=str(tmp / "fsm.in"),
+            fsm_out=str(tmp / "fsm.out"),
+            fence_log=fence_log,
+            writeback=writeback,
+            parent_pid=os.getpid(),
+        )
+        with open(cfg.fsm_in, "wb") as f:
+            f.write(dump_fsm(fsm, 0))
+        (tmp / "config.json").write_text(cfg.dumps())
+        env = dict(os.environ)
+        if log_level is not None:
+            env["FUSEFS_LOG_LEVEL"] = log_level
+        src = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "fusefs.server",
+            str(tmp / "config.json"),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        self = cls(proc, cfg, tmp)
+        self._reader = asyncio.get_running_loop().create_task(self._read_replies())
+        try:
+            async with asyncio.timeout(timeout):
+                ready = await self._ready
+        except BaseException:
+            await self.kill()
+            raise
+        self.write_head = int(ready.get("write_head", 0))
+        log.info("fusefs ready pid=%d mountpoint=%s log=%s", proc.pid, mountpoint, log_name)
+        return self
+
+    async def _read_replies(self) -> None:
+        assert self.proc.stdout is not None
+        try:
+            while line := await self.proc.stdout.readline():
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    log.warning("fusefs pid=%d wrote a non-JSON line: %r", self.proc.pid, line)
+                    continue
+                if msg.get("ready"):
+                    if not self._ready.done():
+                        self._ready.set_result(msg)
+                    continue
+                fut = self._replies.pop(msg.get("id", -1), None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+        finally:
+            self._gone = True
+            err = MountStopped(f"fusefs process {self.proc.pid} exited")
+            if not self._ready.done():
+                self._ready.set_exception(err)
+            for fut in self._replies.values():
+                if not fut.done():
+                    fut.set_exception(err)
+            self._replies.clear()
+
+    async def _command(self, cmd: str) -> dict[str, Any]:
+        if self._gone or self.proc.stdin is None:
+            raise MountStopped(f"fusefs process {self.proc.pid} is gone")
+        ident = next(self._ids)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._replies[ident] = fut
+        try:
+            self.proc.stdin.write((json.dumps({"cmd": cmd, "id": ident}) + "\n").encode())
+            await self.proc.stdin.drain()
+        except (ConnectionError, RuntimeError) as err:
+            self._replies.pop(ident, None)
+            raise MountStopped(f"fusefs process {self.proc.pid} is gone") from err
+        return await fut
+
+    async def barrier(self) -> int:
+        """Wait until every operation recorded so far is committed to the log; return the
+        log's write head. Raises `MountFailed` if recording failed (e.g. fenced), or
+        `MountStopped`. Writes still in the kernel's cache are not covered: fsync them."""
+        reply = await self._command("barrier")
+        if not reply.get("ok"):
+            raise MountFailed(reply.get("error", "barrier failed"))
+        self.write_head = int(reply["write_head"])
+        return self.write_head
+
+    async def build_hints(self) -> rpb.FSMHints:
+        """FSMHints of everything recorded so far, returned once committed (for a Player to
+        read only live segments). Raises `MountFailed` if recording failed."""
+        reply = await self._command("hints")
+        if not reply.get("ok"):
+            raise MountFailed(reply.get("error", "hints failed"))
+        return hints_from_json(reply["hints"])
+
+    async def stats(self) -> dict[str, Any]:
+        reply = await self._command("stats")
+        return dict(reply["stats"])
+
+    async def stop(self, timeout: float = 60.0) -> tuple[FSM, int] | None:
+        """Commit what is recorded, unmount, and wait for the process to exit. Returns the
+        final (FSM, write head) if everything recorded was committed, else None (recording
+        had failed). Close files under the mount first (it is detached lazily otherwise)."""
+        result: tuple[FSM, int] | None = None
+        try:
+            if not self._gone:
+                with contextlib.suppress(MountStopped):
+                    async with asyncio.timeout(timeout):
+                        reply = await self._command("stop")
+                        await self.proc.wait()
+                    if not reply.get("ok"):
+                        log.warning("fusefs stop: %s", reply.get("error"))
+                    elif os.path.exists(self.config.fsm_out):
+                        with open(self.config.fsm_out, "rb") as f:
+                            result = load_fsm(f.read())
+        finally:
+            await self.kill()
+        return result
+
+    async def kill(self) -> None:
+        """Kill the process if it still runs and detach the mount; idempotent."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+        if self._reader is not None:
+            with contextlib.suppress(BaseException):
+                await self._reader
+        force_unmount(self.mountpoint)
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    async def __aenter__(self) -> FuseMount:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def play_for_mount(
+    client: Any, log_name: str, backing: str | os.PathLike[str], author: int, hints: Any = None
+) -> FSM:
+    """Play `log_name` into `backing` (wiped first) and hand the log off to `author`: the
+    returned FSM is what `FuseMount.start` records onwards from (with the default
+    ``fence_log``). `client` is a `JournalClient`; `hints` optional `FSMHints`."""
+    from recoverylog.player import TAIL, Player
+
+    player = Player(client, log_name, hints, Path(backing))
+    player.inject_handoff(author)
+    return await player.play(TAIL)

@@ -1,0 +1,312 @@
+"""The fusefs process: ``python -m fusefs.server CONFIG``.
+
+Mounts a `RecordingOperations` filesystem (pyfuse3 on trio, main thread) over the backing
+directory and records into the recovery log through a Recorder on an asyncio loop in a
+second thread (see docs/fusefs.md). CONFIG is a JSON file written by `FuseMount` (`MountConfig`
+fields); the recovered FSM is read from the pickle file it names.
+
+Control protocol (one JSON object per line): commands on stdin, replies on stdout.
+``{"ready": true, "write_head": N}`` once mounted; ``{"cmd": "barrier", "id": I}`` ->
+``{"id": I, "ok": true, "write_head": N}`` (or ``"ok": false, "error": ...``);
+``{"cmd": "stats", "id": I}``; ``{"cmd": "hints", "id": I}`` -> ``"hints"``: FSMHints
+as JSON, once committed; ``{"cmd": "stop", "id": I}`` commits what is recorded,
+unmounts, writes the final FSM (if ``fsm_out``) and replies before the process exits.
+End of stdin (the parent died), SIGTERM (its death signal) and SIGINT also stop the mount,
+without a reply. Logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import ctypes
+import faulthandler
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pyfuse3
+import trio
+
+from fusefs._config import MountConfig, dump_fsm, load_fsm
+from fusefs._ops import RecordingOperations
+from fusefs._recording import RecordingFailed, RecordingLink
+from recoverylog.hints import hints_to_json
+
+__all__ = ["MountConfig", "main"]
+
+log = logging.getLogger("fusefs.server")
+
+TICK = 0.05  # Seconds between hand-overs of queued ops to the Recorder's loop.
+STOP_BARRIER_TIMEOUT = 10.0  # Longest wait for the final barrier of a stop.
+STOP_DEADLINE = 30.0  # A stop taking longer detaches the mount and exits.
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+_GUARDIAN = r"""
+import subprocess, sys
+mnt = sys.argv[1]
+mount_id = sys.stdin.readline().strip()
+sys.stdin.read()  # Returns at EOF: the fusefs process is gone, however it ended.
+with open("/proc/self/mountinfo") as f:
+    stale = any(ln.split()[0] == mount_id and ln.split()[4] == mnt for ln in f)
+if mount_id and stale:
+    subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True, check=False)
+"""
+
+
+def _start_guardian(mountpoint: str) -> subprocess.Popen[bytes]:
+    """A small process which detaches our mount once this process is gone, however it ends
+    (even SIGKILL): it waits for EOF on a pipe only this process holds. Told the mount's id,
+    it never touches a later mount at the same path."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _GUARDIAN, mountpoint],
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def _mount_id(mountpoint: str) -> str:
+    found = ""
+    with open("/proc/self/mountinfo") as f:
+        for ln in f:
+            fields = ln.split()
+            if fields[4] == mountpoint:
+                found = fields[0]
+    return found
+
+
+def _stop_deadline(mountpoint: str) -> None:
+    time.sleep(STOP_DEADLINE)
+    log.error("stop did not complete in %.0fs: detaching %s and exiting", STOP_DEADLINE, mountpoint)
+    subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False)
+    os._exit(3)
+
+
+def _set_parent_death_signal() -> None:
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+class _LoopThread:
+    """An asyncio loop in a daemon thread, hosting the client, AppendService and Recorder."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="recorder-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Any) -> concurrent.futures.Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+
+async def _wait(cfut: concurrent.futures.Future[Any]) -> Any:
+    return await trio.to_thread.run_sync(cfut.result)
+
+
+class _Server:
+    def __init__(self, cfg: MountConfig) -> None:
+        self.cfg = cfg
+        self.lt = _LoopThread()
+        self.stack = contextlib.AsyncExitStack()
+        self.link: RecordingLink
+        self.ops: RecordingOperations
+        self.stopping = trio.Event()
+        self.stop_reply: int | None = None
+        self.mounted = False
+
+    async def _setup(self) -> tuple[RecordingLink, int]:
+        # Runs on the asyncio loop.
+        from broker.client import AppendService, JournalClient
+        from recoverylog.recorder import Recorder
+
+        with open(self.cfg.fsm_in, "rb") as f:
+            fsm, _ = load_fsm(f.read())
+        client = await self.stack.enter_async_context(JournalClient(self.cfg.endpoint))
+        svc = await self.stack.enter_async_context(AppendService(client))
+        rec = await Recorder.open(
+            fsm, self.cfg.author, self.cfg.backing, svc, self.cfg.log, fence_log=self.cfg.fence_log
+        )
+        return RecordingLink(rec, asyncio.get_running_loop()), rec.write_head
+
+    async def _teardown(self) -> None:
+        # Runs on the asyncio loop.
+        try:
+            rec = self.link.recorder
+            if self.link.error is None and rec.error is None:
+                await rec.close()
+                if self.cfg.fsm_out:
+                    tmp = self.cfg.fsm_out + ".tmp"
+                    with open(tmp, "wb") as f:
+                        f.write(dump_fsm(rec.fsm, rec.write_head))
+                    os.rename(tmp, self.cfg.fsm_out)
+        finally:
+            await self.stack.aclose()
+
+    def reply(self, msg: dict[str, Any]) -> None:
+        data = (json.dumps(msg) + "\n").encode()
+        try:
+            os.write(1, data)
+        except OSError:
+            pass
+
+    def stats(self) -> dict[str, Any]:
+        rec = self.link.recorder
+        return {
+            "ops": self.link.ops,
+            "bytes": self.link.bytes,
+            "barriers": self.link.barriers,
+            "reads": self.ops.reads,
+            "writes": self.ops.writes,
+            "refused": self.ops.refused,
+            "write_head": rec.write_head,
+            "ops_recorded": rec.ops_recorded,
+            "bytes_recorded": rec.bytes_recorded,
+            "error": repr(self.link.error) if self.link.error is not None else None,
+            "cpu_s": round(sum(os.times()[:2]), 3),
+        }
+
+    async def run(self) -> None:
+        cfg = self.cfg
+        self.link, head = await _wait(self.lt.submit(self._setup()))
+        self.ops = RecordingOperations(cfg.backing, self.link, writeback=cfg.writeback)
+        options = set(pyfuse3.default_options)
+        options.discard("default_permissions")
+        options |= {"fsname=gazette-fusefs", "subtype=gazette"}
+        guardian = _start_guardian(cfg.mountpoint)
+        pyfuse3.init(self.ops, cfg.mountpoint, options)
+        self.mounted = True
+        assert guardian.stdin is not None
+        guardian.stdin.write(_mount_id(cfg.mountpoint).encode() + b"\n")
+        guardian.stdin.flush()
+        log.info("mounted mountpoint=%s backing=%s log=%s", cfg.mountpoint, cfg.backing, cfg.log)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._control, nursery)
+                nursery.start_soon(self._ticker)
+                nursery.start_soon(self._signals)
+                nursery.start_soon(self._fuse_main, nursery)
+                self.reply({"ready": True, "write_head": head, "pid": os.getpid()})
+        finally:
+            pyfuse3.close(unmount=True)
+            self.mounted = False
+            log.info("unmounted mountpoint=%s", cfg.mountpoint)
+        try:
+            await _wait(self.lt.submit(self._teardown()))
+            result: dict[str, Any] = {"ok": True, "stats": self.stats()}
+        except BaseException as err:
+            log.error("stop failed: %r", err)
+            result = {"ok": False, "error": repr(err), "stats": self.stats()}
+        if self.stop_reply is not None:
+            self.reply({"id": self.stop_reply, **result})
+        self.lt.stop()
+
+    async def _fuse_main(self, nursery: trio.Nursery) -> None:
+        await pyfuse3.main(min_tasks=4, max_tasks=64)
+        nursery.cancel_scope.cancel()
+
+    async def _stop(self) -> None:
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        # Never leave the mount behind, whatever hangs below: past the deadline, detach it
+        # and exit.
+        threading.Thread(target=_stop_deadline, args=(self.cfg.mountpoint,), daemon=True).start()
+        with trio.move_on_after(STOP_BARRIER_TIMEOUT), contextlib.suppress(RecordingFailed):
+            await self.link.barrier()
+        pyfuse3.terminate()
+
+    async def _ticker(self) -> None:
+        parent = self.cfg.parent_pid
+        while True:
+            await trio.sleep(TICK)
+            self.link.hand_over()
+            if parent and os.getppid() != parent and not self.stopping.is_set():
+                log.warning("stopping: parent %d is gone", parent)
+                await self._stop()
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            # Blocked since the process began (`main`): one which arrived meanwhile is
+            # delivered now, and stops the mount.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+            async for sig in signals:
+                log.warning("stopping on signal=%s", sig)
+                await self._stop()
+
+    async def _control(self, nursery: trio.Nursery) -> None:
+        stream = trio.lowlevel.FdStream(os.dup(0))
+        buf = b""
+        while True:
+            data = await stream.receive_some(65536)
+            if not data:
+                log.warning("stopping: control channel closed (parent gone)")
+                await self._stop()
+                return
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                nursery.start_soon(self._command, json.loads(line))
+
+    async def _command(self, msg: dict[str, Any]) -> None:
+        cmd, ident = msg.get("cmd"), msg.get("id")
+        if cmd == "barrier":
+            try:
+                head = await self.link.barrier()
+                self.reply({"id": ident, "ok": True, "write_head": head})
+            except RecordingFailed as err:
+                self.reply({"id": ident, "ok": False, "error": str(err)})
+        elif cmd == "hints":
+            try:
+                hints = await _wait(self.lt.submit(self.link.recorder.build_hints()))
+                self.reply({"id": ident, "ok": True, "hints": hints_to_json(hints).decode()})
+            except Exception as err:
+                self.reply({"id": ident, "ok": False, "error": repr(err)})
+        elif cmd == "stats":
+            self.reply({"id": ident, "ok": True, "stats": self.stats()})
+        elif cmd == "stop":
+            self.stop_reply = ident
+            await self._stop()
+        else:
+            self.reply({"id": ident, "ok": False, "error": f"unknown command {cmd!r}"})
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(
+        level=os.environ.get("FUSEFS_LOG_LEVEL", "WARNING"),
+        stream=sys.stderr,
+        format="%(asctime)s fusefs[%(process)d] %(levelname)s %(name)s %(message)s",
+    )
+    faulthandler.enable()
+    with open(argv[0]) as f:
+        cfg = MountConfig.loads(f.read())
+    # Until the mount can be stopped cleanly, a stop signal waits (see `_Server._signals`).
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    _set_parent_death_signal()
+    if cfg.parent_pid and os.getppid() != cfg.parent_pid:
+        log.error("parent %d is gone before the mount", cfg.parent_pid)
+        sys.exit(1)
+    server = _Server(cfg)
+    trio.run(server.run)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""The RocksDB store: rocksdict on a fusefs mount, recorded into a recovery log
+(docs/rocksdb-store.md)."""
+
+from stores.rocksdb.store import (
+    CHECKPOINT_KEY,
+    MAX_MANIFEST_FILE_SIZE,
+    InvalidKey,
+    RocksDBStore,
+    StoreFailed,
+    recorded_options,
+)
+
+__all__ = [
+    "CHECKPOINT_KEY",
+    "MAX_MANIFEST_FILE_SIZE",
+    "InvalidKey",
+    "RocksDBStore",
+    "StoreFailed",
+    "recorded_options",
+]

@@ -1,0 +1,303 @@
+"""RocksDBStore: a consumer Store of an embedded RocksDB (rocksdict) on a fusefs mount, so
+that every file operation of RocksDB is recorded into the shard's recovery log.
+
+`RocksDBStore.open` plays the log back into ``<workdir>/backing`` (taking the log over for a
+new author), mounts fusefs over it at ``<workdir>/mnt`` (a process of its own, see
+docs/fusefs.md) and opens the database there. RocksDB's options are set for recording: no
+WAL recycling (a reused WAL would keep dead bytes live), a MANIFEST rolled at
+`MAX_MANIFEST_FILE_SIZE` (bounds what playback reads), no mmap writes.
+
+Transactions: `put`/`delete` go into the current transaction's WriteBatch (reads see them);
+`start_commit` adds the Checkpoint under `CHECKPOINT_KEY` to that batch and writes it with
+``sync=True``: RocksDB fsyncs its WAL, and an fsync on the mount returns once everything
+recorded is committed to the log. The store is crash-consistent because the log is a prefix
+of the operations RocksDB performed, and the WAL holds each batch whole or not at all.
+Application keys must begin with a byte >= 0x01; keys beginning with 0x00 are the store's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import concurrent.futures
+import contextlib
+import functools
+import logging
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from broker.client import JournalClient
+from consumer.store import Checkpoint, OpFuture, Shard
+from fusefs import FuseMount, play_for_mount
+from recoverylog import recoverylog_pb2 as rpb
+from recoverylog.author import new_author
+
+__all__ = [
+    "CHECKPOINT_KEY",
+    "MAX_MANIFEST_FILE_SIZE",
+    "InvalidKey",
+    "RocksDBStore",
+    "StoreFailed",
+    "recorded_options",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CHECKPOINT_KEY = b"\x00checkpoint"
+MAX_MANIFEST_FILE_SIZE = 128 << 10
+
+_DELETED = object()
+
+
+class InvalidKey(ValueError):
+    """An application key is empty or begins with 0x00 (reserved for the store)."""
+
+
+class StoreFailed(RuntimeError):
+    """A commit failed (e.g. the log was fenced by a new primary, so the mount's fsync
+    failed): the store is unusable from then on (crash-only). ``__cause__`` says why."""
+
+
+def recorded_options(options: Options | None = None, info_log_dir: str = "") -> Options:
+    """RocksDB options suitable for a recorded database (module docs), in raw (bytes) mode.
+
+    `info_log_dir`: where RocksDB writes its info LOG, off the mount: a LOG written all the
+    time would be one Fnode whose live segment spans the whole log, so that a hinted
+    playback would read everything."""
+    opt = options if options is not None else Options(raw_mode=True)
+    if info_log_dir:
+        opt.set_db_log_dir(info_log_dir)
+    opt.create_if_missing(True)
+    opt.set_recycle_log_file_num(0)
+    opt.set_max_manifest_file_size(MAX_MANIFEST_FILE_SIZE)
+    opt.set_allow_mmap_writes(False)
+    opt.set_allow_mmap_reads(False)
+    opt.set_keep_log_file_num(2)
+    return opt
+
+
+def _check_key(key: bytes) -> None:
+    if not key or key[0] == 0:
+        raise InvalidKey(f"application keys must begin with a byte >= 0x01, not {key[:8]!r}")
+
+
+class RocksDBStore:
+    """A recorded RocksDB store (module docs). Create with `open`."""
+
+    def __init__(self) -> None:  # Use `open`.
+        self.mount: FuseMount
+        self.db: Rdict
+        self.workdir: Path
+        self.author = 0
+        self._loop: asyncio.AbstractEventLoop
+        self._exec = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rocksdb-store")
+        self._batch = WriteBatch(raw_mode=True)
+        self._overlay: dict[bytes, Any] = {}
+        self._committing: list[dict[bytes, Any]] = []
+        self._sync = WriteOptions()
+        self._sync.sync = True
+        self._error: BaseException | None = None
+        self._closed = False
+        self.commits = 0
+
+    @classmethod
+    async def open(
+        cls,
+        endpoint: str,
+        log_name: str,
+        workdir: str | Path,
+        *,
+        author: int | None = None,
+        hints: rpb.FSMHints | None = None,
+        options: Options | None = None,
+        writeback: bool = True,
+        fusefs_log_level: str | None = None,
+    ) -> RocksDBStore:
+        """Recover the store of `log_name` into `workdir` and open it (module docs).
+
+        `workdir` is wiped. `author` (a new one by default) takes the log over: an earlier
+        primary's commits fail from then on. `options` are adjusted by `recorded_options`.
+        Raises the Player's errors (`DataLoss`...), `MountFailed`, or rocksdict's exception.
+        """
+        self = cls()
+        self._loop = asyncio.get_running_loop()
+        self.workdir = Path(workdir).resolve()
+        self.author = author if author is not None else new_author()
+        backing, mnt = self.workdir / "backing", self.workdir / "mnt"
+        backing.mkdir(parents=True, exist_ok=True)
+        async with JournalClient(endpoint) as client:
+            fsm = await play_for_mount(client, log_name, backing, self.author, hints)
+        self.mount = await FuseMount.start(
+            endpoint,
+            log_name,
+            fsm,
+            self.author,
+            backing,
+            mnt,
+            writeback=writeback,
+            log_level=fusefs_log_level,
+        )
+        try:
+            info_log = self.workdir / "info-log"
+            info_log.mkdir(exist_ok=True)
+            opt = recorded_options(options, str(info_log))
+            self.db = await self._run(Rdict, str(mnt), opt)
+        except BaseException:
+            await self.mount.kill()
+            raise
+        log.info("rocksdb store open log=%s workdir=%s files=%d", log_name, workdir, len(fsm.links))
+        return self
+
+    async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await self._loop.run_in_executor(self._exec, functools.partial(fn, *args, **kwargs))
+
+    @property
+    def directory(self) -> Path:
+        """The database's directory (on the mount)."""
+        return self.mount.mountpoint
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise StoreFailed(f"store failed: {self._error!r}") from self._error
+        if self._closed:
+            raise RuntimeError("store is closed")
+
+    # -- Application API --------------------------------------------------------------------
+
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        """The value of `key`, including writes of transactions not yet committed."""
+        for layer in (self._overlay, *reversed(self._committing)):
+            v = layer.get(key)
+            if v is not None:
+                return default if v is _DELETED else v
+        out = self.db.get(key)
+        return default if out is None else out
+
+    def put(self, key: bytes, value: bytes) -> None:
+        """Put `key` in the current transaction. Raises `InvalidKey`."""
+        _check_key(key)
+        self._check()
+        self._batch.put(key, value)
+        self._overlay[key] = value
+
+    def delete(self, key: bytes) -> None:
+        """Delete `key` in the current transaction. Raises `InvalidKey`."""
+        _check_key(key)
+        self._check()
+        self._batch.delete(key)
+        self._overlay[key] = _DELETED
+
+    def items(self, from_key: bytes = b"\x01") -> Iterator[tuple[bytes, bytes]]:
+        """Application (key, value) pairs from `from_key` in key order, including writes of
+        transactions not yet committed (as of the call)."""
+        pending: dict[bytes, Any] = {}
+        for layer in (*self._committing, self._overlay):
+            pending.update(layer)
+        keys = sorted(k for k in pending if k >= from_key)
+        i = bisect.bisect_left(keys, from_key)
+        start = max(from_key, b"\x01")
+        for k, v in self.db.items(from_key=start):
+            assert isinstance(k, bytes)  # Raw mode.
+            while i < len(keys) and keys[i] < k:
+                pv = pending[keys[i]]
+                if pv is not _DELETED:
+                    yield keys[i], pv
+                i += 1
+            if i < len(keys) and keys[i] == k:
+                pv = pending[k]
+                i += 1
+                if pv is not _DELETED:
+                    yield k, pv
+                continue
+            yield k, v
+        for k in keys[i:]:
+            pv = pending[k]
+            if pv is not _DELETED:
+                yield k, pv
+
+    # -- Store contract -----------------------------------------------------------------------
+
+    def start_commit(
+        self, shard: Shard, checkpoint: Checkpoint, wait_for: Sequence[OpFuture]
+    ) -> OpFuture:
+        """Commit the current transaction with `checkpoint` (one WriteBatch, ``sync=True``);
+        the returned future resolves once it is committed to the recovery log, and raises
+        `StoreFailed` if it could not be (the store is then unusable). Writes made after
+        this call belong to the next transaction."""
+        self._check()
+        batch, overlay = self._batch, self._overlay
+        self._batch, self._overlay = WriteBatch(raw_mode=True), {}
+        batch.put(CHECKPOINT_KEY, bytes(checkpoint))
+        self._committing.append(overlay)
+        return self._loop.create_task(self._commit(batch, overlay, list(wait_for)))
+
+    async def _commit(
+        self, batch: WriteBatch, overlay: dict[bytes, Any], wait_for: list[OpFuture]
+    ) -> None:
+        try:
+            for f in wait_for:
+                await f
+            await self._run(self.db.write, batch, self._sync)
+            self.commits += 1
+        except BaseException as err:
+            if self._error is None:
+                self._error = err
+                log.error("rocksdb store commit failed err=%r", err)
+            raise StoreFailed(f"commit failed: {err!r}") from err
+        finally:
+            with contextlib.suppress(ValueError):
+                self._committing.remove(overlay)
+
+    async def restore_checkpoint(self, shard: Shard) -> Checkpoint:
+        """The Checkpoint of the last commit (b"" for a new store)."""
+        out = self.db.get(CHECKPOINT_KEY)
+        return b"" if out is None else bytes(out)
+
+    async def build_hints(self) -> rpb.FSMHints:
+        """Recovery-log hints of the store as of now (once committed): `open` with them
+        reads only the live parts of the log."""
+        self._check()
+        return await self.mount.build_hints()
+
+    async def compact(self) -> None:
+        """Flush the memtable and compact the whole key range (for tests and maintenance)."""
+        self._check()
+        await self._run(self.db.flush, True)
+        await self._run(self.db.compact_range, None, None)
+
+    async def close(self) -> Any:
+        """Close the database and stop the mount cleanly; returns the final (FSM, write head)
+        of the recording, or None if recording had failed. Local files are kept."""
+        if self._closed:
+            return None
+        self._closed = True
+        try:
+            await self._run(self.db.close)
+        finally:
+            self._exec.shutdown(wait=False)
+            result = await self.mount.stop()
+        return result
+
+    def destroy(self) -> None:
+        """Release everything, without waiting for the log, and remove the local files.
+
+        Must be called from outside the event loop's running tasks' critical path: it kills
+        the fusefs process (detaching the mount) and removes `workdir`."""
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self.db.close()
+        self._exec.shutdown(wait=False)
+        proc = self.mount.proc
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        from fusefs import force_unmount
+
+        force_unmount(self.mount.mountpoint)
+        shutil.rmtree(self.workdir, ignore_errors=True)

@@ -1,0 +1,284 @@
+"""fusefs end to end against a real broker and a real FUSE mount: fsync means committed to
+the log, a clean stop leaves a log that plays back byte for byte, unrecordable operations
+fail with an errno, a fenced mount's fsync fails, and no mount outlives its processes."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import random
+import signal
+from pathlib import Path
+
+import pytest
+
+from broker.client import JournalClient
+from broker.testing.broker import BrokerProcess
+from fusefs import FuseMount, MountFailed, is_mounted, play_for_mount
+from recoverylog.player import Player
+from tests.fusefs.support import MakeLog, client, fuse_broker, make_log, no_stale_mounts, tree
+
+__all__ = ["client", "fuse_broker", "make_log", "no_stale_mounts"]
+
+A, B = 0xA11CE, 0xB0B
+
+
+async def _mount(
+    client: JournalClient, endpoint: str, log: str, root: Path, author: int = A, **kw: object
+) -> FuseMount:
+    fsm = await play_for_mount(client, log, root / "backing", author)
+    return await FuseMount.start(endpoint, log, fsm, author, root / "backing", root / "mnt", **kw)  # type: ignore[arg-type]
+
+
+def _fsync_write(path: Path, data: bytes, mode: str = "wb") -> None:
+    with open(path, mode) as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+async def _in_thread(fn: object, *args: object) -> object:
+    return await asyncio.to_thread(fn, *args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("writeback", [True, False])
+async def test_fsync_is_committed(
+    client: JournalClient,
+    fuse_broker: BrokerProcess,
+    make_log: MakeLog,
+    no_stale_mounts: Path,
+    writeback: bool,
+) -> None:
+    log = await make_log()
+    root = no_stale_mounts
+    mount = await _mount(client, fuse_broker.endpoint, log, root, writeback=writeback)
+    try:
+        mnt = mount.mountpoint
+        big = random.Random(1).randbytes(3 << 20)
+
+        def work() -> None:
+            _fsync_write(mnt / "a", b"hello")
+            _fsync_write(mnt / "a", b" world", "ab")
+            (mnt / "d" / "e").mkdir(parents=True)
+            _fsync_write(mnt / "d" / "e" / "big", big)
+            _fsync_write(mnt / "tmp", b"renamed")
+            os.rename(mnt / "tmp", mnt / "d" / "r")
+            os.link(mnt / "a", mnt / "a2")
+            _fsync_write(mnt / "gone", b"x" * 100)
+            os.unlink(mnt / "gone")
+            _fsync_write(mnt / "t", b"0123456789")
+            os.truncate(mnt / "t", 4)
+            with open(mnt / "t", "ab") as f:  # Grow by writing past a hole-free end.
+                f.write(b"!")
+                os.fsync(f.fileno())
+            with open(mnt / "a2", "r+b") as f:
+                os.fsync(f.fileno())
+
+        await _in_thread(work)
+        # Nothing stopped: the fsyncs alone put everything in the log.
+        await Player(client, log, None, root / "play").play()
+        want = {
+            "a": b"hello world",
+            "a2": b"hello world",
+            "d/e/big": big,
+            "d/r": b"renamed",
+            "t": b"0123!",
+        }
+        assert tree(root / "play") == want
+        assert tree(mnt) == want
+        stats = await mount.stats()
+        assert stats["error"] is None and stats["barriers"] >= 6
+    finally:
+        assert await mount.stop() is not None
+    assert not is_mounted(root / "mnt")
+
+
+async def test_clean_stop_plays_back_identically(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    log = await make_log()
+    root = no_stale_mounts
+    rnd = random.Random(7)
+    for round_ in range(2):  # The second round records onwards from a played-back tree.
+        mount = await _mount(client, fuse_broker.endpoint, log, root, author=A + round_)
+        mnt = mount.mountpoint
+        stopped = False
+
+        def churn(mnt: Path = mnt) -> None:
+            names = [f"f{i}" for i in range(12)]
+            for _ in range(300):
+                n, op = rnd.choice(names), rnd.random()
+                p = mnt / n
+                if op < 0.5:
+                    mode = rnd.choice(["wb", "ab", "r+b"]) if p.exists() else "wb"
+                    with open(p, mode) as f:
+                        if mode == "r+b":
+                            f.seek(rnd.randrange(max(1, p.stat().st_size)))
+                        f.write(rnd.randbytes(rnd.randrange(1, 70000)))
+                elif op < 0.65 and p.exists():
+                    os.rename(p, mnt / rnd.choice(names))
+                elif op < 0.75 and p.exists():
+                    os.unlink(p)
+                elif op < 0.85 and p.exists():
+                    os.truncate(p, rnd.randrange(p.stat().st_size + 100))
+                elif op < 0.9 and p.exists() and not (mnt / (n + ".l")).exists():
+                    os.link(p, mnt / (n + ".l"))
+
+        try:
+            await _in_thread(churn)
+            result = await mount.stop()
+            stopped = True
+        finally:
+            if not stopped:
+                await mount.stop()
+        assert result is not None
+        assert not is_mounted(mnt)
+        played = root / f"play{round_}"
+        await Player(client, log, None, played).play()
+        assert tree(played) == tree(root / "backing")
+        assert len(tree(played)) > 3
+
+
+async def test_unrecordable_ops_fail(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    log = await make_log()
+    mount = await _mount(client, fuse_broker.endpoint, log, no_stale_mounts)
+    try:
+        mnt = mount.mountpoint
+
+        def work() -> list[int]:
+            codes = []
+            for fn in (
+                lambda: os.symlink("a", mnt / "s"),
+                lambda: os.mkfifo(mnt / "p"),
+                lambda: os.setxattr(mnt, "user.x", b"1"),
+            ):
+                try:
+                    fn()
+                    codes.append(0)
+                except OSError as err:
+                    codes.append(err.errno)
+            _fsync_write(mnt / "ok", b"still fine")
+            return codes
+
+        codes = await _in_thread(work)
+        assert codes == [errno.EPERM, errno.EPERM, errno.ENOTSUP]
+        assert (await mount.stats())["refused"] == 3
+    finally:
+        assert await mount.stop() is not None
+    await Player(client, log, None, no_stale_mounts / "play").play()
+    assert tree(no_stale_mounts / "play") == {"ok": b"still fine"}
+
+
+async def test_fenced_mount_fails_fsync(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    log = await make_log()
+    root = no_stale_mounts
+    mount = await _mount(client, fuse_broker.endpoint, log, root)
+    try:
+        mnt = mount.mountpoint
+        await _in_thread(_fsync_write, mnt / "a", b"before")
+        # A new primary takes the log over.
+        await play_for_mount(client, log, root / "new", B)
+
+        def after() -> int:
+            try:
+                _fsync_write(mnt / "a", b"after", "ab")
+            except OSError as err:
+                return err.errno or -1
+            return 0
+
+        assert await _in_thread(after) == errno.EIO
+        with pytest.raises(MountFailed):
+            await mount.barrier()
+        # Later mutations fail at once.
+        assert await _in_thread(after) == errno.EIO
+    finally:
+        assert await mount.stop() is None  # Recording had failed.
+    await Player(client, log, None, root / "play").play()
+    assert tree(root / "play") == {"a": b"before"}
+
+
+async def test_killed_fusefs_leaves_no_mount(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    log = await make_log()
+    mount = await _mount(client, fuse_broker.endpoint, log, no_stale_mounts)
+    os.kill(mount.pid, signal.SIGKILL)
+    await mount.proc.wait()
+    # The process's guardian detaches its dead mount (nobody else is asked to).
+    for _ in range(100):
+        if not is_mounted(mount.mountpoint):
+            break
+        await asyncio.sleep(0.05)
+    assert not is_mounted(mount.mountpoint)
+    with pytest.raises(MountFailed):
+        await mount.barrier()
+    await mount.stop()
+    assert not is_mounted(mount.mountpoint)
+
+
+@pytest.mark.parametrize("writeback", [True, False])
+async def test_reused_backing_inodes(
+    client: JournalClient,
+    fuse_broker: BrokerProcess,
+    make_log: MakeLog,
+    no_stale_mounts: Path,
+    writeback: bool,
+) -> None:
+    """RocksDB's pattern: write a file, read it, delete it, write another (the backing file
+    system reuses the inode number): the kernel must never serve the old file's cached pages
+    or attributes for the new one."""
+    log = await make_log()
+    mount = await _mount(client, fuse_broker.endpoint, log, no_stale_mounts, writeback=writeback)
+    try:
+        mnt = mount.mountpoint
+
+        def work() -> list[str]:
+            bad = []
+            for i in range(200):
+                a, b = mnt / f"OPTIONS-{i:06d}", mnt / f"OPTIONS-{i:06d}.dbtmp"
+                _fsync_write(b, b"%d" % i * (100 + i))
+                os.rename(b, a)
+                if a.read_bytes() != b"%d" % i * (100 + i):
+                    bad.append(a.name)
+                if i:
+                    os.unlink(mnt / f"OPTIONS-{i - 1:06d}")
+            return bad
+
+        assert await _in_thread(work) == []
+    finally:
+        assert await mount.stop() is not None
+    await Player(client, log, None, no_stale_mounts / "play").play()
+    assert tree(no_stale_mounts / "play") == {"OPTIONS-000199": b"199" * 299}
+
+
+async def test_unsynced_writes_are_throttled(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    """A writer that never fsyncs waits for the log every 64 MiB: the fusefs process's
+    memory stays bounded however fast it writes."""
+    log = await make_log()
+    mount = await _mount(client, fuse_broker.endpoint, log, no_stale_mounts)
+    try:
+        chunk = random.Random(3).randbytes(1 << 20)
+
+        def work() -> None:
+            with open(mount.mountpoint / "big", "wb") as f:
+                for _ in range(200):
+                    f.write(chunk)
+
+        await _in_thread(work)
+        stats = await mount.stats()
+        assert stats["barriers"] >= 2
+        hwm_kib = next(
+            int(ln.split()[1])
+            for ln in Path(f"/proc/{mount.pid}/status").read_text().splitlines()
+            if ln.startswith("VmHWM:")
+        )
+        assert hwm_kib < 400 << 10, f"fusefs peak RSS {hwm_kib} KiB"
+    finally:
+        assert await mount.stop() is not None
