@@ -145,6 +145,10 @@ class Appender:
                 )
             elif resp.store_health_error:
                 detail = resp.store_health_error
+            pid = resp.header.process_id
+            if pid.zone or pid.suffix:
+                answered = f"answered by broker {pid.zone}#{pid.suffix}"
+                detail = f"{detail}; {answered}" if detail else answered
             offset = self.request.offset if self.request.offset else None
             raise error_for_status(
                 resp.status, journal=self.request.journal, offset=offset, detail=detail
