@@ -4,6 +4,8 @@
   process; MB/s over the sequential write bandwidth of the same disk (write + fdatasync),
   target >= 0.5.
 - append_service: 100-byte appends through the client AppendService, appends/s.
+- latency: sequential 100-byte appends through `broker.client.append` (each awaits its
+  commit, as a recovery log's barrier does): p50 and p99 round trip, appends/s.
 - read: a full read of the journal's persisted fragments (from a restarted broker, so they
   come from the fragment store), MB/s over a native sequential read of the same bytes.
 
@@ -122,6 +124,26 @@ async def append_service_rate(endpoint: str, journal: str, count: int) -> float 
     return rate
 
 
+async def append_latency(endpoint: str, journal: str, count: int) -> tuple[float, float, float]:
+    """(p50 ms, p99 ms, appends/s) of `count` sequential 100-byte appends."""
+    from broker.client import JournalClient, append
+
+    msg = b"x" * 99 + b"\n"
+    req = pb.AppendRequest(journal=journal)
+    async with JournalClient(endpoint) as client:
+        for _ in range(min(200, count)):  # warm up the route, channel and spool
+            await append(client, req, msg)
+        lat = []
+        t0 = time.perf_counter()
+        for _ in range(count):
+            t = time.perf_counter()
+            await append(client, req, msg)
+            lat.append(time.perf_counter() - t)
+        rate = count / (time.perf_counter() - t0)
+    lat.sort()
+    return lat[len(lat) // 2] * 1e3, lat[min(len(lat) - 1, len(lat) * 99 // 100)] * 1e3, rate
+
+
 async def read_mbps(stub: pb_grpc.JournalStub, journal: str, expect: int) -> float:
     t0 = time.perf_counter()
     n = 0
@@ -132,7 +154,9 @@ async def read_mbps(stub: pb_grpc.JournalStub, journal: str, expect: int) -> flo
     return n / elapsed / 1e6
 
 
-async def run(endpoint: str, store: Path, total: int, small: int) -> dict[str, float | None]:
+async def run(
+    endpoint: str, store: Path, total: int, small: int, sequential: int
+) -> dict[str, float | None]:
     async with grpc.aio.insecure_channel(
         endpoint,
         options=[
@@ -154,11 +178,15 @@ async def run(endpoint: str, store: Path, total: int, small: int) -> dict[str, f
         small_spec = pb.JournalSpec()
         small_spec.CopyFrom(spec)
         small_spec.name = "bench/small"
+        latency_spec = pb.JournalSpec()
+        latency_spec.CopyFrom(spec)
+        latency_spec.name = "bench/latency"
         r = await stub.Apply(
             pb.ApplyRequest(
                 changes=[
                     pb.ApplyRequest.Change(upsert=spec),
                     pb.ApplyRequest.Change(upsert=small_spec),
+                    pb.ApplyRequest.Change(upsert=latency_spec),
                 ]
             )
         )
@@ -170,7 +198,16 @@ async def run(endpoint: str, store: Path, total: int, small: int) -> dict[str, f
         rate = await append_service_rate(endpoint, small_spec.name, small)
         if rate is not None:
             say(f"  append_service: {rate:.0f} appends/s")
-    return {"append_mbps": mbps, "append_service_per_s": rate}
+        say(f"appending {sequential} x 100 B sequentially (each awaits its commit) ...")
+        p50, p99, seq_rate = await append_latency(endpoint, latency_spec.name, sequential)
+        say(f"  sequential: p50 {p50:.2f} ms, p99 {p99:.2f} ms, {seq_rate:.0f} appends/s")
+    return {
+        "append_mbps": mbps,
+        "append_service_per_s": rate,
+        "append_p50_ms": p50,
+        "append_p99_ms": p99,
+        "append_sequential_per_s": seq_rate,
+    }
 
 
 async def read_run(endpoint: str, total: int) -> float:
@@ -186,6 +223,7 @@ def main() -> None:
     args = parser.parse_args()
     total = (256 if args.quick else 1024) * MiB
     small = 20_000 if args.quick else 100_000
+    sequential = 3_000 if args.quick else 10_000
     with tempfile.TemporaryDirectory(prefix="bench-broker-", dir="/var/tmp") as tmp:
         tmpdir = Path(tmp)
         store = tmpdir / "store"
@@ -200,7 +238,7 @@ def main() -> None:
             b = BrokerProcess(etcd.endpoint, spool_dir=tmpdir / "spool")
             b.start()
             try:
-                figures = asyncio.run(run(b.endpoint, store, total, small))
+                figures = asyncio.run(run(b.endpoint, store, total, small, sequential))
                 say("restarting the broker (graceful: spools persist) and reading back ...")
                 b.stop()
                 b.start()
@@ -216,6 +254,9 @@ def main() -> None:
         "ratio_append": round((figures["append_mbps"] or 0) / native_w, 2),
         "target": 0.5,
         "append_service_per_s": round(figures["append_service_per_s"] or 0),
+        "append_p50_ms": round(figures["append_p50_ms"] or 0, 3),
+        "append_p99_ms": round(figures["append_p99_ms"] or 0, 3),
+        "append_sequential_per_s": round(figures["append_sequential_per_s"] or 0),
         "native_read_mbps": round(native_r),
         "read_mbps": round(read),
         "ratio_read": round(read / native_r, 2),

@@ -59,6 +59,9 @@ class KeySpace:
         self._keys: list[str] = []
         self._kvs: dict[str, KeyValue[Any]] = {}
         self.header = EtcdHeader(0, 0, 0, 0)
+        # Bumped by every change to the mirror (a key or the header), so readers can cache
+        # what they derive from it and notice when that is stale.
+        self.generation = 0
         self._changed = asyncio.Condition()
         self._observers: list[Callable[[], None]] = []
 
@@ -84,6 +87,7 @@ class KeySpace:
             i += 1
 
     def _set_header(self, h: Any, revision: int | None = None) -> None:
+        self.generation += 1
         self.header = EtcdHeader(
             int(h.cluster_id),
             int(h.member_id),
@@ -93,6 +97,7 @@ class KeySpace:
 
     def _put(self, kv: Any) -> None:
         key = kv.key.decode()
+        self.generation += 1
         try:
             value = self._decode(key, kv.value)
         except Exception as err:  # noqa: BLE001 - one bad value must not stop the mirror
@@ -111,6 +116,7 @@ class KeySpace:
         )
 
     def _remove(self, key: str) -> None:
+        self.generation += 1
         if self._kvs.pop(key, None) is not None:
             i = bisect.bisect_left(self._keys, key)
             del self._keys[i]
@@ -118,6 +124,7 @@ class KeySpace:
     async def load(self, etcd: Etcd) -> None:
         """Replace the mirror with the current contents of the prefix."""
         resp = await etcd.get_prefix(self.prefix.encode())
+        self.generation += 1
         self._keys.clear()
         self._kvs.clear()
         for kv in resp.kvs:

@@ -135,6 +135,12 @@ class Broker:
         self._pulses: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._dropping: dict[str, asyncio.Task[None]] = {}
+        # Per-journal routing derived from the keyspace, valid while its generation holds
+        # (every request consults them several times; each is a scan of the assignments).
+        self._routing_generation = -1
+        self._routes: dict[str, tuple[pb.Route, RouteKey]] = {}
+        self._mine: dict[str, tuple[KeyValue[Any], int] | None] = {}
+        self._headers: dict[str, pb.Header] = {}
 
     # --- decoding of the keyspace ---------------------------------------------------------
     def _decode(self, key: str, raw: bytes) -> Any:
@@ -157,8 +163,28 @@ class Broker:
             raft_term=h.raft_term,
         )
 
+    def _routing_current(self) -> None:
+        """Drop the cached routing if the keyspace changed since it was derived."""
+        generation = self.keyspace.generation
+        if generation != self._routing_generation:
+            self._routes.clear()
+            self._mine.clear()
+            self._headers.clear()
+            self._routing_generation = generation
+
     def route_of(self, journal: str) -> pb.Route:
-        """The journal's Route from the assignments in the keyspace, with endpoints."""
+        """The journal's Route from the assignments in the keyspace, with endpoints.
+
+        Cached until the keyspace changes: callers must not modify it.
+        """
+        return self.route_and_key(journal)[0]
+
+    def route_and_key(self, journal: str) -> tuple[pb.Route, RouteKey]:
+        """The journal's Route (as `route_of`) and its `route_key`."""
+        self._routing_current()
+        cached = self._routes.get(journal)
+        if cached is not None:
+            return cached
         members: list[tuple[str, str, int]] = []
         for kv in self.keyspace.prefixed(f"{self.keys.assign}{journal}#"):
             item, zone, suffix, slot = parse_assignment_key(self.keys, kv.key)
@@ -172,22 +198,39 @@ class Broker:
             route.endpoints.append(member.value.process_spec.endpoint if member else "")
             if slot == 0:
                 route.primary = i
-        return route
+        cached = self._routes[journal] = (route, route_key(route))
+        return cached
 
     def my_assignment(self, journal: str) -> tuple[KeyValue[Any], int] | None:
         """This broker's assignment of `journal` and its slot, if it has one."""
+        self._routing_current()
+        try:
+            return self._mine[journal]
+        except KeyError:
+            pass
         found: tuple[KeyValue[Any], int] | None = None
         for kv in self.keyspace.prefixed(f"{self.keys.assign}{journal}#"):
             item, zone, suffix, slot = parse_assignment_key(self.keys, kv.key)
             if item == journal and zone == self.cfg.zone and suffix == self.cfg.suffix:
                 if found is None or slot < found[1]:
                     found = (kv, slot)
+        self._mine[journal] = found
         return found
 
     def header(self, journal: str | None = None, route: pb.Route | None = None) -> pb.Header:
-        if route is None:
+        """This broker's response Header: its id, the etcd header and `route` (or the
+        journal's route, or none). Without `route` it is cached until the keyspace changes:
+        callers must not modify it (response constructors and CopyFrom copy it)."""
+        if route is not None:
+            return pb.Header(process_id=self.process_id, route=route, etcd=self.etcd_header())
+        self._routing_current()
+        key = journal or ""
+        header = self._headers.get(key)
+        if header is None:
             route = self.route_of(journal) if journal else pb.Route(primary=-1)
-        return pb.Header(process_id=self.process_id, route=route, etcd=self.etcd_header())
+            header = pb.Header(process_id=self.process_id, route=route, etcd=self.etcd_header())
+            self._headers[key] = header
+        return header
 
     def peer_stub(self, endpoint: str) -> Any:
         """A `protocol.Journal` stub on another broker (channels are kept and reused)."""
@@ -231,7 +274,7 @@ class Broker:
             if self.keyspace.get(self.keys.item(name)) is None:
                 return Resolution(pb.JOURNAL_NOT_FOUND, self.header())
             route = self.route_of(name)
-            header = self.header(route=route)
+            header = self.header(name)
             mine = self.my_assignment(name)
             is_primary = mine is not None and mine[1] == 0
             has_primary = route.primary >= 0
@@ -258,7 +301,11 @@ class Broker:
                 return Resolution(pb.NO_JOURNAL_PRIMARY_BROKER, self.header(name))
 
     async def _ready_replica(self, name: str, timeout: float) -> JournalReplica | None:
-        ready = self._ready.setdefault(name, asyncio.Event())
+        ready = self._ready.get(name)
+        if ready is not None and ready.is_set():
+            return self.replicas.get(name)  # recovered already: nothing to wait for
+        if ready is None:
+            ready = self._ready[name] = asyncio.Event()
         self._reconcile.set()
         async with asyncio.timeout(max(timeout, 0.001)):
             await ready.wait()
@@ -517,8 +564,7 @@ class Broker:
                 self.replicas[name] = replica
             elif spec_kv.mod_revision != replica.mod_revision:
                 replica.spec, replica.mod_revision = spec_kv.value, spec_kv.mod_revision
-            route = self.route_of(name)
-            key = route_key(route)
+            route, key = self.route_and_key(name)
             replica.set_route(key)
             self._ready.setdefault(name, asyncio.Event()).set()
             if slot == 0:
@@ -593,8 +639,7 @@ class Broker:
     async def ensure_pipeline(self, replica: JournalReplica) -> Pipeline:
         """The replication pipeline of the journal's current route, opened and synchronised
         if needed. The caller holds `replica.lock` and is the primary."""
-        route = self.route_of(replica.name)
-        key = route_key(route)
+        route, key = self.route_and_key(replica.name)
         p = replica.pipeline
         if isinstance(p, Pipeline):
             if p.key == key and not p.broken:

@@ -171,6 +171,10 @@ class Pipeline:
             call.cancel()
         self._calls = []
 
+    def check(self) -> None:
+        """Raise ReplicationError if the pipeline is broken (closed)."""
+        self._check()
+
     def _check(self) -> None:
         if self.broken:
             raise ReplicationError(f"replication pipeline of {self.replica.name} is broken")

@@ -389,10 +389,15 @@ class JournalService(pb_grpc.JournalServicer):
             pending = spool.begin_append()
             chunks, delayed = 1, 0  # the first message counts, as upstream
 
+            replicating = bool(pipeline.peers)
+
             async def write(data: bytes) -> None:
                 delta = len(pending)
                 pending.write(data)
-                await pipeline.send_content(data, delta)
+                if replicating:
+                    await pipeline.send_content(data, delta)
+                else:
+                    pipeline.check()  # no peers: nothing to send, but not if it broke
 
             try:
                 if first.content and await replica.throttle(len(first.content)):
@@ -431,12 +436,18 @@ class JournalService(pb_grpc.JournalServicer):
             digest = b""
             if end > begin:
                 # As upstream: the request's union values replace current values of a name.
-                regs = labels.union(
-                    first.union_registers,
-                    labels.subtract(replica.registers, first.subtract_registers),
-                )
+                if first.union_registers.labels or first.subtract_registers.labels:
+                    regs = labels.union(
+                        first.union_registers,
+                        labels.subtract(replica.registers, first.subtract_registers),
+                    )
+                else:
+                    regs = replica.registers
                 try:  # every peer commits before we do
-                    await pipeline.propose(pending.proposal(), regs)
+                    if replicating:
+                        await pipeline.propose(pending.proposal(), regs)
+                    else:
+                        pipeline.check()
                 except BaseException as err:
                     # Also when cancelled: no bytes past the spool's end, and no pipeline
                     # whose peers may hold the append pending, or committed.
@@ -451,7 +462,9 @@ class JournalService(pb_grpc.JournalServicer):
                 except SpoolError as err:
                     log.error("spool commit failed: %s", err)
                     await context.abort(grpc.StatusCode.INTERNAL, str(err))
-                if not labels.label_set_equal(regs, replica.registers):
+                if regs is not replica.registers and not labels.label_set_equal(
+                    regs, replica.registers
+                ):
                     replica.store_registers(regs)
                 replica.committed(spool)
             commit = pb.Fragment(
@@ -506,17 +519,21 @@ class JournalService(pb_grpc.JournalServicer):
         the client stalls, and AppendProtocolError if anything follows the commit message.
         """
         timeout = self.b.cfg.chunk_timeout
+        loop = asyncio.get_running_loop()
         count = delayed = 0
-        while True:
-            async with asyncio.timeout(timeout):
+        # One timeout, rearmed before each message and disarmed while we write.
+        async with asyncio.timeout(None) as stall:
+            while True:
+                stall.reschedule(loop.time() + timeout)
                 msg = await anext(it)
-            count += 1
-            if not msg.content:
-                break
-            if await replica.throttle(len(msg.content)):
-                delayed += 1
-            await write(msg.content)
-        async with asyncio.timeout(timeout):
+                stall.reschedule(None)
+                count += 1
+                if not msg.content:
+                    break
+                if await replica.throttle(len(msg.content)):
+                    delayed += 1
+                await write(msg.content)
+            stall.reschedule(loop.time() + timeout)
             try:
                 extra = await anext(it)
             except StopAsyncIteration:

@@ -354,9 +354,20 @@ class AppendService:
             self.rpc_count += 1
             appender = Appender(self.client, head.request)
             try:
+                # Many small appends travel in few messages: a message per append would cost
+                # a gRPC write (tens of microseconds of CPU each side) per append.
+                pending = bytearray()
                 for a in batch:
                     for chunk in a._chunks():
-                        await appender.write(chunk)
+                        if pending and len(pending) + len(chunk) > CHUNK_SIZE:
+                            await appender.write(bytes(pending))
+                            pending.clear()
+                        if not pending and len(chunk) == CHUNK_SIZE:
+                            await appender.write(chunk)  # a full chunk: no copy
+                        else:
+                            pending += chunk
+                if pending:
+                    await appender.write(bytes(pending))
                 resp = await appender.close()
             except Exception as err:
                 await appender.abort()

@@ -99,6 +99,10 @@ class Appender:
             return  # An empty chunk would mean "commit".
         try:
             await self._start()
+            if len(data) <= CHUNK_SIZE and isinstance(data, bytes):
+                await self._send(pb.AppendRequest(content=data))  # one message, no copy
+                self.written += len(data)
+                return
             view = memoryview(data)
             for i in range(0, len(view), CHUNK_SIZE):
                 chunk = bytes(view[i : i + CHUNK_SIZE])

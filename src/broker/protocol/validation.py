@@ -88,6 +88,7 @@ MAX_PAGE_LIMIT = 10000
 _SECOND = 10**9
 MIN_REFRESH_INTERVAL, MAX_REFRESH_INTERVAL = _SECOND, 24 * 3600 * _SECOND
 MIN_FLUSH_INTERVAL = 60 * _SECOND
+_APPEND_SUSPEND_VALUES = frozenset(pb.AppendRequest.Suspend.values())
 
 # Labels with a meaning to Gazette (see upstream package `labels`).
 _CONTENT_TYPE = "content-type"
@@ -659,7 +660,7 @@ def validate_append_request(req: pb.AppendRequest) -> None:
         if req.HasField("subtract_registers"):
             with context("SubtractRegisters"):
                 validate_label_set(req.subtract_registers)
-        if req.suspend not in pb.AppendRequest.Suspend.values():
+        if req.suspend not in _APPEND_SUSPEND_VALUES:
             raise ValidationError(f"invalid variant ({req.suspend})", ["Suspend"])
         return
     for field, present in (

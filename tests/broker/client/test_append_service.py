@@ -15,6 +15,7 @@ from broker.client import (
     JournalClient,
     RegisterMismatch,
 )
+from broker.client.appender import CHUNK_SIZE
 from broker.protocol import protocol_pb2 as pb
 
 from .conftest import MakeJournal
@@ -56,6 +57,32 @@ async def test_concurrent_small_appends_land_once_in_order_and_batched(
     # Each response covers the batch its append went in, which includes the append's line.
     for resps in responses:
         assert all(r.commit.end > r.commit.begin for r in resps)
+
+
+async def test_batched_small_appends_travel_in_few_messages(
+    client: JournalClient, make_journal: MakeJournal
+) -> None:
+    """A batch's appends are coalesced into messages of up to CHUNK_SIZE (not one message per
+    append); content crossing message boundaries lands intact and in order."""
+    spec = await make_journal()
+    count = 3000
+    lines = [f"append {i:05d} ".encode() + b"x" * (i % 200) + b"\n" for i in range(count)]
+    async with AppendService(client) as svc:
+        appends = []
+        for line in lines:
+            a = svc.start_append(pb.AppendRequest(journal=spec.name))
+            a.write(line)
+            appends.append(a.release())
+        big = svc.start_append(pb.AppendRequest(journal=spec.name))
+        big.write(b"b" * (CHUNK_SIZE + 10) + b"\n")  # more than a message, after small ones
+        big.release()
+        resps = [await a.done() for a in appends]
+        await big.done()
+    assert svc.rpc_count == 1
+    total = sum(map(len, lines)) + CHUNK_SIZE + 11
+    # first message + ceil(total / CHUNK_SIZE)-ish content messages + the commit message
+    assert resps[0].total_chunks <= 2 + total // CHUNK_SIZE + 2
+    assert await read_all(client, spec.name) == b"".join(lines) + b"b" * (CHUNK_SIZE + 10) + b"\n"
 
 
 async def test_dependencies_order_appends_across_journals(
