@@ -27,6 +27,7 @@ PROTO_DIR = ROOT / "proto"
 TARGETS: dict[str, tuple[str, str]] = {
     "protocol.proto": ("broker/protocol", "broker.protocol"),
     "recoverylog.proto": ("recoverylog", "recoverylog"),
+    "consumer.proto": ("consumer/protocol", "consumer.protocol"),
 }
 
 

@@ -1,7 +1,8 @@
 """Consumers: applications whose state lives in Stores recorded to Gazette journals.
 
-Only the `Store` contract exists so far (`consumer.store`); the Service, shards and
-transactions come with the consumer issue.
+So far: the `Store` contract (`consumer.store`) and the generated messages of the consumer
+protocol (`consumer.protocol`); the Service, shards and transactions come with the consumer
+issue.
 """
 
 from consumer.store import Checkpoint, OpFuture, Shard, Store
