@@ -38,6 +38,7 @@ from google.protobuf.duration_pb2 import Duration
 from broker.client import JournalClient, append, apply_journals, list_all_journals, name_selector
 from broker.protocol import protocol_pb2 as pb
 from broker.testing.broker import BrokerProcess
+from broker.testing.cluster import BrokerCluster
 from broker.testing.etcd import EtcdServer
 
 MiB = 1 << 20
@@ -191,28 +192,17 @@ def main() -> None:
         store = tmpdir / "store"
         store.mkdir()
         with EtcdServer() as etcd:
-            brokers = [
-                BrokerProcess(
-                    etcd.endpoint,
-                    root="/gazette/bench-cluster",
-                    zone=zone,
-                    suffix=f"broker-{i}",
-                    spool_dir=tmpdir / f"spool-{i}",
-                    # The bench ends by stopping every broker: nowhere to drain journals to.
-                    extra_args=["--drain-timeout", "0"],
-                )
-                for i, zone in enumerate(ZONES)
-            ]
-            try:
-                say(f"load average (1 min) before the run: {load:.2f} on {os.cpu_count()} cores")
-                say(f"starting etcd and {len(brokers)} brokers (zones {', '.join(ZONES)}) ...")
-                for b in brokers:
-                    b.start()
+            # The bench ends by stopping every broker: nowhere to drain journals to (the
+            # cluster's default --drain-timeout 0).
+            cluster = BrokerCluster(
+                etcd.endpoint, root="/gazette/bench-cluster", spool_root=tmpdir, zones=ZONES
+            )
+            brokers = cluster.brokers
+            say(f"load average (1 min) before the run: {load:.2f} on {os.cpu_count()} cores")
+            say(f"starting etcd and {len(brokers)} brokers (zones {', '.join(ZONES)}) ...")
+            with cluster:
                 say(f"appending {rounds} rounds of {per_round} x 1 MiB to each of r1, r3 ...")
                 figures = asyncio.run(run(brokers, store, per_round, rounds))
-            finally:
-                for b in brokers:
-                    b.close()
     r1, r3 = figures["bench/r1"], figures["bench/r3"]
     say(f"  r1 {r1.mb_s:.0f} MB/s, r3 {r3.mb_s:.0f} MB/s, ratio r3/r1 {r3.mb_s / r1.mb_s:.2f}")
     result = {

@@ -30,6 +30,7 @@ from pathlib import Path
 from broker.client import JournalClient, list_all_journals, name_selector
 from broker.protocol import protocol_pb2 as pb
 from broker.testing.broker import BrokerProcess
+from broker.testing.cluster import BrokerCluster
 from broker.testing.etcd import EtcdServer
 
 JOURNAL = "examples/demo/lines"
@@ -163,25 +164,14 @@ def main() -> None:
     with EtcdServer() as etcd:
         print(f"    etcd at {etcd.endpoint}")
         step(f"starting three brokers in zones {', '.join(ZONES)}")
-        brokers = [
-            BrokerProcess(
-                etcd.endpoint,
-                zone=zone,
-                suffix=f"broker-{i}",
-                spool_dir=data / f"spool-{i}",
-                # The demo ends by stopping every broker: there is nowhere to drain to.
-                extra_args=["--drain-timeout", "0"],
-            )
-            for i, zone in enumerate(ZONES)
-        ]
-        try:
-            for b in brokers:
-                b.start()
+        # The demo ends by stopping every broker: there is nowhere to drain to (the
+        # cluster's default --drain-timeout 0).
+        with BrokerCluster(
+            etcd.endpoint, root="/gazette/cluster", spool_root=data, zones=ZONES
+        ) as cluster:
+            for b in cluster.brokers:
                 print(f"    {b.zone}#{b.suffix} at {b.endpoint}, spool dir {b.spool_dir}")
-            run_demo(brokers, specs, args.lines)
-        finally:
-            for b in brokers:
-                b.close()
+            run_demo(cluster.brokers, specs, args.lines)
     step("done")
     print(
         f"    etcd, three brokers and gazctl in {time.monotonic() - t_start:.0f}s: lines appended"

@@ -27,8 +27,19 @@ import grpc.aio
 from allocator.allocator import Allocator
 from allocator.etcd import Compare, Etcd, EtcdError, op_put
 from allocator.keyspace import KeySpace, KeyValue
-from allocator.model import Assignment, Item, MemberID
+from allocator.model import (
+    Assignment,
+    Item,
+    MemberID,
+    assignments_prefix,
+    item_key,
+    items_prefix,
+    member_key,
+    members_prefix,
+    parse_assignment_key,
+)
 from allocator.session import MemberExistsError, MemberSession
+from broker.client.route_cache import endpoint_to_target
 from broker.config import BrokerConfig
 from broker.fragment.coverset import FragmentEntry
 from broker.fragment.store import FragmentStoreError, store_for_url
@@ -56,37 +67,27 @@ class BrokerStartupError(RuntimeError):
 
 @dataclass(frozen=True)
 class Keys:
-    """The etcd key layout of reference §4 under one root."""
+    """The etcd key layout of reference §4 under one root (allocator.model's helpers)."""
 
     root: str
 
     @property
     def items(self) -> str:
-        return f"{self.root}/items/"
+        return items_prefix(self.root)
 
     @property
     def members(self) -> str:
-        return f"{self.root}/members/"
+        return members_prefix(self.root)
 
     @property
     def assign(self) -> str:
-        return f"{self.root}/assign/"
+        return assignments_prefix(self.root)
 
     def item(self, journal: str) -> str:
-        return f"{self.items}{journal}"
+        return item_key(self.root, journal)
 
     def member(self, zone: str, suffix: str) -> str:
-        return f"{self.members}{zone}#{suffix}"
-
-    def assignment(self, journal: str, zone: str, suffix: str, slot: int) -> str:
-        return f"{self.assign}{journal}#{zone}#{suffix}#{slot}"
-
-
-def parse_assignment_key(keys: Keys, key: str) -> tuple[str, str, str, int]:
-    """`{root}/assign/{item}#{zone}#{suffix}#{slot}` -> (item, zone, suffix, slot)."""
-    rest = key[len(keys.assign) :]
-    item, zone, suffix, slot = rest.rsplit("#", 3)
-    return item, zone, suffix, int(slot)
+        return member_key(self.root, MemberID(zone, suffix))
 
 
 @dataclass
@@ -149,7 +150,7 @@ class Broker:
         if key.startswith(self.keys.members):
             return pb.BrokerSpec.FromString(raw)
         if key.startswith(self.keys.assign):
-            parse_assignment_key(self.keys, key)
+            parse_assignment_key(self.cfg.root, key)
             return pb.Route.FromString(raw)
         return raw
 
@@ -185,16 +186,16 @@ class Broker:
         cached = self._routes.get(journal)
         if cached is not None:
             return cached
-        members: list[tuple[str, str, int]] = []
+        members: list[tuple[MemberID, int]] = []
         for kv in self.keyspace.prefixed(f"{self.keys.assign}{journal}#"):
-            item, zone, suffix, slot = parse_assignment_key(self.keys, kv.key)
+            item, member_id, slot = parse_assignment_key(self.cfg.root, kv.key)
             if item == journal:
-                members.append((zone, suffix, slot))
+                members.append((member_id, slot))
         members.sort()
         route = pb.Route(primary=-1)
-        for i, (zone, suffix, slot) in enumerate(members):
-            route.members.add(zone=zone, suffix=suffix)
-            member = self.keyspace.get(self.keys.member(zone, suffix))
+        for i, (member_id, slot) in enumerate(members):
+            route.members.add(zone=member_id.zone, suffix=member_id.suffix)
+            member = self.keyspace.get(member_key(self.cfg.root, member_id))
             route.endpoints.append(member.value.process_spec.endpoint if member else "")
             if slot == 0:
                 route.primary = i
@@ -210,8 +211,8 @@ class Broker:
             pass
         found: tuple[KeyValue[Any], int] | None = None
         for kv in self.keyspace.prefixed(f"{self.keys.assign}{journal}#"):
-            item, zone, suffix, slot = parse_assignment_key(self.keys, kv.key)
-            if item == journal and zone == self.cfg.zone and suffix == self.cfg.suffix:
+            item, member_id, slot = parse_assignment_key(self.cfg.root, kv.key)
+            if item == journal and member_id == self.member_id:
                 if found is None or slot < found[1]:
                     found = (kv, slot)
         self._mine[journal] = found
@@ -234,10 +235,7 @@ class Broker:
 
     def peer_stub(self, endpoint: str) -> Any:
         """A `protocol.Journal` stub on another broker (channels are kept and reused)."""
-        target = endpoint
-        for scheme in ("http://", "https://", "grpc://"):
-            if target.startswith(scheme):
-                target = target[len(scheme) :].rstrip("/")
+        target = endpoint_to_target(endpoint)
         stub = self._stubs.get(target)
         if stub is None:
             channel = grpc.aio.insecure_channel(target, options=PEER_CHANNEL_OPTIONS)
@@ -538,8 +536,8 @@ class Broker:
         }
         mine: dict[str, tuple[KeyValue[Any], int]] = {}
         for kv in self.keyspace.prefixed(self.keys.assign):
-            item, zone, suffix, slot = parse_assignment_key(self.keys, kv.key)
-            if zone == self.cfg.zone and suffix == self.cfg.suffix and item in specs:
+            item, member_id, slot = parse_assignment_key(self.cfg.root, kv.key)
+            if member_id == self.member_id and item in specs:
                 if item not in mine or slot < mine[item][1]:
                     mine[item] = (kv, slot)
         for name, (akv, slot) in mine.items():
@@ -806,9 +804,6 @@ class Broker:
                         time.monotonic() - replica.last_refresh >= replica.refresh_interval
                         and not replica.lock.locked()
                     ):
-                        listing = await replica.list_stores()
-                        if not replica.lock.locked():  # else: next tick (never block here)
-                            async with replica.lock:
-                                replica.apply_listing(listing)
+                        await replica.relist(wait=False)  # never block the loop here
                 except Exception:  # noqa: BLE001 - keep serving; retried next tick
                     log.exception("flush/refresh failed journal=%s", replica.name)

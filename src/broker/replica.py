@@ -172,6 +172,15 @@ class JournalReplica:
         """Rebuild the index from a fresh listing of every store (no appends may run)."""
         self.apply_listing(await self.list_stores())
 
+    async def relist(self, *, wait: bool = True) -> None:
+        """List the stores and apply the listing under `lock` while appends may run. With
+        `wait=False` a listing that finds the journal locked is dropped (retried later)."""
+        listing = await self.list_stores()
+        if not wait and self.lock.locked():
+            return
+        async with self.lock:
+            self.apply_listing(listing)
+
     async def list_stores(self) -> Listing:
         """Fragments of every store of the journal, and the errors of stores that failed."""
         epoch = self.index_epoch

@@ -240,7 +240,8 @@ class JournalService(pb_grpc.JournalServicer):
                         # After a failover, a range may be persisted by another replica but
                         # not yet listed here: look at the stores again before jumping.
                         gap_checks += 1
-                        await self._relist(replica, delay=0.5 * (gap_checks - 1))
+                        await asyncio.sleep(0.5 * (gap_checks - 1))
+                        await replica.relist()
                         continue
                     offset = entry.begin  # history before this was removed: an offset jump
                     continue
@@ -295,12 +296,6 @@ class JournalService(pb_grpc.JournalServicer):
                     offset += n
             finally:
                 os.close(fd)
-
-    async def _relist(self, replica: JournalReplica, delay: float) -> None:
-        await asyncio.sleep(delay)
-        listing = await replica.list_stores()
-        async with replica.lock:
-            replica.apply_listing(listing)
 
     async def _open_content(self, replica: JournalReplica, entry: Any, context: Any) -> int | None:
         if entry.local_path is not None:
