@@ -18,24 +18,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from typing import Any, Final
+from typing import Any
 
 import trio
 
+from recoverylog.op_batch import CREATE, LINK, RENAME, TRUNCATE, UNLINK, WRITE, Op, apply_ops
 from recoverylog.recorder import Recorder
 
 __all__ = ["RecordingFailed", "RecordingLink"]
 
 log = logging.getLogger(__name__)
 
-_CREATE: Final = 0  # path: created (O_CREAT of a path that was not a file).
-_TRUNCATE: Final = 1  # path: truncated to zero (a new Fnode).
-_WRITE: Final = 2  # path, offset, data.
-_UNLINK: Final = 3  # path.
-_RENAME: Final = 4  # path -> data (decoded target path).
-_LINK: Final = 5  # path (existing) -> data (decoded new path).
-
-_Op = tuple[int, str, int, bytes]
 
 HAND_OVER_BYTES = 1 << 20
 MAX_UNSYNCED_BYTES = 64 << 20
@@ -53,7 +46,7 @@ class RecordingLink:
     def __init__(self, recorder: Recorder, loop: asyncio.AbstractEventLoop) -> None:
         self._rec = recorder
         self._loop = loop
-        self._ops: list[_Op] = []
+        self._ops: list[Op] = []
         self._queued = 0
         self._wpath: str | None = None
         self._woff = 0
@@ -80,19 +73,19 @@ class RecordingLink:
             raise RecordingFailed(f"recording to {self._rec.log} failed: {self._error!r}")
 
     def create(self, path: str) -> None:
-        self._push((_CREATE, path, 0, b""))
+        self._push((CREATE, path, 0, b""))
 
     def truncate(self, path: str) -> None:
-        self._push((_TRUNCATE, path, 0, b""))
+        self._push((TRUNCATE, path, 0, b""))
 
     def unlink(self, path: str) -> None:
-        self._push((_UNLINK, path, 0, b""))
+        self._push((UNLINK, path, 0, b""))
 
     def rename(self, src: str, dst: str) -> None:
-        self._push((_RENAME, src, 0, dst.encode()))
+        self._push((RENAME, src, 0, dst.encode()))
 
     def link(self, src: str, dst: str) -> None:
-        self._push((_LINK, src, 0, dst.encode()))
+        self._push((LINK, src, 0, dst.encode()))
 
     def write(self, path: str, offset: int, data: bytes) -> None:
         if not data:
@@ -150,44 +143,26 @@ class RecordingLink:
         self.barriers += 1
         return head
 
-    def _push(self, op: _Op) -> None:
+    def _push(self, op: Op) -> None:
         self._seal()
         self._ops.append(op)
         self.ops += 1
 
     def _seal(self) -> None:
         if self._wpath is not None:
-            self._ops.append((_WRITE, self._wpath, self._woff, bytes(self._wbuf)))
+            self._ops.append((WRITE, self._wpath, self._woff, bytes(self._wbuf)))
             self.ops += 1
             self._wpath = None
             self._wbuf = bytearray()
 
     # -- Loop thread -------------------------------------------------------------------------
 
-    def _apply(self, ops: list[_Op]) -> None:
+    def _apply(self, ops: list[Op]) -> None:
         if self._error is not None:
             return
         rec = self._rec
         try:
-            for kind, path, offset, data in ops:
-                if kind == _WRITE:
-                    fnode = rec.fnode(path)
-                    if fnode is None:
-                        raise RuntimeError(f"write of unrecorded file {path!r}")
-                    rec.record_write(fnode, offset, data)
-                elif kind == _CREATE:
-                    rec.record_open(path, create=True)
-                elif kind == _TRUNCATE:
-                    rec.record_truncate(path)
-                elif kind == _UNLINK:
-                    rec.record_unlink(path)
-                elif kind == _RENAME:
-                    rec.record_rename(path, data.decode())
-                else:
-                    fnode = rec.fnode(path)
-                    if fnode is None:
-                        raise RuntimeError(f"link of unrecorded file {path!r}")
-                    rec.record_link(fnode, data.decode())
+            apply_ops(rec, ops)
         except BaseException as err:  # The Recorder is broken, or a bug in the handlers.
             log.error("recording failed log=%s err=%r", rec.log, err)
             self._error = err

@@ -18,18 +18,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any, Final
+from typing import Any
 
+from recoverylog.op_batch import CREATE, TRUNCATE, UNLINK, WRITE, Op, apply_ops
 from recoverylog.recorder import Recorder
 
 __all__ = ["RecorderBridge", "RecordingFailed"]
-
-_CREATE: Final = 0
-_TRUNCATE: Final = 1
-_WRITE: Final = 2
-_UNLINK: Final = 3
-
-_Op = tuple[int, str, int, bytes]
 
 
 class RecordingFailed(Exception):
@@ -62,7 +56,7 @@ class RecorderBridge:
         self._loop_thread = threading.get_ident()
         self.flush_bytes = flush_bytes
         self.max_unsynced = max_unsynced
-        self._ops: list[_Op] = []
+        self._ops: list[Op] = []
         # Cross-thread waits of the SQLite thread on the loop: `discard` cancels them, so that
         # destroying the store from the loop never waits on a thread that waits on the loop.
         self._waits: set[concurrent.futures.Future[Any]] = set()
@@ -87,15 +81,15 @@ class RecorderBridge:
 
     def create(self, path: str) -> None:
         """`path` was created (it was not a recorded file)."""
-        self._push((_CREATE, path, 0, b""))
+        self._push((CREATE, path, 0, b""))
 
     def truncate(self, path: str) -> None:
         """Recorded file `path` was truncated to zero length: it becomes a new Fnode."""
-        self._push((_TRUNCATE, path, 0, b""))
+        self._push((TRUNCATE, path, 0, b""))
 
     def unlink(self, path: str) -> None:
         """Recorded file `path` was removed."""
-        self._push((_UNLINK, path, 0, b""))
+        self._push((UNLINK, path, 0, b""))
 
     def write(self, path: str, offset: int, data: bytes) -> None:
         """`data` was written at `offset` of recorded file `path`."""
@@ -185,17 +179,17 @@ class RecorderBridge:
         if err is not None:
             raise RecordingFailed(f"recording to {self._rec.log} failed: {err!r}") from err
 
-    def _push(self, op: _Op) -> None:
+    def _push(self, op: Op) -> None:
         self._seal()
         self._ops.append(op)
 
     def _seal(self) -> None:
         if self._wpath is not None:
-            self._ops.append((_WRITE, self._wpath, self._woff, bytes(self._wbuf)))
+            self._ops.append((WRITE, self._wpath, self._woff, bytes(self._wbuf)))
             self._wpath = None
             self._wbuf = bytearray()
 
-    def _take(self) -> list[_Op]:
+    def _take(self) -> list[Op]:
         ops, self._ops = self._ops, []
         self._unsynced += self._queued
         self.bytes_recorded += self._queued
@@ -212,27 +206,16 @@ class RecorderBridge:
 
     # -- On the loop ----------------------------------------------------------------------------
 
-    def _apply(self, ops: list[_Op]) -> None:
+    def _apply(self, ops: list[Op]) -> None:
         if self._error is not None or self._discard:
             return
         rec = self._rec
         try:
-            for kind, path, offset, data in ops:
-                if kind == _WRITE:
-                    fnode = rec.fnode(path)
-                    if fnode is None:
-                        raise RuntimeError(f"write of unrecorded file {path!r}")
-                    rec.record_write(fnode, offset, data)
-                elif kind == _CREATE:
-                    rec.record_open(path, create=True, exclusive=True)
-                elif kind == _TRUNCATE:
-                    rec.record_truncate(path)
-                else:
-                    rec.record_unlink(path)
+            apply_ops(rec, ops, exclusive_create=True)
         except BaseException as err:  # The Recorder is broken, or the VFS has a bug.
             self._error = err
 
-    async def _apply_and_barrier(self, ops: list[_Op]) -> None:
+    async def _apply_and_barrier(self, ops: list[Op]) -> None:
         self._apply(ops)
         if self._error is not None:
             raise self._error

@@ -11,6 +11,7 @@ import apsw
 import pytest
 
 from broker.client import AppendService, JournalClient
+from recoverylog.op_batch import WRITE
 from stores.sqlite import SQLiteStore
 from stores.sqlite import bridge as bridge_module
 from stores.sqlite.store import rebuild_played
@@ -42,7 +43,7 @@ async def test_cache_spill_records_every_write(
     apply = bridge_module.RecorderBridge._apply
 
     def spy(self: Any, ops: list[Any]) -> Any:
-        empty_writes.extend(o for o in ops if o[0] == bridge_module._WRITE and not o[3])
+        empty_writes.extend(o for o in ops if o[0] == WRITE and not o[3])
         return apply(self, ops)
 
     monkeypatch.setattr(bridge_module.RecorderBridge, "_apply", spy)
