@@ -267,10 +267,16 @@ class Broker:
         deadline = loop.time() + timeout
         if min_etcd_revision > self.keyspace.revision:
             await self.keyspace.wait_for_revision(min_etcd_revision, timeout=timeout)
+        confirmed_absent = False
         while True:
             revision = self.keyspace.revision
             if self.keyspace.get(self.keys.item(name)) is None:
-                return Resolution(pb.JOURNAL_NOT_FOUND, self.header())
+                if confirmed_absent:
+                    return Resolution(pb.JOURNAL_NOT_FOUND, self.header())
+                # Our mirror may lag a journal created through another broker a moment ago:
+                # JOURNAL_NOT_FOUND is final for clients, so confirm it against etcd first.
+                confirmed_absent = await self._await_item(name, deadline - loop.time())
+                continue
             route = self.route_of(name)
             header = self.header(name)
             mine = self.my_assignment(name)
@@ -297,6 +303,22 @@ class Broker:
                     await self.keyspace.wait_for_change(revision)
             except TimeoutError:
                 return Resolution(pb.NO_JOURNAL_PRIMARY_BROKER, self.header(name))
+
+    async def _await_item(self, name: str, timeout: float) -> bool:
+        """Catch the mirror up to etcd for journal `name`'s spec. Returns True if etcd has no
+        such journal (the mirror is then authoritative for it)."""
+        if self.etcd is None:
+            return True
+        try:
+            resp = await self.etcd.get(self.keys.item(name).encode())
+        except EtcdError as err:  # not final: the client retries on UNAVAILABLE
+            raise TimeoutError(f"cannot confirm journal {name} with etcd: {err}") from err
+        if not resp.kvs:
+            return True
+        await self.keyspace.wait_for_revision(
+            int(resp.kvs[0].mod_revision), timeout=max(timeout, 0.001)
+        )
+        return False
 
     async def _ready_replica(self, name: str, timeout: float) -> JournalReplica | None:
         ready = self._ready.get(name)

@@ -92,7 +92,7 @@ async def cluster(
                 etcd=etcd.endpoint,
                 root=root,
                 zone=zones[i % len(zones)],
-                suffix=f"b{i}",
+                suffix=f"node{i}",
                 listen=f"127.0.0.1:{port}",
                 spool_dir=tmp_path / f"b{i}",
                 lease_ttl=4,
@@ -334,3 +334,33 @@ async def test_peer_gives_its_lock_back_when_the_primary_goes_silent_mid_append(
         assert replica.write_head == current.end  # the partial append was rolled back
         assert os.path.getsize(replica.ensure_spool().content_path) == len(replica.ensure_spool())
         call.cancel()
+
+
+async def test_journal_created_elsewhere_is_found_by_a_lagging_broker(
+    etcd_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JOURNAL_NOT_FOUND is final for clients, so a broker whose etcd watch lags must not
+    answer it for a journal another broker just created: it confirms with etcd and waits
+    for its mirror to catch up."""
+    from allocator.etcd import Etcd
+
+    real_watch = Etcd.watch_prefix
+
+    async def lagging_watch(self: Etcd, prefix: bytes, start: int) -> AsyncIterator[Any]:
+        async for resp in real_watch(self, prefix, start):
+            await asyncio.sleep(getattr(self, "lag", 0.0))
+            yield resp
+
+    monkeypatch.setattr(Etcd, "watch_prefix", lagging_watch)
+    async with cluster(etcd_server, tmp_path, 2) as nodes:
+        lagging = nodes[1].broker
+        assert lagging.etcd is not None
+        lagging.etcd.lag = 0.5  # type: ignore[attr-defined]
+        s = spec(f"races/lagging-{next(_names)}", tmp_path / "store", replication=1)
+        await create(nodes[0], s)
+        assert lagging.keyspace.get(lagging.keys.item(s.name)) is None  # still lagging
+        resp = await append(nodes[1].stub, s.name, b"hello\n")
+        assert resp.status == pb.OK, pb.Status.Name(resp.status)
+        # An unknown journal is still answered JOURNAL_NOT_FOUND.
+        resp = await append(nodes[1].stub, f"races/missing-{next(_names)}", b"x\n")
+        assert resp.status == pb.JOURNAL_NOT_FOUND
