@@ -104,6 +104,7 @@ def __getattr__(name: str) -> object:
 
     return getattr(importlib.import_module(module), name)
 
+
 __all__ = [
     # uuid
     "Clock",

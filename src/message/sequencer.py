@@ -151,9 +151,7 @@ class MustStartReplay(SequencerError):
     """Committed messages left the ring: re-read [begin, end) of `journal`, pass to start_replay."""
 
     def __init__(self, journal: str, begin: int, end: int) -> None:
-        super().__init__(
-            f"replay required: journal={journal} begin={begin} end={end}"
-        )
+        super().__init__(f"replay required: journal={journal} begin={begin} end={end}")
         self.journal = journal
         self.begin = begin
         self.end = end
@@ -173,7 +171,13 @@ class _Partial:
     """
 
     __slots__ = (
-        "journal", "producer", "min_clock", "max_clock", "begin", "ring_start", "ring_stop",
+        "journal",
+        "producer",
+        "min_clock",
+        "max_clock",
+        "begin",
+        "ring_start",
+        "ring_stop",
     )
 
     def __init__(self, journal: str, producer: int, clock: int, begin: int) -> None:
@@ -283,33 +287,41 @@ class Sequencer:
                 outcome = QueueOutcome.CONTINUE_EXTEND_SPAN
         elif flags == _FLAG_ACK:
             if clock < partial.min_clock:
-                self._log_error(env, partial, clock, flags,
-                                "ACK_TXN below the last ACK (loss of exactly-once semantics)")
+                self._log_error(
+                    env,
+                    partial,
+                    clock,
+                    flags,
+                    "ACK_TXN below the last ACK (loss of exactly-once semantics)",
+                )
                 outcome = QueueOutcome.ACK_ROLLBACK
             elif clock == partial.min_clock:
                 outcome = QueueOutcome.ACK_ROLLBACK
             elif partial.begin == -1:
                 outcome = QueueOutcome.ACK_EMPTY
-            elif (
-                partial.ring_start == -1
-                or partial.begin != self._ring_begin(partial.ring_start)
-            ):
+            elif partial.ring_start == -1 or partial.begin != self._ring_begin(partial.ring_start):
                 outcome = QueueOutcome.ACK_COMMIT_REPLAY  # The span's head left the ring.
             else:
                 outcome = QueueOutcome.ACK_COMMIT_RING
         else:
             if flags != _FLAG_OUTSIDE:
-                self._log_error(env, partial, clock, flags,
-                                "unexpected UUID flags (handled as OUTSIDE_TXN)")
+                self._log_error(
+                    env, partial, clock, flags, "unexpected UUID flags (handled as OUTSIDE_TXN)"
+                )
             if clock <= partial.min_clock:
                 outcome = QueueOutcome.OUTSIDE_ALREADY_ACKED
             else:
                 if partial.begin != -1 and partial.begin != env.begin:
                     # (Equal when a checkpoint taken while dequeuing this very message was
                     # restored, and it's being read again.)
-                    self._log_error(env, partial, clock, flags,
-                                    "OUTSIDE_TXN after an open CONTINUE_TXN span (mixed "
-                                    "committed and uncommitted publishing?); span discarded")
+                    self._log_error(
+                        env,
+                        partial,
+                        clock,
+                        flags,
+                        "OUTSIDE_TXN after an open CONTINUE_TXN span (mixed "
+                        "committed and uncommitted publishing?); span discarded",
+                    )
                 outcome = QueueOutcome.OUTSIDE_COMMIT
 
         # Each outcome either sets a sequence to emit, or advances the read-through offset.
@@ -520,9 +532,7 @@ class Sequencer:
     def _check_replayed(self, env: Envelope, emit: _Partial) -> None:
         end = self._ring_begin(emit.ring_start)
         if env.journal != emit.journal:
-            raise ReplayError(
-                f"replay of wrong journal ({env.journal}; expected {emit.journal})"
-            )
+            raise ReplayError(f"replay of wrong journal ({env.journal}; expected {emit.journal})")
         if env.begin < emit.begin:
             raise ReplayError(
                 f"replay has wrong begin ({env.begin}; expected >= {emit.begin}) "
@@ -539,8 +549,16 @@ class Sequencer:
         _log.error(
             "%s journal=%s begin=%d end=%d producer=%012x clock=%d flags=%#x "
             "min_clock=%d max_clock=%d span_begin=%d",
-            msg, env.journal, env.begin, env.end, partial.producer, clock, flags,
-            partial.min_clock, partial.max_clock, partial.begin,
+            msg,
+            env.journal,
+            env.begin,
+            env.end,
+            partial.producer,
+            clock,
+            flags,
+            partial.min_clock,
+            partial.max_clock,
+            partial.begin,
         )
 
 

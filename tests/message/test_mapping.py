@@ -127,9 +127,7 @@ def test_rendezvous_reshuffles_minimally() -> None:
     gone = names[7]
     current = partitions([n for n in names if n != gone])
     removed = {k: mapping(k)[0] for k in keys}
-    assert {k for k in keys if removed[k] != before[k]} == {
-        k for k in keys if before[k] == gone
-    }
+    assert {k for k in keys if removed[k] != before[k]} == {k for k in keys if before[k] == gone}
 
     # For contrast: modulo mapping reshuffles most keys when a partition is added.
     parts20, parts21 = partitions(names), partitions([*names, "t/part-new"])

@@ -76,8 +76,12 @@ class Gen:
 
     def zero(self, with_uuid: bool = True) -> Envelope:
         """A message whose UUID is all zeros (or missing)."""
-        env = Envelope(self.journal, self.offset, self.offset + 100,
-                       Msg(uuid.UUID(int=0) if with_uuid else None))
+        env = Envelope(
+            self.journal,
+            self.offset,
+            self.offset + 100,
+            Msg(uuid.UUID(int=0) if with_uuid else None),
+        )
         self.offset += 102
         return env
 
@@ -110,7 +114,12 @@ def expect_dequeue(seq: Sequencer, *expect: Envelope) -> None:
         # The producer is ready for its next sequence.
         p = seq._partials[last.journal, producer]
         assert (p.min_clock, p.max_clock, p.begin, p.ring_start, p.ring_stop) == (
-            clock, clock, -1, -1, -1)
+            clock,
+            clock,
+            -1,
+            -1,
+            -1,
+        )
     assert seq.read_through()[last.journal] == last.end
 
 
@@ -127,8 +136,13 @@ def expect_replay(seq: Sequencer, begin: int, end: int, *envs: Envelope) -> None
 def spans(seq: Sequencer) -> dict[bytes, tuple[int, int, int, int, int]]:
     """producer -> (begin, ring_start, ring_stop, min_clock, max_clock)."""
     return {
-        p.producer.to_bytes(6, "big"): (p.begin, p.ring_start, p.ring_stop, p.min_clock,
-                                         p.max_clock)
+        p.producer.to_bytes(6, "big"): (
+            p.begin,
+            p.ring_start,
+            p.ring_stop,
+            p.min_clock,
+            p.max_clock,
+        )
         for p in seq._partials.values()
     }
 
@@ -157,8 +171,12 @@ def test_ring_add_and_evict() -> None:
     assert seq._ring == [None] * 5
     assert not seq.has_pending()
 
-    def check(ring: list[int | None], nxt: list[int], head: int,
-              want: dict[bytes, tuple[int, int, int, int, int]]) -> None:
+    def check(
+        ring: list[int | None],
+        nxt: list[int],
+        head: int,
+        want: dict[bytes, tuple[int, int, int, int, int]],
+    ) -> None:
         assert seq._ring == [None if i is None else e[i] for i in ring]
         assert seq._next == nxt
         assert seq._head == head
@@ -171,34 +189,31 @@ def test_ring_add_and_evict() -> None:
     assert seq.read_through() == {JOURNAL: e[1].end}  # Continuations are read through.
 
     assert queue(seq, e[2]) == [Q.CONTINUE_BEGIN_SPAN]
-    check([1, 2, None, None, None], [-1] * 5, 2,
-          {A: (b1, 0, 0, 99, 100), B: (b2, 1, 1, 199, 200)})
+    check([1, 2, None, None, None], [-1] * 5, 2, {A: (b1, 0, 0, 99, 100), B: (b2, 1, 1, 199, 200)})
 
     assert queue(seq, e[3], e[4]) == [Q.CONTINUE_EXTEND_SPAN] * 2
-    check([1, 2, 3, 4, None], [2, -1, 3, -1, -1], 4,
-          {A: (b1, 0, 3, 99, 400), B: (b2, 1, 1, 199, 200)})
+    check(
+        [1, 2, 3, 4, None], [2, -1, 3, -1, -1], 4, {A: (b1, 0, 3, 99, 400), B: (b2, 1, 1, 199, 200)}
+    )
 
     assert queue(seq, e[5]) == [Q.CONTINUE_EXTEND_SPAN]
-    check([1, 2, 3, 4, 5], [2, 4, 3, -1, -1], 0,
-          {A: (b1, 0, 3, 99, 400), B: (b2, 1, 4, 199, 500)})
+    check([1, 2, 3, 4, 5], [2, 4, 3, -1, -1], 0, {A: (b1, 0, 3, 99, 400), B: (b2, 1, 4, 199, 500)})
 
     # The ring wraps: e1 (A's head) is evicted, but A's span still begins there.
     assert queue(seq, e[6]) == [Q.CONTINUE_EXTEND_SPAN]
-    check([6, 2, 3, 4, 5], [-1, 4, 3, -1, 0], 1,
-          {A: (b1, 2, 3, 99, 400), B: (b2, 1, 0, 199, 600)})
+    check([6, 2, 3, 4, 5], [-1, 4, 3, -1, 0], 1, {A: (b1, 2, 3, 99, 400), B: (b2, 1, 0, 199, 600)})
 
     assert queue(seq, e[7], e[8]) == [Q.CONTINUE_EXTEND_SPAN] * 2
-    check([6, 7, 8, 4, 5], [1, 2, -1, -1, 0], 3,
-          {A: (b1, 3, 3, 99, 400), B: (b2, 4, 2, 199, 800)})
+    check([6, 7, 8, 4, 5], [1, 2, -1, -1, 0], 3, {A: (b1, 3, 3, 99, 400), B: (b2, 4, 2, 199, 800)})
 
     # A's last held envelope leaves the ring; its span is still tracked.
     assert queue(seq, e[9]) == [Q.CONTINUE_EXTEND_SPAN]
-    check([6, 7, 8, 9, 5], [1, 2, 3, -1, 0], 4,
-          {A: (b1, -1, -1, 99, 400), B: (b2, 4, 3, 199, 900)})
+    check([6, 7, 8, 9, 5], [1, 2, 3, -1, 0], 4, {A: (b1, -1, -1, 99, 400), B: (b2, 4, 3, 199, 900)})
 
     assert queue(seq, e[10], e[11]) == [Q.CONTINUE_EXTEND_SPAN] * 2
-    check([11, 7, 8, 9, 10], [-1, 2, 3, 4, 0], 1,
-          {A: (b1, -1, -1, 99, 400), B: (b2, 1, 0, 199, 1100)})
+    check(
+        [11, 7, 8, 9, 10], [-1, 2, 3, 4, 0], 1, {A: (b1, -1, -1, 99, 400), B: (b2, 1, 0, 199, 1100)}
+    )
     assert seq.read_through() == {JOURNAL: e[11].end}
 
 
@@ -210,11 +225,20 @@ def test_transaction_sequences() -> None:
     seq = Sequencer(ring_size=3)
 
     # Duplicates inside a span are dropped; the whole span is in the ring.
-    a1, a2, a1dup, a2dup, a3ack = (gen(A, 1, CONT), gen(A, 2, CONT), gen(A, 1, CONT),
-                                   gen(A, 2, CONT), gen(A, 3, ACK))
+    a1, a2, a1dup, a2dup, a3ack = (
+        gen(A, 1, CONT),
+        gen(A, 2, CONT),
+        gen(A, 1, CONT),
+        gen(A, 2, CONT),
+        gen(A, 3, ACK),
+    )
     assert queue(seq, a1, a2, a1dup, a2dup, a3ack) == [
-        Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_EXTEND_SPAN, Q.CONTINUE_TXN_CLOCK_LARGER,
-        Q.CONTINUE_TXN_CLOCK_LARGER, Q.ACK_COMMIT_RING]
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_TXN_CLOCK_LARGER,
+        Q.CONTINUE_TXN_CLOCK_LARGER,
+        Q.ACK_COMMIT_RING,
+    ]
     expect_dequeue(seq, a1, a2, a3ack)
     assert not seq.has_pending()
 
@@ -226,15 +250,28 @@ def test_transaction_sequences() -> None:
     # An ACK commits only the clocks at or below its own.
     a5, a7noack, a6ack = gen(A, 5, CONT), gen(A, 7, CONT), gen(A, 6, ACK)
     assert queue(seq, a5, a7noack, a6ack) == [
-        Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_EXTEND_SPAN, Q.ACK_COMMIT_RING]
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_COMMIT_RING,
+    ]
     expect_dequeue(seq, a5, a6ack)
 
     # Rollback to the last ACK, interleaved with producer B.
-    b1, a7, a8, b2, a6abort = (gen(B, 1, CONT), gen(A, 7, CONT), gen(A, 8, CONT),
-                               gen(B, 2, CONT), gen(A, 6, ACK))
+    b1, a7, a8, b2, a6abort = (
+        gen(B, 1, CONT),
+        gen(A, 7, CONT),
+        gen(A, 8, CONT),
+        gen(B, 2, CONT),
+        gen(A, 6, ACK),
+    )
     assert queue(seq, a7, b1, a7, a8, b2, a6abort) == [
-        Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_TXN_CLOCK_LARGER,
-        Q.CONTINUE_EXTEND_SPAN, Q.CONTINUE_EXTEND_SPAN, Q.ACK_ROLLBACK]
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_TXN_CLOCK_LARGER,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_ROLLBACK,
+    ]
     assert seq._emit is None and seq.step() is False
     assert spans(seq) == {A: (-1, -1, -1, 6, 6), B: (b1.begin, 1, 1, 0, 2)}
 
@@ -246,31 +283,63 @@ def test_transaction_sequences() -> None:
 
     # A replayed span with duplicates from inside and before it, in the ring and the replay.
     b4, b1dup, b4dup, b5, b6, b2dup, b7, b8ack = (
-        gen(B, 4, CONT), gen(B, 1, CONT), gen(B, 4, CONT), gen(B, 5, CONT), gen(B, 6, CONT),
-        gen(B, 2, CONT), gen(B, 7, CONT), gen(B, 8, ACK))
+        gen(B, 4, CONT),
+        gen(B, 1, CONT),
+        gen(B, 4, CONT),
+        gen(B, 5, CONT),
+        gen(B, 6, CONT),
+        gen(B, 2, CONT),
+        gen(B, 7, CONT),
+        gen(B, 8, ACK),
+    )
     assert queue(seq, b4, b1dup, b4dup, b5, b6, b2dup, b7, b8ack) == [
-        Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_ALREADY_ACKED, Q.CONTINUE_TXN_CLOCK_LARGER,
-        Q.CONTINUE_EXTEND_SPAN, Q.CONTINUE_EXTEND_SPAN, Q.CONTINUE_ALREADY_ACKED,
-        Q.CONTINUE_EXTEND_SPAN, Q.ACK_COMMIT_REPLAY]
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_ALREADY_ACKED,
+        Q.CONTINUE_TXN_CLOCK_LARGER,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_ALREADY_ACKED,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_COMMIT_REPLAY,
+    ]
     expect_replay(seq, b4.begin, b6.begin, b4, b1dup, b4dup, b5)
     expect_dequeue(seq, b4, b5, b6, b7, b8ack)
 
     # A partial commit whose ring entries are all rolled back.
-    b9, b11no, b12no, b13no, b10ack = (gen(B, 9, CONT), gen(B, 11, CONT), gen(B, 12, CONT),
-                                       gen(B, 13, CONT), gen(B, 10, ACK))
+    b9, b11no, b12no, b13no, b10ack = (
+        gen(B, 9, CONT),
+        gen(B, 11, CONT),
+        gen(B, 12, CONT),
+        gen(B, 13, CONT),
+        gen(B, 10, ACK),
+    )
     assert queue(seq, b9, b11no, b12no, b13no, b10ack) == [
-        Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_EXTEND_SPAN, Q.CONTINUE_EXTEND_SPAN,
-        Q.CONTINUE_EXTEND_SPAN, Q.ACK_COMMIT_REPLAY]
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_COMMIT_REPLAY,
+    ]
     expect_replay(seq, b9.begin, b12no.begin, b9, b11no)
     expect_dequeue(seq, b9, b10ack)
     assert not seq.has_pending()
 
     # Two interleaved spans, each needing its own replay.
-    b11, a7, a8, b12, a9ack, b13ack = (gen(B, 11, CONT), gen(A, 7, CONT), gen(A, 8, CONT),
-                                       gen(B, 12, CONT), gen(A, 9, ACK), gen(B, 13, ACK))
+    b11, a7, a8, b12, a9ack, b13ack = (
+        gen(B, 11, CONT),
+        gen(A, 7, CONT),
+        gen(A, 8, CONT),
+        gen(B, 12, CONT),
+        gen(A, 9, ACK),
+        gen(B, 13, ACK),
+    )
     assert queue(seq, b11, a7, a8, b12, a9ack) == [
-        Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_EXTEND_SPAN,
-        Q.CONTINUE_EXTEND_SPAN, Q.ACK_COMMIT_REPLAY]
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_COMMIT_REPLAY,
+    ]
     expect_replay(seq, a7.begin, a8.begin, a7)
     expect_dequeue(seq, a7, a8, a9ack)
     assert seq.has_pending()
@@ -282,7 +351,10 @@ def test_transaction_sequences() -> None:
     # An ACK below the last one resets the producer's clock; its clocks may then be reused.
     b8reset, b9reuse, b10reuse = gen(B, 8, ACK), gen(B, 9, CONT), gen(B, 10, ACK)
     assert queue(seq, b8reset, b9reuse, b10reuse) == [
-        Q.ACK_ROLLBACK, Q.CONTINUE_BEGIN_SPAN, Q.ACK_COMMIT_RING]
+        Q.ACK_ROLLBACK,
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.ACK_COMMIT_RING,
+    ]
     expect_dequeue(seq, b9reuse, b10reuse)
 
 
@@ -290,11 +362,23 @@ def test_transactions_without_a_ring() -> None:
     gen = Gen()
     seq = Sequencer(ring_size=0)  # Taken as 1: only the committing message is held.
     a1, a2, b1, a1dup, a2dup, a3ack, b2, b3ack = (
-        gen(A, 1, CONT), gen(A, 2, CONT), gen(B, 1, CONT), gen(A, 1, CONT), gen(A, 2, CONT),
-        gen(A, 3, ACK), gen(B, 2, CONT), gen(B, 3, ACK))
+        gen(A, 1, CONT),
+        gen(A, 2, CONT),
+        gen(B, 1, CONT),
+        gen(A, 1, CONT),
+        gen(A, 2, CONT),
+        gen(A, 3, ACK),
+        gen(B, 2, CONT),
+        gen(B, 3, ACK),
+    )
     assert queue(seq, a1, a2, b1, a1dup, a2dup, a3ack) == [
-        Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_EXTEND_SPAN, Q.CONTINUE_BEGIN_SPAN,
-        Q.CONTINUE_TXN_CLOCK_LARGER, Q.CONTINUE_TXN_CLOCK_LARGER, Q.ACK_COMMIT_REPLAY]
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_TXN_CLOCK_LARGER,
+        Q.CONTINUE_TXN_CLOCK_LARGER,
+        Q.ACK_COMMIT_REPLAY,
+    ]
     expect_replay(seq, a1.begin, a3ack.begin, a1, a2, b1, a1dup, a2dup)
     expect_dequeue(seq, a1, a2, a3ack)
 
@@ -324,7 +408,10 @@ def test_outside_transaction_messages(caplog: pytest.LogCaptureFixture) -> None:
     a3, a4, a5 = gen(A, 3, CONT), gen(A, 4, CONT), gen(A, 5, OUT)
     with caplog.at_level(logging.ERROR, logger="message.sequencer"):
         assert queue(seq, a3, a4, a5) == [
-            Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_EXTEND_SPAN, Q.OUTSIDE_COMMIT]
+            Q.CONTINUE_BEGIN_SPAN,
+            Q.CONTINUE_EXTEND_SPAN,
+            Q.OUTSIDE_COMMIT,
+        ]
     assert "OUTSIDE_TXN after an open CONTINUE_TXN span" in caplog.text
     expect_dequeue(seq, a5)
 
@@ -393,7 +480,10 @@ def test_ack_below_last_ack_falls_back_to_at_least_once(caplog: pytest.LogCaptur
     # It re-publishes; clocks 6..11 are processed again, rather than risk never being processed.
     a6, a10again, a11again = gen(A, 6, CONT), gen(A, 10, CONT), gen(A, 11, ACK)
     assert queue(seq, a6, a10again, a11again) == [
-        Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_EXTEND_SPAN, Q.ACK_COMMIT_RING]
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_COMMIT_RING,
+    ]
     expect_dequeue(seq, a6, a10again, a11again)
     # An ACK equal to the last is a plain rollback and logs nothing.
     caplog.clear()
@@ -409,13 +499,25 @@ def test_states_round_trip() -> None:
     gen = Gen()
     seq1 = Sequencer(ring_size=12)
     a1, a2, b1, b2, c1ack, b3ack, c2, c1rollback, a3ack = (
-        gen(A, 1, CONT), gen(A, 2, CONT), gen(B, 1, CONT), gen(B, 2, CONT), gen(C, 1, ACK),
-        gen(B, 3, ACK), gen(C, 2, CONT), gen(C, 1, ACK), gen(A, 3, ACK))
+        gen(A, 1, CONT),
+        gen(A, 2, CONT),
+        gen(B, 1, CONT),
+        gen(B, 2, CONT),
+        gen(C, 1, ACK),
+        gen(B, 3, ACK),
+        gen(C, 2, CONT),
+        gen(C, 1, ACK),
+        gen(A, 3, ACK),
+    )
     z1 = gen.zero()
 
     assert queue(seq1, a1, a2, b1, b2, c1ack) == [
-        Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_EXTEND_SPAN, Q.CONTINUE_BEGIN_SPAN,
-        Q.CONTINUE_EXTEND_SPAN, Q.ACK_EMPTY]
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_EMPTY,
+    ]
     expect_dequeue(seq1, c1ack)
     assert queue(seq1, z1) == [Q.OUTSIDE_COMMIT]
     expect_dequeue(seq1, z1)
@@ -455,8 +557,14 @@ def test_states_round_trip() -> None:
 def test_states_round_trip_during_dequeue() -> None:
     gen = Gen()
     seq1 = Sequencer(ring_size=12)
-    a1, a2, a3ack, a4, a5, a6ack = (gen(A, 1, CONT), gen(A, 2, CONT), gen(A, 3, ACK),
-                                    gen(A, 4, CONT), gen(A, 5, CONT), gen(A, 6, ACK))
+    a1, a2, a3ack, a4, a5, a6ack = (
+        gen(A, 1, CONT),
+        gen(A, 2, CONT),
+        gen(A, 3, ACK),
+        gen(A, 4, CONT),
+        gen(A, 5, CONT),
+        gen(A, 6, ACK),
+    )
 
     def restore(seq: Sequencer) -> Sequencer:
         # Twice, to show a restored Sequencer checkpoints the same states.
@@ -464,7 +572,10 @@ def test_states_round_trip_during_dequeue() -> None:
         return Sequencer(once.checkpoint(None), 12, once.read_through())
 
     assert queue(seq1, a1, a2, a3ack) == [
-        Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_EXTEND_SPAN, Q.ACK_COMMIT_RING]
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_COMMIT_RING,
+    ]
     assert seq1.step() and seq1.dequeued is a1
     # Crash here, before a1 is processed: the state is as before a3ack.
     seq2 = restore(seq1)
@@ -481,7 +592,10 @@ def test_states_round_trip_during_dequeue() -> None:
 
     # Crash partway through the next sequence: a4 is processed, a5 isn't.
     assert queue(seq1, a4, a5, a6ack) == [
-        Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_EXTEND_SPAN, Q.ACK_COMMIT_RING]
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_COMMIT_RING,
+    ]
     assert seq1.step() and seq1.dequeued is a4
     assert seq1.step() and seq1.dequeued is a5
     seq2 = restore(seq1)
@@ -498,10 +612,17 @@ def test_checkpoint_prunes_idle_producers() -> None:
     gen = Gen()
     seq = Sequencer(ring_size=12)
     # Clock units are 100 ns, above 4 bits of counter.
-    a_cont, b_cont, b_ack, c_cont = (gen(A, 10 << 4, CONT), gen(B, 19 << 4, CONT),
-                                     gen(B, 20 << 4, ACK), gen(C, 30 << 4, CONT))
+    a_cont, b_cont, b_ack, c_cont = (
+        gen(A, 10 << 4, CONT),
+        gen(B, 19 << 4, CONT),
+        gen(B, 20 << 4, ACK),
+        gen(C, 30 << 4, CONT),
+    )
     assert queue(seq, a_cont, b_cont, b_ack) == [
-        Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_BEGIN_SPAN, Q.ACK_COMMIT_RING]
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.ACK_COMMIT_RING,
+    ]
     expect_dequeue(seq, b_cont, b_ack)
     assert queue(seq, c_cont) == [Q.CONTINUE_BEGIN_SPAN]
 
@@ -658,8 +779,10 @@ def _failing(envs: Iterable[Envelope]) -> Iterator[Envelope]:
     [
         (lambda envs: envs, None),
         (_failing, "unexpected EOF"),
-        (lambda envs: map(_wrong_journal, envs),
-         r"replay of wrong journal \(wrong/journal; expected test/journal\)"),
+        (
+            lambda envs: map(_wrong_journal, envs),
+            r"replay of wrong journal \(wrong/journal; expected test/journal\)",
+        ),
         (lambda envs: map(_shift_begin, envs), r"wrong begin \(101; expected >= 102\)"),
         (lambda envs: map(_extend_end, envs), r"wrong end \(302; expected <= 204\)"),
     ],
@@ -671,7 +794,10 @@ def test_replay_errors(
     seq = Sequencer(ring_size=0)
     b1, a2, a3ack = gen(B, 1, CONT), gen(A, 2, CONT), gen(A, 3, ACK)
     assert queue(seq, b1, a2, a3ack) == [
-        Q.CONTINUE_BEGIN_SPAN, Q.CONTINUE_BEGIN_SPAN, Q.ACK_COMMIT_REPLAY]
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.ACK_COMMIT_REPLAY,
+    ]
     assert seq.replay_range() == (JOURNAL, a2.begin, a3ack.begin)
     seq.start_replay(wrap([a2]))
     if error is None:
@@ -750,8 +876,9 @@ def _scenario(draw: Any) -> tuple[list[_Rec], int, list[str]]:
         journal.append(streams[i][cursors[i]])
         cursors[i] += 1
     ring_size = draw(st.integers(1, 8))
-    actions = draw(st.lists(st.sampled_from(["", "", "", "ckpt", "crash", "ckpt+crash"]),
-                            max_size=80))
+    actions = draw(
+        st.lists(st.sampled_from(["", "", "", "ckpt", "crash", "ckpt+crash"]), max_size=80)
+    )
     return journal, ring_size, actions
 
 
@@ -763,8 +890,11 @@ def test_random_interleavings_commit_exactly_once(
     recs, ring_size, actions = scenario
     envs = []
     for i, r in enumerate(recs):
-        u = None if r.producer is None else build_uuid(ProducerID(r.producer), Clock(r.clock),
-                                                       r.flags)
+        u = (
+            None
+            if r.producer is None
+            else build_uuid(ProducerID(r.producer), Clock(r.clock), r.flags)
+        )
         envs.append(Envelope(JOURNAL, i * 102, i * 102 + 100, Msg(u)))
     begins = [e.begin for e in envs]
     index = {id(e): i for i, e in enumerate(envs)}
