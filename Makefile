@@ -4,7 +4,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 # fuse3 + libfuse3-dev, pkg-config, a compiler and Python headers: pyfuse3 builds from source.
-APT_PACKAGES := etcd-server etcd-client fuse3 libfuse3-dev pkg-config build-essential python3-dev
+APT_PACKAGES := etcd-server etcd-client fuse3 libfuse3-dev pkg-config build-essential python3-dev postgresql
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test deps apt venv protos check-protos lint typecheck bench chaos clean

@@ -38,7 +38,8 @@ from broker.client import JournalClient, apply_journals
 from broker.protocol import protocol_pb2 as pb
 from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer
-from stores.rocksdb import RocksDBStore, recorded_options
+from consumer.protocol import pb as cpb
+from stores.rocksdb import CHECKPOINT_KEY, RocksDBStore, recorded_options
 
 MiB = 1 << 20
 
@@ -49,6 +50,11 @@ def say(msg: str) -> None:
 
 def key(i: int) -> bytes:
     return b"\x01" + i.to_bytes(8, "big") + b"benchkey"[:7]
+
+
+def checkpoint(phase: str, n: int) -> cpb.Checkpoint:
+    """A consumer's checkpoint after transaction `n` of `phase`: one source read through."""
+    return cpb.Checkpoint(sources={f"bench/{phase}": cpb.Checkpoint.Source(read_through=n)})
 
 
 def workload(
@@ -80,7 +86,7 @@ def native(
         wb = WriteBatch(raw_mode=True)
         for i in ids:
             wb.put(key(i), VALUE)
-        wb.put(b"\x00checkpoint", b"%d" % n)
+        wb.put(CHECKPOINT_KEY, checkpoint("write", n).SerializeToString())
         db.write(wb, sync)
     t1 = time.perf_counter()
     hits = 0
@@ -91,7 +97,7 @@ def native(
                 hits += db.get(key(i)) is not None
             else:
                 wb.put(key(i), VALUE)
-        wb.put(b"\x00checkpoint", b"m%d" % n)
+        wb.put(CHECKPOINT_KEY, checkpoint("mixed", n).SerializeToString())
         db.write(wb, sync)
     t2 = time.perf_counter()
     db.close()
@@ -117,7 +123,7 @@ async def store(
         for n, ids in enumerate(write):
             for i in ids:
                 s.put(key(i), VALUE)
-            await s.start_commit(None, b"%d" % n, [])
+            await s.start_commit(None, checkpoint("write", n), [])
         t1 = time.perf_counter()
         hits = 0
         for n, ops in enumerate(mixed):
@@ -126,7 +132,7 @@ async def store(
                     hits += s.get(key(i)) is not None
                 else:
                     s.put(key(i), VALUE)
-            await s.start_commit(None, b"m%d" % n, [])
+            await s.start_commit(None, checkpoint("mixed", n), [])
         t2 = time.perf_counter()
         stats = await s.mount.stats()
     finally:

@@ -38,6 +38,7 @@ from broker.client import AppendService, JournalClient, apply_journals
 from broker.protocol import protocol_pb2 as pb
 from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer
+from consumer.protocol import pb as cpb
 from recoverylog.fsm import FSM
 from recoverylog.recorder import Recorder
 from stores.sqlite import SQLiteStore
@@ -102,6 +103,11 @@ def native(directory: Path, work: list[Batch], synchronous: str) -> float:
     return elapsed
 
 
+def checkpoint(i: int) -> cpb.Checkpoint:
+    """A consumer's checkpoint after transaction `i`: one source read through."""
+    return cpb.Checkpoint(sources={"bench/input": cpb.Checkpoint.Source(read_through=i)})
+
+
 async def recorded(
     endpoint: str, fragments: Path, directory: Path, work: list[Batch], sync_waits: bool
 ) -> tuple[float, SQLiteStore, int]:
@@ -116,7 +122,7 @@ async def recorded(
         directory.mkdir(parents=True)
         rec = await Recorder.open(FSM(log), 0xBE4C, directory, svc, log)
         store = await SQLiteStore.open(rec, bootstrap_sql=SCHEMA, sync_waits=sync_waits)
-        await store.start_commit(None, b"", [])
+        await store.start_commit(None, cpb.Checkpoint(), [])
         t0 = time.perf_counter()
         # As a consumer: the next transaction runs while the previous one commits, and a
         # transaction starts committing once its predecessor's commit completed.
@@ -125,7 +131,7 @@ async def recorded(
             await store.transact(apply_batch, batch)
             if pending is not None:
                 await pending
-            pending = store.start_commit(None, str(i).encode(), [])
+            pending = store.start_commit(None, checkpoint(i), [])
         if pending is not None:
             await pending
         elapsed = time.perf_counter() - t0

@@ -1,25 +1,77 @@
 """The Store contract: durable, transactional state committed together with Checkpoints.
 
-A minimal placeholder of upstream's ``consumer.Store`` until the consumer package (and
-``consumer.proto``) exists: a `Checkpoint` is the marshaled ``consumer.Checkpoint`` message
-(bytes), and a `Shard` is whatever the Service passes (stores here do not use it).
+A `Store` holds a shard's application state and the ``consumer.Checkpoint`` (offsets read
+through, producer states, pending ACK intents) that produced it; both commit atomically.
+Recorded stores (RocksDB, SQLite, JSON files) keep their files in a directory played back
+from the shard's recovery log and record every change into it: the runtime hands them a
+`RecoveredLog`. Remote stores (SQLStore) ignore it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
-from typing import Any, Protocol, TypeAlias
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-__all__ = ["Checkpoint", "OpFuture", "Shard", "Store"]
+from consumer.protocol import pb
 
-Checkpoint: TypeAlias = bytes
-"""A marshaled ``consumer.Checkpoint`` (b"" is the empty checkpoint of a new store)."""
+if TYPE_CHECKING:
+    from broker.client import AppendService, JournalClient
+    from recoverylog import recoverylog_pb2 as rpb
+    from recoverylog.fsm import FSM
+    from recoverylog.recorder import Recorder
+
+__all__ = ["Checkpoint", "OpFuture", "RecoveredLog", "Shard", "Store"]
+
+Checkpoint: TypeAlias = pb.Checkpoint
+"""A ``consumer.Checkpoint`` (the empty message is the checkpoint of a new store)."""
 
 Shard: TypeAlias = Any
-"""The processing context of a shard; opaque to the stores implemented so far."""
+"""The processing context of a shard (`consumer.Shard`); stores rarely need it."""
 
 OpFuture: TypeAlias = Awaitable[Any]
 """An operation in flight (an append, a commit): awaiting it raises if the operation failed."""
+
+
+@dataclass
+class RecoveredLog:
+    """A shard's recovery log, played back into `directory` and handed off to `author`.
+
+    A recorded store opens its files in `directory` and records every change onwards from
+    `fsm`: through `recorder()` (an in-process Recorder), or by handing `fsm` to a fusefs
+    process (RocksDB), which needs `broker_endpoint` to reach the brokers itself.
+    """
+
+    log: str
+    """The recovery log journal."""
+    directory: Path
+    """The played-back files: the store's directory."""
+    fsm: FSM
+    """The FSM of the played log; recording continues from it."""
+    author: int
+    """This process's author: the log's fence register now names it."""
+    write_head: int
+    """The offset through which playback read (the hand-off's end): a lower bound of the
+    offsets of every op recorded from now on."""
+    client: JournalClient
+    append_service: AppendService
+    broker_endpoint: str
+    hints: rpb.FSMHints | None = None
+    """The hints playback started from (None: the whole log was read)."""
+
+    def recorder(self) -> Recorder:
+        """A Recorder of `directory` into `log`, continuing the played FSM."""
+        from recoverylog.recorder import Recorder
+
+        return Recorder(
+            self.fsm,
+            self.author,
+            self.directory,
+            self.append_service,
+            self.log,
+            write_head=self.write_head,
+        )
 
 
 class Store(Protocol):
@@ -51,7 +103,7 @@ class Store(Protocol):
         ...
 
     async def restore_checkpoint(self, shard: Shard) -> Checkpoint:
-        """The most recently committed Checkpoint (b"" for a new store)."""
+        """The most recently committed Checkpoint (an empty one for a new store)."""
         ...
 
     def destroy(self) -> None:

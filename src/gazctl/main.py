@@ -1,10 +1,12 @@
-"""gazctl: the command line of Gazette brokers (and, later, consumers).
+"""gazctl: the command line of Gazette brokers and consumers.
 
     gazctl journals list -l app=clicks --format yaml
     gazctl journals apply --specs journals.yaml
     gazctl journals read -l name=a/journal --block
+    gazctl shards list -l app=word-count --lag
 
-Commands are grouped (`journals`, and `shards` for recovery logs): each group module
+Commands are grouped (`journals`; `shards` for shard specs, assignments and recovery logs,
+which also take `--consumer`): each group module
 exposes ``register(subparsers, common)``, adding its subcommands with the `common` options
 (`--broker`, ...) and a coroutine handler ``handler(args, io) -> int``. `main` parses, runs the
 handler on a fresh event loop and turns expected failures (broker statuses, invalid specs,
@@ -84,13 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     from gazctl import attach_uuids, journals, shards
 
     parser = argparse.ArgumentParser(
-        prog="gazctl", description="Command line interface of Gazette brokers."
+        prog="gazctl", description="Command line interface of Gazette brokers and consumers."
     )
     groups = parser.add_subparsers(dest="group", metavar="GROUP", required=True)
     common = _common_options()
     journals.register(groups, common)
     attach_uuids.register(groups, common)
-    shards.register(groups, common)  # Recovery-log tools; shard specs come with the consumer.
+    shards.register(groups, common)
     return parser
 
 

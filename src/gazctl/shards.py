@@ -1,9 +1,19 @@
-"""``gazctl shards ...``: recovery-log tools of consumer shards (recover, prune).
+"""``gazctl shards ...``: consumer shards' specs and assignments, and their recovery logs.
 
-Hints come from files (``--hints FILE``, Gazette's JSON or binary FSMHints) or from etcd, where
-shards store them (``--etcd``, ``--hint-prefix``, ``--shard``: the keys
-``{hint_prefix}/{shard}.primary`` and ``.backup.N``). Until the consumer runtime lists shard
-specs for these commands, the recovery log and hint keys are given explicitly.
+Spec commands talk to a consumer process's ``consumer.Shard`` service (``--consumer``, env
+CONSUMER_ADDRESS): ``list`` (with ``--lag``, which also asks ``--broker`` for the write heads
+of the shards' sources), ``apply`` and ``edit`` (the hierarchical YAML of `gazctl.shardspace`),
+and ``unassign``. Selectors (``-l``) match shard labels and the ``id`` meta-label:
+``-l 'id in (shard-1, shard-2)'``.
+
+    gazctl shards list -l app=word-count --lag
+    gazctl shards apply --specs shards.yaml
+    gazctl shards unassign -l app=word-count --failed
+
+Recovery-log tools read hints from files (``--hints FILE``, Gazette's JSON or binary FSMHints)
+or from etcd, where shards store them (``--etcd``, ``--hint-prefix``, ``--shard``: the keys
+``{hint_prefix}/{shard}.primary`` and ``.backup.N``); the recovery log and hint keys are given
+explicitly.
 
     gazctl shards recover --log recovery/shard-a --hints hints.json --dir /tmp/shard-a
     gazctl shards prune --log recovery/shard-a --etcd 127.0.0.1:2379 \\
@@ -22,6 +32,7 @@ from typing import Any
 from allocator.etcd import Etcd, EtcdError
 from broker.client import JournalClient
 from gazctl.main import GazctlError, Streams
+from gazctl.shards_specs import register_spec_commands
 from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.hints import hints_from_bytes
 from recoverylog.hints_etcd import load_hints
@@ -38,8 +49,11 @@ Handler = Callable[[argparse.Namespace, Streams], Coroutine[Any, Any, int]]
 
 def register(groups: Any, common: argparse.ArgumentParser) -> None:
     """Add the ``shards`` group and its commands to the `groups` subparsers."""
-    group = groups.add_parser("shards", help="interact with consumer shards' recovery logs")
+    group = groups.add_parser(
+        "shards", help="interact with consumer shards (specs, assignments, recovery logs)"
+    )
     cmds = group.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    register_spec_commands(cmds, common)
 
     def cmd(name: str, help: str, handler: Handler) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = cmds.add_parser(

@@ -46,6 +46,7 @@ __all__ = [
     "ReadCommittedIter",
     "MessageDecodeError",
     "TruncatedFrame",
+    "read_range",
 ]
 
 log = logging.getLogger(__name__)
@@ -236,34 +237,8 @@ class ReadCommittedIter:
 
     async def _replay(self) -> None:
         journal, begin, end = self.sequencer.replay_range()
-        if begin >= end:
-            # Nothing to read (e.g. restored mid-dequeue of an ACK at offset 0). Never read:
-            # an end_offset of 0 would mean "no end" and block at the write head.
-            self.sequencer.start_replay([])
-            return
-        it = self.uncommitted
-        req = pb.ReadRequest()
-        req.CopyFrom(it.reader.request)
-        req.journal, req.offset, req.end_offset, req.block = journal, begin, end, True
         self.replays += 1
-        log.info("sequencer replay journal=%s begin=%d end=%d", journal, begin, end)
-        replay = ReadUncommittedIter(it.client, req, it.framing, it.new_message)
-        replay.spec = it.spec  # The real spec, when it was given or fetched.
-        envelopes = []
-        try:
-            while True:
-                try:
-                    envelopes.append(await replay.next())
-                except StopAsyncIteration:
-                    break
-                except MessageDecodeError as err:
-                    # The main read path reported this frame already; skip it here as well.
-                    log.warning(
-                        "skipping undecodable frame in replay journal=%s err=%s", journal, err
-                    )
-        finally:
-            replay.close()
-        self.sequencer.start_replay(envelopes)
+        self.sequencer.start_replay(await read_range(self.uncommitted, journal, begin, end))
 
     def __aiter__(self) -> ReadCommittedIter:
         return self
@@ -274,3 +249,36 @@ class ReadCommittedIter:
     def close(self) -> None:
         """Cancel the reader's RPC."""
         self.uncommitted.close()
+
+
+async def read_range(
+    like: ReadUncommittedIter, journal: str, begin: int, end: int
+) -> list[Envelope]:
+    """The envelopes of `journal` within [begin, end), read (uncommitted) with a new reader of
+    `like`'s client, request parameters, framing and message type: a Sequencer's replay.
+
+    Undecodable frames are skipped (the main read path reported them already). Raises the
+    reader's errors; cancellation cancels the read.
+    """
+    if begin >= end:
+        # Nothing to read (e.g. restored mid-dequeue of an ACK at offset 0). Never read: an
+        # end_offset of 0 would mean "no end" and block at the write head.
+        return []
+    req = pb.ReadRequest()
+    req.CopyFrom(like.reader.request)
+    req.journal, req.offset, req.end_offset, req.block = journal, begin, end, True
+    log.info("sequencer replay journal=%s begin=%d end=%d", journal, begin, end)
+    replay = ReadUncommittedIter(like.client, req, like.framing, like.new_message)
+    replay.spec = like.spec  # The real spec, when it was given or fetched.
+    envelopes = []
+    try:
+        while True:
+            try:
+                envelopes.append(await replay.next())
+            except StopAsyncIteration:
+                break
+            except MessageDecodeError as err:
+                log.warning("skipping undecodable frame in replay journal=%s err=%s", journal, err)
+    finally:
+        replay.close()
+    return envelopes

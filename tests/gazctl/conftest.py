@@ -13,6 +13,7 @@ from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer
 from gazctl.main import Streams, run
 from tests.conftest import session_broker
+from tests.consumer.shard_api_server import ShardAPIServer
 
 _names = itertools.count()
 
@@ -57,3 +58,20 @@ def gazctl(gazctl_broker: BrokerProcess) -> Gazctl:
 def prefix() -> str:
     """A unique journal name prefix (ending in '/') per test."""
     return f"gz/t{next(_names)}/"
+
+
+@pytest.fixture
+def shard_api(etcd_server: EtcdServer) -> Iterator[ShardAPIServer]:
+    """A `consumer.Shard` service over a fresh consumer root of the test etcd."""
+    with ShardAPIServer(etcd_server.endpoint) as srv:
+        yield srv
+
+
+@pytest.fixture
+def shards(gazctl: Gazctl, shard_api: ShardAPIServer) -> Gazctl:
+    """Run ``gazctl shards ARGS...`` against `shard_api` (and the test broker)."""
+
+    def call(*argv: str, stdin: bytes = b"") -> Result:
+        return gazctl("shards", *argv, "--consumer", shard_api.endpoint, stdin=stdin)
+
+    return call

@@ -1,17 +1,19 @@
 """RocksDBStore: a consumer Store of an embedded RocksDB (rocksdict) on a fusefs mount, so
 that every file operation of RocksDB is recorded into the shard's recovery log.
 
-`RocksDBStore.open` plays the log back into ``<workdir>/backing`` (taking the log over for a
-new author), mounts fusefs over it at ``<workdir>/mnt`` (a process of its own, see
-docs/fusefs.md) and opens the database there. RocksDB's options are set for recording: no
-WAL recycling (a reused WAL would keep dead bytes live), a MANIFEST rolled at
-`MAX_MANIFEST_FILE_SIZE` (bounds what playback reads), no mmap writes.
+`RocksDBStore.from_recovered` takes a `RecoveredLog` (the log played back into a directory
+and handed off to this process's author, as the consumer runtime does), mounts fusefs over
+that directory at ``<directory>.mnt`` (a process of its own, see docs/fusefs.md) and opens
+the database there; `RocksDBStore.open` plays the log itself first. RocksDB's options are
+set for recording: no WAL recycling (a reused WAL would keep dead bytes live), a MANIFEST
+rolled at `MAX_MANIFEST_FILE_SIZE` (bounds what playback reads), no mmap writes.
 
 Transactions: `put`/`delete` go into the current transaction's WriteBatch (reads see them);
-`start_commit` adds the Checkpoint under `CHECKPOINT_KEY` to that batch and writes it with
-``sync=True``: RocksDB fsyncs its WAL, and an fsync on the mount returns once everything
-recorded is committed to the log. The store is crash-consistent because the log is a prefix
-of the operations RocksDB performed, and the WAL holds each batch whole or not at all.
+`start_commit` adds the serialized ``consumer.Checkpoint`` under `CHECKPOINT_KEY` to that
+batch and writes it with ``sync=True``: RocksDB fsyncs its WAL, and an fsync on the mount
+returns once everything recorded is committed to the log. The store is crash-consistent
+because the log is a prefix of the operations RocksDB performed, and the WAL holds each batch
+whole or not at all.
 Application keys must begin with a byte >= 0x01; keys beginning with 0x00 are the store's.
 """
 
@@ -30,11 +32,13 @@ from typing import Any, TypeVar
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from broker.client import JournalClient
-from consumer.store import Checkpoint, OpFuture, Shard
-from fusefs import FuseMount, play_for_mount
+from broker.client import AppendService, JournalClient
+from consumer.protocol import pb
+from consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard
+from fusefs import FuseMount, force_unmount
 from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.author import new_author
+from recoverylog.player import TAIL, Player
 
 __all__ = [
     "CHECKPOINT_KEY",
@@ -88,12 +92,17 @@ def _check_key(key: bytes) -> None:
 
 
 class RocksDBStore:
-    """A recorded RocksDB store (module docs). Create with `open`."""
+    """A recorded RocksDB store (module docs). Create with `from_recovered` or `open`."""
 
-    def __init__(self) -> None:  # Use `open`.
+    def __init__(self) -> None:  # Use `from_recovered` or `open`.
         self.mount: FuseMount
         self.db: Rdict
-        self.workdir: Path
+        self.backing: Path
+        """The played-back directory fusefs records (RocksDB's files, off the mount)."""
+        self.info_log: Path
+        """Where RocksDB writes its info LOG (not recorded)."""
+        self.workdir: Path | None = None
+        """The working directory of `open` (None after `from_recovered`)."""
         self.author = 0
         self._loop: asyncio.AbstractEventLoop
         self._exec = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rocksdb-store")
@@ -105,6 +114,55 @@ class RocksDBStore:
         self._error: BaseException | None = None
         self._closed = False
         self.commits = 0
+
+    @classmethod
+    async def from_recovered(
+        cls,
+        recovered: RecoveredLog,
+        *,
+        options: Options | None = None,
+        writeback: bool = True,
+        fusefs_log_level: str | None = None,
+    ) -> RocksDBStore:
+        """Open the store of a played-back, handed-off recovery log (module docs).
+
+        ``recovered.directory`` becomes fusefs's backing directory, mounted at
+        ``<directory>.mnt``; RocksDB's info LOG goes to ``<directory>.info-log``, both beside
+        it. The fusefs process records into ``recovered.log`` as ``recovered.author`` onwards
+        from ``recovered.fsm``, through its own client of ``recovered.broker_endpoint``.
+        `options` are adjusted by `recorded_options`. Raises `MountFailed` or rocksdict's
+        exception (the mount is then killed).
+        """
+        self = cls()
+        self._loop = asyncio.get_running_loop()
+        self.backing = Path(recovered.directory).resolve()
+        self.info_log = _beside(self.backing, ".info-log")
+        self.author = recovered.author
+        self.mount = await FuseMount.start(
+            recovered.broker_endpoint,
+            recovered.log,
+            recovered.fsm,
+            recovered.author,
+            self.backing,
+            _beside(self.backing, ".mnt"),
+            writeback=writeback,
+            log_level=fusefs_log_level,
+        )
+        try:
+            self.info_log.mkdir(exist_ok=True)
+            opt = recorded_options(options, str(self.info_log))
+            self.db = await self._run(Rdict, str(self.mount.mountpoint), opt)
+        except BaseException:
+            self._exec.shutdown(wait=False)
+            await self.mount.kill()
+            raise
+        log.info(
+            "rocksdb store open log=%s directory=%s files=%d",
+            recovered.log,
+            self.backing,
+            len(recovered.fsm.links),
+        )
+        return self
 
     @classmethod
     async def open(
@@ -119,39 +177,36 @@ class RocksDBStore:
         writeback: bool = True,
         fusefs_log_level: str | None = None,
     ) -> RocksDBStore:
-        """Recover the store of `log_name` into `workdir` and open it (module docs).
+        """Recover the store of `log_name` into `workdir` and open it: play the log into
+        ``<workdir>/backing`` (wiped first) and hand it off to `author` (a new one by
+        default), as the consumer runtime does, then `from_recovered`.
 
-        `workdir` is wiped. `author` (a new one by default) takes the log over: an earlier
-        primary's commits fail from then on. `options` are adjusted by `recorded_options`.
-        Raises the Player's errors (`DataLoss`...), `MountFailed`, or rocksdict's exception.
+        From the hand-off on, an earlier primary's commits fail. Raises the Player's errors
+        (`DataLoss`...) and `from_recovered`'s. `destroy` removes `workdir`.
         """
-        self = cls()
-        self._loop = asyncio.get_running_loop()
-        self.workdir = Path(workdir).resolve()
-        self.author = author if author is not None else new_author()
-        backing, mnt = self.workdir / "backing", self.workdir / "mnt"
+        workdir = Path(workdir).resolve()
+        author = author if author is not None else new_author()
+        backing = workdir / "backing"
         backing.mkdir(parents=True, exist_ok=True)
-        async with JournalClient(endpoint) as client:
-            fsm = await play_for_mount(client, log_name, backing, self.author, hints)
-        self.mount = await FuseMount.start(
-            endpoint,
-            log_name,
-            fsm,
-            self.author,
-            backing,
-            mnt,
-            writeback=writeback,
-            log_level=fusefs_log_level,
-        )
-        try:
-            info_log = self.workdir / "info-log"
-            info_log.mkdir(exist_ok=True)
-            opt = recorded_options(options, str(info_log))
-            self.db = await self._run(Rdict, str(mnt), opt)
-        except BaseException:
-            await self.mount.kill()
-            raise
-        log.info("rocksdb store open log=%s workdir=%s files=%d", log_name, workdir, len(fsm.links))
+        async with JournalClient(endpoint) as client, AppendService(client) as service:
+            player = Player(client, log_name, hints, backing)
+            player.inject_handoff(author)
+            fsm = await player.play(until=TAIL)
+            recovered = RecoveredLog(
+                log=log_name,
+                directory=backing,
+                fsm=fsm,
+                author=author,
+                write_head=player.write_head,
+                client=client,
+                append_service=service,
+                broker_endpoint=endpoint,
+                hints=hints,
+            )
+            self = await cls.from_recovered(
+                recovered, options=options, writeback=writeback, fusefs_log_level=fusefs_log_level
+            )
+        self.workdir = workdir
         return self
 
     async def _run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -229,11 +284,13 @@ class RocksDBStore:
         """Commit the current transaction with `checkpoint` (one WriteBatch, ``sync=True``);
         the returned future resolves once it is committed to the recovery log, and raises
         `StoreFailed` if it could not be (the store is then unusable). Writes made after
-        this call belong to the next transaction."""
+        this call belong to the next transaction. Raises `TypeError` at once if `checkpoint`
+        is not a ``consumer.Checkpoint`` message."""
+        data = _marshal(checkpoint)
         self._check()
         batch, overlay = self._batch, self._overlay
         self._batch, self._overlay = WriteBatch(raw_mode=True), {}
-        batch.put(CHECKPOINT_KEY, bytes(checkpoint))
+        batch.put(CHECKPOINT_KEY, data)
         self._committing.append(overlay)
         return self._loop.create_task(self._commit(batch, overlay, list(wait_for)))
 
@@ -255,12 +312,12 @@ class RocksDBStore:
                 self._committing.remove(overlay)
 
     async def restore_checkpoint(self, shard: Shard) -> Checkpoint:
-        """The Checkpoint of the last commit (b"" for a new store)."""
+        """The Checkpoint of the last commit (an empty one for a new store)."""
         out = self.db.get(CHECKPOINT_KEY)
-        return b"" if out is None else bytes(out)
+        return pb.Checkpoint() if out is None else pb.Checkpoint.FromString(bytes(out))
 
     async def build_hints(self) -> rpb.FSMHints:
-        """Recovery-log hints of the store as of now (once committed): `open` with them
+        """Recovery-log hints of the store as of now (once committed): a playback from them
         reads only the live parts of the log."""
         self._check()
         return await self.mount.build_hints()
@@ -285,10 +342,11 @@ class RocksDBStore:
         return result
 
     def destroy(self) -> None:
-        """Release everything, without waiting for the log, and remove the local files.
+        """Release everything, without waiting for the log, and remove the local files: the
+        backing directory, the mount's directory and the info LOG (and `open`'s workdir).
 
         Must be called from outside the event loop's running tasks' critical path: it kills
-        the fusefs process (detaching the mount) and removes `workdir`."""
+        the fusefs process (detaching the mount)."""
         self._closed = True
         with contextlib.suppress(Exception):
             self.db.close()
@@ -297,7 +355,22 @@ class RocksDBStore:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-        from fusefs import force_unmount
-
         force_unmount(self.mount.mountpoint)
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.mount.mountpoint.rmdir()  # Detached: never remove through a live mount.
+        shutil.rmtree(self.backing, ignore_errors=True)
+        shutil.rmtree(self.info_log, ignore_errors=True)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _beside(directory: Path, suffix: str) -> Path:
+    return directory.parent / (directory.name + suffix)
+
+
+def _marshal(checkpoint: Checkpoint) -> bytes:
+    if not isinstance(checkpoint, pb.Checkpoint):
+        raise TypeError(
+            f"checkpoint must be a consumer.Checkpoint message, not {type(checkpoint).__name__}"
+        )
+    return checkpoint.SerializeToString()

@@ -3,12 +3,13 @@
 The database lives in the Recorder's directory on local disk and is driven by one APSW
 connection, in a thread owned by the store (`run`); its files are recorded through a
 `RecordingVFS` (see docs/sqlite-store.md). The consumer transaction is an SQL transaction,
-begun on demand by `run`; `start_commit` writes the Checkpoint into table
-``gazette_checkpoint`` within it, commits, and resolves once the commit is in the log.
+begun on demand by `run`; `start_commit` writes the serialized ``consumer.Checkpoint`` into
+table ``gazette_checkpoint`` within it, commits, and resolves once the commit is in the log.
 
-Recovery: play the log into a directory (`recover`, or a Player and a Recorder of one's own),
-then `open`, which rebuilds each database from its played page files and reopens it through
-the VFS; SQLite then rolls back a hot journal or replays a WAL as after a power loss.
+Recovery: the consumer runtime plays the log into a directory and hands it off to its author
+(a `RecoveredLog`), then `from_recovered` opens the store recording onwards (`recover` does
+both); `open` rebuilds each database from its played page files and reopens it through the
+VFS, and SQLite then rolls back a hot journal or replays a WAL as after a power loss.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from typing import Any, TypeVar
 import apsw
 
 from broker.client import AppendService, JournalClient
-from consumer.store import Checkpoint, OpFuture, Shard
+from consumer.protocol import pb
+from consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard
 from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.author import new_author
 from recoverylog.player import TAIL, Player
@@ -118,9 +120,9 @@ def rebuild_played(directory: Path, links: dict[str, int]) -> dict[str, list[tup
 
 
 class SQLiteStore:
-    """A recorded SQLite store (module docs). Create with `open`."""
+    """A recorded SQLite store (module docs). Create with `from_recovered` or `open`."""
 
-    def __init__(self) -> None:  # Use `open`.
+    def __init__(self) -> None:  # Use `from_recovered` or `open`.
         self.recorder: Recorder
         self.directory: Path
         self.path: Path
@@ -132,6 +134,12 @@ class SQLiteStore:
         self._page_stores: dict[str, PageStore] = {}
         self._sync_waits = True
         self._closed = False
+
+    @classmethod
+    async def from_recovered(cls, recovered: RecoveredLog, **open_args: Any) -> SQLiteStore:
+        """Open the store in a played-back, handed-off ``recovered.directory``, recording
+        onwards through ``recovered.recorder()``. `open_args` and errors are `open`'s."""
+        return await cls.open(recovered.recorder(), **open_args)
 
     @classmethod
     async def open(
@@ -299,11 +307,16 @@ class SQLiteStore:
         the log, or fails with the first error (of `wait_for`, SQL, or the recorder: the store
         must then be destroyed). With ``sync_waits=False`` the SQLite thread does not wait for
         the log: the next transaction runs while this one commits to the log (pipelining).
+        Raises `TypeError` at once if `checkpoint` is not a ``consumer.Checkpoint`` message.
         """
+        if not isinstance(checkpoint, pb.Checkpoint):
+            kind = type(checkpoint).__name__
+            raise TypeError(f"checkpoint must be a consumer.Checkpoint message, not {kind}")
+        data = checkpoint.SerializeToString()
         waiting: concurrent.futures.Future[Any] | None = None
         if wait_for:
             waiting = asyncio.run_coroutine_threadsafe(_gather(wait_for), self._loop)
-        return asyncio.ensure_future(self._start_commit(bytes(checkpoint), waiting))
+        return asyncio.ensure_future(self._start_commit(data, waiting))
 
     async def _start_commit(
         self, checkpoint: bytes, waiting: concurrent.futures.Future[Any] | None
@@ -336,8 +349,8 @@ class SQLiteStore:
         self._bridge.sync(self._sync_waits)
 
     async def restore_checkpoint(self, shard: Shard = None) -> Checkpoint:
-        """The Checkpoint of the last committed transaction (b"" for a new store)."""
-        return await self.run(_select_checkpoint)
+        """The Checkpoint of the last committed transaction (an empty one for a new store)."""
+        return pb.Checkpoint.FromString(await self.run(_select_checkpoint))
 
     async def close(self) -> None:
         """Close the connection (recording its final checkpoint of the WAL), wait until
@@ -400,7 +413,8 @@ async def recover(
     **open_args: Any,
 ) -> SQLiteStore:
     """Play `log_name` into `directory` (wiped first), take the log over as `author` (a new
-    one by default), and open the store recording onwards from the played FSM.
+    one by default), and open the store recording onwards from the played FSM, as the
+    consumer runtime does (`SQLiteStore.from_recovered`).
 
     The hand-off fences earlier authors' Recorders, also of a log never written to. Raises
     the Player's errors (`DataLoss`...) and `open`'s.
@@ -409,7 +423,15 @@ async def recover(
     player = Player(client, log_name, hints, directory)
     player.inject_handoff(author)
     fsm = await player.play(until=TAIL)
-    recorder = Recorder(
-        fsm, author, directory, append_service, log_name, write_head=player.write_head
+    recovered = RecoveredLog(
+        log=log_name,
+        directory=directory,
+        fsm=fsm,
+        author=author,
+        write_head=player.write_head,
+        client=client,
+        append_service=append_service,
+        broker_endpoint=client.default_endpoint,
+        hints=hints,
     )
-    return await SQLiteStore.open(recorder, **open_args)
+    return await SQLiteStore.from_recovered(recovered, **open_args)

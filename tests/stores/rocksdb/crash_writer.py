@@ -1,8 +1,8 @@
 """A writer of the RocksDB store for crash tests: ``python -m tests.stores.rocksdb.crash_writer
 ENDPOINT LOG WORKDIR SEED``. Recovers the store from LOG, prints ``FUSEFS <pid>`` and
 ``RECOVERED <n>`` (the checkpoint found), then commits transactions n+1, n+2, ... of `model`,
-printing ``ACK <n>`` once each is committed to the log, until killed. Small memtables make
-RocksDB flush and compact all the time."""
+each with ``checkpoint(n)``, printing ``ACK <n>`` once each is committed to the log, until
+killed. Small memtables make RocksDB flush and compact all the time."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import sys
 
 from rocksdict import Options
 
+from consumer.protocol import pb
 from stores.rocksdb import RocksDBStore
 
 KEYS = 3000
+SOURCE = "crash/input"
 PUTS = 150
 
 
@@ -40,6 +42,20 @@ def model(n: int) -> dict[bytes, bytes]:
     return state
 
 
+def checkpoint(n: int) -> pb.Checkpoint:
+    """The Checkpoint of transaction `n`: read through offset `n` of a source, with an ACK
+    intent naming it."""
+    return pb.Checkpoint(
+        sources={SOURCE: pb.Checkpoint.Source(read_through=n)},
+        ack_intents={SOURCE: b"ack %d" % n},
+    )
+
+
+def counter(cp: pb.Checkpoint) -> int:
+    """The transaction of `cp` (0 for the empty checkpoint of a new store)."""
+    return cp.sources[SOURCE].read_through if SOURCE in cp.sources else 0
+
+
 def options() -> Options:
     opt = Options(raw_mode=True)
     opt.set_write_buffer_size(64 << 10)
@@ -52,7 +68,8 @@ async def main(endpoint: str, log: str, workdir: str, seed: int) -> None:
     store = await RocksDBStore.open(endpoint, log, workdir, options=options())
     print("FUSEFS", store.mount.pid, flush=True)
     cp = await store.restore_checkpoint(None)
-    n = int(cp) if cp else 0
+    n = counter(cp)
+    assert cp == (checkpoint(n) if n else pb.Checkpoint()), cp
     print("RECOVERED", n, flush=True)
     rnd = random.Random(seed)
     while True:
@@ -62,7 +79,7 @@ async def main(endpoint: str, log: str, workdir: str, seed: int) -> None:
             store.put(k, v)
         for d in deletes:
             store.delete(d)
-        await store.start_commit(None, b"%d" % n, [])
+        await store.start_commit(None, checkpoint(n), [])
         print("ACK", n, flush=True)
         if rnd.random() < 0.05:
             await store.compact()

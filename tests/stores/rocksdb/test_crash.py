@@ -20,11 +20,12 @@ from rocksdict import Options, Rdict
 
 from broker.client import JournalClient
 from broker.testing.broker import BrokerProcess
+from consumer.protocol import pb
 from fusefs import force_unmount, is_mounted
 from recoverylog.player import Player
 from stores.rocksdb import CHECKPOINT_KEY
 from tests.fusefs.support import MakeLog, client, fuse_broker, make_log, no_stale_mounts
-from tests.stores.rocksdb.crash_writer import model
+from tests.stores.rocksdb.crash_writer import checkpoint, counter, model
 
 __all__ = ["client", "fuse_broker", "make_log", "no_stale_mounts"]
 
@@ -96,7 +97,7 @@ async def _trial(
             await proc.wait()
     # However the processes died, the mount goes away by itself: the fusefs process of a
     # killed writer unmounts, and a guardian process detaches the mount of a killed fusefs.
-    mnt = workdir / "mnt"
+    mnt = workdir / "backing.mnt"
     deadline = time.monotonic() + 10
     while is_mounted(mnt) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -116,8 +117,10 @@ async def _verify(client: JournalClient, log: str, directory: Path) -> int:
     await Player(client, log, None, directory).play()
     db = Rdict(str(directory), Options(raw_mode=True))
     try:
-        cp = db.get(CHECKPOINT_KEY)
-        n = int(cp) if cp else 0
+        raw = db.get(CHECKPOINT_KEY)
+        cp = pb.Checkpoint.FromString(raw or b"")
+        n = counter(cp)
+        assert cp == (checkpoint(n) if n else pb.Checkpoint()), cp
         got = {k: v for k, v in db.items(from_key=b"\x01")}
     finally:
         db.close()

@@ -1,6 +1,6 @@
 """RocksDBStore end to end against a real broker and a real FUSE mount: transactions with
 checkpoints, reads of uncommitted writes, recovery into a fresh directory, key validation,
-and a fenced old primary."""
+a fenced old primary, and opening from a RecoveredLog as the consumer runtime does."""
 
 from __future__ import annotations
 
@@ -9,12 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import JournalClient
+from broker.client import AppendService, JournalClient
 from broker.testing.broker import BrokerProcess
+from consumer.protocol import pb
+from consumer.store import RecoveredLog
 from fusefs import is_mounted
-from recoverylog.player import Player
+from recoverylog import recoverylog_pb2 as rpb
+from recoverylog.player import TAIL, Player
 from stores.rocksdb import InvalidKey, RocksDBStore, StoreFailed
 from tests.fusefs.support import MakeLog, client, fuse_broker, make_log, no_stale_mounts, tree
+from tests.stores.checkpoints import labeled, rich
 from tests.stores.rocksdb.crash_writer import options
 
 __all__ = ["client", "fuse_broker", "make_log", "no_stale_mounts"]
@@ -27,18 +31,18 @@ async def test_commit_recover_continue(
     root = no_stale_mounts
     store = await RocksDBStore.open(fuse_broker.endpoint, log, root / "w1", options=options())
     try:
-        assert await store.restore_checkpoint(None) == b""
+        assert await store.restore_checkpoint(None) == pb.Checkpoint()
         for n in range(30):
             for j in range(500):
                 store.put(b"\x01%04d" % ((n * 500 + j) % 7000), b"%d" % n * 20)
             store.put(b"\x05%04d" % n, b"x")
             store.delete(b"\x05%04d" % (n - 1))
-            fut = store.start_commit(None, b"cp%d" % n, [])
+            fut = store.start_commit(None, labeled(f"cp{n}"), [])
             store.put(b"\x02next", b"%d" % n)  # The next transaction's, read while pending.
             assert store.get(b"\x02next") == b"%d" % n
             await fut
         await store.compact()
-        assert await store.restore_checkpoint(None) == b"cp29"
+        assert await store.restore_checkpoint(None) == labeled("cp29")
         assert store.get(b"\x050028") is None and store.get(b"\x050029") == b"x"
         want = dict(store.items())
         assert len(want) == 7000 + 2
@@ -48,14 +52,14 @@ async def test_commit_recover_continue(
             store.put(b"\x00mine", b"x")
         with pytest.raises(InvalidKey):
             store.delete(b"")
-        await store.start_commit(None, b"final", [])
+        await store.start_commit(None, rich(1), [])
         hints = await store.build_hints()
         stats = await store.mount.stats()
         assert stats["error"] is None and stats["refused"] == 0
     finally:
         result = await store.close()
     assert result is not None
-    assert not is_mounted(root / "w1" / "mnt")
+    assert not is_mounted(root / "w1" / "backing.mnt")
 
     full = Player(client, log, None, root / "play")
     await full.play()
@@ -70,15 +74,15 @@ async def test_commit_recover_continue(
     # A new primary plays the log back, and continues.
     store2 = await RocksDBStore.open(fuse_broker.endpoint, log, root / "w2")
     try:
-        assert await store2.restore_checkpoint(None) == b"final"
+        assert await store2.restore_checkpoint(None) == rich(1)
         assert dict(store2.items()) == want
         store2.put(b"\x03more", b"yes")
-        await store2.start_commit(None, b"after", [])
+        await store2.start_commit(None, rich(2), [])
     finally:
         await store2.close()
     store3 = await RocksDBStore.open(fuse_broker.endpoint, log, root / "w3")
     try:
-        assert await store3.restore_checkpoint(None) == b"after"
+        assert await store3.restore_checkpoint(None) == rich(2)
         assert store3.get(b"\x03more") == b"yes"
     finally:
         await store3.close()
@@ -93,8 +97,11 @@ async def test_wait_for_failure_fails_commit(
         failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         failed.set_exception(RuntimeError("upstream append failed"))
         store.put(b"\x01k", b"v")
+        with pytest.raises(TypeError, match="consumer.Checkpoint"):
+            store.start_commit(None, b"cp", [])  # type: ignore[arg-type]
+        assert store.get(b"\x01k") == b"v"  # Still the current transaction's.
         with pytest.raises(StoreFailed):
-            await store.start_commit(None, b"cp", [failed])
+            await store.start_commit(None, labeled("cp"), [failed])
         with pytest.raises(StoreFailed):
             store.put(b"\x01k", b"v")
     finally:
@@ -109,23 +116,95 @@ async def test_fenced_primary_fails(
     old = await RocksDBStore.open(fuse_broker.endpoint, log, root / "old")
     try:
         old.put(b"\x01a", b"1")
-        await old.start_commit(None, b"one", [])
+        await old.start_commit(None, labeled("one"), [])
         new = await RocksDBStore.open(fuse_broker.endpoint, log, root / "new")
         try:
-            assert await new.restore_checkpoint(None) == b"one"
+            assert await new.restore_checkpoint(None) == labeled("one")
             old.put(b"\x01a", b"zombie")
             with pytest.raises(StoreFailed):
-                await old.start_commit(None, b"two", [])
+                await old.start_commit(None, labeled("two"), [])
             new.put(b"\x01a", b"2")
-            await new.start_commit(None, b"two", [])
+            await new.start_commit(None, labeled("two"), [])
         finally:
             await new.close()
     finally:
         old.destroy()
-    assert not is_mounted(root / "old" / "mnt")
+    assert not is_mounted(root / "old" / "backing.mnt")
+    assert not (root / "old").exists()
     check = await RocksDBStore.open(fuse_broker.endpoint, log, root / "check")
     try:
-        assert await check.restore_checkpoint(None) == b"two"
+        assert await check.restore_checkpoint(None) == labeled("two")
         assert check.get(b"\x01a") == b"2"
     finally:
         await check.close()
+
+
+async def _recovered(
+    client: JournalClient,
+    service: AppendService,
+    endpoint: str,
+    log: str,
+    directory: Path,
+    author: int,
+    hints: rpb.FSMHints | None = None,
+) -> RecoveredLog:
+    """Play `log` into `directory` and hand it off to `author`, as the consumer runtime does."""
+    player = Player(client, log, hints, directory)
+    player.inject_handoff(author)
+    fsm = await player.play(until=TAIL)
+    return RecoveredLog(
+        log, directory, fsm, author, player.write_head, client, service, endpoint, hints
+    )
+
+
+async def test_from_recovered(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    log = await make_log("rocks")
+    root = no_stale_mounts
+    async with AppendService(client) as service:
+        # A new store, of a log never written to.
+        recovered = await _recovered(client, service, fuse_broker.endpoint, log, root / "a", 0xA)
+        store = await RocksDBStore.from_recovered(recovered, options=options())
+        try:
+            assert store.directory == root / "a.mnt"
+            assert store.author == 0xA
+            assert await store.restore_checkpoint(None) == pb.Checkpoint()
+            for n in range(1, 6):
+                for j in range(200):
+                    store.put(b"\x01%04d" % j, b"%d" % n * 50)
+                await store.start_commit(None, rich(n), [])
+            hints = await store.build_hints()
+            assert (root / "a.info-log").is_dir()
+            assert any(
+                f.name.endswith(".sst") or f.name == "CURRENT" for f in (root / "a").iterdir()
+            )
+        finally:
+            assert await store.close() is not None
+        assert not is_mounted(root / "a.mnt")
+
+        # The next primary, from hints: the checkpoint round-trips through the log.
+        recovered = await _recovered(
+            client, service, fuse_broker.endpoint, log, root / "b", 0xB, hints
+        )
+        assert tree(root / "b") == tree(root / "a")
+        store = await RocksDBStore.from_recovered(recovered)
+        try:
+            assert await store.restore_checkpoint(None) == rich(5)
+            assert store.get(b"\x010007") == b"5" * 50
+            store.put(b"\x02more", b"yes")
+            await store.start_commit(None, rich(6), [])
+        finally:
+            store.destroy()
+        assert not is_mounted(root / "b.mnt")
+        for gone in ("b", "b.mnt", "b.info-log"):
+            assert not (root / gone).exists(), gone
+
+        # A third, from the whole log: the destroyed store had committed.
+        recovered = await _recovered(client, service, fuse_broker.endpoint, log, root / "c", 0xC)
+        store = await RocksDBStore.from_recovered(recovered)
+        try:
+            assert await store.restore_checkpoint(None) == rich(6)
+            assert store.get(b"\x02more") == b"yes"
+        finally:
+            await store.close()

@@ -3,8 +3,8 @@ deterministic transactions forever, printing ``ACK <txn>`` once each commit is i
 
 Usage: python -m tests.stores.sqlite.crash_writer ENDPOINT LOG DIRECTORY JOURNAL_MODE SEED
 
-Transaction `t` applies `txn_ops(seed, t)` to table ``kv`` and commits checkpoint
-``str(t)``; `model(seed, t)` is the table after it, for the test to compare against.
+Transaction `t` applies `txn_ops(seed, t)` to table ``kv`` and commits ``checkpoint(t)``;
+`model(seed, t)` is the table after it, for the test to compare against.
 """
 
 from __future__ import annotations
@@ -17,9 +17,26 @@ from pathlib import Path
 import apsw
 
 from broker.client import AppendService, JournalClient
+from consumer.protocol import pb
 from stores.sqlite import recover
 
 Op = tuple[int, bytes | None]  # (key, value); None deletes.
+
+SOURCE = "crash/input"
+
+
+def checkpoint(t: int) -> pb.Checkpoint:
+    """The Checkpoint of transaction `t`: read through offset `t` of a source, with an ACK
+    intent naming it."""
+    return pb.Checkpoint(
+        sources={SOURCE: pb.Checkpoint.Source(read_through=t)},
+        ack_intents={SOURCE: b"ack %d" % t},
+    )
+
+
+def counter(cp: pb.Checkpoint) -> int:
+    """The transaction of `cp` (0 for the empty checkpoint of a new store)."""
+    return cp.sources[SOURCE].read_through if SOURCE in cp.sources else 0
 
 
 def txn_ops(seed: int, t: int) -> list[Op]:
@@ -62,12 +79,13 @@ async def main(endpoint: str, log: str, directory: Path, journal_mode: str, seed
             client, svc, log, directory, journal_mode=journal_mode, min_compaction_bytes=512 << 10
         )
         cp = await store.restore_checkpoint()
-        t = int(cp) if cp else 0
+        t = counter(cp)
+        assert cp == (checkpoint(t) if t else pb.Checkpoint()), cp
         print(f"RECOVERED {t}", flush=True)
         while True:
             t += 1
             await store.transact(_apply, txn_ops(seed, t))
-            await store.start_commit(None, str(t).encode(), [])
+            await store.start_commit(None, checkpoint(t), [])
             print(f"ACK {t}", flush=True)
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from broker.client import AppendService, JournalClient
 from stores.sqlite import SQLiteStore, recover
+from tests.stores.checkpoints import labeled
 from tests.stores.sqlite.support import (
     MakeLog,
     client,
@@ -82,7 +83,7 @@ async def _bulk_load_recovers(
     t0 = time.perf_counter()
     expected = await store.transact(_load, rows, 7)  # One SQL transaction, begun on demand.
     t_load = time.perf_counter() - t0
-    await store.start_commit(None, b"bulk-loaded", [])
+    await store.start_commit(None, labeled("bulk-loaded"), [])
     t_commit = time.perf_counter() - t0
     db_size = os.path.getsize(tmp_path / "primary" / "primary.db")
     hints = await rec.build_hints()
@@ -94,7 +95,7 @@ async def _bulk_load_recovers(
     played = await recover(client, service, log, tmp_path / "played", hints=hints)
     t_recover = time.perf_counter() - t1
     try:
-        assert await played.restore_checkpoint() == b"bulk-loaded"
+        assert await played.restore_checkpoint() == labeled("bulk-loaded")
         assert await played.run(_integrity) == "ok"
         assert await played.run(_content) == (rows, expected)
     finally:

@@ -16,8 +16,9 @@ import pytest
 
 from broker.client import JournalClient
 from broker.testing.broker import BrokerProcess
+from consumer.protocol import pb
 from stores.sqlite.store import rebuild_played
-from tests.stores.sqlite.crash_writer import model
+from tests.stores.sqlite.crash_writer import checkpoint, counter, model
 from tests.stores.sqlite.support import (
     MakeLog,
     client,
@@ -115,7 +116,9 @@ async def _crash_trials(
         assert len(checkpoints) <= 1  # None if killed while the store was first opened.
         cp = checkpoints[0] if checkpoints else b""
         assert isinstance(cp, bytes)
-        t = int(cp) if cp else 0
+        message = pb.Checkpoint.FromString(cp)
+        t = counter(message)
+        assert message == (checkpoint(t) if t else pb.Checkpoint()), message
         assert t >= newest_acked, f"trial {trial}: checkpoint {t} < acknowledged {newest_acked}"
         kv = {r[1]: r[2] for r in rows if r[0] == "kv"}
         assert kv == model(seed, t), f"trial {trial}: data differs from checkpoint {t}"

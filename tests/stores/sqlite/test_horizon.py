@@ -12,6 +12,7 @@ import pytest
 from broker.client import AppendService, JournalClient
 from stores.sqlite import SQLiteStore
 from stores.sqlite.store import rebuild_played
+from tests.stores.checkpoints import labeled
 from tests.stores.sqlite.support import (
     MakeLog,
     client,
@@ -55,12 +56,12 @@ async def test_playback_reads_a_bounded_multiple_of_the_database(
     rec = await new_recorder(service, log, tmp_path / "primary", 0xA11CE)
     store = await SQLiteStore.open(rec, journal_mode=journal_mode)
     await store.transact(_fill, ROWS)
-    await store.start_commit(None, b"filled", [])
+    await store.start_commit(None, labeled("filled"), [])
     for i in range(rewrites):
         # Each rewrite in several transactions, as a consumer would commit them.
         for _ in range(4):
             await store.transact(_rewrite)
-        await store.start_commit(None, f"rewrite-{i}".encode(), [])
+        await store.start_commit(None, labeled(f"rewrite-{i}"), [])
     expected = await store.run(lambda c: list(c.execute("SELECT k, v FROM kv ORDER BY k")))
     hints = await rec.build_hints()
     db_size = os.path.getsize(tmp_path / "primary" / "primary.db")

@@ -15,6 +15,7 @@ from recoverylog.op_batch import WRITE
 from stores.sqlite import SQLiteStore
 from stores.sqlite import bridge as bridge_module
 from stores.sqlite.store import rebuild_played
+from tests.stores.checkpoints import labeled
 from tests.stores.sqlite.support import (
     MakeLog,
     client,
@@ -57,11 +58,11 @@ async def test_cache_spill_records_every_write(
                 "INSERT INTO kv VALUES(?, randomblob(1000))", [(i,) for i in range(3000)]
             )
         )
-        await store.start_commit(None, b"cp1", [])
+        await store.start_commit(None, labeled("cp1"), [])
         # Spills the 10-page cache; left open unless `commit` (a crash mid-transaction).
         await store.transact(lambda c: c.execute("UPDATE kv SET v = randomblob(1000)"))
         if commit:
-            await store.start_commit(None, b"cp2", [])
+            await store.start_commit(None, labeled("cp2"), [])
         await rec.barrier()
         _, fsm = await play(client, log, tmp_path / "played")
         rebuild_played(tmp_path / "played", dict(fsm.links))
@@ -86,7 +87,8 @@ async def test_destroy_while_a_commit_waits_does_not_deadlock(
     rec = await new_recorder(service, log, tmp_path / "p", 1)
     store = await SQLiteStore.open(rec)
     never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    committed = store.start_commit(None, b"x", [never])  # the SQLite thread waits on the loop
+    # The SQLite thread waits on the loop.
+    committed = store.start_commit(None, labeled("x"), [never])
     await asyncio.sleep(0.2)
     faulthandler.dump_traceback_later(20, exit=True)  # a deadlock fails the run, not hangs it
     try:

@@ -1,5 +1,6 @@
 """SQLiteStore end to end against a real broker: transactions recorded, then played back into
-fresh directories, byte for byte and row for row; checkpoints; journal modes; hand-off."""
+fresh directories, byte for byte and row for row; checkpoints; journal modes; hand-off; opening
+from a RecoveredLog as the consumer runtime does."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ import apsw
 import pytest
 
 from broker.client import AppendService, JournalClient
+from broker.testing.broker import BrokerProcess
+from consumer.protocol import pb
+from consumer.store import RecoveredLog
+from recoverylog import recoverylog_pb2 as rpb
+from recoverylog.player import TAIL, Player
 from recoverylog.recorder import RecorderFenced
 from stores.sqlite import SQLiteStore, recover
 from stores.sqlite.store import rebuild_played
+from tests.stores.checkpoints import labeled, rich
 from tests.stores.sqlite.support import (
     MakeLog,
     client,
@@ -53,7 +60,7 @@ async def _workload(store: SQLiteStore, seed: int, txns: int, rows: int) -> None
         await store.transact(_upsert, batch)
         if t % 3 == 0:
             await store.transact(_delete_mod7, t % 7)
-        await store.start_commit(None, f"cp-{t}".encode(), [])
+        await store.start_commit(None, labeled(f"cp-{t}"), [])
 
 
 @pytest.mark.parametrize("journal_mode", ["wal", "delete", "truncate", "persist"])
@@ -68,7 +75,7 @@ async def test_transactions_play_back_identically(
     rec = await new_recorder(service, log, tmp_path / "primary", A)
     store = await SQLiteStore.open(rec, journal_mode=journal_mode, min_compaction_bytes=256 << 10)
     await _workload(store, seed=1, txns=30, rows=200)
-    assert await store.restore_checkpoint() == b"cp-29"
+    assert await store.restore_checkpoint() == labeled("cp-29")
     expected = await store.run(lambda c: list(c.execute("SELECT k, v FROM kv ORDER BY k")))
     hints = await rec.build_hints()
     compactions = sum(p.compactions for p in store.vfs.page_stores.values())
@@ -106,29 +113,29 @@ async def test_checkpoint_round_trip_and_recovery_handoff(
     log = await make_log()
     rec = await new_recorder(service, log, tmp_path / "a", A)
     store = await SQLiteStore.open(rec)
-    assert await store.restore_checkpoint() == b""
+    assert await store.restore_checkpoint() == pb.Checkpoint()
     await store.transact(_schema)
     await store.transact(_upsert, [(1, b"one")])
-    await store.start_commit(None, b"\x01checkpoint-1", [])
+    await store.start_commit(None, rich(1), [])
     # Uncommitted changes of the next transaction are not recovered.
     await store.transact(_upsert, [(2, b"two")])
     await rec.barrier()
 
     second = await recover(client, service, log, tmp_path / "b", author=B)
-    assert await second.restore_checkpoint() == b"\x01checkpoint-1"
+    assert await second.restore_checkpoint() == rich(1)
     assert await second.run(lambda c: list(c.execute("SELECT k, v FROM kv"))) == [(1, b"one")]
 
     # The first store was fenced by the hand-off: its next commit fails.
     with pytest.raises(apsw.IOError):
-        await store.start_commit(None, b"zombie", [])
+        await store.start_commit(None, labeled("zombie"), [])
     assert isinstance(rec.error, RecorderFenced)
 
     # The new primary commits onwards, and a third recovery sees it.
     await second.transact(_upsert, [(3, b"three")])
-    await second.start_commit(None, b"checkpoint-2", [])
+    await second.start_commit(None, rich(2), [])
     await second.close()
     third = await recover(client, service, log, tmp_path / "c")
-    assert await third.restore_checkpoint() == b"checkpoint-2"
+    assert await third.restore_checkpoint() == rich(2)
     rows = await third.run(lambda c: list(c.execute("SELECT k FROM kv ORDER BY k")))
     assert rows == [(1,), (3,)]
     third.destroy()
@@ -143,14 +150,95 @@ async def test_wait_for_failure_fails_the_commit(
     rec = await new_recorder(service, log, tmp_path / "a", A)
     store = await SQLiteStore.open(rec)
     await store.transact(_schema)
-    await store.start_commit(None, b"cp-0", [])
+    await store.start_commit(None, labeled("cp-0"), [])
     await store.transact(_upsert, [(1, b"x")])
 
     async def fails() -> None:
         raise RuntimeError("append failed")
 
     with pytest.raises(RuntimeError, match="append failed"):
-        await store.start_commit(None, b"cp", [fails()])
-    assert await store.restore_checkpoint() == b"cp-0"
+        await store.start_commit(None, labeled("cp"), [fails()])
+    assert await store.restore_checkpoint() == labeled("cp-0")
     assert await store.run(lambda c: list(c.execute("SELECT * FROM kv"))) == []
     await store.close()
+
+
+async def test_checkpoint_must_be_a_message(
+    service: AppendService, make_log: MakeLog, tmp_path: Path
+) -> None:
+    log = await make_log()
+    store = await SQLiteStore.open(await new_recorder(service, log, tmp_path / "a", A))
+    try:
+        await store.transact(_schema)
+        await store.transact(_upsert, [(1, b"one")])
+        with pytest.raises(TypeError, match="consumer.Checkpoint"):
+            store.start_commit(None, b"cp", [])  # type: ignore[arg-type]
+        await store.start_commit(None, rich(3), [])  # The transaction is still open.
+        assert await store.restore_checkpoint() == rich(3)
+        assert await store.run(lambda c: list(c.execute("SELECT k FROM kv"))) == [(1,)]
+    finally:
+        await store.close()
+
+
+async def _recovered(
+    client: JournalClient,
+    service: AppendService,
+    endpoint: str,
+    log: str,
+    directory: Path,
+    author: int,
+    hints: rpb.FSMHints | None = None,
+) -> RecoveredLog:
+    """Play `log` into `directory` and hand it off to `author`, as the consumer runtime does."""
+    player = Player(client, log, hints, directory)
+    player.inject_handoff(author)
+    fsm = await player.play(until=TAIL)
+    return RecoveredLog(
+        log, directory, fsm, author, player.write_head, client, service, endpoint, hints
+    )
+
+
+@pytest.mark.parametrize("journal_mode", ["wal", "delete"])
+async def test_from_recovered(
+    client: JournalClient,
+    service: AppendService,
+    store_broker: BrokerProcess,
+    make_log: MakeLog,
+    tmp_path: Path,
+    journal_mode: str,
+) -> None:
+    log, endpoint = await make_log(), store_broker.endpoint
+    # A new store, of a log never written to.
+    recovered = await _recovered(client, service, endpoint, log, tmp_path / "a", A)
+    first = await SQLiteStore.from_recovered(recovered, journal_mode=journal_mode)
+    assert first.directory == tmp_path / "a"
+    assert await first.restore_checkpoint() == pb.Checkpoint()
+    await _workload(first, seed=3, txns=6, rows=50)
+    await first.start_commit(None, rich(7), [])
+    expected = await first.run(lambda c: list(c.execute("SELECT k, v FROM kv ORDER BY k")))
+    hints = await first.recorder.build_hints()
+
+    # The next primary, from hints: the checkpoint round-trips through the log, and the
+    # hand-off fenced the first store.
+    recovered = await _recovered(client, service, endpoint, log, tmp_path / "b", B, hints)
+    second = await SQLiteStore.from_recovered(recovered, journal_mode=journal_mode)
+    assert second.recorder.author == B
+    assert await second.restore_checkpoint() == rich(7)
+    assert await second.run(lambda c: list(c.execute("SELECT k, v FROM kv ORDER BY k"))) == expected
+    with pytest.raises(apsw.IOError):
+        await first.start_commit(None, labeled("zombie"), [])
+    first.destroy()
+    await second.transact(_upsert, [(-1, b"second")])
+    await second.start_commit(None, rich(8), [])
+    await second.close()
+
+    # A third, from the whole log.
+    recovered = await _recovered(client, service, endpoint, log, tmp_path / "c", 0xC)
+    third = await SQLiteStore.from_recovered(recovered, journal_mode=journal_mode)
+    try:
+        assert await third.restore_checkpoint() == rich(8)
+        assert await third.run(lambda c: list(c.execute("SELECT v FROM kv WHERE k = -1"))) == [
+            (b"second",)
+        ]
+    finally:
+        third.destroy()

@@ -1,0 +1,211 @@
+"""The WordCount consumer application: ``gazette-consumer word_count.app:WordCount``.
+
+Each shard reads one deltas partition. Within a transaction, the deltas of each n-gram add up
+in memory (starting from the store's count the first time the transaction meets it); at
+`finalize_txn` every changed count is written to the shard's RocksDB store (key ``b"n" +
+ngram``, value the decimal count) and published as an `NGramCount` with
+``publish_uncommitted``: it becomes readable (read-committed) exactly when the transaction
+commits, together with the store's checkpoint. A shard killed mid-transaction leaves neither.
+
+Queries: the unary gRPC method ``/wordcount.NGrams/Query`` (added by `register_grpc`; JSON
+bytes in and out, see `QUERY_METHOD`) reads a shard's store on its primary. Any consumer
+process answers: a request for a shard primary elsewhere is proxied once to the primary.
+
+    {"shard": "word-count-part-000", "prefix": "the "}  -> counts of n-grams starting "the "
+    {"ngram": "of the"}                                  -> its count, from the shard owning it
+
+Responses: ``{"status": "OK", "shard": ..., "served_by": "zone#suffix", "counts": {...}}``,
+or a `consumer.Status` name (SHARD_NOT_FOUND, NO_SHARD_PRIMARY, NOT_SHARD_PRIMARY) with an
+``error`` (UNAVAILABLE: a proxied request found this process's etcd view behind). Requests
+that are not JSON objects fail with INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from broker.client import list_all_journals
+from broker.protocol import protocol_pb2 as bpb
+from consumer.application import Shard
+from consumer.protocol import pb
+from consumer.runtime import ConsumerRuntime
+from consumer.store import RecoveredLog
+from message.envelope import Envelope
+from message.mapping import fnv1a_32
+from message.publisher import Publisher
+from stores.rocksdb.store import RocksDBStore
+from word_count.messages import CONTENT_TYPE, COUNTS, NGramCount, NGramDelta, deltas_selector
+
+__all__ = ["KEY_PREFIX", "QUERY_METHOD", "SERVICE", "WordCount"]
+
+log = logging.getLogger("word_count")
+
+SERVICE = "wordcount.NGrams"
+QUERY_METHOD = f"/{SERVICE}/Query"
+KEY_PREFIX = b"n"
+"""Store keys of counts: ``KEY_PREFIX + ngram`` (UTF-8)."""
+MAX_RESULTS = 100_000
+"""A prefix query returns at most this many counts (``"truncated": true`` if more)."""
+
+
+def _counts_mapping(_msg: Any) -> tuple[str, str]:
+    return COUNTS, CONTENT_TYPE
+
+
+class WordCount:
+    """The application (module docs). One instance serves every shard of its process."""
+
+    def __init__(self) -> None:
+        # Shard id -> n-gram -> its count as of the open transaction.
+        self._pending: dict[str, dict[str, int]] = {}
+        self._runtime: ConsumerRuntime | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    # -- Application --------------------------------------------------------------------------
+
+    async def new_store(self, shard: Shard, recovered: RecoveredLog | None) -> RocksDBStore:
+        if recovered is None:
+            raise ValueError(f"shard {shard.id}: word-count needs a recovery log")
+        self._pending.pop(shard.id, None)
+        return await RocksDBStore.from_recovered(recovered)
+
+    def new_message(self, spec: bpb.JournalSpec) -> NGramDelta:
+        return NGramDelta()
+
+    def consume_message(
+        self, shard: Shard, store: RocksDBStore, env: Envelope, pub: Publisher
+    ) -> None:
+        msg: NGramDelta = env.message
+        pending = self._pending.get(shard.id)
+        if pending is None:
+            pending = self._pending[shard.id] = {}
+        count = pending.get(msg.ngram)
+        if count is None:
+            raw = store.get(KEY_PREFIX + msg.ngram.encode())
+            count = int(raw) if raw is not None else 0
+        pending[msg.ngram] = count + msg.delta
+
+    def finalize_txn(self, shard: Shard, store: RocksDBStore, pub: Publisher) -> None:
+        pending = self._pending.pop(shard.id, None)
+        if not pending:
+            return
+        for ngram, count in pending.items():
+            store.put(KEY_PREFIX + ngram.encode(), b"%d" % count)
+            pub.publish_uncommitted(_counts_mapping, NGramCount(ngram, count))
+
+    # -- The query API ------------------------------------------------------------------------
+
+    def register_grpc(self, server: grpc.aio.Server, runtime: ConsumerRuntime) -> None:
+        """Add ``wordcount.NGrams`` (its Query method) to the consumer's gRPC server."""
+        self._runtime = runtime
+        handler = grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Query": grpc.unary_unary_rpc_method_handler(
+                    self._query_rpc, request_deserializer=None, response_serializer=None
+                )
+            },
+        )
+        server.add_generic_rpc_handlers((handler,))
+
+    async def _query_rpc(
+        self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> bytes:
+        try:
+            req = json.loads(request)
+            if not isinstance(req, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad query: {err}")
+            raise  # abort raises; this is for type checkers.
+        timeout = context.time_remaining()
+        resp = await self.query(req, timeout=timeout)
+        return json.dumps(resp).encode()
+
+    async def query(self, req: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """Answer a query (module docs) here, or from the shard's primary (proxied once)."""
+        runtime = self._runtime
+        assert runtime is not None, "register_grpc was not called"
+        ngram = req.get("ngram")
+        shard_id = req.get("shard") or ""
+        if not shard_id and isinstance(ngram, str):
+            shard_id = await self.shard_of(ngram)
+            if not shard_id:
+                return {"status": "SHARD_NOT_FOUND", "error": f"no shard reads {ngram!r}"}
+        try:
+            res = await runtime.resolve(
+                shard_id, min_etcd_revision=int(req.get("etcd_revision", 0))
+            )
+        except TimeoutError:
+            return {"status": "UNAVAILABLE", "error": "this consumer lags etcd"}
+        if res.status != pb.OK:
+            name = pb.Status.Name(res.status)
+            return {"status": name, "shard": shard_id, "error": f"shard {shard_id}: {name}"}
+        if res.replica is None:
+            if req.get("proxied"):
+                # The route changed under the proxying process: let the caller retry.
+                return {"status": "NOT_SHARD_PRIMARY", "shard": shard_id, "error": "moved"}
+            fwd = {
+                **req,
+                "shard": shard_id,
+                "proxied": True,
+                "etcd_revision": res.header.etcd.revision,
+            }
+            call = self._channel(res.primary_endpoint).unary_unary(QUERY_METHOD, None, None)
+            raw = await call(json.dumps(fwd).encode(), timeout=timeout)
+            out: dict[str, Any] = json.loads(raw)
+            return out
+        store = res.replica.store
+        if not isinstance(store, RocksDBStore):
+            return {"status": "NOT_SHARD_PRIMARY", "shard": shard_id, "error": "no store yet"}
+        counts: dict[str, int] = {}
+        truncated = False
+        if isinstance(ngram, str) and "prefix" not in req:
+            raw_count = store.get(KEY_PREFIX + ngram.encode())
+            counts[ngram] = int(raw_count) if raw_count is not None else 0
+        else:
+            start = KEY_PREFIX + str(req.get("prefix", "")).encode()
+            for key, value in store.items(start):
+                if not key.startswith(start):
+                    break
+                if len(counts) >= MAX_RESULTS:
+                    truncated = True
+                    break
+                counts[key[len(KEY_PREFIX) :].decode()] = int(value)
+        cfg = runtime.cfg
+        out = {
+            "status": "OK",
+            "shard": shard_id,
+            "served_by": f"{cfg.zone}#{cfg.suffix}",
+            "counts": counts,
+        }
+        if truncated:
+            out["truncated"] = True
+        return out
+
+    async def shard_of(self, ngram: str) -> str:
+        """The shard reading the deltas partition `ngram` maps to (as the feeder maps it:
+        FNV-1a modulo the listed partitions), or '' if none does."""
+        runtime = self._runtime
+        assert runtime is not None and runtime.client is not None
+        parts = await list_all_journals(runtime.client, deltas_selector())
+        if not parts:
+            return ""
+        journal = parts[fnv1a_32(ngram) % len(parts)].spec.name
+        for kv in runtime.keyspace.prefixed(runtime.items):
+            spec = kv.value
+            if isinstance(spec, pb.ShardSpec) and any(s.journal == journal for s in spec.sources):
+                return str(spec.id)
+        return ""
+
+    def _channel(self, endpoint: str) -> grpc.aio.Channel:
+        target = endpoint.split("://", 1)[-1]
+        ch = self._channels.get(target)
+        if ch is None:
+            ch = self._channels[target] = grpc.aio.insecure_channel(target)
+        return ch

@@ -1,0 +1,129 @@
+"""``gazette-consumer package.module:Application``: run a consumer application's shards.
+
+Serves ``consumer.Shard`` (Stat, List, Apply, GetHints, Unassign) on ``--listen``; an
+application may add its own gRPC services by defining ``register_grpc(server, runtime)``
+(called before the server starts; `runtime` is the `ConsumerRuntime`, whose ``resolve``
+finds a shard's primary). SIGTERM/SIGINT: hand shards over to other processes (up to
+``--drain-timeout``), then stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import logging
+import signal
+import sys
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from allocator.etcd import EtcdError
+from allocator.session import MemberExistsError
+from consumer.application import Application
+from consumer.config import ConsumerConfig, parse_args
+from consumer.protocol import consumer_pb2_grpc as pb_grpc
+from consumer.runtime import ConsumerRuntime
+from consumer.shard_api import ShardAPI
+
+__all__ = ["ConsumerStartupError", "load_application", "main", "serve"]
+
+log = logging.getLogger("consumer")
+
+
+class ConsumerStartupError(Exception):
+    """The consumer cannot start (bad application, etcd unreachable, address in use...)."""
+
+
+def load_application(ref: str) -> Application:
+    """The Application named by ``package.module:Name`` (a class is instantiated)."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConsumerStartupError(f"application {ref!r} is not of the form package.module:Name")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConsumerStartupError(f"cannot import {module_name}: {err}") from err
+    try:
+        obj: Any = getattr(module, attr)
+    except AttributeError as err:
+        raise ConsumerStartupError(f"module {module_name} has no attribute {attr!r}") from err
+    app = obj() if inspect.isclass(obj) else obj
+    missing = [
+        m
+        for m in ("new_store", "new_message", "consume_message", "finalize_txn")
+        if not hasattr(app, m)
+    ]
+    if missing:
+        raise ConsumerStartupError(f"{ref} is not an Application: it lacks {', '.join(missing)}")
+    return app  # type: ignore[return-value]
+
+
+async def serve(cfg: ConsumerConfig, app: Application) -> None:
+    """Serve until a termination signal; then hand shards over and stop."""
+    runtime = ConsumerRuntime(cfg, app)
+    try:
+        await runtime.start()
+    except MemberExistsError as err:
+        raise ConsumerStartupError(
+            f"another consumer runs as {cfg.zone}#{cfg.suffix} under {cfg.root} "
+            "(or its lease has not expired yet)"
+        ) from err
+    except EtcdError as err:
+        raise ConsumerStartupError(f"etcd {cfg.etcd}: {err}") from err
+    assert runtime.etcd is not None
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    api = ShardAPI(runtime.etcd, runtime.keyspace, cfg.root, runtime.process_id, stat=runtime.stat)
+    pb_grpc.add_ShardServicer_to_server(api, server)
+    register = getattr(app, "register_grpc", None)
+    if register is not None:
+        register(server, runtime)
+    try:
+        server.add_insecure_port(cfg.listen)
+    except RuntimeError as err:
+        await runtime.shutdown()
+        raise ConsumerStartupError(f"cannot listen on {cfg.listen}: {err}") from err
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"consumer ready endpoint={cfg.endpoint} id={cfg.zone}#{cfg.suffix}", flush=True)
+    log.info(
+        "serving endpoint=%s etcd=%s root=%s app=%s", cfg.endpoint, cfg.etcd, cfg.root, cfg.app
+    )
+    background = asyncio.create_task(runtime.run_background(), name="consumer-background")
+    stopped = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({background, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    log.info("stopping")
+    if not background.done() and cfg.drain_timeout > 0:
+        await runtime.drain(cfg.drain_timeout)
+    await server.stop(grace=2)
+    background.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await background
+    await runtime.shutdown()
+    if background in done and background.exception() is not None:
+        raise background.exception()  # type: ignore[misc]
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    logging.basicConfig(
+        level=cfg.log_level.upper(),
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        app = load_application(cfg.app)
+        asyncio.run(serve(cfg, app))
+    except ConsumerStartupError as err:
+        print(f"gazette-consumer: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""One shard assigned to this process: hot standby, then primary, until unassigned.
+
+A replica first plays the shard's recovery log back into its directory and keeps tailing it
+(BACKFILL, then STANDBY once it read through the write head). When its assignment becomes the
+primary (slot 0), it completes recovery:
+
+1. injects a hand-off no-op with a new author into the log and reads through it: the log's
+   fence register now names this process, so the previous primary's writes fail;
+2. builds the store from the played files (`Application.new_store`) and restores its
+   Checkpoint; re-appends the checkpoint's ACK intents (a previous primary may have crashed
+   between its commit and its ACKs);
+3. rotates the hints it recovered from into the backups, and writes new primary hints every
+   `hint_interval`;
+4. runs transactions (`consumer.txn`) with status PRIMARY.
+
+Any error sets FAILED with the error message; the replica stays FAILED (and assigned) until
+it is unassigned (``gazctl shards unassign --failed``). Cancellation (unassigned, or process
+exit) stops processing; a commit in flight is allowed to finish; the store is destroyed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from allocator.etcd import Compare, Etcd, EtcdError
+from broker.client import AppendService, JournalClient
+from consumer.application import Application, Shard
+from consumer.protocol import pb
+from consumer.spec import read_channel_size, recovery_log_of, ring_buffer_size
+from consumer.store import RecoveredLog, Store
+from consumer.txn import (
+    SourceReaders,
+    Transactions,
+    checkpoint_offsets,
+    sequencer_from_checkpoint,
+)
+from message.publisher import AckIntent, Publisher
+from recoverylog import recoverylog_pb2 as rpb
+from recoverylog.author import new_author
+from recoverylog.hints_etcd import (
+    HintsConflict,
+    HintsGuardFailed,
+    load_hints,
+    rotate_backup_hints,
+    store_primary_hints,
+)
+from recoverylog.player import TAIL, PlaybackProgress, Player
+
+__all__ = ["ReplicaContext", "ShardReplica"]
+
+log = logging.getLogger(__name__)
+
+Code = pb.ReplicaStatus.Code
+
+
+@dataclass
+class ReplicaContext:
+    """What a replica needs from its process (`consumer.runtime`)."""
+
+    app: Application
+    etcd: Etcd
+    client: JournalClient
+    append_service: AppendService
+    broker_endpoint: str
+    workdir: Path
+    root: str
+    """The consumer application's etcd root (shard fqn = root/items/id)."""
+    status_changed: Callable[[], None]
+    """Called when a replica's status changed (the process advertises it in etcd)."""
+    hint_interval: float = 300.0
+
+
+class ShardReplica:
+    """A shard assigned to this process (module docs). Owned by the runtime: `start`, then
+    `promote` when the assignment becomes primary, `stop` when it is removed."""
+
+    def __init__(self, ctx: ReplicaContext, spec: pb.ShardSpec, assignment: Any) -> None:
+        self.ctx = ctx
+        self.spec = spec
+        self.id = spec.id
+        self.shard = Shard(spec, f"{ctx.root}/items/{spec.id}", ctx.client, ctx.append_service)
+        self.shard.assignment = assignment
+        self.status = pb.ReplicaStatus(code=Code.IDLE)
+        self.directory = ctx.workdir / quote(spec.id, safe="") / "store"
+        self.store: Store | None = None
+        self.transactions: Transactions | None = None
+        self.player: Player | None = None
+        self.progress: PlaybackProgress | None = None
+        self._primary = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # --- control (from the runtime) ---------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"shard {self.id}")
+
+    def promote(self) -> None:
+        """The assignment is now the primary: complete recovery and start processing."""
+        self._primary.set()
+
+    @property
+    def is_primary(self) -> bool:
+        return self._primary.is_set()
+
+    async def stop(self) -> None:
+        """Stop processing and release the store. Returns once done."""
+        self.shard.stopping.set()
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._release()
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def _set_status(self, code: int, error: str = "") -> None:
+        status = pb.ReplicaStatus(code=code)  # type: ignore[arg-type]
+        if error:
+            status.errors.append(error)
+        if status != self.status:
+            self.status = status
+            self.ctx.status_changed()
+
+    async def _run(self) -> None:
+        try:
+            await self._serve()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the shard fails, the process goes on
+            log.error("shard failed shard=%s err=%s", self.id, err, exc_info=err)
+            self._set_status(Code.FAILED, f"{type(err).__name__}: {err}")
+            self._release()
+
+    async def _serve(self) -> None:
+        recovered = await self._recover()
+        ctx, shard = self.ctx, self.shard
+        store = ctx.app.new_store(shard, recovered)
+        if inspect.isawaitable(store):
+            store = await store
+        self.store = store
+        cp = await store.restore_checkpoint(shard)
+        publisher = Publisher(ctx.append_service)
+        # A previous primary may have committed without appending its ACKs: append them
+        # again (a duplicate ACK is harmless), before reading anything.
+        restored = [AckIntent(j, bytes(b)) for j, b in sorted(cp.ack_intents.items())]
+        publish_at = {}
+        for aa in publisher.publish_ack_intents(restored):
+            resp = await aa.done()
+            publish_at[aa.journal] = resp.commit.end
+        await shard._set_progress(checkpoint_offsets(cp), publish_at)
+        if recovered is not None:
+            await self._rotate_hints(recovered.hints)
+        readers = SourceReaders(
+            shard, ctx.app, checkpoint_offsets(cp), read_channel_size(self.spec)
+        )
+        self.transactions = Transactions(
+            shard,
+            ctx.app,
+            store,
+            publisher,
+            sequencer_from_checkpoint(cp, ring_buffer_size(self.spec)),
+            readers,
+            recovery_log=recovery_log_of(self.spec),
+        )
+        self._set_status(Code.PRIMARY)
+        log.info("shard primary shard=%s checkpoint_sources=%d", self.id, len(cp.sources))
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(readers.run(), name=f"read {self.id}")
+            tg.create_task(self.transactions.run(), name=f"txns {self.id}")
+            if recovered is not None and self.spec.hint_prefix:
+                tg.create_task(self._hints_loop(), name=f"hints {self.id}")
+
+    async def _recover(self) -> RecoveredLog | None:
+        """Standby until primary, then take the recovery log over (None: no log)."""
+        log_name = recovery_log_of(self.spec)
+        if not log_name:
+            self._set_status(Code.STANDBY)
+            await self._primary.wait()
+            return None
+        hints = await self._load_hints(log_name)
+        self.directory.parent.mkdir(parents=True, exist_ok=True)
+        player = Player(
+            self.ctx.client,
+            log_name,
+            hints,
+            self.directory,
+            on_progress=self._on_progress,
+            progress_interval=5.0,
+        )
+        self.player = player
+        self._set_status(Code.BACKFILL)
+        play = asyncio.ensure_future(player.play(until=TAIL))
+        try:
+            tailing = asyncio.ensure_future(player.tailing.wait())
+            await asyncio.wait({play, tailing}, return_when=asyncio.FIRST_COMPLETED)
+            tailing.cancel()
+            if play.done():
+                play.result()  # Playback failed before reaching the head: raise its error.
+                raise RuntimeError("playback ended before it was asked to")
+            self._set_status(Code.STANDBY)
+            log.info("shard standby shard=%s log=%s", self.id, log_name)
+            primary = asyncio.ensure_future(self._primary.wait())
+            await asyncio.wait({play, primary}, return_when=asyncio.FIRST_COMPLETED)
+            primary.cancel()
+            if play.done():
+                play.result()
+                raise RuntimeError("playback ended before it was asked to")
+            author = new_author()
+            player.inject_handoff(author)
+            fsm = await play
+        except BaseException:
+            play.cancel()
+            with contextlib.suppress(BaseException):
+                await play
+            raise
+        log.info(
+            "shard recovered shard=%s log=%s write_head=%d files=%d",
+            self.id,
+            log_name,
+            player.write_head,
+            len(fsm.links),
+        )
+        return RecoveredLog(
+            log_name,
+            self.directory,
+            fsm,
+            author,
+            player.write_head,
+            self.ctx.client,
+            self.ctx.append_service,
+            self.ctx.broker_endpoint,
+            hints,
+        )
+
+    def _on_progress(self, progress: PlaybackProgress) -> None:
+        self.progress = progress
+
+    async def _load_hints(self, log_name: str) -> rpb.FSMHints | None:
+        if not self.spec.hint_prefix:
+            return None
+        found = await load_hints(
+            self.ctx.etcd,
+            self.spec.hint_prefix,
+            self.id,
+            backups=self.spec.hint_backups,
+            log=log_name,
+        )
+        return next((h for h in found if h is not None), None)
+
+    def _guard(self) -> Compare:
+        a = self.shard.assignment
+        return Compare(a.key.encode(), "create", a.create_revision)
+
+    async def _rotate_hints(self, hints: rpb.FSMHints | None) -> None:
+        if hints is None or not self.spec.hint_prefix:
+            return
+        try:
+            await rotate_backup_hints(
+                self.ctx.etcd,
+                self.spec.hint_prefix,
+                self.id,
+                hints,
+                self.spec.hint_backups,
+                guard=self._guard(),
+            )
+        except (HintsConflict, HintsGuardFailed, EtcdError) as err:
+            log.warning("cannot rotate backup hints shard=%s err=%s", self.id, err)
+
+    async def _hints_loop(self) -> None:
+        """Write primary hints now (recovery done) and every `hint_interval`."""
+        while True:
+            await self.store_hints()
+            await asyncio.sleep(self.ctx.hint_interval)
+
+    async def store_hints(self) -> bool:
+        """Write the store's current hints as the shard's primary hints. Returns whether it
+        did (the store may not record hints, or the assignment moved)."""
+        build = getattr(self.store, "build_hints", None)
+        if build is None or not self.spec.hint_prefix:
+            return False
+        hints = await build()
+        try:
+            await store_primary_hints(
+                self.ctx.etcd, self.spec.hint_prefix, self.id, hints, guard=self._guard()
+            )
+        except (HintsGuardFailed, EtcdError) as err:
+            log.warning("cannot store primary hints shard=%s err=%s", self.id, err)
+            return False
+        return True
+
+    def _release(self) -> None:
+        store, self.store = self.store, None
+        if store is not None:
+            try:
+                store.destroy()
+            except Exception as err:  # noqa: BLE001
+                log.warning("destroying the store failed shard=%s err=%s", self.id, err)
+        shutil.rmtree(self.directory.parent, ignore_errors=True)

@@ -1,0 +1,364 @@
+"""A consumer process: its member session, the allocator, and the shards assigned to it.
+
+The process announces ``{root}/members/{zone}#{suffix}`` (a ConsumerSpec, under its lease),
+mirrors the application's keyspace, and runs the shared allocator (`allocator.Allocator`):
+each shard gets ``1 + hot_standbys`` replicas; a replica counts as consistent once it
+reports STANDBY or PRIMARY, so the allocator moves a primary away only after its successor
+caught up with the recovery log (zero-downtime hand-off, even without standbys).
+
+For every assignment of this process a `ShardReplica` runs (standby, then primary when its
+slot becomes 0); its ReplicaStatus is written as the assignment's value, guarded by the
+assignment's mod revision. `resolve` answers where a shard is served (the Resolver of
+upstream): here, or the primary's endpoint for proxying.
+
+Graceful exit (`drain`): the member marks itself exiting, the allocator moves its shards
+away (each successor reaching STANDBY first), and the process returns once none is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from allocator.allocator import Allocator
+from allocator.etcd import Compare, Etcd, EtcdError, op_put
+from allocator.keyspace import KeySpace, KeyValue
+from allocator.model import (
+    Assignment,
+    Item,
+    MemberID,
+    assignments_prefix,
+    item_key,
+    items_prefix,
+    member_key,
+    parse_assignment_key,
+)
+from allocator.session import MemberSession
+from broker.client import AppendService, JournalClient
+from broker.protocol import protocol_pb2 as bpb
+from consumer.application import Application
+from consumer.config import ConsumerConfig
+from consumer.protocol import consumer_pb2_grpc as pb_grpc
+from consumer.protocol import pb
+from consumer.replica import ReplicaContext, ShardReplica
+from consumer.spec import decode_consumer_value, desired_replication
+
+__all__ = ["ConsumerRuntime", "Resolution"]
+
+log = logging.getLogger(__name__)
+
+Code = pb.ReplicaStatus.Code
+
+
+@dataclass
+class Resolution:
+    """Where a shard is served: `replica` here (its primary), else `primary_endpoint`."""
+
+    status: Any
+    header: bpb.Header
+    replica: ShardReplica | None = None
+    primary_endpoint: str = ""
+
+
+class ConsumerRuntime:
+    """A consumer process's state (module docs)."""
+
+    def __init__(self, cfg: ConsumerConfig, app: Application) -> None:
+        self.cfg = cfg
+        self.app = app
+        self.member_id = MemberID(cfg.zone, cfg.suffix)
+        self.process_id = bpb.ProcessSpec.ID(zone=cfg.zone, suffix=cfg.suffix)
+        self.spec = pb.ConsumerSpec(
+            process_spec=bpb.ProcessSpec(id=self.process_id, endpoint=cfg.endpoint),
+            shard_limit=cfg.shard_limit,
+        )
+        self.keyspace = KeySpace(cfg.root + "/", decode_consumer_value(cfg.root))
+        self.replicas: dict[str, ShardReplica] = {}
+        self.etcd: Etcd | None = None
+        self.session: MemberSession | None = None
+        self.allocator: Allocator | None = None
+        self.client: JournalClient | None = None
+        self.append_service: AppendService | None = None
+        self._reconcile = asyncio.Event()
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._stubs: dict[str, Any] = {}
+        self._channels: list[grpc.aio.Channel] = []
+
+    # --- keys ---------------------------------------------------------------------------------
+    @property
+    def items(self) -> str:
+        return items_prefix(self.cfg.root)
+
+    @property
+    def assign(self) -> str:
+        return assignments_prefix(self.cfg.root)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Connect to etcd and the brokers, announce this member and load the keyspace."""
+        cfg = self.cfg
+        self.etcd = Etcd(cfg.etcd)
+        self.client = JournalClient(cfg.brokers)
+        self.append_service = AppendService(self.client)
+        key = member_key(cfg.root, self.member_id)
+        self.session = MemberSession(self.etcd, key, cfg.lease_ttl)
+        await self.session.announce(self.spec.SerializeToString(), replace_if=self._is_previous)
+        await self.keyspace.load(self.etcd)
+        self.allocator = Allocator(
+            self.etcd,
+            self.keyspace,
+            cfg.root,
+            self.member_id,
+            item_replication=desired_replication,
+            member_limit=lambda spec: int(spec.shard_limit),
+            member_exiting=lambda spec: bool(spec.exiting),
+            is_consistent=self._is_consistent,
+        )
+        self.keyspace.observe(self._reconcile.set)
+        self._reconcile.set()
+        cfg.workdir.mkdir(parents=True, exist_ok=True)
+
+    def _is_previous(self, raw: bytes) -> bool:
+        """An existing announcement of our endpoint is our own crashed predecessor."""
+        try:
+            spec = pb.ConsumerSpec.FromString(raw)
+        except Exception:  # noqa: BLE001
+            return False
+        return spec.process_spec.endpoint == self.cfg.endpoint
+
+    @staticmethod
+    def _is_consistent(item: Item, assignment: Assignment, assignments: list[Assignment]) -> bool:
+        value = assignment.value
+        return isinstance(value, pb.ReplicaStatus) and value.code in (Code.STANDBY, Code.PRIMARY)
+
+    async def run_background(self) -> None:
+        """Background loops; runs until cancelled. A loop failing fails the process."""
+        assert self.etcd is not None and self.session is not None and self.allocator is not None
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.keyspace.watch(self.etcd), name="keyspace-watch")
+            tg.create_task(self.session.keep_alive(), name="lease")
+            tg.create_task(self.allocator.serve(), name="allocator")
+            tg.create_task(self._reconcile_loop(), name="reconcile")
+
+    async def drain(self, timeout: float) -> bool:
+        """Graceful exit: mark this member exiting; wait (up to `timeout`) until the allocator
+        moved every shard away. Returns whether it got there."""
+        assert self.session is not None
+        spec = pb.ConsumerSpec()
+        spec.CopyFrom(self.spec)
+        spec.exiting = True
+        try:
+            await self.session.update(spec.SerializeToString())
+        except EtcdError as err:
+            log.error("cannot mark this consumer exiting err=%s", err)
+            return False
+        log.info("exiting: waiting for shards to move away count=%d", len(self._mine()))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (n := len(self._mine())) > 0:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                log.warning("drain timed out with %d shards still assigned", n)
+                return False
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self.keyspace.wait_for_change(self.keyspace.revision)
+        log.info("drained: no shards assigned")
+        return True
+
+    async def shutdown(self) -> None:
+        """Stop every replica, release the member session and close connections."""
+        await asyncio.gather(*(r.stop() for r in self.replicas.values()), return_exceptions=True)
+        self.replicas.clear()
+        if self._stopping:
+            await asyncio.gather(*self._stopping, return_exceptions=True)
+        if self.session is not None:
+            with contextlib.suppress(EtcdError):
+                await self.session.release()
+        if self.append_service is not None:
+            with contextlib.suppress(Exception):
+                await self.append_service.close()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.close()
+        for ch in self._channels:
+            await ch.close(None)
+        if self.etcd is not None:
+            await self.etcd.close()
+
+    # --- reconciliation -----------------------------------------------------------------------
+    def _mine(self) -> dict[str, tuple[KeyValue[Any], int]]:
+        """This process's assignments: shard id -> (assignment, slot)."""
+        out: dict[str, tuple[KeyValue[Any], int]] = {}
+        for kv in self.keyspace.prefixed(self.assign):
+            try:
+                shard, member, slot = parse_assignment_key(self.cfg.root, kv.key)
+            except ValueError:
+                continue
+            if member == self.member_id and (shard not in out or slot < out[shard][1]):
+                out[shard] = (kv, slot)
+        return out
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await self._reconcile.wait()
+            self._reconcile.clear()
+            try:
+                await self._reconcile_once()
+            except EtcdError as err:
+                log.warning("reconcile: etcd err=%s; retrying", err)
+                await asyncio.sleep(0.5)
+                self._reconcile.set()
+
+    async def _reconcile_once(self) -> None:
+        mine = self._mine()
+        for shard_id, (akv, slot) in mine.items():
+            skv = self.keyspace.get(item_key(self.cfg.root, shard_id))
+            if skv is None:
+                continue  # The allocator removes assignments of deleted shards.
+            replica = self.replicas.get(shard_id)
+            if replica is None:
+                replica = ShardReplica(self._context(), skv.value, akv)
+                self.replicas[shard_id] = replica
+                replica.start()
+                log.info("shard assigned shard=%s slot=%d", shard_id, slot)
+            replica.shard.assignment = akv
+            if slot == 0 and not replica.is_primary:
+                replica.promote()
+            if not isinstance(akv.value, pb.ReplicaStatus) or akv.value != replica.status:
+                await self._advertise(akv, replica.status)
+        for shard_id in list(self.replicas):
+            if shard_id not in mine:
+                replica = self.replicas.pop(shard_id)
+                log.info("shard unassigned shard=%s", shard_id)
+                task = asyncio.create_task(replica.stop())
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
+
+    async def _advertise(self, akv: KeyValue[Any], status: pb.ReplicaStatus) -> None:
+        """Write `status` as the value of our assignment (guarded by its mod revision)."""
+        assert self.etcd is not None
+        key = akv.key.encode()
+        await self.etcd.txn(
+            [Compare(key, "mod", akv.mod_revision)],
+            [op_put(key, status.SerializeToString(), akv.lease)],
+        )
+
+    def _context(self) -> ReplicaContext:
+        assert self.etcd is not None and self.client is not None
+        assert self.append_service is not None
+        return ReplicaContext(
+            app=self.app,
+            etcd=self.etcd,
+            client=self.client,
+            append_service=self.append_service,
+            broker_endpoint=self.cfg.brokers[0],
+            workdir=self.cfg.workdir,
+            root=self.cfg.root,
+            status_changed=self._reconcile.set,
+            hint_interval=self.cfg.hint_interval,
+        )
+
+    # --- resolution ---------------------------------------------------------------------------
+    def header(self, shard_id: str = "") -> bpb.Header:
+        h = self.keyspace.header
+        header = bpb.Header(
+            process_id=self.process_id,
+            etcd=bpb.Header.Etcd(
+                cluster_id=h.cluster_id,
+                member_id=h.member_id,
+                revision=h.revision,
+                raft_term=h.raft_term,
+            ),
+        )
+        header.route.CopyFrom(self.route_of(shard_id) if shard_id else bpb.Route(primary=-1))
+        return header
+
+    def route_of(self, shard_id: str) -> bpb.Route:
+        """The shard's route: its assigned members sorted, the primary marked."""
+        found = []
+        for kv in self.keyspace.prefixed(f"{self.assign}{shard_id}#"):
+            try:
+                item, member, slot = parse_assignment_key(self.cfg.root, kv.key)
+            except ValueError:
+                continue
+            if item == shard_id:
+                found.append((member.zone, member.suffix, slot))
+        found.sort()
+        route = bpb.Route(primary=-1)
+        for i, (zone, suffix, slot) in enumerate(found):
+            route.members.add(zone=zone, suffix=suffix)
+            mkv = self.keyspace.get(member_key(self.cfg.root, MemberID(zone, suffix)))
+            route.endpoints.append(mkv.value.process_spec.endpoint if mkv is not None else "")
+            if slot == 0:
+                route.primary = i
+        return route
+
+    async def resolve(self, shard_id: str, *, min_etcd_revision: int = 0) -> Resolution:
+        """Where `shard_id` is served: a local PRIMARY replica, else its primary's endpoint;
+        SHARD_NOT_FOUND, NO_SHARD_PRIMARY or NOT_SHARD_PRIMARY (primary here, not ready)."""
+        if min_etcd_revision > self.keyspace.revision:
+            await self.keyspace.wait_for_revision(min_etcd_revision, timeout=10.0)
+        if self.keyspace.get(item_key(self.cfg.root, shard_id)) is None:
+            return Resolution(pb.SHARD_NOT_FOUND, self.header())
+        header = self.header(shard_id)
+        route = header.route
+        if route.primary < 0:
+            return Resolution(pb.NO_SHARD_PRIMARY, header)
+        primary = route.members[route.primary]
+        if (primary.zone, primary.suffix) == (self.cfg.zone, self.cfg.suffix):
+            replica = self.replicas.get(shard_id)
+            if replica is None or replica.status.code != Code.PRIMARY:
+                return Resolution(pb.NOT_SHARD_PRIMARY, header)
+            return Resolution(pb.OK, header, replica=replica)
+        return Resolution(pb.OK, header, primary_endpoint=route.endpoints[route.primary])
+
+    def shard_stub(self, endpoint: str) -> Any:
+        """A `consumer.Shard` stub of another consumer process (channels are reused)."""
+        target = endpoint.split("://", 1)[-1]
+        stub = self._stubs.get(target)
+        if stub is None:
+            channel = grpc.aio.insecure_channel(target)
+            self._channels.append(channel)
+            stub = self._stubs[target] = pb_grpc.ShardStub(channel)
+        return stub
+
+    async def stat(self, req: pb.StatRequest, context: Any) -> pb.StatResponse:
+        """consumer.Shard/Stat: wait until the shard's committed transactions read through
+        `req.read_through`, then report its progress. Proxied once to the primary."""
+        res = await self.resolve(req.shard, min_etcd_revision=req.header.etcd.revision)
+        if res.status != pb.OK:
+            return pb.StatResponse(status=res.status, header=res.header)
+        if res.replica is None:
+            if req.header.process_id.zone or req.header.process_id.suffix:
+                # Proxied once already: the route changed under it. Let the caller retry.
+                return pb.StatResponse(status=pb.NOT_SHARD_PRIMARY, header=res.header)
+            fwd = pb.StatRequest()
+            fwd.CopyFrom(req)
+            fwd.header.CopyFrom(res.header)
+            timeout = context.time_remaining() if context is not None else None
+            resp: pb.StatResponse = await self.shard_stub(res.primary_endpoint).Stat(
+                fwd, timeout=timeout
+            )
+            return resp
+        shard = res.replica.shard
+        sources = {s.journal for s in shard.spec.sources}
+        unknown = sorted(set(req.read_through) - sources)
+        if unknown:
+            if context is not None:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"journals {unknown} are not sources of shard {req.shard}",
+                )
+            raise ValueError(f"journals {unknown} are not sources of shard {req.shard}")
+        await shard.wait_read_through(dict(req.read_through))
+        read_through, publish_at = shard.progress()
+        return pb.StatResponse(
+            status=pb.OK, header=res.header, read_through=read_through, publish_at=publish_at
+        )

@@ -1,0 +1,273 @@
+"""The ``consumer.Shard`` gRPC service over a consumer application's keyspace.
+
+`ShardAPI` serves List, Apply, GetHints and Unassign from the application's etcd keys (see
+`consumer.spec` for the layout), as upstream's ``consumer/shard_api.go`` does; Stat needs a
+running shard, so it is delegated to a callback the consumer runtime supplies.
+
+Failures the caller can act on are `Status` values in responses (SHARD_NOT_FOUND,
+ETCD_TRANSACTION_FAILED); malformed requests abort with INVALID_ARGUMENT naming the bad field;
+an unreachable etcd aborts with UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
+from allocator.keyspace import KeySpace
+from allocator.model import parse_assignment_key
+from broker.protocol import protocol_pb2 as bpb
+from broker.protocol.errors import ValidationError
+from broker.protocol.selector import matches
+from consumer.protocol import consumer_pb2_grpc as pb_grpc
+from consumer.protocol import pb
+from consumer.spec import (
+    ShardKeys,
+    recovery_log_of,
+    shard_labels,
+    validate_apply_request,
+    validate_get_hints_request,
+    validate_list_request,
+    validate_stat_request,
+    validate_unassign_request,
+)
+from recoverylog.hints_etcd import encode_hints, load_hints, primary_hints_key
+from recoverylog.segments import InvalidHints
+
+__all__ = ["ShardAPI", "StatFunc"]
+
+log = logging.getLogger(__name__)
+
+StatFunc = Callable[[pb.StatRequest, Any], Awaitable[pb.StatResponse]]
+"""Serves Stat of an existing shard: ``await stat(request, context) -> StatResponse``."""
+
+# How long Apply and Unassign wait for the keyspace to reflect their own write.
+READ_YOUR_WRITE_TIMEOUT = 10.0
+
+
+class ShardAPI(pb_grpc.ShardServicer):
+    """Implements ``consumer.Shard`` over `keyspace`, a loaded and watched mirror of `root`
+    (decoded by `consumer.spec.decode_consumer_value(root)`), writing through `etcd`.
+
+    `process_id` identifies this process in response headers. `stat`, if given, serves Stat
+    for shards that exist; without it Stat answers UNIMPLEMENTED.
+    """
+
+    def __init__(
+        self,
+        etcd: Etcd,
+        keyspace: KeySpace,
+        root: str,
+        process_id: bpb.ProcessSpec.ID,
+        *,
+        stat: StatFunc | None = None,
+    ) -> None:
+        self.etcd = etcd
+        self.keyspace = keyspace
+        self.keys = ShardKeys(root)
+        if keyspace.prefix != self.keys.keyspace_prefix:
+            raise ValueError(f"keyspace of {keyspace.prefix!r} does not mirror root {root!r}")
+        self.process_id = process_id
+        self._stat = stat
+
+    # --- helpers ----------------------------------------------------------------------------
+    def header(self, revision: int | None = None) -> bpb.Header:
+        """An unrouted response header: this process, and the keyspace's etcd header (or
+        `revision`, that of a write this response reports)."""
+        h = self.keyspace.header
+        return bpb.Header(
+            process_id=self.process_id,
+            route=bpb.Route(primary=-1),
+            etcd=bpb.Header.Etcd(
+                cluster_id=h.cluster_id,
+                member_id=h.member_id,
+                revision=h.revision if revision is None else revision,
+                raft_term=h.raft_term,
+            ),
+        )
+
+    def spec_of(self, shard: str) -> pb.ShardSpec | None:
+        kv = self.keyspace.get(self.keys.item(shard))
+        return kv.value if kv is not None else None
+
+    def route_and_status(self, shard: str) -> tuple[bpb.Route, list[pb.ReplicaStatus]]:
+        """The shard's route (members ordered by zone and suffix, primary = the slot-0
+        member, endpoints from the members' ConsumerSpecs) and each member's status."""
+        assigned: list[tuple[str, str, int, pb.ReplicaStatus]] = []
+        for kv in self.keyspace.prefixed(self.keys.shard_assignments(shard)):
+            item, member, slot = parse_assignment_key(self.keys.root, kv.key)
+            if item == shard:
+                assigned.append((member.zone, member.suffix, slot, kv.value))
+        assigned.sort(key=lambda a: (a[0], a[1], a[2]))
+        route = bpb.Route(primary=-1)
+        statuses = []
+        for i, (zone, suffix, slot, status) in enumerate(assigned):
+            route.members.add(zone=zone, suffix=suffix)
+            member_kv = self.keyspace.get(f"{self.keys.members}{zone}#{suffix}")
+            route.endpoints.append(member_kv.value.process_spec.endpoint if member_kv else "")
+            if slot == 0:
+                route.primary = i
+            statuses.append(status)
+        return route, statuses
+
+    async def _wait_for(self, revision: int, context: Any) -> None:
+        try:
+            await self.keyspace.wait_for_revision(revision, timeout=READ_YOUR_WRITE_TIMEOUT)
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"applied at etcd revision {revision}, but this process's view of etcd "
+                f"did not catch up within {READ_YOUR_WRITE_TIMEOUT:.0f}s",
+            )
+
+    @staticmethod
+    async def _invalid(context: Any, err: ValidationError) -> None:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
+    async def _txn(self, compares: list[Compare], ops: list[Any], context: Any) -> Any:
+        try:
+            return await self.etcd.txn(compares, ops)
+        except EtcdError as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+
+    # --- List -------------------------------------------------------------------------------
+    async def List(self, request: pb.ListRequest, context: Any) -> pb.ListResponse:  # noqa: N802
+        try:
+            validate_list_request(request)
+        except ValidationError as err:
+            await self._invalid(context, err)
+        resp = pb.ListResponse(status=pb.OK, header=self.header())
+        select = request.selector.ByteSize() != 0
+        for kv in self.keyspace.prefixed(self.keys.items):
+            spec: pb.ShardSpec = kv.value
+            if select and not matches(request.selector, shard_labels(spec)):
+                continue
+            route, statuses = self.route_and_status(spec.id)
+            resp.shards.add(
+                spec=spec,
+                mod_revision=kv.mod_revision,
+                create_revision=kv.create_revision,
+                route=route,
+                status=statuses,
+            )
+        return resp
+
+    # --- Apply ------------------------------------------------------------------------------
+    async def Apply(self, request: pb.ApplyRequest, context: Any) -> pb.ApplyResponse:  # noqa: N802
+        try:
+            validate_apply_request(request)
+        except ValidationError as err:
+            await self._invalid(context, err)
+        compares: list[Compare] = []
+        ops: list[Any] = []
+        for change in request.changes:
+            if change.HasField("upsert"):
+                spec = change.upsert
+                key = self.keys.item(spec.id).encode()
+                ops.append(op_put(key, spec.SerializeToString(deterministic=True)))
+                if change.HasField("primary_hints"):
+                    hints_key = primary_hints_key(spec.hint_prefix, spec.id).encode()
+                    ops.append(op_put(hints_key, encode_hints(change.primary_hints)))
+            else:
+                key = self.keys.item(change.delete).encode()
+                ops.append(op_delete(key))
+            # -1 applies regardless of the shard's current revision; 0 requires it be absent.
+            if change.expect_mod_revision != -1:
+                compares.append(Compare(key, "mod", change.expect_mod_revision))
+        resp = await self._txn(compares, ops, context)
+        revision = int(resp.header.revision)
+        if not resp.succeeded:
+            return pb.ApplyResponse(status=pb.ETCD_TRANSACTION_FAILED, header=self.header(revision))
+        if ops:
+            await self._wait_for(revision, context)
+        return pb.ApplyResponse(status=pb.OK, header=self.header(revision))
+
+    # --- GetHints ---------------------------------------------------------------------------
+    async def GetHints(  # noqa: N802
+        self, request: pb.GetHintsRequest, context: Any
+    ) -> pb.GetHintsResponse:
+        try:
+            validate_get_hints_request(request)
+        except ValidationError as err:
+            await self._invalid(context, err)
+        header = self.header()
+        spec = self.spec_of(request.shard)
+        if spec is None:
+            return pb.GetHintsResponse(status=pb.SHARD_NOT_FOUND, header=header)
+        resp = pb.GetHintsResponse(status=pb.OK, header=header)
+        log_name = recovery_log_of(spec)
+        if not log_name:
+            return resp  # No recovery log, so no hints.
+        try:
+            sets = await load_hints(
+                self.etcd,
+                spec.hint_prefix,
+                spec.id,
+                backups=spec.hint_backups,
+                log=log_name,
+            )
+        except EtcdError as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        except InvalidHints as err:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"shard {spec.id}: {err}")
+        primary, backups = sets[0], sets[1:]
+        if primary is not None:
+            resp.primary_hints.hints.CopyFrom(primary)
+        for hints in backups:
+            entry = resp.backup_hints.add()
+            if hints is not None:
+                entry.hints.CopyFrom(hints)
+        return resp
+
+    # --- Unassign ---------------------------------------------------------------------------
+    async def Unassign(  # noqa: N802
+        self, request: pb.UnassignRequest, context: Any
+    ) -> pb.UnassignResponse:
+        """Remove, of each shard, every FAILED assignment and (unless `only_failed`) its
+        primary's, so that the allocator assigns them anew. Each removal is guarded on the
+        assignment's revision; `dry_run` reports the shards without removing anything."""
+        try:
+            validate_unassign_request(request)
+        except ValidationError as err:
+            await self._invalid(context, err)
+        resp = pb.UnassignResponse(status=pb.OK)
+        compares: list[Compare] = []
+        ops: list[Any] = []
+        for shard in dict.fromkeys(request.shards):  # each shard once, in request order
+            for kv in self.keyspace.prefixed(self.keys.shard_assignments(shard)):
+                item, _member, slot = parse_assignment_key(self.keys.root, kv.key)
+                if item != shard:
+                    continue
+                status: pb.ReplicaStatus = kv.value
+                if status.code != pb.ReplicaStatus.FAILED and (request.only_failed or slot != 0):
+                    continue
+                compares.append(Compare(kv.key.encode(), "mod", kv.mod_revision))
+                ops.append(op_delete(kv.key.encode()))
+                if not resp.shards or resp.shards[-1] != shard:
+                    resp.shards.append(shard)
+        if request.dry_run or not ops:
+            return resp
+        txn = await self._txn(compares, ops, context)
+        if not txn.succeeded:
+            resp.status = pb.ETCD_TRANSACTION_FAILED
+            return resp
+        await self._wait_for(int(txn.header.revision), context)
+        log.info("unassigned shards=%s removed=%d", ",".join(resp.shards), len(ops))
+        return resp
+
+    # --- Stat -------------------------------------------------------------------------------
+    async def Stat(self, request: pb.StatRequest, context: Any) -> pb.StatResponse:  # noqa: N802
+        try:
+            validate_stat_request(request)
+        except ValidationError as err:
+            await self._invalid(context, err)
+        if self.spec_of(request.shard) is None:
+            return pb.StatResponse(status=pb.SHARD_NOT_FOUND, header=self.header())
+        if self._stat is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Stat is not served by this process")
+        assert self._stat is not None
+        return await self._stat(request, context)

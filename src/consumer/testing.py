@@ -1,0 +1,102 @@
+"""Run a real `gazette-consumer` process for tests, benchmarks and the demo."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from broker.testing.etcd import free_port
+from broker.testing.process import ProcessUnavailable, ReadyProcess
+
+__all__ = ["ConsumerProcess", "ConsumerUnavailable"]
+
+
+class ConsumerUnavailable(ProcessUnavailable):
+    """The consumer process exited or did not report ready in time."""
+
+
+class ConsumerProcess(ReadyProcess):
+    """A `gazette-consumer` subprocess of application `app` on 127.0.0.1 (restartable with
+    the same port and work directory). `lease_ttl` bounds how long a killed process keeps
+    its shards."""
+
+    ready_marker = b"consumer ready"
+    name = "consumer"
+    unavailable = ConsumerUnavailable
+
+    def __init__(
+        self,
+        app: str,
+        etcd_endpoint: str,
+        brokers: list[str],
+        *,
+        root: str,
+        zone: str = "local",
+        suffix: str = "consumer-1",
+        workdir: Path | None = None,
+        port: int = 0,
+        lease_ttl: int = 3,
+        extra_env: dict[str, str] | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
+        self.app = app
+        self.etcd_endpoint = etcd_endpoint
+        self.brokers = brokers
+        self.root = root
+        self.zone = zone
+        self.suffix = suffix
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="consumer-")
+            workdir = Path(self._tmp.name)
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.lease_ttl = lease_ttl
+        self.extra_args = extra_args or []
+        super().__init__(self.workdir / "consumer.log", extra_env)
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "consumer.main",
+            self.app,
+            "--etcd",
+            self.etcd_endpoint,
+            "--root",
+            self.root,
+            "--broker",
+            ",".join(self.brokers),
+            "--zone",
+            self.zone,
+            "--suffix",
+            self.suffix,
+            "--listen",
+            self.endpoint,
+            "--workdir",
+            str(self.workdir / "shards"),
+            "--lease-ttl",
+            str(self.lease_ttl),
+            *self.extra_args,
+        ]
+
+    def start(self, timeout: float = 30.0) -> ConsumerProcess:
+        super().start(timeout)
+        return self
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> ConsumerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,351 @@
+"""Consumer transactions: read-committed messages of a shard's sources, pipelined commits.
+
+`SourceReaders` reads every source journal (read-uncommitted, from the checkpointed offsets)
+into one bounded queue (``read_channel_size``). `Transactions` sequences those envelopes with
+one `Sequencer` (``ring_buffer_size``; replays when a committed span left the ring) and runs
+the transaction loop described in `consumer.application`:
+
+1. A transaction begins with the first committed message (or acknowledgement) ready.
+2. It consumes messages while they are ready, until ``max_txn_duration``; once the queue
+   stalls it closes, but not before ``min_txn_duration`` nor before the previous transaction's
+   commit completed.
+3. Closing: `finalize_txn`; then the Checkpoint (sources read through, producer states,
+   ACK intents of what was published); the store commit waits for every pending append of
+   the transaction except those to the recovery log; the ACK intents are appended only once
+   the commit is durable. The next transaction starts at once (pipelining).
+
+Acknowledgement messages are sequenced and counted in a transaction, but not passed to the
+application. Any error fails the loop (the shard then reports FAILED).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from broker.protocol import protocol_pb2 as bpb
+from consumer.application import Application, BeginFinisher, Shard
+from consumer.protocol import pb
+from consumer.store import Store
+from message.envelope import Envelope
+from message.iterators import ReadUncommittedIter, read_range
+from message.publisher import AckIntent, Publisher
+from message.sequencer import (
+    MustStartReplay,
+    ProducerState,
+    QueueOutcome,
+    Sequencer,
+    states_from_checkpoint,
+)
+from message.uuid import Flags
+
+__all__ = [
+    "PRODUCER_PRUNE_HORIZON_NS",
+    "SourceReaders",
+    "TxnStats",
+    "Transactions",
+    "checkpoint_offsets",
+    "sequencer_from_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+
+PRODUCER_PRUNE_HORIZON_NS = 24 * 3600 * 10**9
+"""Producers idle this long (by their journal's clocks) leave checkpoints, as upstream."""
+
+_YIELD_EVERY = 256  # Messages consumed back to back before letting other tasks run.
+_ACK_TXN = int(Flags.ACK_TXN)
+_REPLAY = object()  # `Transactions._ready`: the Sequencer must replay before going on.
+
+
+def _maybe_async(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """An awaitable-returning wrapper of `fn`, which may be sync or async."""
+    if inspect.iscoroutinefunction(fn):
+        return fn
+
+    async def call(*args: Any) -> Any:
+        out = fn(*args)
+        if inspect.isawaitable(out):
+            return await out
+        return out
+
+    return call
+
+
+def checkpoint_offsets(cp: pb.Checkpoint) -> dict[str, int]:
+    """Per source journal, the offset a checkpoint read through."""
+    return {journal: src.read_through for journal, src in cp.sources.items()}
+
+
+def sequencer_from_checkpoint(cp: pb.Checkpoint, ring_size: int) -> Sequencer:
+    """A Sequencer restored from a checkpoint's producer states and offsets."""
+    states = states_from_checkpoint(
+        {
+            journal: [(e.id, e.state.last_ack, e.state.begin) for e in src.producers]
+            for journal, src in cp.sources.items()
+        }
+    )
+    return Sequencer(states=states, ring_size=ring_size, offsets=checkpoint_offsets(cp))
+
+
+def _build_checkpoint(
+    read_through: dict[str, int],
+    states: dict[tuple[str, Any], ProducerState],
+    intents: list[AckIntent],
+) -> pb.Checkpoint:
+    cp = pb.Checkpoint()
+    for journal, offset in read_through.items():
+        cp.sources[journal].read_through = offset
+    for (journal, producer), state in sorted(states.items()):
+        entry = cp.sources[journal].producers.add(id=bytes(producer))
+        entry.state.last_ack = state.last_ack
+        entry.state.begin = state.begin
+    for intent in intents:
+        cp.ack_intents[intent.journal] = intent.intent
+    return cp
+
+
+class SourceReaders:
+    """Reads the shard's source journals into `queue` (envelopes, or the error that ended a
+    reader). `iters` holds each source's iterator (its framing serves replays)."""
+
+    def __init__(self, shard: Shard, app: Application, offsets: dict[str, int], size: int) -> None:
+        self.shard = shard
+        self.queue: asyncio.Queue[Envelope | BaseException] = asyncio.Queue(maxsize=size)
+        self.iters: dict[str, ReadUncommittedIter] = {}
+        for src in shard.spec.sources:
+            offset = max(offsets.get(src.journal, 0), src.min_offset)
+            req = bpb.ReadRequest(journal=src.journal, offset=offset, block=True)
+            self.iters[src.journal] = ReadUncommittedIter(
+                shard.journal_client, req, None, app.new_message
+            )
+
+    async def run(self) -> None:
+        """Read until cancelled; a reader's error is queued for the transaction loop."""
+        async with asyncio.TaskGroup() as tg:
+            for journal, it in self.iters.items():
+                tg.create_task(self._read(it), name=f"read {journal}")
+
+    async def _read(self, it: ReadUncommittedIter) -> None:
+        queue = self.queue
+        try:
+            while True:
+                env = await it.next()
+                if queue.full():
+                    await queue.put(env)
+                else:
+                    queue.put_nowait(env)  # No coroutine per message while there is room.
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:  # noqa: BLE001 - handed to the transaction loop
+            await queue.put(err)
+        finally:
+            it.close()
+
+
+class TxnStats:
+    """Counters of a shard's transactions (for Stat, logs and benchmarks)."""
+
+    def __init__(self) -> None:
+        self.txns = 0
+        self.messages = 0
+        self.acks = 0
+        self.last_txn_messages = 0
+        self.last_txn_seconds = 0.0
+
+
+class Transactions:
+    """The transaction loop of a primary shard (module docs). `run` until cancelled."""
+
+    def __init__(
+        self,
+        shard: Shard,
+        app: Application,
+        store: Store,
+        publisher: Publisher,
+        sequencer: Sequencer,
+        readers: SourceReaders,
+        *,
+        recovery_log: str = "",
+    ) -> None:
+        self.shard = shard
+        self.app = app
+        self.store = store
+        self.pub = publisher
+        self.seq = sequencer
+        self.readers = readers
+        self.recovery_log = recovery_log
+        self.stats = TxnStats()
+        spec = shard.spec
+        self.min_dur = spec.min_txn_duration.ToNanoseconds() / 1e9
+        self.max_dur = spec.max_txn_duration.ToNanoseconds() / 1e9 or 1.0
+        self._consume: Callable[..., Any] = app.consume_message
+        self._finalize = _maybe_async(app.finalize_txn)
+        self._begin: Callable[..., Awaitable[Any]] | None = None
+        self._finished: Callable[..., Any] | None = None
+        if isinstance(app, BeginFinisher):
+            self._begin = _maybe_async(app.begin_txn)
+            self._finished = app.finished_txn
+        self._prev: asyncio.Future[None] | None = None
+        self._pending: Envelope | BaseException | None = None  # Taken off the queue early.
+
+    async def run(self) -> None:
+        """Run transactions until cancelled. Raises the error that failed the shard."""
+        try:
+            while True:
+                await self._transaction()
+        finally:
+            if self._prev is not None and not self._prev.done():
+                # Let the last commit finish (or fail) rather than cut it off mid-way.
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(self._prev), 10.0)
+
+    async def _transaction(self) -> None:
+        loop = asyncio.get_running_loop()
+        env = await self._next_blocking()
+        started = loop.time()
+        if self._begin is not None:
+            await self._begin(self.shard, self.store)
+        n = 1
+        out = self._handle(env)
+        if out is not None:
+            await out
+        min_at, max_at = started + self.min_dur, started + self.max_dur
+        ready = self._ready
+        handle = self._handle
+        while True:
+            # The hot loop: no coroutine per message unless the application's is one.
+            now = loop.time()
+            if now >= max_at:
+                break
+            got = ready()
+            if got is _REPLAY:
+                await self._replay()
+                continue
+            if got is not None:
+                out = handle(got)  # type: ignore[arg-type]
+                if out is not None:
+                    await out
+                n += 1
+                if n % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+                continue
+            prev_done = self._prev is None or self._prev.done()
+            if now >= min_at and prev_done:
+                break
+            await self._stall(min_at if now < min_at else None, max_at, prev_done)
+        if self._prev is not None:
+            await self._prev  # Raises if the previous commit failed.
+        await self._finalize(self.shard, self.store, self.pub)
+        self._start_commit()
+        self.stats.txns += 1
+        self.stats.last_txn_messages = n
+        self.stats.last_txn_seconds = loop.time() - started
+
+    async def _stall(self, min_at: float | None, max_at: float, prev_done: bool) -> None:
+        """Wait for a message, the previous commit, or the next deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = max_at if min_at is None else min_at
+        waits: set[asyncio.Future[Any]] = set()
+        getter = asyncio.ensure_future(self.readers.queue.get())
+        waits.add(getter)
+        if not prev_done and self._prev is not None:
+            waits.add(self._prev)
+        try:
+            await asyncio.wait(
+                waits,
+                timeout=max(deadline - loop.time(), 0),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            if getter.done() and not getter.cancelled():
+                self._pending = getter.result()
+            else:
+                getter.cancel()
+
+    async def _next_blocking(self) -> Envelope:
+        """The next committed envelope, waiting for one."""
+        while True:
+            got = self._ready()
+            if got is _REPLAY:
+                await self._replay()
+            elif got is not None:
+                return got  # type: ignore[return-value]
+            else:
+                self._pending = await self.readers.queue.get()
+
+    def _ready(self) -> Envelope | object | None:
+        """The next committed envelope if one is ready without waiting, else None; `_REPLAY`
+        when the Sequencer needs a replay first. Raises a reader's error."""
+        seq = self.seq
+        while True:
+            try:
+                if seq.step():
+                    return seq.dequeued
+            except MustStartReplay:
+                return _REPLAY
+            item = self._pending
+            if item is not None:
+                self._pending = None
+            else:
+                try:
+                    item = self.readers.queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return None
+            if isinstance(item, BaseException):
+                raise item
+            if seq.queue_uncommitted(item) is QueueOutcome.ACK_COMMIT_REPLAY:
+                return _REPLAY
+
+    async def _replay(self) -> None:
+        journal, begin, end = self.seq.replay_range()
+        it = self.readers.iters.get(journal) or next(iter(self.readers.iters.values()))
+        self.seq.start_replay(await read_range(it, journal, begin, end))
+
+    def _handle(self, env: Envelope) -> Awaitable[Any] | None:
+        """Pass `env` to the application; returns what must be awaited, if anything."""
+        uuid = env.message.get_uuid()
+        # The flags are bits 48-57 of the UUID (message.uuid.get_flags, without validation:
+        # the Sequencer checked the UUID already).
+        if uuid is not None and (uuid.int >> 48) & 0x3FF == _ACK_TXN:
+            self.stats.acks += 1
+            return None
+        self.stats.messages += 1
+        out = self._consume(self.shard, self.store, env, self.pub)
+        return out if out is not None and inspect.isawaitable(out) else None
+
+    def _start_commit(self) -> None:
+        """Checkpoint, start the store commit, and schedule the ACKs behind it."""
+        pub = self.pub
+        pub.flush()  # The transaction's messages are appends in flight from here on.
+        wait_for = [
+            asyncio.ensure_future(a.done())
+            for a in self.shard.append_service.pending_except(self.recovery_log)
+        ]
+        read_through = self.seq.read_through()
+        states = self.seq.checkpoint(PRODUCER_PRUNE_HORIZON_NS)
+        intents = pub.build_ack_intents()
+        cp = _build_checkpoint(read_through, states, intents)
+        committed = asyncio.ensure_future(self.store.start_commit(self.shard, cp, wait_for))
+        if self._finished is not None:
+            self._finished(self.shard, self.store, committed)
+        self._prev = asyncio.ensure_future(self._complete(committed, intents, read_through))
+
+    async def _complete(
+        self, committed: Awaitable[Any], intents: list[AckIntent], read_through: dict[str, int]
+    ) -> None:
+        try:
+            await committed
+        except BaseException as err:
+            self.pub.abort_ack_intents(intents, err)
+            raise
+        acks = self.pub.publish_ack_intents(intents)
+        publish_at: dict[str, int] = {}
+        for aa in acks:
+            resp = await aa.done()
+            publish_at[aa.journal] = max(publish_at.get(aa.journal, 0), resp.commit.end)
+        await self.shard._set_progress(read_through, publish_at)

@@ -1,0 +1,62 @@
+"""A test consumer application: sums `Add` messages per key in a RocksDB store and publishes
+each key's new total (exactly once) to the journal named by env COUNTER_OUTPUT, if set.
+
+Run by `gazette-consumer tests.consumer.counter_app:Counter` in the runtime tests."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from consumer.application import Shard
+from consumer.store import RecoveredLog
+from message import CONTENT_TYPE_JSON_LINES, JSONMessage
+from message.envelope import Envelope
+from message.publisher import Publisher
+from stores.rocksdb.store import RocksDBStore
+
+
+@dataclass
+class Add(JSONMessage):
+    key: str = ""
+    n: int = 0
+
+
+@dataclass
+class Total(JSONMessage):
+    key: str = ""
+    total: int = 0
+    shard: str = ""
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.output = os.environ.get("COUNTER_OUTPUT", "")
+        self.pending: dict[str, dict[str, int]] = {}
+
+    async def new_store(self, shard: Shard, recovered: RecoveredLog | None) -> RocksDBStore:
+        assert recovered is not None, "the counter needs a recovery log"
+        return await RocksDBStore.from_recovered(recovered)
+
+    def new_message(self, spec: Any) -> Add:
+        return Add()
+
+    def consume_message(
+        self, shard: Shard, store: RocksDBStore, env: Envelope, pub: Publisher
+    ) -> None:
+        msg: Add = env.message
+        pending = self.pending.setdefault(shard.id, {})
+        current = pending.get(msg.key)
+        if current is None:
+            raw = store.get(b"k" + msg.key.encode())
+            current = int(raw) if raw is not None else 0
+        pending[msg.key] = current + msg.n
+
+    def finalize_txn(self, shard: Shard, store: RocksDBStore, pub: Publisher) -> None:
+        pending = self.pending.pop(shard.id, {})
+        out = (self.output, CONTENT_TYPE_JSON_LINES)
+        for key, total in sorted(pending.items()):
+            store.put(b"k" + key.encode(), str(total).encode())
+            if self.output:
+                pub.publish_uncommitted(lambda _m: out, Total(key, total, shard.id))

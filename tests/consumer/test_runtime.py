@@ -1,0 +1,404 @@
+"""The consumer runtime end to end: etcd, a broker, and real `gazette-consumer` processes of
+the counter application (tests/consumer/counter_app.py) with RocksDB stores over fusefs."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import grpc.aio
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client import AppendService, JournalClient
+from broker.client.list import apply_journals
+from broker.protocol import protocol_pb2 as bpb
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+from consumer.protocol import consumer_pb2_grpc as pb_grpc
+from consumer.protocol import pb
+from consumer.testing import ConsumerProcess
+from message import CONTENT_TYPE_JSON_LINES
+from message.iterators import ReadCommittedIter
+from message.publisher import Publisher
+from tests.conftest import session_broker
+from tests.consumer.counter_app import Add, Total
+
+REPO = Path(__file__).resolve().parents[2]
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def broker(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    yield from session_broker(etcd_server, tmp_path_factory, f"consumer-{next(_names)}")
+
+
+@pytest.fixture
+async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
+    async with JournalClient(broker.endpoint) as c:
+        yield c
+
+
+def journal_spec(name: str, store: Path, content_type: str) -> bpb.JournalSpec:
+    frag = bpb.JournalSpec.Fragment(
+        length=1 << 24, compression_codec=bpb.NONE, refresh_interval=Duration(seconds=60)
+    )
+    frag.stores.append(f"file://{store}/")
+    spec = bpb.JournalSpec(name=name, replication=1, fragment=frag)
+    spec.labels.labels.add(name="content-type", value=content_type)
+    return spec
+
+
+class Setup:
+    """Journals, shard specs and consumer processes of one test."""
+
+    def __init__(self, etcd: EtcdServer, broker: BrokerProcess, tmp: Path, shards: int) -> None:
+        n = next(_names)
+        self.prefix = f"counter-{os.getpid()}-{n}"
+        self.root = f"/test-consumer/{os.getpid()}/{n}"
+        self.etcd, self.broker, self.tmp = etcd, broker, tmp
+        self.inputs = [f"{self.prefix}/in-{i}" for i in range(shards)]
+        self.output = f"{self.prefix}/out"
+        self.shard_ids = [f"shard-{i:03d}" for i in range(shards)]
+        self.consumers: list[ConsumerProcess] = []
+
+    async def create_journals(self, client: JournalClient) -> None:
+        store = self.tmp / "fragments"
+        store.mkdir(exist_ok=True)
+        specs = [journal_spec(j, store, CONTENT_TYPE_JSON_LINES) for j in self.inputs]
+        specs.append(journal_spec(self.output, store, CONTENT_TYPE_JSON_LINES))
+        specs += [
+            journal_spec(f"{self.prefix}/recovery/{s}", store, "application/x-gazette-recoverylog")
+            for s in self.shard_ids
+        ]
+        changes = [bpb.ApplyRequest.Change(upsert=s) for s in specs]
+        await apply_journals(client, bpb.ApplyRequest(changes=changes))
+
+    def shard_specs(self, hot_standbys: int) -> list[pb.ShardSpec]:
+        return [
+            pb.ShardSpec(
+                id=sid,
+                sources=[pb.ShardSpec.Source(journal=j)],
+                recovery_log_prefix=f"{self.prefix}/recovery",
+                hint_prefix=f"/test-hints/{self.prefix}",
+                hint_backups=2,
+                max_txn_duration=Duration(nanos=200_000_000),
+                hot_standbys=hot_standbys,
+            )
+            for sid, j in zip(self.shard_ids, self.inputs, strict=True)
+        ]
+
+    def consumer(self, i: int) -> ConsumerProcess:
+        c = ConsumerProcess(
+            "tests.consumer.counter_app:Counter",
+            self.etcd.endpoint,
+            [self.broker.endpoint],
+            root=self.root,
+            zone=f"z{i % 2}",
+            suffix=f"consumer-{i}",
+            workdir=self.tmp / f"consumer-{i}",
+            extra_env={"COUNTER_OUTPUT": self.output, "PYTHONPATH": str(REPO)},
+            extra_args=["--hint-interval", "1"],
+        )
+        self.consumers.append(c)
+        return c
+
+    def close(self) -> None:
+        for c in self.consumers:
+            c.kill()
+
+
+@pytest.fixture
+def setup_factory(
+    etcd_server: EtcdServer, broker: BrokerProcess, tmp_path: Path
+) -> Iterator[list[Setup]]:
+    made: list[Setup] = []
+    yield made
+    for s in made:
+        s.close()
+
+
+async def apply_shards(stub: pb_grpc.ShardStub, specs: list[pb.ShardSpec]) -> None:
+    req = pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=s) for s in specs])
+    resp = await stub.Apply(req)
+    assert resp.status == pb.OK, resp
+
+
+async def shard_status(stub: pb_grpc.ShardStub) -> dict[str, list[int]]:
+    resp = await stub.List(pb.ListRequest())
+    return {s.spec.id: [st.code for st in s.status] for s in resp.shards}
+
+
+async def wait_for(cond: object, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        ok = await cond()  # type: ignore[operator]
+        if ok:
+            return
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+async def stat_through(
+    stub: pb_grpc.ShardStub, shard: str, journal: str, offset: int
+) -> pb.StatResponse:
+    resp: pb.StatResponse = await stub.Stat(
+        pb.StatRequest(shard=shard, read_through={journal: offset}), timeout=60
+    )
+    assert resp.status == pb.OK, resp
+    return resp
+
+
+async def committed_totals(client: JournalClient, journal: str, end: int) -> list[Total]:
+    req = bpb.ReadRequest(journal=journal, offset=0, end_offset=end, block=True)
+    it = ReadCommittedIter(client, req, None, lambda _s: Total())
+    out = []
+    try:
+        while True:
+            try:
+                env = await it.next()
+            except StopAsyncIteration:
+                break
+            if env.message.key:  # ACKs carry no key
+                out.append(env.message)
+    finally:
+        it.close()
+    return out
+
+
+async def write_head(client: JournalClient, journal: str) -> int:
+    stub = client.stub_for(journal)
+    resp = await stub.Read(bpb.ReadRequest(journal=journal, offset=-1, metadata_only=True)).read()
+    return int(resp.write_head)
+
+
+async def primary_of(stub: pb_grpc.ShardStub, shard: str) -> str:
+    resp = await stub.List(pb.ListRequest())
+    for sh in resp.shards:
+        if sh.spec.id == shard and sh.route.primary >= 0:
+            return str(sh.route.members[sh.route.primary].suffix)
+    return ""
+
+
+async def feed(
+    client: JournalClient, journal: str, stop: asyncio.Event, expected: dict[str, int]
+) -> None:
+    """Publish Adds (committed) until `stop`; `expected` sums what was acknowledged."""
+    async with AppendService(client) as svc:
+        pub = Publisher(svc)
+        mapping = lambda _m: (journal, CONTENT_TYPE_JSON_LINES)  # noqa: E731
+        i = 0
+        while not stop.is_set():
+            batch = {}
+            for _ in range(20):
+                key = f"k{i % 7}"
+                batch[key] = batch.get(key, 0) + i
+                pub.publish_committed(mapping, Add(key, i))
+                i += 1
+            await pub.barrier()
+            for k, v in batch.items():
+                expected[k] = expected.get(k, 0) + v
+            await asyncio.sleep(0.02)
+
+
+async def check_totals(
+    client: JournalClient, stub: pb_grpc.ShardStub, s: Setup, expected: dict[str, int]
+) -> None:
+    """Once the shard read its input through, the committed totals are exactly `expected`:
+    each key's totals strictly increase (no duplicate, no rollback) and end at its sum."""
+    head = await write_head(client, s.inputs[0])
+    await stat_through(stub, "shard-000", s.inputs[0], head)
+    out_head = await write_head(client, s.output)
+    final: dict[str, int] = {}
+    for t in await committed_totals(client, s.output, out_head):
+        assert t.total > final.get(t.key, -1), f"total of {t.key} repeated or went back"
+        final[t.key] = t.total
+    assert final == expected
+
+
+async def test_counts_survive_primary_kills_with_a_hot_standby(
+    setup_factory: list[Setup],
+    etcd_server: EtcdServer,
+    broker: BrokerProcess,
+    client: JournalClient,
+    tmp_path: Path,
+) -> None:
+    s = Setup(etcd_server, broker, tmp_path, shards=1)
+    setup_factory.append(s)
+    await s.create_journals(client)
+    procs = {c.suffix: c for c in (s.consumer(0).start(), s.consumer(1).start())}
+    async with (
+        grpc.aio.insecure_channel(s.consumers[0].endpoint) as ch0,
+        grpc.aio.insecure_channel(s.consumers[1].endpoint) as ch1,
+    ):
+        stubs = {
+            s.consumers[0].suffix: pb_grpc.ShardStub(ch0),
+            s.consumers[1].suffix: pb_grpc.ShardStub(ch1),
+        }
+        stub = stubs["consumer-0"]
+        await apply_shards(stub, s.shard_specs(hot_standbys=1))
+
+        def ready_on(stub: pb_grpc.ShardStub) -> object:
+            async def ready() -> bool:
+                try:
+                    st = await shard_status(stub)
+                except grpc.aio.AioRpcError:
+                    return False
+                return sorted(st.get("shard-000", [])) == [
+                    pb.ReplicaStatus.STANDBY,
+                    pb.ReplicaStatus.PRIMARY,
+                ]
+
+            return ready
+
+        await wait_for(ready_on(stub), "a primary and a standby")
+        expected: dict[str, int] = {}
+        stop = asyncio.Event()
+        feeder = asyncio.create_task(feed(client, s.inputs[0], stop, expected))
+        takeovers = []
+        for _ in range(3):
+            await asyncio.sleep(0.5)
+            victim = await primary_of(stub, "shard-000")
+            survivor = next(k for k in procs if k != victim)
+            t0 = time.monotonic()
+            procs[victim].kill()
+
+            async def promoted(survivor: str = survivor) -> bool:
+                return await primary_of(stubs[survivor], "shard-000") == survivor
+
+            await wait_for(promoted, "the standby's promotion")
+            takeovers.append(time.monotonic() - t0)
+            procs[victim].start()
+            await wait_for(ready_on(stubs[survivor]), "a new standby")
+            assert not feeder.done()
+        stop.set()
+        await feeder
+        await check_totals(
+            client, stubs[await primary_of(stubs["consumer-0"], "shard-000")], s, expected
+        )
+        print(f"takeovers after SIGKILL (lease TTL 3 s): {[round(t, 2) for t in takeovers]}")
+
+
+def ready_on(stub: pb_grpc.ShardStub, codes: list[int]) -> object:
+    async def ready() -> bool:
+        try:
+            st = await shard_status(stub)
+        except grpc.aio.AioRpcError:
+            return False
+        return sorted(st.get("shard-000", [])) == sorted(codes)
+
+    return ready
+
+
+async def test_zombie_primary_cannot_commit_after_handoff(
+    setup_factory: list[Setup],
+    etcd_server: EtcdServer,
+    broker: BrokerProcess,
+    client: JournalClient,
+    tmp_path: Path,
+) -> None:
+    """A primary frozen (SIGSTOP) until its lease expired and the standby took over, then
+    resumed, must not commit anything: its recovery log is fenced by the hand-off."""
+    s = Setup(etcd_server, broker, tmp_path, shards=1)
+    setup_factory.append(s)
+    await s.create_journals(client)
+    procs = {c.suffix: c for c in (s.consumer(0).start(), s.consumer(1).start())}
+    async with (
+        grpc.aio.insecure_channel(s.consumers[0].endpoint) as ch0,
+        grpc.aio.insecure_channel(s.consumers[1].endpoint) as ch1,
+    ):
+        stubs = {"consumer-0": pb_grpc.ShardStub(ch0), "consumer-1": pb_grpc.ShardStub(ch1)}
+        await apply_shards(stubs["consumer-0"], s.shard_specs(hot_standbys=1))
+        both = [pb.ReplicaStatus.STANDBY, pb.ReplicaStatus.PRIMARY]
+        await wait_for(ready_on(stubs["consumer-0"], both), "a primary and a standby")
+        expected: dict[str, int] = {}
+        stop = asyncio.Event()
+        feeder = asyncio.create_task(feed(client, s.inputs[0], stop, expected))
+        await asyncio.sleep(1.0)
+        zombie = await primary_of(stubs["consumer-0"], "shard-000")
+        survivor = next(k for k in procs if k != zombie)
+        procs[zombie].pause()
+        try:
+
+            async def promoted() -> bool:
+                return await primary_of(stubs[survivor], "shard-000") == survivor
+
+            await wait_for(promoted, "the standby's promotion")
+            await asyncio.sleep(1.0)  # The new primary commits transactions.
+        finally:
+            procs[zombie].resume()
+        await asyncio.sleep(2.0)  # The zombie wakes up with a transaction to commit.
+        stop.set()
+        await feeder
+        await check_totals(client, stubs[survivor], s, expected)
+        log = procs[zombie].tail_log(200_000)
+        assert "shard unassigned shard=shard-000" in log, log[-3000:]
+
+
+async def test_graceful_exit_hands_off_without_standbys(
+    setup_factory: list[Setup],
+    etcd_server: EtcdServer,
+    broker: BrokerProcess,
+    client: JournalClient,
+    tmp_path: Path,
+) -> None:
+    """SIGTERM of the primary of a shard with zero standbys: a new replica on the other
+    process reaches STANDBY before the old primary lets go; processing resumes quickly and
+    the totals stay exact."""
+    s = Setup(etcd_server, broker, tmp_path, shards=1)
+    setup_factory.append(s)
+    await s.create_journals(client)
+    procs = {c.suffix: c for c in (s.consumer(0).start(), s.consumer(1).start())}
+    async with (
+        grpc.aio.insecure_channel(s.consumers[0].endpoint) as ch0,
+        grpc.aio.insecure_channel(s.consumers[1].endpoint) as ch1,
+    ):
+        stubs = {"consumer-0": pb_grpc.ShardStub(ch0), "consumer-1": pb_grpc.ShardStub(ch1)}
+        await apply_shards(stubs["consumer-0"], s.shard_specs(hot_standbys=0))
+        await wait_for(ready_on(stubs["consumer-0"], [pb.ReplicaStatus.PRIMARY]), "a primary")
+        expected: dict[str, int] = {}
+        stop = asyncio.Event()
+        feeder = asyncio.create_task(feed(client, s.inputs[0], stop, expected))
+        await asyncio.sleep(1.0)
+        leaving = await primary_of(stubs["consumer-0"], "shard-000")
+        staying = next(k for k in procs if k != leaving)
+        # Progress as the committed read-through of the shard, sampled while it moves.
+        samples: list[tuple[float, int]] = []
+
+        async def sample() -> None:
+            while not stop.is_set():
+                try:
+                    resp = await stubs[staying].Stat(pb.StatRequest(shard="shard-000"), timeout=5)
+                    if resp.status == pb.OK:
+                        samples.append((time.monotonic(), resp.read_through[s.inputs[0]]))
+                except grpc.aio.AioRpcError:
+                    pass
+                await asyncio.sleep(0.02)
+
+        sampler = asyncio.create_task(sample())
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        await asyncio.to_thread(procs[leaving].stop)
+        stopped_in = time.monotonic() - t0
+        await wait_for(
+            ready_on(stubs[staying], [pb.ReplicaStatus.PRIMARY]), "the primary on the other process"
+        )
+        await asyncio.sleep(1.0)
+        stop.set()
+        await feeder
+        await sampler
+        await check_totals(client, stubs[staying], s, expected)
+        # The longest time read-through did not move while input kept arriving.
+        stall, last_t, last_v = 0.0, samples[0][0], samples[0][1]
+        for t, v in samples:
+            if v != last_v:
+                stall = max(stall, t - last_t)
+                last_t, last_v = t, v
+        print(f"graceful hand-off: SIGTERM to exit {stopped_in:.2f}s, longest stall {stall:.2f}s")
+        assert stall < 5.0, f"processing stalled {stall:.2f}s during the hand-off"

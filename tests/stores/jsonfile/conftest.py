@@ -1,0 +1,77 @@
+"""Fixtures of the JSON file store tests: a real broker and recovery-log journals, and
+`recover`, which plays a log into a directory and hands it off as the runtime does."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client import AppendService, JournalClient, apply_journals
+from broker.protocol import protocol_pb2 as pb
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+from consumer.store import RecoveredLog
+from recoverylog.player import TAIL, Player
+from tests.conftest import session_broker
+
+_names = itertools.count()
+
+MakeLog = Callable[[], Awaitable[str]]
+Recover = Callable[[str, Path, int], Awaitable[RecoveredLog]]
+
+
+@pytest.fixture(scope="session")
+def json_broker(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    yield from session_broker(etcd_server, tmp_path_factory, "jsonfile")
+
+
+@pytest.fixture
+async def client(json_broker: BrokerProcess) -> AsyncIterator[JournalClient]:
+    async with JournalClient(json_broker.endpoint) as c:
+        yield c
+
+
+@pytest.fixture
+async def service(client: JournalClient) -> AsyncIterator[AppendService]:
+    async with AppendService(client) as svc:
+        yield svc
+
+
+@pytest.fixture
+def make_log(client: JournalClient, tmp_path: Path) -> MakeLog:
+    """Apply a recovery-log journal with a unique name; return its name."""
+
+    async def make() -> str:
+        name = f"stores/jsonfile-{os.getpid()}-{next(_names)}"
+        frag = pb.JournalSpec.Fragment(
+            length=1 << 26, compression_codec=pb.NONE, refresh_interval=Duration(seconds=60)
+        )
+        frag.stores.append(f"file://{tmp_path / 'fragments'}/")
+        spec = pb.JournalSpec(name=name, replication=1, fragment=frag)
+        spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")
+        await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
+        return name
+
+    return make
+
+
+@pytest.fixture
+def recover(client: JournalClient, service: AppendService, json_broker: BrokerProcess) -> Recover:
+    """Play `log` into `directory` and hand it off to `author`: a RecoveredLog."""
+
+    async def play(log: str, directory: Path, author: int) -> RecoveredLog:
+        player = Player(client, log, None, directory)
+        player.inject_handoff(author)
+        fsm = await player.play(until=TAIL)
+        return RecoveredLog(
+            log, directory, fsm, author, player.write_head, client, service, json_broker.endpoint
+        )
+
+    return play
