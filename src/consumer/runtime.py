@@ -86,7 +86,8 @@ class ConsumerRuntime:
         self.client: JournalClient | None = None
         self.append_service: AppendService | None = None
         self._reconcile = asyncio.Event()
-        self._stopping: set[asyncio.Task[None]] = set()
+        # Replicas being stopped, by shard: a new replica of the shard waits for its directory.
+        self._stopping: dict[str, asyncio.Task[None]] = {}
         self._stubs: dict[str, Any] = {}
         self._channels: list[grpc.aio.Channel] = []
 
@@ -177,7 +178,7 @@ class ConsumerRuntime:
         await asyncio.gather(*(r.stop() for r in self.replicas.values()), return_exceptions=True)
         self.replicas.clear()
         if self._stopping:
-            await asyncio.gather(*self._stopping, return_exceptions=True)
+            await asyncio.gather(*self._stopping.values(), return_exceptions=True)
         if self.session is not None:
             with contextlib.suppress(EtcdError):
                 await self.session.release()
@@ -223,6 +224,8 @@ class ConsumerRuntime:
             if skv is None:
                 continue  # The allocator removes assignments of deleted shards.
             replica = self.replicas.get(shard_id)
+            if replica is None and shard_id in self._stopping:
+                continue  # Its previous replica still releases the directory: wait for it.
             if replica is None:
                 replica = ShardReplica(self._context(), skv.value, akv)
                 self.replicas[shard_id] = replica
@@ -238,8 +241,13 @@ class ConsumerRuntime:
                 replica = self.replicas.pop(shard_id)
                 log.info("shard unassigned shard=%s", shard_id)
                 task = asyncio.create_task(replica.stop())
-                self._stopping.add(task)
-                task.add_done_callback(self._stopping.discard)
+                self._stopping[shard_id] = task
+
+                def stopped(_t: asyncio.Task[None], shard_id: str = shard_id) -> None:
+                    del self._stopping[shard_id]
+                    self._reconcile.set()  # It may be assigned here again meanwhile.
+
+                task.add_done_callback(stopped)
 
     async def _advertise(self, akv: KeyValue[Any], status: pb.ReplicaStatus) -> None:
         """Write `status` as the value of our assignment (guarded by its mod revision)."""

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -156,6 +157,10 @@ class TxnStats:
         self.acks = 0
         self.last_txn_messages = 0
         self.last_txn_seconds = 0.0
+        self.last_commit_seconds = 0.0
+        """Store commit of the last completed transaction (durable in the log)."""
+        self.last_acks_seconds = 0.0
+        """Appends of its ACK intents, after the commit."""
 
 
 class Transactions:
@@ -338,14 +343,26 @@ class Transactions:
     async def _complete(
         self, committed: Awaitable[Any], intents: list[AckIntent], read_through: dict[str, int]
     ) -> None:
+        t0 = time.monotonic()
         try:
             await committed
         except BaseException as err:
             self.pub.abort_ack_intents(intents, err)
             raise
+        t1 = time.monotonic()
         acks = self.pub.publish_ack_intents(intents)
         publish_at: dict[str, int] = {}
         for aa in acks:
             resp = await aa.done()
             publish_at[aa.journal] = max(publish_at.get(aa.journal, 0), resp.commit.end)
+        t2 = time.monotonic()
+        self.stats.last_commit_seconds = t1 - t0
+        self.stats.last_acks_seconds = t2 - t1
+        if t2 - t0 > 1.0:
+            log.warning(
+                "slow commit shard=%s store_commit=%.3fs acks=%.3fs",
+                self.shard.id,
+                t1 - t0,
+                t2 - t1,
+            )
         await self.shard._set_progress(read_through, publish_at)

@@ -283,6 +283,13 @@ async def test_counts_survive_primary_kills_with_a_hot_standby(
             client, stubs[await primary_of(stubs["consumer-0"], "shard-000")], s, expected
         )
         print(f"takeovers after SIGKILL (lease TTL 3 s): {[round(t, 2) for t in takeovers]}")
+        # Primaries wrote hints (every second here), and each takeover rotated the hints it
+        # recovered from into the backups.
+        hints = await stub.GetHints(pb.GetHintsRequest(shard="shard-000"))
+        assert hints.status == pb.OK
+        assert hints.primary_hints.hints.log == f"{s.prefix}/recovery/shard-000"
+        assert len(hints.primary_hints.hints.live_nodes) > 0
+        assert [h.hints.log for h in hints.backup_hints] == [hints.primary_hints.hints.log] * 2
 
 
 def ready_on(stub: pb_grpc.ShardStub, codes: list[int]) -> object:

@@ -33,6 +33,7 @@ from google.protobuf import json_format
 
 from consumer.protocol import pb
 from consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard
+from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.recorded_files import RecordedFS
 from recoverylog.recorder import Recorder
 
@@ -231,6 +232,10 @@ class JSONFileStore:
         with self._fs.open(NEXT_FILE, "wb") as f:
             f.write(content)
         self._fs.rename(NEXT_FILE, STATE_FILE)
+
+    async def build_hints(self) -> rpb.FSMHints:
+        """Hints of the files recorded so far (behind a barrier): the shard's primary hints."""
+        return await self.recorder.build_hints()
 
     async def restore_checkpoint(self, shard: Shard = None) -> Checkpoint:
         """The Checkpoint of the last commit (read from ``state.json`` when opened)."""

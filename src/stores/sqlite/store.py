@@ -348,6 +348,10 @@ class SQLiteStore:
         # (e.g. a journal deletion).
         self._bridge.sync(self._sync_waits)
 
+    async def build_hints(self) -> rpb.FSMHints:
+        """Hints of the files recorded so far (behind a barrier): the shard's primary hints."""
+        return await self.recorder.build_hints()
+
     async def restore_checkpoint(self, shard: Shard = None) -> Checkpoint:
         """The Checkpoint of the last committed transaction (an empty one for a new store)."""
         return pb.Checkpoint.FromString(await self.run(_select_checkpoint))

@@ -1,0 +1,330 @@
+"""Consumer benchmark: messages/s per shard, end-to-end latency at 1k msg/s, graceful hand-off.
+
+Real etcd, one broker and `gazette-consumer` processes of `bench/apps/consumer_bench_app.py`
+(`Echo`: counts messages per key in a RocksDB store recorded through fusefs, and republishes
+each message exactly once) on this machine.
+
+1. Throughput: N `Ping` messages are published first; one shard (no standby, no output)
+   then consumes them. Figure: messages/s from the shard becoming PRIMARY until Stat reports
+   the input read through. Baseline, same run: an in-process read-committed reader
+   (`ReadCommittedIter`: read, decode, sequence) over the same journal; `ratio_throughput` is
+   the shard's rate over the reader's (the cost of transactions, the store and the log).
+2. Latency: a second shard (hot_standbys 1, two processes) echoes Pings published at 1k msg/s
+   as Pongs (publish_uncommitted); a downstream read-committed reader takes each Pong's
+   arrival minus its Ping's send time: publish, read, transaction, RocksDB commit to the
+   recovery log, ACK, downstream read. Figures: p50 and p99.
+3. Hand-off: while (2) runs, the primary gets SIGTERM; the standby takes over. Figure: the
+   longest gap between consecutive Pong arrivals around it (at 1k msg/s the normal gap is a
+   transaction), and the time from SIGTERM until the standby reports PRIMARY.
+
+Prints progress, then one JSON line. `--quick` runs in well under a minute.
+"""
+
+from __future__ import annotations
+
+import os.path
+import sys
+
+# Keep this script's directory off the import path (bench/broker.py shadows package `broker`).
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import grpc.aio
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client import AppendService, JournalClient, apply_journals
+from broker.protocol import protocol_pb2 as bpb
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+from consumer.protocol import consumer_pb2_grpc as pb_grpc
+from consumer.protocol import pb
+from consumer.testing import ConsumerProcess
+from message import CONTENT_TYPE_JSON_LINES
+from message.iterators import ReadCommittedIter
+from message.publisher import Publisher
+
+APPS = Path(__file__).resolve().parent / "apps"
+sys.path.insert(0, str(APPS))
+from consumer_bench_app import Ping, Pong  # noqa: E402
+
+ROOT = "/bench-consumer"
+RECOVERYLOG = "application/x-gazette-recoverylog"
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def journal(name: str, store: Path, content_type: str) -> bpb.JournalSpec:
+    frag = bpb.JournalSpec.Fragment(
+        length=1 << 26, compression_codec=bpb.NONE, refresh_interval=Duration(seconds=60)
+    )
+    frag.stores.append(f"file://{store}/")
+    spec = bpb.JournalSpec(name=name, replication=1, fragment=frag)
+    spec.labels.labels.add(name="content-type", value=content_type)
+    return spec
+
+
+def shard(sid: str, source: str, standbys: int) -> pb.ShardSpec:
+    return pb.ShardSpec(
+        id=sid,
+        sources=[pb.ShardSpec.Source(journal=source)],
+        recovery_log_prefix="bench/recovery",
+        hint_prefix="/bench-consumer-hints",
+        hint_backups=1,
+        max_txn_duration=Duration(seconds=1),
+        hot_standbys=standbys,
+    )
+
+
+async def statuses(stub: pb_grpc.ShardStub, sid: str) -> list[int]:
+    try:
+        resp = await stub.List(pb.ListRequest())
+    except grpc.aio.AioRpcError:
+        return []
+    for s in resp.shards:
+        if s.spec.id == sid:
+            return sorted(st.code for st in s.status)
+    return []
+
+
+async def wait_status(
+    stub: pb_grpc.ShardStub, sid: str, want: list[int], timeout: float = 60
+) -> None:
+    deadline = time.monotonic() + timeout
+    while await statuses(stub, sid) != sorted(want):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"shard {sid} did not reach {want}")
+        await asyncio.sleep(0.01)
+
+
+async def write_head(client: JournalClient, name: str) -> int:
+    resp = (
+        await client.stub_for(name)
+        .Read(bpb.ReadRequest(journal=name, offset=-1, metadata_only=True))
+        .read()
+    )
+    return int(resp.write_head)
+
+
+async def publish(client: JournalClient, name: str, n: int) -> None:
+    async with AppendService(client) as svc:
+        pub = Publisher(svc)
+        mapping = lambda _m: (name, CONTENT_TYPE_JSON_LINES)  # noqa: E731
+        for i in range(n):
+            pub.publish_committed(mapping, Ping(f"k{i % 1000}", 0))
+            if i % 2000 == 0:
+                await asyncio.sleep(0)
+        await pub.barrier()
+
+
+async def baseline_rate(client: JournalClient, name: str, n: int, end: int) -> float:
+    """Messages/s of an in-process read-committed reader over the same messages."""
+    req = bpb.ReadRequest(journal=name, offset=0, end_offset=end, block=True)
+    it = ReadCommittedIter(client, req, None, lambda _s: Ping())
+    got = 0
+    t0 = time.perf_counter()
+    try:
+        while True:
+            try:
+                await it.next()
+            except StopAsyncIteration:
+                break
+            got += 1
+    finally:
+        it.close()
+    assert got == n, (got, n)
+    return n / (time.perf_counter() - t0)
+
+
+async def throughput(
+    client: JournalClient, etcd: EtcdServer, broker: BrokerProcess, tmp: Path, n: int
+) -> tuple[float, float]:
+    await publish(client, "bench/in-tput", n)
+    head = await write_head(client, "bench/in-tput")
+    base = max([await baseline_rate(client, "bench/in-tput", n, head) for _ in range(2)])
+    say(f"throughput: baseline read-committed reader {base:,.0f} msg/s")
+    c = ConsumerProcess(
+        "consumer_bench_app:Echo",
+        etcd.endpoint,
+        [broker.endpoint],
+        root=ROOT,
+        suffix="tput",
+        workdir=tmp / "tput",
+        extra_env={"PYTHONPATH": str(APPS), "ECHO_OUTPUT": ""},
+        extra_args=["--drain-timeout", "0", "--log-level", "WARNING"],
+    ).start()
+    try:
+        async with grpc.aio.insecure_channel(c.endpoint) as ch:
+            stub = pb_grpc.ShardStub(ch)
+            req = pb.ApplyRequest(
+                changes=[pb.ApplyRequest.Change(upsert=shard("tput", "bench/in-tput", 0))]
+            )
+            assert (await stub.Apply(req)).status == pb.OK
+            await wait_status(stub, "tput", [pb.ReplicaStatus.PRIMARY])
+            t0 = time.perf_counter()
+            resp = await stub.Stat(
+                pb.StatRequest(shard="tput", read_through={"bench/in-tput": head}), timeout=300
+            )
+            rate = n / (time.perf_counter() - t0)
+            assert resp.status == pb.OK
+            req = pb.ApplyRequest(
+                changes=[pb.ApplyRequest.Change(delete="tput", expect_mod_revision=-1)]
+            )
+            await stub.Apply(req)
+    finally:
+        c.kill()
+    say(f"throughput: one shard {rate:,.0f} msg/s ({rate / base:.2f} of the baseline)")
+    return rate, base
+
+
+async def latency_and_handoff(
+    client: JournalClient, etcd: EtcdServer, broker: BrokerProcess, tmp: Path, seconds: float
+) -> tuple[float, float, float, float]:
+    procs = [
+        ConsumerProcess(
+            "consumer_bench_app:Echo",
+            etcd.endpoint,
+            [broker.endpoint],
+            root=ROOT,
+            zone=f"z{i}",
+            suffix=f"echo-{i}",
+            workdir=tmp / f"echo-{i}",
+            extra_env={"PYTHONPATH": str(APPS), "ECHO_OUTPUT": "bench/out"},
+            extra_args=["--drain-timeout", "30", "--log-level", "WARNING"],
+        ).start()
+        for i in range(2)
+    ]
+    arrivals: list[tuple[float, float]] = []  # (arrival, latency)
+    stop = asyncio.Event()
+
+    async def downstream() -> None:
+        req = bpb.ReadRequest(journal="bench/out", offset=0, block=True)
+        it = ReadCommittedIter(client, req, None, lambda _s: Pong())
+        try:
+            while not stop.is_set():
+                env = await it.next()
+                if env.message.sent_ns:
+                    now = time.time_ns()
+                    arrivals.append((time.monotonic(), (now - env.message.sent_ns) / 1e6))
+        finally:
+            it.close()
+
+    async def feed() -> None:
+        async with AppendService(client) as svc:
+            pub = Publisher(svc)
+            mapping = lambda _m: ("bench/in-echo", CONTENT_TYPE_JSON_LINES)  # noqa: E731
+            t0 = time.monotonic()
+            i = 0
+            while not stop.is_set():
+                pub.publish_committed(mapping, Ping(f"k{i % 100}", time.time_ns()))
+                pub.flush()
+                i += 1
+                await asyncio.sleep(max(0.0, t0 + i / 1000 - time.monotonic()))
+            await pub.barrier()
+
+    try:
+        chans = [grpc.aio.insecure_channel(p.endpoint) for p in procs]
+        stubs = [pb_grpc.ShardStub(ch) for ch in chans]
+        req = pb.ApplyRequest(
+            changes=[pb.ApplyRequest.Change(upsert=shard("echo", "bench/in-echo", 1))]
+        )
+        assert (await stubs[0].Apply(req)).status == pb.OK
+        await wait_status(stubs[0], "echo", [pb.ReplicaStatus.STANDBY, pb.ReplicaStatus.PRIMARY])
+        reader = asyncio.create_task(downstream())
+        feeder = asyncio.create_task(feed())
+        await asyncio.sleep(seconds)
+        steady = [lat for _, lat in arrivals[len(arrivals) // 5 :]]  # Skip the warm-up.
+        steady.sort()
+        p50 = steady[len(steady) // 2]
+        p99 = steady[int(len(steady) * 0.99)]
+        say(f"latency at 1k msg/s: p50 {p50:.1f} ms, p99 {p99:.1f} ms over {len(steady)} messages")
+
+        resp = await stubs[0].List(pb.ListRequest())
+        route = resp.shards[0].route
+        victim_suffix = route.members[route.primary].suffix
+        victim = next(i for i, p in enumerate(procs) if p.suffix == victim_suffix)
+        other = 1 - victim
+        before = len(arrivals)
+        t0 = time.monotonic()
+        stopping = asyncio.ensure_future(asyncio.to_thread(procs[victim].stop))
+        while await statuses(stubs[other], "echo") != [pb.ReplicaStatus.PRIMARY]:
+            await asyncio.sleep(0.005)
+        promoted = time.monotonic() - t0
+        await stopping
+        await asyncio.sleep(2.0)
+        stop.set()
+        await feeder
+        reader.cancel()
+        window = [t for t, _ in arrivals[max(before - 1, 0) :]]
+        gap = (
+            max(b - a for a, b in zip(window, window[1:], strict=False)) if len(window) > 1 else 0.0
+        )
+        say(
+            f"graceful hand-off: standby PRIMARY {promoted:.2f}s after SIGTERM; longest output gap {gap:.2f}s"
+        )
+        for ch in chans:
+            await ch.close(None)
+        return p50, p99, gap, promoted
+    finally:
+        for p in procs:
+            p.kill()
+
+
+async def run(args: argparse.Namespace) -> dict[str, object]:
+    n = 100_000 if args.quick else 400_000
+    seconds = 8.0 if args.quick else 30.0
+    with tempfile.TemporaryDirectory(prefix="bench-consumer-") as d:
+        tmp = Path(args.keep or d)
+        tmp.mkdir(parents=True, exist_ok=True)
+        store = tmp / "fragments"
+        store.mkdir()
+        with EtcdServer() as etcd, BrokerProcess(etcd.endpoint, spool_dir=tmp / "spool") as broker:
+            async with JournalClient(broker.endpoint) as client:
+                specs = [
+                    journal("bench/in-tput", store, CONTENT_TYPE_JSON_LINES),
+                    journal("bench/in-echo", store, CONTENT_TYPE_JSON_LINES),
+                    journal("bench/out", store, CONTENT_TYPE_JSON_LINES),
+                    journal("bench/recovery/tput", store, RECOVERYLOG),
+                    journal("bench/recovery/echo", store, RECOVERYLOG),
+                ]
+                await apply_journals(
+                    client,
+                    bpb.ApplyRequest(changes=[bpb.ApplyRequest.Change(upsert=s) for s in specs]),
+                )
+                rate, base = await throughput(client, etcd, broker, tmp, n)
+                p50, p99, gap, promoted = await latency_and_handoff(
+                    client, etcd, broker, tmp, seconds
+                )
+    return {
+        "bench": "consumer",
+        "msgs_per_s": round(rate),
+        "baseline_msgs_per_s": round(base),
+        "ratio_throughput": round(rate / base, 3),
+        "p50_ms": round(p50, 1),
+        "p99_ms": round(p99, 1),
+        "handoff_gap_s": round(gap, 2),
+        "handoff_promoted_s": round(promoted, 2),
+        "target_msgs_per_s": 50_000,
+        "target_p99_ms": 50,
+        "target_handoff_s": 1.0,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer messages, shorter phases")
+    p.add_argument("--keep", default="", help="work in (and keep) this directory: logs")
+    args = p.parse_args()
+    print(json.dumps(asyncio.run(run(args))))
+
+
+if __name__ == "__main__":
+    main()

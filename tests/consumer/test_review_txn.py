@@ -1,0 +1,251 @@
+"""Review tests of the transaction loop (consumer.txn) with small fakes: no etcd, no broker.
+
+Each test names the exactly-once / liveness property it checks; see the review report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client.append_service import AppendService
+from consumer.application import Shard
+from consumer.protocol import pb
+from consumer.txn import Transactions, checkpoint_offsets, sequencer_from_checkpoint
+from message.envelope import Envelope
+from message.publisher import Publisher
+from message.sequencer import Sequencer
+from message.uuid import Flags, ProducerID, build_uuid
+
+JOURNAL = "review/in"
+P = ProducerID(bytes.fromhex("01000000000a"))
+BASE_CLOCK = 1 << 60  # Any clock well above zero.
+
+
+@dataclass(eq=False)
+class Msg:
+    uid: uuid.UUID | None
+    n: int = 0
+
+    def get_uuid(self) -> uuid.UUID | None:
+        return self.uid
+
+    def set_uuid(self, u: uuid.UUID) -> None:
+        self.uid = u
+
+    def new_acknowledgement(self, journal: str) -> Msg:
+        return Msg(None)
+
+
+def outside(i: int) -> Envelope:
+    """The i-th OUTSIDE_TXN message of producer P (bytes [10*i, 10*i + 10))."""
+    clock = BASE_CLOCK + 16 * (i + 1)
+    return Envelope(JOURNAL, 10 * i, 10 * i + 10, Msg(build_uuid(P, clock, Flags.OUTSIDE_TXN), i))
+
+
+class FakeReaders:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.iters: dict[str, Any] = {}
+
+
+@dataclass
+class Commit:
+    checkpoint: pb.Checkpoint
+    state: list[int]  # Message numbers whose effects the commit holds.
+
+
+@dataclass
+class FakeStore:
+    """The app's state is `state`; a commit snapshots it with the checkpoint."""
+
+    state: list[int] = field(default_factory=list)
+    commits: list[Commit] = field(default_factory=list)
+    fail_commits: bool = False
+
+    def start_commit(self, shard: Any, cp: pb.Checkpoint, wait_for: Any) -> asyncio.Future[None]:
+        copy = pb.Checkpoint()
+        copy.CopyFrom(cp)
+        self.commits.append(Commit(copy, list(self.state)))
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.fail_commits:
+            fut.set_exception(RuntimeError("commit failed (e.g. recorder fenced)"))
+        else:
+            fut.set_result(None)
+        return fut
+
+    async def restore_checkpoint(self, shard: Any) -> pb.Checkpoint:
+        return self.commits[-1].checkpoint if self.commits else pb.Checkpoint()
+
+    def destroy(self) -> None:
+        pass
+
+
+class AsyncCommitStore(FakeStore):
+    """A store whose start_commit is a coroutine (the Store protocol allows any awaitable,
+    and txn.py wraps it with ensure_future): it snapshots the state when it first runs."""
+
+    def start_commit(self, shard: Any, cp: pb.Checkpoint, wait_for: Any) -> Any:  # type: ignore[override]
+        async def commit() -> None:
+            copy = pb.Checkpoint()
+            copy.CopyFrom(cp)
+            self.commits.append(Commit(copy, list(self.state)))
+
+        return commit()
+
+
+class App:
+    """Appends each consumed message's number to the store state."""
+
+    def __init__(self, consume_delay: float = 0.0) -> None:
+        self.consume_delay = consume_delay
+
+    def new_store(self, shard: Any, recovered: Any) -> Any:
+        raise NotImplementedError
+
+    def new_message(self, spec: Any) -> Msg:
+        return Msg(None)
+
+    def consume_message(self, shard: Any, store: FakeStore, env: Envelope, pub: Any) -> Any:
+        store.state.append(env.message.n)
+        if self.consume_delay:
+            return asyncio.sleep(self.consume_delay)
+        return None
+
+    def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
+        pass
+
+
+def make_txns(
+    store: FakeStore,
+    app: App,
+    *,
+    max_txn: Duration | None = None,
+    min_txn: Duration | None = None,
+    cp: pb.Checkpoint | None = None,
+) -> tuple[Transactions, FakeReaders]:
+    spec = pb.ShardSpec(id="review-shard", sources=[pb.ShardSpec.Source(journal=JOURNAL)])
+    if max_txn is not None:
+        spec.max_txn_duration.CopyFrom(max_txn)
+    if min_txn is not None:
+        spec.min_txn_duration.CopyFrom(min_txn)
+    svc = AppendService(None)  # type: ignore[arg-type]  # Nothing is appended.
+    shard = Shard(spec, "/review/items/review-shard", None, svc)  # type: ignore[arg-type]
+    readers = FakeReaders()
+    seq = sequencer_from_checkpoint(cp, 8192) if cp is not None else Sequencer()
+    txns = Transactions(shard, app, store, Publisher(svc), seq, readers)  # type: ignore[arg-type]
+    return txns, readers
+
+
+def redelivered_after_restore(cp: pb.Checkpoint, envs: list[Envelope]) -> list[int]:
+    """Message numbers a Sequencer restored from `cp` delivers again when reading resumes at
+    the checkpoint's offsets (what a new primary does)."""
+    seq = sequencer_from_checkpoint(cp, 8192)
+    start = checkpoint_offsets(cp).get(JOURNAL, 0)
+    out = []
+    for env in envs:
+        if env.begin < start:
+            continue
+        seq.queue_uncommitted(env)
+        while seq.step():
+            assert seq.dequeued is not None
+            out.append(seq.dequeued.message.n)
+    return out
+
+
+async def run_until(txns: Transactions, cond: Any, timeout: float = 5.0) -> None:
+    task = asyncio.create_task(txns.run())
+    try:
+        async with asyncio.timeout(timeout):
+            while not cond():
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.001)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_checkpoint_of_txn_closed_by_max_duration_covers_its_last_message() -> None:
+    """A transaction that reaches max_txn_duration right after consuming a message must
+    checkpoint that message as processed: its effect is in the same commit. Otherwise a
+    recovering primary consumes it a second time (exactly-once violation).
+
+    txn.py:223 breaks out of the loop before `ready()` (Sequencer.step) steps past the
+    last dequeued envelope, so `checkpoint()`/`read_through()` (txn.py:329-330) still
+    describe the state *before* that message.
+    """
+    store = FakeStore()
+    # max_txn_duration of 1ns: every transaction closes right after its first message.
+    txns, readers = make_txns(store, App(), max_txn=Duration(nanos=1))
+    envs = [outside(i) for i in range(3)]
+    for env in envs:
+        readers.queue.put_nowait(env)
+    await run_until(txns, lambda: len(store.commits) >= 1)
+
+    first = store.commits[0]
+    assert first.state == [0], first.state  # Message 0's effect is in this commit.
+    again = redelivered_after_restore(first.checkpoint, envs)
+    assert 0 not in again, (
+        f"message 0 is committed in the store, yet a primary recovering this checkpoint "
+        f"({first.checkpoint}) consumes it again: {again}"
+    )
+
+
+async def test_checkpoint_of_txn_closed_by_slow_consume_covers_its_last_message() -> None:
+    """The same with a realistic max_txn_duration (100ms) and an application whose
+    consume_message is a slow coroutine: the deadline passes during the await."""
+    store = FakeStore()
+    txns, readers = make_txns(store, App(consume_delay=0.15), max_txn=Duration(nanos=100_000_000))
+    envs = [outside(i) for i in range(2)]
+    for env in envs:
+        readers.queue.put_nowait(env)
+    await run_until(txns, lambda: len(store.commits) >= 1)
+    first = store.commits[0]
+    again = redelivered_after_restore(first.checkpoint, envs)
+    assert not set(first.state) & set(again), (first.state, again, first.checkpoint)
+
+
+async def test_next_transaction_does_not_leak_into_a_commit_started_as_a_coroutine() -> None:
+    """Store.start_commit may return any awaitable (consumer/store.py: OpFuture =
+    Awaitable); txn.py:333 wraps it in ensure_future, so a coroutine's body first runs at
+    the loop's next iteration. By then the next transaction already consumed ready messages
+    synchronously (txn.py:196-235 do not yield), and their effects land in the commit of
+    the previous checkpoint. stores/sqlite/store.py:318 has exactly this shape
+    (ensure_future(self._start_commit(...)): the commit job is queued only when the task
+    first runs, after the next transaction's first `transact`)."""
+    store = AsyncCommitStore()
+    txns, readers = make_txns(store, App(), max_txn=Duration(nanos=1))
+    envs = [outside(i) for i in range(3)]
+    for env in envs:
+        readers.queue.put_nowait(env)
+    await run_until(txns, lambda: len(store.commits) >= 1)
+    first = store.commits[0]
+    read = checkpoint_offsets(first.checkpoint).get(JOURNAL, 0)
+    # Messages whose effects are in the commit but lie beyond its checkpoint.
+    leaked = [n for n in first.state if envs[n].begin >= read and n != 0]
+    assert not leaked, (
+        f"commit of checkpoint read_through={read} holds effects of later messages {leaked}"
+    )
+
+
+async def test_failed_commit_fails_the_shard_while_idle() -> None:
+    """A failed store commit must fail the shard (FAILED status) even when no further
+    message arrives. txn.py only awaits `_prev` after the *next* transaction's first
+    message (txn.py:209 `_next_blocking` waits on the queue alone), so an idle shard whose
+    last commit failed stays PRIMARY forever and Stat waits forever."""
+    store = FakeStore(fail_commits=True)
+    txns, readers = make_txns(store, App())
+    readers.queue.put_nowait(outside(0))
+    task = asyncio.create_task(txns.run())
+    try:
+        await asyncio.sleep(1.0)
+        assert store.commits, "the transaction did not commit"
+        assert task.done(), "Transactions.run still runs 1s after its commit failed"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
