@@ -69,7 +69,6 @@ class ReplicaContext:
     app: Application
     etcd: Etcd
     client: JournalClient
-    append_service: AppendService
     broker_endpoint: str
     workdir: Path
     root: str
@@ -87,7 +86,11 @@ class ShardReplica:
         self.ctx = ctx
         self.spec = spec
         self.id = spec.id
-        self.shard = Shard(spec, f"{ctx.root}/items/{spec.id}", ctx.client, ctx.append_service)
+        # Each shard appends through its own service: a commit waits for (and fails on)
+        # exactly its transaction's appends, never another shard's.
+        self.append_service = AppendService(ctx.client)
+        self.append_service.track_released()
+        self.shard = Shard(spec, f"{ctx.root}/items/{spec.id}", ctx.client, self.append_service)
         self.shard.assignment = assignment
         self.status = pb.ReplicaStatus(code=Code.IDLE)
         self.directory = ctx.workdir / quote(spec.id, safe="") / "store"
@@ -116,9 +119,18 @@ class ShardReplica:
         task = self._task
         if task is not None and not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await asyncio.wait({task})  # Not `await task`: our own cancellation propagates.
         self._release()
+        await self._close_appends()
+
+    async def _close_appends(self) -> None:
+        try:
+            async with asyncio.timeout(10.0):
+                await self.append_service.close()
+        except TimeoutError:
+            log.warning("shard appends did not complete in 10 s shard=%s", self.id)
+        except Exception as err:  # noqa: BLE001
+            log.warning("closing shard appends failed shard=%s err=%s", self.id, err)
 
     # --- lifecycle --------------------------------------------------------------------------
     def _set_status(self, code: int, error: str = "") -> None:
@@ -135,8 +147,10 @@ class ShardReplica:
         except asyncio.CancelledError:
             raise
         except Exception as err:  # noqa: BLE001 - the shard fails, the process goes on
-            log.error("shard failed shard=%s err=%s", self.id, err, exc_info=err)
-            self._set_status(Code.FAILED, f"{type(err).__name__}: {err}")
+            cause = _root_cause(err)
+            log.error("shard failed shard=%s err=%s", self.id, cause, exc_info=cause)
+            self.shard.stopping.set()
+            self._set_status(Code.FAILED, f"{type(cause).__name__}: {cause}")
             self._release()
 
     async def _serve(self) -> None:
@@ -147,7 +161,7 @@ class ShardReplica:
             store = await store
         self.store = store
         cp = await store.restore_checkpoint(shard)
-        publisher = Publisher(ctx.append_service)
+        publisher = Publisher(self.append_service)
         # A previous primary may have committed without appending its ACKs: append them
         # again (a duplicate ACK is harmless), before reading anything.
         restored = [AckIntent(j, bytes(b)) for j, b in sorted(cp.ack_intents.items())]
@@ -199,17 +213,13 @@ class ShardReplica:
         self._set_status(Code.BACKFILL)
         play = asyncio.ensure_future(player.play(until=TAIL))
         try:
-            tailing = asyncio.ensure_future(player.tailing.wait())
-            await asyncio.wait({play, tailing}, return_when=asyncio.FIRST_COMPLETED)
-            tailing.cancel()
+            await _first_of(play, player.tailing.wait())
             if play.done():
                 play.result()  # Playback failed before reaching the head: raise its error.
                 raise RuntimeError("playback ended before it was asked to")
             self._set_status(Code.STANDBY)
             log.info("shard standby shard=%s log=%s", self.id, log_name)
-            primary = asyncio.ensure_future(self._primary.wait())
-            await asyncio.wait({play, primary}, return_when=asyncio.FIRST_COMPLETED)
-            primary.cancel()
+            await _first_of(play, self._primary.wait())
             if play.done():
                 play.result()
                 raise RuntimeError("playback ended before it was asked to")
@@ -235,7 +245,7 @@ class ShardReplica:
             author,
             player.write_head,
             self.ctx.client,
-            self.ctx.append_service,
+            self.append_service,
             self.ctx.broker_endpoint,
             hints,
         )
@@ -304,3 +314,20 @@ class ShardReplica:
             except Exception as err:  # noqa: BLE001
                 log.warning("destroying the store failed shard=%s err=%s", self.id, err)
         shutil.rmtree(self.directory.parent, ignore_errors=True)
+
+
+async def _first_of(task: asyncio.Future[Any], other: Any) -> None:
+    """Wait until `task` or the awaitable `other` completes; `other` is cancelled then."""
+    waiter = asyncio.ensure_future(other)
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups of task groups."""
+    while isinstance(err, BaseExceptionGroup):
+        inner = [e for e in err.exceptions if not isinstance(e, asyncio.CancelledError)]
+        err = (inner or list(err.exceptions))[0]
+    return err

@@ -40,7 +40,7 @@ from allocator.model import (
     parse_assignment_key,
 )
 from allocator.session import MemberSession
-from broker.client import AppendService, JournalClient
+from broker.client import JournalClient
 from broker.protocol import protocol_pb2 as bpb
 from consumer.application import Application
 from consumer.config import ConsumerConfig
@@ -84,7 +84,6 @@ class ConsumerRuntime:
         self.session: MemberSession | None = None
         self.allocator: Allocator | None = None
         self.client: JournalClient | None = None
-        self.append_service: AppendService | None = None
         self._reconcile = asyncio.Event()
         # Replicas being stopped, by shard: a new replica of the shard waits for its directory.
         self._stopping: dict[str, asyncio.Task[None]] = {}
@@ -106,7 +105,6 @@ class ConsumerRuntime:
         cfg = self.cfg
         self.etcd = Etcd(cfg.etcd)
         self.client = JournalClient(cfg.brokers)
-        self.append_service = AppendService(self.client)
         key = member_key(cfg.root, self.member_id)
         self.session = MemberSession(self.etcd, key, cfg.lease_ttl)
         await self.session.announce(self.spec.SerializeToString(), replace_if=self._is_previous)
@@ -182,9 +180,6 @@ class ConsumerRuntime:
         if self.session is not None:
             with contextlib.suppress(EtcdError):
                 await self.session.release()
-        if self.append_service is not None:
-            with contextlib.suppress(Exception):
-                await self.append_service.close()
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.close()
@@ -224,6 +219,8 @@ class ConsumerRuntime:
             if skv is None:
                 continue  # The allocator removes assignments of deleted shards.
             replica = self.replicas.get(shard_id)
+            if replica is not None and replica.is_primary and slot != 0:
+                continue  # Demoted: stopped below.
             if replica is None and shard_id in self._stopping:
                 continue  # Its previous replica still releases the directory: wait for it.
             if replica is None:
@@ -237,9 +234,13 @@ class ConsumerRuntime:
             if not isinstance(akv.value, pb.ReplicaStatus) or akv.value != replica.status:
                 await self._advertise(akv, replica.status)
         for shard_id in list(self.replicas):
-            if shard_id not in mine:
-                replica = self.replicas.pop(shard_id)
-                log.info("shard unassigned shard=%s", shard_id)
+            replica = self.replicas[shard_id]
+            demoted = shard_id in mine and mine[shard_id][1] != 0 and replica.is_primary
+            if shard_id not in mine or demoted:
+                # A demoted primary stops (its successor fences the log anyway) and comes
+                # back as a standby once its directory is released.
+                del self.replicas[shard_id]
+                log.info("shard %s shard=%s", "demoted" if demoted else "unassigned", shard_id)
                 task = asyncio.create_task(replica.stop())
                 self._stopping[shard_id] = task
 
@@ -260,12 +261,10 @@ class ConsumerRuntime:
 
     def _context(self) -> ReplicaContext:
         assert self.etcd is not None and self.client is not None
-        assert self.append_service is not None
         return ReplicaContext(
             app=self.app,
             etcd=self.etcd,
             client=self.client,
-            append_service=self.append_service,
             broker_endpoint=self.cfg.brokers[0],
             workdir=self.cfg.workdir,
             root=self.cfg.root,
@@ -340,7 +339,13 @@ class ConsumerRuntime:
     async def stat(self, req: pb.StatRequest, context: Any) -> pb.StatResponse:
         """consumer.Shard/Stat: wait until the shard's committed transactions read through
         `req.read_through`, then report its progress. Proxied once to the primary."""
-        res = await self.resolve(req.shard, min_etcd_revision=req.header.etcd.revision)
+        try:
+            res = await self.resolve(req.shard, min_etcd_revision=req.header.etcd.revision)
+        except TimeoutError:
+            msg = f"etcd revision {req.header.etcd.revision} not reached in time"
+            if context is not None:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, msg)
+            raise
         if res.status != pb.OK:
             return pb.StatResponse(status=res.status, header=res.header)
         if res.replica is None:
@@ -365,7 +370,15 @@ class ConsumerRuntime:
                     f"journals {unknown} are not sources of shard {req.shard}",
                 )
             raise ValueError(f"journals {unknown} are not sources of shard {req.shard}")
-        await shard.wait_read_through(dict(req.read_through))
+        reached = asyncio.ensure_future(shard.wait_read_through(dict(req.read_through)))
+        stopped = asyncio.ensure_future(shard.stopping.wait())
+        try:
+            await asyncio.wait({reached, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            reached.cancel()
+            stopped.cancel()
+        if not reached.done() or reached.cancelled():
+            return pb.StatResponse(status=pb.SHARD_STOPPED, header=self.header(req.shard))
         read_through, publish_at = shard.progress()
         return pb.StatResponse(
             status=pb.OK, header=res.header, read_through=read_through, publish_at=publish_at

@@ -197,6 +197,9 @@ class Transactions:
             self._finished = app.finished_txn
         self._prev: asyncio.Future[None] | None = None
         self._pending: Envelope | BaseException | None = None  # Taken off the queue early.
+        self._begun = False  # A transaction began (BeginFinisher): `finished_txn` is owed.
+        # Offsets read through as of the last checkpoint.
+        self._last_read_through: dict[str, int] = sequencer.read_through()
 
     async def run(self) -> None:
         """Run transactions until cancelled. Raises the error that failed the shard."""
@@ -204,21 +207,43 @@ class Transactions:
             while True:
                 await self._transaction()
         finally:
-            if self._prev is not None and not self._prev.done():
-                # Let the last commit finish (or fail) rather than cut it off mid-way.
-                with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await asyncio.wait_for(asyncio.shield(self._prev), 10.0)
+            prev = self._prev
+            if prev is not None and not prev.done():
+                # Let the last commit finish (or fail) rather than cut it off mid-way, but
+                # not forever: the store is released after this returns.
+                await asyncio.wait({prev}, timeout=10.0)
+                prev.cancel()
+            if prev is not None:
+                with contextlib.suppress(BaseException):
+                    await prev
 
     async def _transaction(self) -> None:
         loop = asyncio.get_running_loop()
         env = await self._next_blocking()
         started = loop.time()
+        try:
+            await self._run_transaction(env, started)
+        except BaseException as err:
+            if self._begun:
+                failed: asyncio.Future[Any] = loop.create_future()
+                failed.set_exception(err if isinstance(err, Exception) else RuntimeError(err))
+                failed.exception()  # Retrieved: the error is the shard's, raised below.
+                self._notify_finished(failed)
+            raise
+
+    async def _run_transaction(self, env: Envelope | None, started: float) -> None:
+        loop = asyncio.get_running_loop()
         if self._begin is not None:
+            self._begun = True
             await self._begin(self.shard, self.store)
-        n = 1
-        out = self._handle(env)
-        if out is not None:
-            await out
+        elif self._finished is not None:
+            self._begun = True
+        n = 0
+        if env is not None:
+            n = 1
+            out = self._handle(env)
+            if out is not None:
+                await out
         min_at, max_at = started + self.min_dur, started + self.max_dur
         ready = self._ready
         handle = self._handle
@@ -246,7 +271,7 @@ class Transactions:
         if self._prev is not None:
             await self._prev  # Raises if the previous commit failed.
         await self._finalize(self.shard, self.store, self.pub)
-        self._start_commit()
+        await self._start_commit()
         self.stats.txns += 1
         self.stats.last_txn_messages = n
         self.stats.last_txn_seconds = loop.time() - started
@@ -272,16 +297,36 @@ class Transactions:
             else:
                 getter.cancel()
 
-    async def _next_blocking(self) -> Envelope:
-        """The next committed envelope, waiting for one."""
+    async def _next_blocking(self) -> Envelope | None:
+        """Wait until a transaction should begin: a committed envelope is ready (returned),
+        or envelopes were read that commit nothing (None: the transaction checkpoints how
+        far they were read, e.g. trailing duplicates). Raises the previous commit's error
+        if it fails meanwhile."""
+        read_any = False
         while True:
             got = self._ready()
             if got is _REPLAY:
                 await self._replay()
-            elif got is not None:
+                continue
+            if got is not None:
                 return got  # type: ignore[return-value]
-            else:
-                self._pending = await self.readers.queue.get()
+            if read_any and self.seq.read_through() != self._last_read_through:
+                return None
+            prev = self._prev
+            getter = asyncio.ensure_future(self.readers.queue.get())
+            waits: set[asyncio.Future[Any]] = {getter}
+            if prev is not None and not prev.done():
+                waits.add(prev)
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if getter.done() and not getter.cancelled():
+                    self._pending = getter.result()
+                    read_any = True
+                else:
+                    getter.cancel()
+            if prev is not None and prev.done():
+                prev.result()  # Raises if the previous commit failed.
 
     def _ready(self) -> Envelope | object | None:
         """The next committed envelope if one is ready without waiting, else None; `_REPLAY`
@@ -323,22 +368,38 @@ class Transactions:
         out = self._consume(self.shard, self.store, env, self.pub)
         return out if out is not None and inspect.isawaitable(out) else None
 
-    def _start_commit(self) -> None:
+    async def _start_commit(self) -> None:
         """Checkpoint, start the store commit, and schedule the ACKs behind it."""
         pub = self.pub
         pub.flush()  # The transaction's messages are appends in flight from here on.
-        wait_for = [
-            asyncio.ensure_future(a.done())
-            for a in self.shard.append_service.pending_except(self.recovery_log)
-        ]
-        read_through = self.seq.read_through()
+        svc = self.shard.append_service
+        if svc.tracks_released:
+            # Every append of the transaction, also those done already (one that failed must
+            # fail the commit).
+            appends = svc.take_released(self.recovery_log)
+        else:
+            appends = svc.pending_except(self.recovery_log)
+        wait_for = [asyncio.ensure_future(a.done()) for a in appends]
+        self.seq.mark_processed()  # The last message consumed is in this commit.
+        read_through = self._last_read_through = self.seq.read_through()
         states = self.seq.checkpoint(PRODUCER_PRUNE_HORIZON_NS)
         intents = pub.build_ack_intents()
         cp = _build_checkpoint(read_through, states, intents)
-        committed = asyncio.ensure_future(self.store.start_commit(self.shard, cp, wait_for))
-        if self._finished is not None:
-            self._finished(self.shard, self.store, committed)
+        started = self.store.start_commit(self.shard, cp, wait_for)
+        committed = asyncio.ensure_future(started)
+        if asyncio.iscoroutine(started):
+            # Let the store's coroutine run to its first suspension before the next
+            # transaction mutates the store: stores must capture the transaction by then.
+            await asyncio.sleep(0)
+        self._notify_finished(committed)
         self._prev = asyncio.ensure_future(self._complete(committed, intents, read_through))
+        if svc.tracks_released:
+            svc.take_released()  # The ACK appends just queued belong to this transaction.
+
+    def _notify_finished(self, committed: asyncio.Future[Any]) -> None:
+        if self._finished is not None and self._begun:
+            self._begun = False
+            self._finished(self.shard, self.store, committed)
 
     async def _complete(
         self, committed: Awaitable[Any], intents: list[AckIntent], read_through: dict[str, int]

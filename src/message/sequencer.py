@@ -414,6 +414,13 @@ class Sequencer:
         self._emit = None
         return False
 
+    def mark_processed(self) -> None:
+        """Mark the dequeued envelope as processed now, as the next `step` would: a
+        checkpoint taken before that step (e.g. a consumer transaction closing right after
+        the envelope) then does not deliver it again."""
+        if self.dequeued is not None and self._emit is not None:
+            self._emit.min_clock = self._dequeued_clock
+
     def replay_range(self) -> tuple[str, int, int]:
         """(journal, begin, end): the bytes to re-read before the committed sequence can drain."""
         emit = self._emit

@@ -13,6 +13,7 @@ from typing import Any
 from google.protobuf.duration_pb2 import Duration
 
 from broker.client.append_service import AppendService
+from broker.protocol import protocol_pb2 as bpb
 from consumer.application import Shard
 from consumer.protocol import pb
 from consumer.txn import Transactions, checkpoint_offsets, sequencer_from_checkpoint
@@ -134,6 +135,7 @@ def make_txns(
     if min_txn is not None:
         spec.min_txn_duration.CopyFrom(min_txn)
     svc = AppendService(None)  # type: ignore[arg-type]  # Nothing is appended.
+    svc.track_released()  # As the runtime's per-shard services.
     shard = Shard(spec, "/review/items/review-shard", None, svc)  # type: ignore[arg-type]
     readers = FakeReaders()
     seq = sequencer_from_checkpoint(cp, 8192) if cp is not None else Sequencer()
@@ -175,8 +177,8 @@ async def test_checkpoint_of_txn_closed_by_max_duration_covers_its_last_message(
     checkpoint that message as processed: its effect is in the same commit. Otherwise a
     recovering primary consumes it a second time (exactly-once violation).
 
-    txn.py:223 breaks out of the loop before `ready()` (Sequencer.step) steps past the
-    last dequeued envelope, so `checkpoint()`/`read_through()` (txn.py:329-330) still
+    txn.py:228 breaks out of the loop before `ready()` (Sequencer.step) steps past the
+    last dequeued envelope, so `checkpoint()`/`read_through()` (txn.py:334-335) still
     describe the state *before* that message.
     """
     store = FakeStore()
@@ -212,9 +214,9 @@ async def test_checkpoint_of_txn_closed_by_slow_consume_covers_its_last_message(
 
 async def test_next_transaction_does_not_leak_into_a_commit_started_as_a_coroutine() -> None:
     """Store.start_commit may return any awaitable (consumer/store.py: OpFuture =
-    Awaitable); txn.py:333 wraps it in ensure_future, so a coroutine's body first runs at
+    Awaitable); txn.py:338 wraps it in ensure_future, so a coroutine's body first runs at
     the loop's next iteration. By then the next transaction already consumed ready messages
-    synchronously (txn.py:196-235 do not yield), and their effects land in the commit of
+    synchronously (txn.py:201-240 do not yield), and their effects land in the commit of
     the previous checkpoint. stores/sqlite/store.py:318 has exactly this shape
     (ensure_future(self._start_commit(...)): the commit job is queued only when the task
     first runs, after the next transaction's first `transact`)."""
@@ -236,7 +238,7 @@ async def test_next_transaction_does_not_leak_into_a_commit_started_as_a_corouti
 async def test_failed_commit_fails_the_shard_while_idle() -> None:
     """A failed store commit must fail the shard (FAILED status) even when no further
     message arrives. txn.py only awaits `_prev` after the *next* transaction's first
-    message (txn.py:209 `_next_blocking` waits on the queue alone), so an idle shard whose
+    message (txn.py:214 `_next_blocking` waits on the queue alone), so an idle shard whose
     last commit failed stays PRIMARY forever and Stat waits forever."""
     store = FakeStore(fail_commits=True)
     txns, readers = make_txns(store, App())
@@ -249,3 +251,150 @@ async def test_failed_commit_fails_the_shard_while_idle() -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_progress_covers_trailing_messages_that_commit_nothing() -> None:
+    """Stat(read_through=write head) must return once everything up to the head is read,
+    even when the last messages commit nothing (a duplicate OUTSIDE_TXN re-sent by a
+    retrying producer, a rolled-back span). txn.py only starts a transaction for a
+    *committed* envelope (`_next_blocking`, txn.py:275), so `Shard._set_progress` never
+    advances past such trailing bytes and Stat waits until the next real message."""
+    store = FakeStore()
+    txns, readers = make_txns(store, App())
+    first = outside(0)
+    dup = Envelope(JOURNAL, 10, 20, Msg(first.message.uid, 0))  # Same UUID: a duplicate.
+    readers.queue.put_nowait(first)
+    task = asyncio.create_task(txns.run())
+    try:
+        async with asyncio.timeout(2.0):
+            await txns.shard.wait_read_through({JOURNAL: 10})  # The first txn committed.
+        readers.queue.put_nowait(dup)  # Read after that transaction closed.
+        async with asyncio.timeout(2.0):
+            await txns.shard.wait_read_through({JOURNAL: 20})
+    except TimeoutError:
+        raise AssertionError(
+            f"progress stuck at {txns.shard.progress()[0]} though the journal is read "
+            f"through 20 (sequencer: {txns.seq.read_through()})"
+        ) from None
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+class WaitForStore(FakeStore):
+    """Records how many futures each commit was told to wait for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wait_for_counts: list[int] = []
+
+    def start_commit(self, shard: Any, cp: pb.Checkpoint, wait_for: Any) -> asyncio.Future[None]:
+        self.wait_for_counts.append(len(wait_for))
+        for f in wait_for:
+            f.cancel()  # Tasks wrapping done(); cancelling them leaves the appends alone.
+        return super().start_commit(shard, cp, wait_for)
+
+
+async def test_commit_does_not_wait_for_other_shards_appends() -> None:
+    """All shards of a process share one AppendService (runtime.py:109, ReplicaContext
+    .append_service), and `pending_except(recovery_log)` (txn.py:332) lists every pending
+    append of the process: another shard's gated ACKs (waiting on *its* store commit), its
+    recovery log, its raw appends. So one shard's commit waits on every other shard's
+    in-flight work, and a shard whose commit hangs stalls the commits of all others.
+    Upstream gives each shard its own AppendService."""
+    store = WaitForStore()
+    txns, readers = make_txns(store, App())
+    svc = AppendService(None)  # type: ignore[arg-type]  # The other shard's own service.
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    # Another shard's gated ACK (its store commit never completes).
+    other = svc.start_append(bpb.AppendRequest(journal="other-shard/out"), [never])
+    other.write(b"ack")
+    other.release()
+    readers.queue.put_nowait(outside(0))
+    try:
+        await run_until(txns, lambda: bool(store.commits))
+        assert store.wait_for_counts == [0], (
+            f"this shard's commit waits for {store.wait_for_counts[0]} append(s) of another shard"
+        )
+    finally:
+        never.cancel()
+        await asyncio.sleep(0)
+
+
+class RawAppendApp(App):
+    """Issues a raw (at-least-once) append per message through the shard's AppendService,
+    as Application docs invite; the append fails fast (like JOURNAL_NOT_FOUND or a
+    RegisterMismatch, which the AppendService does not retry)."""
+
+    def consume_message(self, shard: Any, store: FakeStore, env: Envelope, pub: Any) -> Any:
+        store.state.append(env.message.n)
+        failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        failed.set_exception(RuntimeError("JOURNAL_NOT_FOUND"))
+        aa = shard.append_service.start_append(bpb.AppendRequest(journal="raw/out"), [failed])
+        aa.write(b"raw record\n")
+        aa.release()
+        return asyncio.sleep(0.05)  # The append fails before the transaction closes.
+
+
+class WaitingStore(FakeStore):
+    """A store honouring the contract: its commit becomes durable (recorded) only once every
+    future of `wait_for` succeeded, and fails otherwise."""
+
+    def start_commit(self, shard: Any, cp: pb.Checkpoint, wait_for: Any) -> asyncio.Future[None]:
+        copy = pb.Checkpoint()
+        copy.CopyFrom(cp)
+        state = list(self.state)
+
+        async def commit() -> None:
+            await asyncio.gather(*wait_for)
+            self.commits.append(Commit(copy, state))
+
+        return asyncio.ensure_future(commit())
+
+
+async def test_failed_raw_append_of_the_transaction_fails_its_commit() -> None:
+    """ "All raw transaction []byte content must have been appended via the shard
+    JournalClient" and the commit must wait for those appends, failing if one fails.
+    `pending_except` (append_service.py:285) skips appends already *done*, including
+    failed ones, so a raw append that failed before the transaction closed is not in
+    `wait_for` and the checkpoint commits as if it had landed (the record is lost)."""
+    store = WaitingStore()
+    txns, readers = make_txns(store, RawAppendApp())
+    readers.queue.put_nowait(outside(0))
+    task = asyncio.create_task(txns.run())
+    await asyncio.sleep(0.5)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert not store.commits or store.commits[0].state == [], (
+        "the checkpoint covering message 0 committed though its raw append failed"
+    )
+
+
+class BeginFinisherApp(App):
+    def __init__(self) -> None:
+        super().__init__()
+        self.begun = 0
+        self.finished = 0
+
+    def begin_txn(self, shard: Any, store: Any) -> None:
+        self.begun += 1
+
+    def finished_txn(self, shard: Any, store: Any, committed: Any) -> None:
+        self.finished += 1
+
+    def consume_message(self, shard: Any, store: FakeStore, env: Envelope, pub: Any) -> Any:
+        raise ValueError("boom")
+
+
+async def test_begin_txn_is_paired_with_finished_txn_on_error() -> None:
+    """Upstream: "A call to BeginTxn is always paired with a call to FinishedTxn" (which is
+    notified when the transaction "has started to commit, or has errored"), so apps can
+    release semaphores taken in BeginTxn. txn.py:216-249 calls `_finished` only after a
+    successful `_start_commit`; an error in consume/finalize leaks the app's resource."""
+    app = BeginFinisherApp()
+    txns, readers = make_txns(FakeStore(), app)
+    readers.queue.put_nowait(outside(0))
+    task = asyncio.create_task(txns.run())
+    await asyncio.gather(task, return_exceptions=True)
+    assert app.begun == 1
+    assert app.finished == 1, "FinishedTxn was never called for a transaction that errored"

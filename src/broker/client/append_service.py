@@ -248,6 +248,7 @@ class AppendService:
         self._backoff = backoff_fn
         self._max_batch = max_batch_bytes
         self._queues: dict[str, deque[AsyncAppend]] = {}
+        self._released_log: list[AsyncAppend] | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._closed = False
         self.rpc_count = 0
@@ -277,6 +278,25 @@ class AppendService:
             raise ValueError("AppendRequest.content must be empty: write() the content")
         return AsyncAppend(self, request, dependencies)
 
+    def track_released(self) -> None:
+        """From now on, remember every released append until `take_released` hands it out
+        (a consumer transaction's commit waits for, and fails on, each of its appends, also
+        those already done)."""
+        if self._released_log is None:
+            self._released_log = []
+
+    @property
+    def tracks_released(self) -> bool:
+        return self._released_log is not None
+
+    def take_released(self, except_journal: str = "") -> list[AsyncAppend]:
+        """Appends released since the last call (done or not), other than to
+        `except_journal`. Requires `track_released`."""
+        if self._released_log is None:
+            raise RuntimeError("take_released requires track_released()")
+        out, self._released_log = self._released_log, []
+        return [a for a in out if a.journal != except_journal]
+
     def pending_except(self, journal: str) -> list[AsyncAppend]:
         """Released appends not yet done, of every journal other than `journal`.
 
@@ -290,6 +310,8 @@ class AppendService:
             raise RuntimeError("AppendService is closed")
         q = self._queues.setdefault(a.journal, deque())
         q.append(a)
+        if self._released_log is not None:
+            self._released_log.append(a)
         if a.journal not in self._tasks:
             self._tasks[a.journal] = asyncio.get_running_loop().create_task(
                 self._dispatch(a.journal), name=f"append-dispatch:{a.journal}"

@@ -275,11 +275,15 @@ class SQLiteStore:
 
         Calls run one at a time, in call order. Cancelling the await does not stop `fn`.
         """
+        return await self._submit(fn, *args)
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Queue ``fn(connection, *args)`` on the SQLite thread now; its future."""
         if self._closed:
             raise StoreClosed("the store is closed")
         ctx = contextvars.copy_context()
         call = functools.partial(ctx.run, self._call, fn, *args)
-        return await self._loop.run_in_executor(self._thread, call)
+        return self._loop.run_in_executor(self._thread, call)
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return fn(self._conn, *args)
@@ -316,12 +320,12 @@ class SQLiteStore:
         waiting: concurrent.futures.Future[Any] | None = None
         if wait_for:
             waiting = asyncio.run_coroutine_threadsafe(_gather(wait_for), self._loop)
-        return asyncio.ensure_future(self._start_commit(data, waiting))
+        # Queued before returning: the caller's next `transact` belongs to the next transaction.
+        job = self._submit(self._commit, data, waiting)
+        return asyncio.ensure_future(self._finish_commit(job))
 
-    async def _start_commit(
-        self, checkpoint: bytes, waiting: concurrent.futures.Future[Any] | None
-    ) -> None:
-        await self.run(self._commit, checkpoint, waiting)
+    async def _finish_commit(self, job: asyncio.Future[None]) -> None:
+        await job
         if not self._sync_waits:
             # The commit's operations were handed to the loop before this resumed (FIFO).
             self._bridge.check()

@@ -1,0 +1,170 @@
+"""Review tests of consumer.runtime with a fake keyspace and etcd (no etcd, no broker)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import consumer.replica as replica_mod
+from allocator.keyspace import EtcdHeader, KeyValue
+from allocator.model import MemberID, assignment_key, item_key, member_key
+from consumer.config import ConsumerConfig
+from consumer.protocol import pb
+from consumer.runtime import ConsumerRuntime
+from tests.consumer.test_review_txn import JOURNAL, FakeReaders, FakeStore
+
+Code = pb.ReplicaStatus.Code
+ROOT = "/review"
+
+
+class IdleApp:
+    def new_store(self, shard: Any, recovered: Any) -> FakeStore:
+        return FakeStore()
+
+    def new_message(self, spec: Any) -> Any:
+        raise NotImplementedError
+
+    def consume_message(self, shard: Any, store: Any, env: Any, pub: Any) -> None:
+        pass
+
+    def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
+        pass
+
+
+class IdleReaders(FakeReaders):
+    def __init__(self, *args: Any) -> None:
+        super().__init__()
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+
+class FakeKeySpace:
+    def __init__(self) -> None:
+        self.kvs: dict[str, KeyValue[Any]] = {}
+        self.revision = 1
+        self.header = EtcdHeader(1, 1, 1, 1)
+
+    def put(self, key: str, value: Any) -> None:
+        self.revision += 1
+        self.kvs[key] = KeyValue(key, value, b"", self.revision, self.revision, 0)
+
+    def get(self, key: str) -> KeyValue[Any] | None:
+        return self.kvs.get(key)
+
+    def prefixed(self, prefix: str) -> list[KeyValue[Any]]:
+        return [kv for k, kv in sorted(self.kvs.items()) if k.startswith(prefix)]
+
+
+class FakeEtcd:
+    async def txn(self, compares: Any, ops: Any) -> Any:
+        class R:
+            succeeded = True
+
+        return R()
+
+
+def make_runtime(tmp_path: Path) -> tuple[ConsumerRuntime, FakeKeySpace, MemberID]:
+    cfg = ConsumerConfig(root=ROOT, zone="z", suffix="me", workdir=tmp_path)
+    rt = ConsumerRuntime(cfg, IdleApp())  # type: ignore[arg-type]
+    ks = FakeKeySpace()
+    rt.keyspace = ks  # type: ignore[assignment]
+    rt.etcd = FakeEtcd()  # type: ignore[assignment]
+    rt.client = object()  # type: ignore[assignment]
+    me = MemberID("z", "me")
+    ks.put(member_key(ROOT, me), pb.ConsumerSpec())
+    spec = pb.ShardSpec(id="shard", sources=[pb.ShardSpec.Source(journal=JOURNAL)])
+    ks.put(item_key(ROOT, "shard"), spec)
+    return rt, ks, me
+
+
+async def test_stat_returns_when_its_shard_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Stat waiting for read_through must not outlive the shard: upstream answers
+    SHARD_STOPPED (Status 5) when the shard is cancelled while the request waits. Here
+    `stat` (runtime.py:368) waits on `Shard.wait_read_through` alone; `Shard.stopping` is set
+    by `ShardReplica.stop` but nothing observes it, and SHARD_STOPPED is never returned, so
+    the RPC hangs until the client's deadline (forever without one)."""
+    monkeypatch.setattr(replica_mod, "SourceReaders", IdleReaders)
+    rt, ks, me = make_runtime(tmp_path)
+    akey = assignment_key(ROOT, "shard", me, 0)
+    ks.put(akey, pb.ReplicaStatus())
+    await rt._reconcile_once()
+    replica = rt.replicas["shard"]
+    async with asyncio.timeout(5):
+        while replica.status.code != Code.PRIMARY:
+            await asyncio.sleep(0.01)
+    stat = asyncio.create_task(
+        rt.stat(pb.StatRequest(shard="shard", read_through={JOURNAL: 100}), None)
+    )
+    await asyncio.sleep(0.1)
+    assert not stat.done()
+    # Unassigned: the replica stops.
+    del ks.kvs[akey]
+    await rt._reconcile_once()
+    try:
+        async with asyncio.timeout(3):
+            while rt._stopping:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.5)
+        assert stat.done(), "Stat still waits on a shard stopped 0.5s ago"
+    finally:
+        stat.cancel()
+        await asyncio.gather(stat, return_exceptions=True)
+        for r in list(rt.replicas.values()):
+            await r.stop()
+
+
+class HangingCommitStore(FakeStore):
+    def start_commit(self, shard: Any, cp: pb.Checkpoint, wait_for: Any) -> asyncio.Future[None]:
+        super().start_commit(shard, cp, wait_for)
+        return asyncio.get_running_loop().create_future()  # Never completes.
+
+
+class HangingApp(IdleApp):
+    def new_store(self, shard: Any, recovered: Any) -> FakeStore:
+        return HangingCommitStore()
+
+
+class OneMessageReaders(IdleReaders):
+    def __init__(self, *args: Any) -> None:
+        super().__init__()
+        from tests.consumer.test_review_txn import outside
+
+        self.queue.put_nowait(outside(0))
+
+
+async def test_reassigned_shard_waits_for_its_stopping_replica(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unassigned then assigned again while the old replica still stops (its commit in
+    flight: Transactions.run waits up to 10s): a second replica must not start on the same
+    directory meanwhile (the old one's `_release` rmtree's it, and playback wipes the
+    old store's files). Regression test of the working-tree fix in runtime.py."""
+    monkeypatch.setattr(replica_mod, "SourceReaders", OneMessageReaders)
+    rt, ks, me = make_runtime(tmp_path)
+    rt.app = HangingApp()  # type: ignore[assignment]
+    akey = assignment_key(ROOT, "shard", me, 0)
+    ks.put(akey, pb.ReplicaStatus())
+    await rt._reconcile_once()
+    old = rt.replicas["shard"]
+    async with asyncio.timeout(5):
+        while not (old.store is not None and old.store.commits):  # type: ignore[attr-defined]
+            await asyncio.sleep(0.01)
+    del ks.kvs[akey]
+    await rt._reconcile_once()  # Stops the old replica (slowly).
+    ks.put(akey, pb.ReplicaStatus())
+    await rt._reconcile_once()  # Assigned here again.
+    await asyncio.sleep(0.3)
+    try:
+        assert old._task is not None and not old._task.done(), "old replica stopped at once"
+        assert "shard" not in rt.replicas, "a new replica runs beside the one still stopping"
+    finally:
+        for r in list(rt.replicas.values()):
+            await r.stop()
+        for t in list(rt._stopping.values()) if isinstance(rt._stopping, dict) else rt._stopping:
+            t.cancel()
