@@ -86,7 +86,7 @@ async def test_stat_returns_when_its_shard_stops(
 ) -> None:
     """A Stat waiting for read_through must not outlive the shard: upstream answers
     SHARD_STOPPED (Status 5) when the shard is cancelled while the request waits. Here
-    `stat` (runtime.py:368) waits on `Shard.wait_read_through` alone; `Shard.stopping` is set
+    `stat` (runtime.py) waits on `Shard.wait_read_through` alone; `Shard.stopping` is set
     by `ShardReplica.stop` but nothing observes it, and SHARD_STOPPED is never returned, so
     the RPC hangs until the client's deadline (forever without one)."""
     monkeypatch.setattr(replica_mod, "SourceReaders", IdleReaders)

@@ -177,8 +177,8 @@ async def test_checkpoint_of_txn_closed_by_max_duration_covers_its_last_message(
     checkpoint that message as processed: its effect is in the same commit. Otherwise a
     recovering primary consumes it a second time (exactly-once violation).
 
-    txn.py:228 breaks out of the loop before `ready()` (Sequencer.step) steps past the
-    last dequeued envelope, so `checkpoint()`/`read_through()` (txn.py:334-335) still
+    txn.py breaks out of the loop before `ready()` (Sequencer.step) steps past the
+    last dequeued envelope, so `checkpoint()`/`read_through()` (txn.py) still
     describe the state *before* that message.
     """
     store = FakeStore()
@@ -213,11 +213,11 @@ async def test_checkpoint_of_txn_closed_by_slow_consume_covers_its_last_message(
 
 
 async def test_next_transaction_does_not_leak_into_a_commit_started_as_a_coroutine() -> None:
-    """Store.start_commit may return any awaitable (consumer/store.py: OpFuture =
-    Awaitable); txn.py:338 wraps it in ensure_future, so a coroutine's body first runs at
+    """Store.start_commit may return any awaitable (consumer/store.py OpFuture =
+    Awaitable); txn.py wraps it in ensure_future, so a coroutine's body first runs at
     the loop's next iteration. By then the next transaction already consumed ready messages
-    synchronously (txn.py:201-240 do not yield), and their effects land in the commit of
-    the previous checkpoint. stores/sqlite/store.py:318 has exactly this shape
+    synchronously (txn.py do not yield), and their effects land in the commit of
+    the previous checkpoint. stores/sqlite/store.py has exactly this shape
     (ensure_future(self._start_commit(...)): the commit job is queued only when the task
     first runs, after the next transaction's first `transact`)."""
     store = AsyncCommitStore()
@@ -238,7 +238,7 @@ async def test_next_transaction_does_not_leak_into_a_commit_started_as_a_corouti
 async def test_failed_commit_fails_the_shard_while_idle() -> None:
     """A failed store commit must fail the shard (FAILED status) even when no further
     message arrives. txn.py only awaits `_prev` after the *next* transaction's first
-    message (txn.py:214 `_next_blocking` waits on the queue alone), so an idle shard whose
+    message (txn.py `_next_blocking` waits on the queue alone), so an idle shard whose
     last commit failed stays PRIMARY forever and Stat waits forever."""
     store = FakeStore(fail_commits=True)
     txns, readers = make_txns(store, App())
@@ -257,7 +257,7 @@ async def test_progress_covers_trailing_messages_that_commit_nothing() -> None:
     """Stat(read_through=write head) must return once everything up to the head is read,
     even when the last messages commit nothing (a duplicate OUTSIDE_TXN re-sent by a
     retrying producer, a rolled-back span). txn.py only starts a transaction for a
-    *committed* envelope (`_next_blocking`, txn.py:275), so `Shard._set_progress` never
+    *committed* envelope (`_next_blocking`, txn.py), so `Shard._set_progress` never
     advances past such trailing bytes and Stat waits until the next real message."""
     store = FakeStore()
     txns, readers = make_txns(store, App())
@@ -296,8 +296,8 @@ class WaitForStore(FakeStore):
 
 
 async def test_commit_does_not_wait_for_other_shards_appends() -> None:
-    """All shards of a process share one AppendService (runtime.py:109, ReplicaContext
-    .append_service), and `pending_except(recovery_log)` (txn.py:332) lists every pending
+    """All shards of a process share one AppendService (runtime.py, ReplicaContext
+    .append_service), and `pending_except(recovery_log)` (txn.py) lists every pending
     append of the process: another shard's gated ACKs (waiting on *its* store commit), its
     recovery log, its raw appends. So one shard's commit waits on every other shard's
     in-flight work, and a shard whose commit hangs stalls the commits of all others.
@@ -355,7 +355,7 @@ class WaitingStore(FakeStore):
 async def test_failed_raw_append_of_the_transaction_fails_its_commit() -> None:
     """ "All raw transaction []byte content must have been appended via the shard
     JournalClient" and the commit must wait for those appends, failing if one fails.
-    `pending_except` (append_service.py:285) skips appends already *done*, including
+    `pending_except` (append_service.py) skips appends already *done*, including
     failed ones, so a raw append that failed before the transaction closed is not in
     `wait_for` and the checkpoint commits as if it had landed (the record is lost)."""
     store = WaitingStore()
@@ -389,7 +389,7 @@ class BeginFinisherApp(App):
 async def test_begin_txn_is_paired_with_finished_txn_on_error() -> None:
     """Upstream: "A call to BeginTxn is always paired with a call to FinishedTxn" (which is
     notified when the transaction "has started to commit, or has errored"), so apps can
-    release semaphores taken in BeginTxn. txn.py:216-249 calls `_finished` only after a
+    release semaphores taken in BeginTxn. txn.py calls `_finished` only after a
     successful `_start_commit`; an error in consume/finalize leaks the app's resource."""
     app = BeginFinisherApp()
     txns, readers = make_txns(FakeStore(), app)

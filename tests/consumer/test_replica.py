@@ -48,8 +48,8 @@ async def test_failed_status_names_the_applications_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ReplicaStatus.errors must say why the shard failed. `_serve` runs the transaction
-    loop inside an asyncio.TaskGroup (replica.py:175), which wraps the error in an
-    ExceptionGroup; `_run` (replica.py:139) then reports
+    loop inside an asyncio.TaskGroup (replica.py), which wraps the error in an
+    ExceptionGroup; `_run` (replica.py) then reports
     "ExceptionGroup: unhandled errors in a TaskGroup (1 sub-exception)"."""
     monkeypatch.setattr(replica_mod, "SourceReaders", OneMessageReaders)
     ctx = ReplicaContext(

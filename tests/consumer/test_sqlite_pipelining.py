@@ -37,7 +37,7 @@ async def test_next_transactions_write_is_not_committed_with_the_previous_checkp
     transaction's (async) consume_message awaits `store.transact(...)`. The store documents
     "The commit job is queued at once, so later `transact` calls belong to the next
     transaction", but start_commit returns ensure_future(self._start_commit(...))
-    (stores/sqlite/store.py:319) and the job is submitted only when that task first runs:
+    (stores/sqlite/store.py) and the job is submitted only when that task first runs:
     after the next transaction's write. That write then commits with cp-1, and a recovery
     from cp-1 re-applies the message that made it (exactly-once violation)."""
     log = await make_log()
