@@ -11,7 +11,7 @@ import pytest
 import consumer.replica as replica_mod
 from consumer.protocol import pb
 from consumer.replica import ReplicaContext, ShardReplica
-from tests.consumer.test_review_txn import JOURNAL, FakeReaders, FakeStore, outside
+from tests.consumer.test_txn import JOURNAL, FakeReaders, FakeStore, outside
 
 Code = pb.ReplicaStatus.Code
 

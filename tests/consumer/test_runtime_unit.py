@@ -14,7 +14,7 @@ from allocator.model import MemberID, assignment_key, item_key, member_key
 from consumer.config import ConsumerConfig
 from consumer.protocol import pb
 from consumer.runtime import ConsumerRuntime
-from tests.consumer.test_review_txn import JOURNAL, FakeReaders, FakeStore
+from tests.consumer.test_txn import JOURNAL, FakeReaders, FakeStore
 
 Code = pb.ReplicaStatus.Code
 ROOT = "/review"
@@ -133,7 +133,7 @@ class HangingApp(IdleApp):
 class OneMessageReaders(IdleReaders):
     def __init__(self, *args: Any) -> None:
         super().__init__()
-        from tests.consumer.test_review_txn import outside
+        from tests.consumer.test_txn import outside
 
         self.queue.put_nowait(outside(0))
 
