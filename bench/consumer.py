@@ -268,7 +268,8 @@ async def latency_and_handoff(
             max(b - a for a, b in zip(window, window[1:], strict=False)) if len(window) > 1 else 0.0
         )
         say(
-            f"graceful hand-off: standby PRIMARY {promoted:.2f}s after SIGTERM; longest output gap {gap:.2f}s"
+            f"graceful hand-off: standby PRIMARY {promoted:.2f}s after SIGTERM; "
+            f"longest output gap {gap:.2f}s"
         )
         for ch in chans:
             await ch.close(None)
