@@ -4,6 +4,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 # fuse3 + libfuse3-dev, pkg-config, a compiler and Python headers: pyfuse3 builds from source.
+# PostgreSQL for SQLStore's tests; a Java runtime for Spark (installed only if `java` is absent).
 APT_PACKAGES := etcd-server etcd-client fuse3 libfuse3-dev pkg-config build-essential python3-dev postgresql
 STAMP := $(VENV)/.installed
 
@@ -13,6 +14,7 @@ deps: apt venv
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
