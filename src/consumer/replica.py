@@ -99,6 +99,8 @@ class ShardReplica:
         self.player: Player | None = None
         self.progress: PlaybackProgress | None = None
         self._primary = asyncio.Event()
+        self.settled = asyncio.Event()
+        """Set once the replica is PRIMARY or FAILED (a primary's recovery is over)."""
         self._task: asyncio.Task[None] | None = None
 
     # --- control (from the runtime) ---------------------------------------------------------
@@ -140,6 +142,8 @@ class ShardReplica:
         if status != self.status:
             self.status = status
             self.ctx.status_changed()
+            if code in (Code.PRIMARY, Code.FAILED):
+                self.settled.set()
 
     async def _run(self) -> None:
         try:
@@ -156,10 +160,7 @@ class ShardReplica:
     async def _serve(self) -> None:
         recovered = await self._recover()
         ctx, shard = self.ctx, self.shard
-        store = ctx.app.new_store(shard, recovered)
-        if inspect.isawaitable(store):
-            store = await store
-        self.store = store
+        self.store = store = await self._new_store(recovered)
         cp = await store.restore_checkpoint(shard)
         publisher = Publisher(self.append_service)
         # A previous primary may have committed without appending its ACKs: append them
@@ -191,6 +192,46 @@ class ShardReplica:
             tg.create_task(self.transactions.run(), name=f"txns {self.id}")
             if recovered is not None and self.spec.hint_prefix:
                 tg.create_task(self._hints_loop(), name=f"hints {self.id}")
+
+    async def _new_store(self, recovered: RecoveredLog | None) -> Store:
+        """The application's store. If cancelled while the store is being built (a RocksDB
+        store starts a fusefs process), the construction completes and is destroyed."""
+        made = self.ctx.app.new_store(self.shard, recovered)
+        if not inspect.isawaitable(made):
+            return made
+        building = asyncio.ensure_future(made)
+        try:
+            return await asyncio.shield(building)
+        except asyncio.CancelledError:
+            try:
+                async with asyncio.timeout(30.0):
+                    built = await building
+                built.destroy()
+            except BaseException as err:  # noqa: BLE001 - we are being cancelled anyway
+                log.warning(
+                    "store built during cancellation not released shard=%s err=%s", self.id, err
+                )
+            raise
+
+    def update_spec(self, spec: pb.ShardSpec) -> None:
+        """Apply a changed ShardSpec that does not need a restart (`needs_restart`)."""
+        self.spec = spec
+        self.shard.spec = spec
+        if self.transactions is not None:
+            self.transactions.set_durations(spec)
+
+    def needs_restart(self, spec: pb.ShardSpec) -> bool:
+        """Whether `spec` changes what the replica was started with (sources, logs, hints,
+        buffers): it must then be restarted to apply it."""
+        old = self.spec
+        return (
+            list(old.sources) != list(spec.sources)
+            or old.recovery_log_prefix != spec.recovery_log_prefix
+            or old.hint_prefix != spec.hint_prefix
+            or old.hint_backups != spec.hint_backups
+            or old.ring_buffer_size != spec.ring_buffer_size
+            or old.read_channel_size != spec.read_channel_size
+        )
 
     async def _recover(self) -> RecoveredLog | None:
         """Standby until primary, then take the recovery log over (None: no log)."""

@@ -221,6 +221,10 @@ class ConsumerRuntime:
             replica = self.replicas.get(shard_id)
             if replica is not None and replica.is_primary and slot != 0:
                 continue  # Demoted: stopped below.
+            if replica is not None and skv.value != replica.spec:
+                if replica.needs_restart(skv.value):
+                    continue  # Restarted below, with the new spec.
+                replica.update_spec(skv.value)
             if replica is None and shard_id in self._stopping:
                 continue  # Its previous replica still releases the directory: wait for it.
             if replica is None:
@@ -236,11 +240,18 @@ class ConsumerRuntime:
         for shard_id in list(self.replicas):
             replica = self.replicas[shard_id]
             demoted = shard_id in mine and mine[shard_id][1] != 0 and replica.is_primary
-            if shard_id not in mine or demoted:
+            skv = self.keyspace.get(item_key(self.cfg.root, shard_id))
+            respec = skv is not None and replica.needs_restart(skv.value)
+            if shard_id not in mine or demoted or respec:
                 # A demoted primary stops (its successor fences the log anyway) and comes
-                # back as a standby once its directory is released.
+                # back as a standby once its directory is released; so does a replica whose
+                # spec changed its sources, logs or buffers.
                 del self.replicas[shard_id]
-                log.info("shard %s shard=%s", "demoted" if demoted else "unassigned", shard_id)
+                if shard_id in mine:
+                    # Still assigned: say at once that this replica is not serving any more.
+                    await self._advertise(mine[shard_id][0], pb.ReplicaStatus(code=Code.IDLE))
+                why = "demoted" if demoted else "restarted (spec)" if respec else "unassigned"
+                log.info("shard %s shard=%s", why, shard_id)
                 task = asyncio.create_task(replica.stop())
                 self._stopping[shard_id] = task
 
@@ -307,9 +318,12 @@ class ConsumerRuntime:
                 route.primary = i
         return route
 
-    async def resolve(self, shard_id: str, *, min_etcd_revision: int = 0) -> Resolution:
+    async def resolve(
+        self, shard_id: str, *, min_etcd_revision: int = 0, wait: float = 30.0
+    ) -> Resolution:
         """Where `shard_id` is served: a local PRIMARY replica, else its primary's endpoint;
-        SHARD_NOT_FOUND, NO_SHARD_PRIMARY or NOT_SHARD_PRIMARY (primary here, not ready)."""
+        SHARD_NOT_FOUND, NO_SHARD_PRIMARY or NOT_SHARD_PRIMARY (primary here but not ready
+        after waiting up to `wait` seconds for its recovery)."""
         if min_etcd_revision > self.keyspace.revision:
             await self.keyspace.wait_for_revision(min_etcd_revision, timeout=10.0)
         if self.keyspace.get(item_key(self.cfg.root, shard_id)) is None:
@@ -321,6 +335,11 @@ class ConsumerRuntime:
         primary = route.members[route.primary]
         if (primary.zone, primary.suffix) == (self.cfg.zone, self.cfg.suffix):
             replica = self.replicas.get(shard_id)
+            if replica is not None and not replica.settled.is_set() and wait > 0:
+                # Our primary is still recovering: answer once it is ready (or failed).
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await replica.settled.wait()
             if replica is None or replica.status.code != Code.PRIMARY:
                 return Resolution(pb.NOT_SHARD_PRIMARY, header)
             return Resolution(pb.OK, header, replica=replica)
@@ -340,7 +359,12 @@ class ConsumerRuntime:
         """consumer.Shard/Stat: wait until the shard's committed transactions read through
         `req.read_through`, then report its progress. Proxied once to the primary."""
         try:
-            res = await self.resolve(req.shard, min_etcd_revision=req.header.etcd.revision)
+            remaining = context.time_remaining() if context is not None else None
+            res = await self.resolve(
+                req.shard,
+                min_etcd_revision=req.header.etcd.revision,
+                wait=30.0 if remaining is None else max(remaining - 0.1, 0.0),
+            )
         except TimeoutError:
             msg = f"etcd revision {req.header.etcd.revision} not reached in time"
             if context is not None:

@@ -186,8 +186,8 @@ class Transactions:
         self.recovery_log = recovery_log
         self.stats = TxnStats()
         spec = shard.spec
-        self.min_dur = spec.min_txn_duration.ToNanoseconds() / 1e9
-        self.max_dur = spec.max_txn_duration.ToNanoseconds() / 1e9 or 1.0
+        self.min_dur = self.max_dur = 0.0
+        self.set_durations(spec)
         self._consume: Callable[..., Any] = app.consume_message
         self._finalize = _maybe_async(app.finalize_txn)
         self._begin: Callable[..., Awaitable[Any]] | None = None
@@ -200,6 +200,11 @@ class Transactions:
         self._begun = False  # A transaction began (BeginFinisher): `finished_txn` is owed.
         # Offsets read through as of the last checkpoint.
         self._last_read_through: dict[str, int] = sequencer.read_through()
+
+    def set_durations(self, spec: pb.ShardSpec) -> None:
+        """Take `spec`'s min and max transaction durations (from the next transaction on)."""
+        self.min_dur = spec.min_txn_duration.ToNanoseconds() / 1e9
+        self.max_dur = spec.max_txn_duration.ToNanoseconds() / 1e9 or 1.0
 
     async def run(self) -> None:
         """Run transactions until cancelled. Raises the error that failed the shard."""

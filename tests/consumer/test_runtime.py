@@ -409,3 +409,78 @@ async def test_graceful_exit_hands_off_without_standbys(
                 last_t, last_v = t, v
         print(f"graceful hand-off: SIGTERM to exit {stopped_in:.2f}s, longest stall {stall:.2f}s")
         assert stall < 5.0, f"processing stalled {stall:.2f}s during the hand-off"
+
+
+async def test_spec_changes_apply_to_a_running_shard(
+    setup_factory: list[Setup],
+    etcd_server: EtcdServer,
+    broker: BrokerProcess,
+    client: JournalClient,
+    tmp_path: Path,
+) -> None:
+    """A new max_txn_duration applies without a restart; a new source restarts the replica,
+    which then reads it too, and the totals stay exact."""
+    s = Setup(etcd_server, broker, tmp_path, shards=2)  # Two input journals; one shard used.
+    setup_factory.append(s)
+    await s.create_journals(client)
+    proc = s.consumer(0).start()
+    async with grpc.aio.insecure_channel(proc.endpoint) as ch:
+        stub = pb_grpc.ShardStub(ch)
+        spec = s.shard_specs(hot_standbys=0)[0]
+        await apply_shards(stub, [spec])
+        await wait_for(ready_on(stub, [pb.ReplicaStatus.PRIMARY]), "a primary")
+        expected: dict[str, int] = {}
+        stop = asyncio.Event()
+        await asyncio.wait_for(
+            asyncio.gather(feed(client, s.inputs[0], stop, expected), stop_after(stop, 0.5)), 30
+        )
+        spec.max_txn_duration.FromNanoseconds(50_000_000)
+        resp = await stub.List(pb.ListRequest())
+        req = pb.ApplyRequest(
+            changes=[
+                pb.ApplyRequest.Change(upsert=spec, expect_mod_revision=resp.shards[0].mod_revision)
+            ]
+        )
+        assert (await stub.Apply(req)).status == pb.OK
+        await asyncio.sleep(0.5)
+        assert "shard restarted" not in proc.tail_log(100_000)
+        spec.sources.add(journal=s.inputs[1])
+        resp = await stub.List(pb.ListRequest())
+        req = pb.ApplyRequest(
+            changes=[
+                pb.ApplyRequest.Change(upsert=spec, expect_mod_revision=resp.shards[0].mod_revision)
+            ]
+        )
+        assert (await stub.Apply(req)).status == pb.OK
+        await wait_for(
+            lambda: _true(b"shard restarted (spec) shard=shard-000" in proc.log_path.read_bytes()),
+            "the replica's restart",
+        )
+        await wait_for(ready_on(stub, [pb.ReplicaStatus.PRIMARY]), "the primary again")
+        stop = asyncio.Event()
+        await asyncio.wait_for(
+            asyncio.gather(feed(client, s.inputs[1], stop, expected), stop_after(stop, 0.5)), 30
+        )
+        head0 = await write_head(client, s.inputs[0])
+        head1 = await write_head(client, s.inputs[1])
+        resp2: pb.StatResponse = await stub.Stat(
+            pb.StatRequest(
+                shard="shard-000", read_through={s.inputs[0]: head0, s.inputs[1]: head1}
+            ),
+            timeout=60,
+        )
+        assert resp2.status == pb.OK
+        out_head = await write_head(client, s.output)
+        final: dict[str, int] = {}
+        for t in await committed_totals(client, s.output, out_head):
+            final[t.key] = t.total
+        assert final == expected
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def stop_after(stop: asyncio.Event, seconds: float) -> None:
+    await asyncio.sleep(seconds)
+    stop.set()
