@@ -13,8 +13,9 @@ route, and every line reads back identically.
 Then the word-count example (examples/word-count, `word_count.demo`) runs on the same etcd
 and brokers: two `gazette-consumer` processes with one hot standby per shard, text fed as
 n-gram deltas, a primary SIGKILLed and its standby taking over, and n-gram counts queried
-through the example's gRPC query API, equal to the counts of the text. Every step says what
-it did.
+through the example's gRPC query API, equal to the counts of the text; last, the shards are
+exported to a Spark DataFrame (`gazette-shards`, local[2]) while the consumers run, and the top
+n-grams printed from it. Every step says what it did.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ def main() -> None:
         " lines appended to a journal replicated three times, read, persisted as GZIP"
         " fragments; the primary was SIGKILLed, a survivor took over, the killed broker"
         " rejoined, and nothing was lost; word-count's shards survived the SIGKILL of a primary"
-        " with exact counts."
+        " with exact counts, exported to Spark."
     )
     if args.keep:
         print(f"    data kept in {data}")

@@ -1,4 +1,5 @@
-"""``gazctl journals ...``: list, apply, edit, read, append, fragments, prune, store-health.
+"""``gazctl journals ...``: list, apply, edit, read, append, fragments, prune, store-health,
+export (to Parquet, `gazctl.export`).
 
 Each command opens one `JournalClient` to ``--broker`` for its duration. Label selectors
 (``-l``) use Gazette's syntax: ``app=clicks, region in (us, eu), !deprecated``,
@@ -52,6 +53,7 @@ from broker.protocol.errors import ValidationError
 from broker.protocol.selector import format_label_selector, parse_label_selector
 from broker.protocol.sha1sum import sha1sum_hex
 from broker.protocol.validation import validate_journal_spec
+from gazctl.export import add_journals_export
 from gazctl.journalspace import apply_changes, dump_tree, load_tree, tree_from_journals
 from gazctl.main import GazctlError, Streams
 from gazctl.output import render_table
@@ -180,6 +182,8 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
         default=[],
         help="store URL (repeatable; default: stores of the selected journals)",
     )
+
+    add_journals_export(cmds, common)
 
 
 # --- helpers ----------------------------------------------------------------------------

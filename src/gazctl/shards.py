@@ -31,6 +31,7 @@ from typing import Any
 
 from allocator.etcd import Etcd, EtcdError
 from broker.client import JournalClient
+from gazctl.export import add_shards_export
 from gazctl.main import GazctlError, Streams
 from gazctl.shards_specs import register_spec_commands
 from recoverylog import recoverylog_pb2 as rpb
@@ -101,6 +102,8 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
         help="shard id whose primary and backup hints (in etcd) to honour (repeatable)",
     )
     p.add_argument("--dry-run", action="store_true", help="report, delete nothing")
+
+    add_shards_export(cmds, common)
 
 
 def _one_line_errors(handler: Handler) -> Handler:

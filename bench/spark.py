@@ -1,0 +1,373 @@
+"""Spark export benchmark: a 1M-key RocksDB shard through ``gazette-shards`` vs Parquet.
+
+Real etcd and broker on this machine. A `RocksDBStore` recorded to a recovery log is filled
+with N keys (``n`` + an n-gram -> its count as ASCII digits, as word-count keeps them) in
+transactions of 10,000; its hints go to etcd and a ShardSpec under a consumer root names the
+log, as a running consumer leaves them. Then, in one local[2] Spark session:
+
+1. ``export``: ``spark.read.format("gazette-shards")`` (the task plays the log back from the
+   hints into a temporary directory, opens RocksDB read-only and yields Arrow batches) written
+   to Parquet; the same rows read back from that Parquet and written again (``parquet``) is
+   the baseline: `ratio_write` = export / parquet (target <= 2).
+2. ``agg``: an aggregation reading every column of the rows (count, bytes of each column,
+   entries of the read-through map), no write: `ratio_agg`; and one of key and value only,
+   `ratio_agg_kv`, where Parquet reads just those two columns while the Python source still
+   produces all five (Python data sources can't prune columns).
+3. Playback alone (the `consumer.spark.playback` step each task does, outside Spark):
+   `playback_s`, and the export's read rate without it, `rows_per_s_after_playback`.
+
+4. Unless ``--quick``: 200k committed JSON messages over two journals exported through
+   ``gazette-journals`` (an aggregation; two partitions) vs one in-process `ReadCommittedIter`
+   reading both: `journals_rows_per_s`, `journals_reader_rows_per_s`.
+
+Python workers and the source are warmed up by an untimed first job (a session's first Python data
+source job costs ~7 s once).
+Prints progress, then one JSON line. `--quick` (50k keys) runs in under a minute.
+"""
+
+from __future__ import annotations
+
+import os.path
+import sys
+
+# Keep this script's directory off the import path (bench/broker.py shadows package `broker`).
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+import argparse
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.duration_pb2 import Duration
+
+from allocator.etcd import Etcd
+from broker.client import AppendService, JournalClient, OffsetNotYetAvailable, apply_journals
+from broker.protocol import protocol_pb2 as bpb
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+from consumer.protocol import pb
+from consumer.spec import ShardKeys
+from message import CONTENT_TYPE_JSON_LINES, JSONMessage
+from message.iterators import ReadCommittedIter
+from message.publisher import Publisher
+from recoverylog.hints_etcd import store_primary_hints
+from stores.rocksdb import RocksDBStore
+
+SHARD = "bench-part-000"
+ROOT = "/bench/spark"
+HINT_PREFIX = "/bench/spark-hints"
+LOG_PREFIX = "bench/spark/recovery"
+BATCH = 10_000
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def key(i: int) -> bytes:
+    return b"n%07d gram%d" % (i, i % 977)
+
+
+async def fill_shard(etcd_endpoint: str, broker: str, tmp: Path, keys: int) -> dict[str, Any]:
+    """Write `keys` keys through a recorded RocksDB store; leave hints and a ShardSpec in etcd."""
+    log = f"{LOG_PREFIX}/{SHARD}"
+    async with JournalClient(broker) as client:
+        frag = bpb.JournalSpec.Fragment(
+            length=256 << 20, compression_codec=bpb.NONE, refresh_interval=Duration(seconds=600)
+        )
+        frag.stores.append(f"file://{tmp / 'fragments'}/")
+        spec = bpb.JournalSpec(name=log, replication=1, fragment=frag)
+        spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")
+        change = bpb.ApplyRequest.Change(upsert=spec)
+        await apply_journals(client, bpb.ApplyRequest(changes=[change]))
+    t0 = time.perf_counter()
+    store = await RocksDBStore.open(broker, log, tmp / "store")
+    try:
+        for n, start in enumerate(range(0, keys, BATCH)):
+            for i in range(start, min(keys, start + BATCH)):
+                store.put(key(i), b"%d" % (i % 100_003 + 1))
+            cp = pb.Checkpoint()
+            cp.sources["bench/input"].read_through = n + 1
+            await store.start_commit(None, cp, [])  # type: ignore[arg-type]
+        hints = await store.build_hints()
+    finally:
+        await store.close()
+    write_s = time.perf_counter() - t0
+    shard = pb.ShardSpec(
+        id=SHARD,
+        recovery_log_prefix=LOG_PREFIX,
+        hint_prefix=HINT_PREFIX,
+        max_txn_duration=Duration(seconds=1),
+    )
+    shard.sources.add(journal="bench/input")
+    shard.labels.labels.add(name="app", value="bench")
+    async with Etcd(etcd_endpoint) as etcd:
+        await store_primary_hints(etcd, HINT_PREFIX, SHARD, hints)
+        await etcd.put(ShardKeys(ROOT).item(SHARD).encode(), shard.SerializeToString())
+    return {"write_s": write_s}
+
+
+@dataclass
+class Delta(JSONMessage):
+    """A word-count-like message: `delta` more of `ngram`."""
+
+    ngram: str = ""
+    delta: int = 0
+
+
+async def fill_journals(broker: str, tmp: Path, messages: int) -> list[str]:
+    """`messages` Deltas over two JSON journals, in committed transactions of 1,000."""
+    names = [f"bench/spark/deltas/part-{i:03d}" for i in range(2)]
+    async with JournalClient(broker) as client:
+        changes = []
+        for name in names:
+            frag = bpb.JournalSpec.Fragment(
+                length=256 << 20,
+                compression_codec=bpb.NONE,
+                refresh_interval=Duration(seconds=600),
+            )
+            frag.stores.append(f"file://{tmp / 'fragments'}/")
+            spec = bpb.JournalSpec(name=name, replication=1, fragment=frag)
+            spec.labels.labels.add(name="app", value="bench-deltas")
+            spec.labels.labels.add(name="content-type", value=CONTENT_TYPE_JSON_LINES)
+            changes.append(bpb.ApplyRequest.Change(upsert=spec))
+        await apply_journals(client, bpb.ApplyRequest(changes=changes))
+        async with AppendService(client) as svc:
+            pub = Publisher(svc)
+            for i in range(messages):
+                name = names[i % 2]
+                pub.publish_uncommitted(
+                    lambda m, j=name: (j, CONTENT_TYPE_JSON_LINES), Delta(f"w{i % 977} x", i)
+                )
+                if i % 1000 == 999:
+                    await pub.commit()
+            await pub.commit()
+            await pub.barrier()
+    return names
+
+
+async def read_committed(broker: str, names: list[str]) -> int:
+    """Every committed message of `names` to their heads, in-process (the baseline)."""
+    n = 0
+    async with JournalClient(broker) as client:
+        for name in names:
+            it = ReadCommittedIter(client, bpb.ReadRequest(journal=name, block=False), None, Delta)
+            try:
+                async for env in it:
+                    n += env.message.ngram != ""
+            except OffsetNotYetAvailable:
+                pass
+            finally:
+                it.close()
+    return n
+
+
+def playback_seconds(options: dict[str, str]) -> float:
+    from consumer.spark.options import ShardsOptions
+    from consumer.spark.playback import played_shard
+    from consumer.spark.resolve import resolve_shards_sync
+
+    opts = ShardsOptions.parse(options)
+    (plan,) = resolve_shards_sync(opts)
+    t0 = time.perf_counter()
+    with played_shard(plan, opts.brokers, opts.tmpdir):
+        took = time.perf_counter() - t0
+    return took
+
+
+def session() -> Any:
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("bench-spark")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def timed(fn: Any) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    keys = args.keys or (50_000 if args.quick else 1_000_000)
+    (tmp / "fragments").mkdir()
+    with EtcdServer() as etcd, BrokerProcess(etcd.endpoint, spool_dir=tmp / "spool") as broker:
+        say(f"filling a RocksDB shard with {keys} keys (transactions of {BATCH})")
+        filled = asyncio.run(fill_shard(etcd.endpoint, broker.endpoint, tmp, keys))
+        say(f"  written and recorded in {filled['write_s']:.1f}s")
+        options = {
+            "etcd": etcd.endpoint,
+            "root": ROOT,
+            "broker": broker.endpoint,
+            "shards": SHARD,
+            "store": "rocksdb",
+            "tmpdir": str(tmp),
+        }
+        play_s = playback_seconds(options)
+        say(f"playback alone: {play_s:.2f}s")
+
+        spark_s, spark = timed(session)
+        say(f"Spark local[2] started in {spark_s:.1f}s")
+        from pyspark.sql import functions as F
+
+        import consumer.spark
+
+        consumer.spark.register(spark)
+
+        def source() -> Any:
+            reader = spark.read.format("gazette-shards")
+            for k, v in options.items():
+                reader = reader.option(k, v)
+            return reader.load()
+
+        def agg(df: Any) -> Any:
+            """Every column read: the rows, as an export reads them."""
+            return df.agg(
+                F.count(F.lit(1)).alias("rows"),
+                F.sum(F.length("shard")).alias("shard_bytes"),
+                F.sum(F.length("checkpoint")).alias("checkpoint_bytes"),
+                F.sum(F.size("read_through")).alias("read_through_entries"),
+                F.sum(F.length("key")).alias("key_bytes"),
+                F.sum(F.length("value")).alias("value_bytes"),
+            ).collect()[0]
+
+        def agg_kv(df: Any) -> Any:
+            """Only key and value: Parquet reads just those two columns (the source can't
+            prune: Python data sources produce every column)."""
+            return df.agg(
+                F.count(F.lit(1)).alias("rows"),
+                F.sum(F.length("key")).alias("key_bytes"),
+                F.sum(F.length("value")).alias("value_bytes"),
+            ).collect()[0]
+
+        # The first job of a Python data source in a session costs seconds (its planner's
+        # worker and imports): pay it once, untimed, as for the Python workers above.
+        warm_s, _ = timed(lambda: agg(source()))
+        say(f"first gazette-shards job (warm-up, Python workers started) {warm_s:.1f}s")
+
+        exported = tmp / "export.parquet"
+        again = tmp / "again.parquet"
+        export_s: list[float] = []
+        parquet_s: list[float] = []
+        agg_export_s: list[float] = []
+        agg_parquet_s: list[float] = []
+        kv_export_s: list[float] = []
+        kv_parquet_s: list[float] = []
+        rows = None
+        for r in range(args.repeat):
+            for p in (exported, again):
+                shutil.rmtree(p, ignore_errors=True)
+            t, _ = timed(lambda: source().write.parquet(str(exported)))
+            export_s.append(t)
+            t, _ = timed(lambda: spark.read.parquet(str(exported)).write.parquet(str(again)))
+            parquet_s.append(t)
+            t, got = timed(lambda: agg(source()))
+            agg_export_s.append(t)
+            t, want = timed(lambda: agg(spark.read.parquet(str(exported))))
+            agg_parquet_s.append(t)
+            assert got == want and got["rows"] == keys, (got, want)
+            t, got_kv = timed(lambda: agg_kv(source()))
+            kv_export_s.append(t)
+            t, want_kv = timed(lambda: agg_kv(spark.read.parquet(str(exported))))
+            kv_parquet_s.append(t)
+            assert got_kv == want_kv, (got_kv, want_kv)
+            rows = got["rows"]
+            say(
+                f"run {r + 1}: write export {export_s[-1]:.2f}s vs parquet {parquet_s[-1]:.2f}s; "
+                f"agg export {agg_export_s[-1]:.2f}s vs parquet {agg_parquet_s[-1]:.2f}s; "
+                f"key/value agg export {kv_export_s[-1]:.2f}s vs parquet {kv_parquet_s[-1]:.2f}s"
+            )
+        journals: dict[str, Any] = {}
+        if args.messages:
+            say(f"publishing {args.messages} messages to 2 JSON journals (transactions of 1000)")
+            names = asyncio.run(fill_journals(broker.endpoint, tmp, args.messages))
+            reader_s, n = timed(lambda: asyncio.run(read_committed(broker.endpoint, names)))
+            assert n == args.messages, n
+
+            def journals_agg() -> Any:
+                df = (
+                    spark.read.format("gazette-journals")
+                    .option("broker", broker.endpoint)
+                    .option("selector", "app=bench-deltas")
+                    .option("schema", "ngram STRING, delta BIGINT")
+                    .load()
+                )
+                return df.agg(F.count(F.lit(1)).alias("rows"), F.sum("delta")).collect()[0]
+
+            journals_agg()  # Warm-up.
+            spark_s_j, got_j = timed(journals_agg)
+            assert got_j["rows"] == args.messages, got_j
+            journals = {
+                "journal_messages": args.messages,
+                "journals_export_s": round(spark_s_j, 3),
+                "journals_rows_per_s": round(args.messages / spark_s_j),
+                "journals_reader_s": round(reader_s, 3),
+                "journals_reader_rows_per_s": round(args.messages / reader_s),
+            }
+            say(f"journals: export {spark_s_j:.2f}s (2 partitions) vs one reader {reader_s:.2f}s")
+        spark.stop()
+    e, p, ae, ap = min(export_s), min(parquet_s), min(agg_export_s), min(agg_parquet_s)
+    ke, kp = min(kv_export_s), min(kv_parquet_s)
+    assert rows is not None
+    return {
+        "bench": "spark",
+        "keys": keys,
+        "rows": rows,
+        "ratio_write": round(e / p, 3),
+        "ratio_agg": round(ae / ap, 3),
+        "ratio_agg_kv": round(ke / kp, 3),
+        "target": 2.0,
+        "export_write_s": round(e, 3),
+        "parquet_write_s": round(p, 3),
+        "export_agg_s": round(ae, 3),
+        "parquet_agg_s": round(ap, 3),
+        "export_agg_kv_s": round(ke, 3),
+        "parquet_agg_kv_s": round(kp, 3),
+        "export_rows_per_s": round(rows / ae),
+        "parquet_rows_per_s": round(rows / ap),
+        "playback_s": round(play_s, 3),
+        "rows_per_s_after_playback": round(rows / max(ae - play_s, 1e-3)),
+        "store_write_s": round(filled["write_s"], 3),
+        "spark_start_s": round(spark_s, 3),
+        "repeat": args.repeat,
+        **journals,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="50k keys (< 1 minute)")
+    parser.add_argument("--keys", type=int, default=0, help="keys in the shard (default 1M)")
+    parser.add_argument("--repeat", type=int, default=0, help="timed runs (best is reported)")
+    parser.add_argument(
+        "--messages", type=int, default=-1, help="journal messages (default: 0 quick, 200k)"
+    )
+    args = parser.parse_args()
+    args.repeat = args.repeat or (1 if args.quick else 3)
+    if args.messages < 0:
+        args.messages = 0 if args.quick else 200_000
+    with tempfile.TemporaryDirectory(prefix="bench-spark-", dir="/var/tmp") as t:
+        result = run(args, Path(t))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

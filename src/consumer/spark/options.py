@@ -1,0 +1,186 @@
+"""Options of ``spark.read.format("gazette-shards")``, parsed and checked in one place.
+
+Spark hands a data source its options as strings (keys case-insensitive); `ShardsOptions.parse`
+turns them into a frozen value, raising `InvalidOption` for anything missing, unknown or
+malformed, so that a typo fails on the driver at ``load()`` rather than in a task.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from broker.protocol.errors import ValidationError
+from broker.protocol.selector import parse_label_selector
+from consumer.spark.errors import InvalidOption
+from consumer.spec import validate_shard_id
+
+__all__ = ["STORES", "ShardsOptions", "load_decoder"]
+
+STORES = ("rocksdb", "sqlite", "json")
+
+_KNOWN = frozenset(
+    {
+        "etcd",
+        "root",
+        "broker",
+        "shards",
+        "selector",
+        "hints",
+        "store",
+        "table",
+        "query",
+        "decoder",
+        "schema",
+        "key_prefix",
+        "batch_size",
+        "tmpdir",
+    }
+)
+_HINTS = re.compile(r"primary|backup\.(0|[1-9][0-9]{0,8})")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+_DEFAULT_BATCH = 65536
+
+
+@dataclass(frozen=True)
+class ShardsOptions:
+    """Checked options (see docs/spark.md for each)."""
+
+    etcd: str
+    root: str
+    brokers: tuple[str, ...]
+    shards: tuple[str, ...]
+    """Shard ids asked for by `shards` (empty: select by `selector`)."""
+    selector: str
+    """A label selector (``gazctl -l`` syntax, ``id`` included), "" with `shards`."""
+    hints: str
+    """``primary`` or ``backup.N``."""
+    store: str
+    table: str
+    query: str
+    decoder: str
+    """``module:function`` decoding RocksDB (key, value) to a dict of columns, or ""."""
+    schema: str
+    """Spark DDL of the decoded (RocksDB) or selected (SQLite) columns, or ""."""
+    key_prefix: bytes
+    batch_size: int
+    tmpdir: str
+
+    @property
+    def backup_index(self) -> int | None:
+        """N of ``backup.N``, None for the primary hints."""
+        return None if self.hints == "primary" else int(self.hints.split(".", 1)[1])
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, str]) -> ShardsOptions:
+        opts = {str(k).lower(): str(v) for k, v in raw.items()}
+        unknown = sorted(set(opts) - _KNOWN)
+        if unknown:
+            raise InvalidOption(unknown[0], f"unknown option (known: {', '.join(sorted(_KNOWN))})")
+
+        def required(name: str) -> str:
+            value = opts.get(name, "").strip()
+            if not value:
+                raise InvalidOption(name, "required")
+            return value
+
+        etcd = required("etcd")
+        root = required("root")
+        if not root.startswith("/") or root.endswith("/"):
+            raise InvalidOption("root", f"must be absolute, without a trailing '/' ({root!r})")
+        brokers = tuple(b.strip() for b in required("broker").split(",") if b.strip())
+
+        shards: tuple[str, ...] = ()
+        selector = opts.get("selector", "").strip()
+        if "shards" in opts:
+            if selector:
+                raise InvalidOption("shards", "give either shards or selector, not both")
+            shards = tuple(dict.fromkeys(s.strip() for s in opts["shards"].split(",") if s.strip()))
+            if not shards:
+                raise InvalidOption("shards", "no shard id given")
+            for shard in shards:
+                try:
+                    validate_shard_id(shard)
+                except ValidationError as err:
+                    raise InvalidOption("shards", f"invalid shard id {shard!r}: {err}") from None
+        elif selector:
+            try:
+                parse_label_selector(selector)
+            except ValidationError as err:
+                raise InvalidOption("selector", str(err)) from None
+        else:
+            raise InvalidOption("shards", "give shards (ids) or selector (labels)")
+
+        hints = opts.get("hints", "primary").strip()
+        if not _HINTS.fullmatch(hints):
+            raise InvalidOption("hints", f"must be 'primary' or 'backup.N', not {hints!r}")
+
+        store = required("store").lower()
+        if store not in STORES:
+            raise InvalidOption("store", f"must be one of {', '.join(STORES)}, not {store!r}")
+
+        table = opts.get("table", "").strip()
+        query = opts.get("query", "").strip()
+        decoder = opts.get("decoder", "").strip()
+        schema = opts.get("schema", "").strip()
+        key_prefix = opts.get("key_prefix", "")
+        if store != "sqlite" and (table or query):
+            raise InvalidOption("table" if table else "query", "only for store=sqlite")
+        if store != "rocksdb" and (decoder or key_prefix):
+            raise InvalidOption("decoder" if decoder else "key_prefix", "only for store=rocksdb")
+        if store == "json" and schema:
+            raise InvalidOption("schema", "not for store=json (its state is one JSON column)")
+        if store == "sqlite":
+            if bool(table) == bool(query):
+                raise InvalidOption("table", "store=sqlite needs exactly one of table or query")
+            if table and not _IDENTIFIER.fullmatch(table):
+                raise InvalidOption("table", f"not a plain SQL identifier: {table!r}")
+        if store == "rocksdb" and bool(decoder) != bool(schema):
+            raise InvalidOption(
+                "decoder" if schema else "schema",
+                "decoder and schema go together (schema: the DDL of the decoded columns)",
+            )
+        if decoder:
+            load_decoder(decoder)  # Fails on the driver, not in every task.
+
+        try:
+            batch_size = int(opts.get("batch_size", str(_DEFAULT_BATCH)))
+        except ValueError:
+            raise InvalidOption("batch_size", "not an integer") from None
+        if batch_size <= 0:
+            raise InvalidOption("batch_size", f"must be > 0 ({batch_size})")
+
+        return cls(
+            etcd=etcd,
+            root=root,
+            brokers=brokers,
+            shards=shards,
+            selector=selector,
+            hints=hints,
+            store=store,
+            table=table,
+            query=query,
+            decoder=decoder,
+            schema=schema,
+            key_prefix=key_prefix.encode(),
+            batch_size=batch_size,
+            tmpdir=opts.get("tmpdir", "").strip(),
+        )
+
+
+def load_decoder(spec: str) -> Callable[[bytes, bytes], Mapping[str, Any]]:
+    """The function named ``module:function`` (`InvalidOption` if it cannot be imported)."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise InvalidOption("decoder", f"expected 'module:function', not {spec!r}")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise InvalidOption("decoder", f"cannot load {spec!r}: {err}") from None
+    if not callable(fn):
+        raise InvalidOption("decoder", f"{spec!r} is not callable")
+    out: Callable[[bytes, bytes], Mapping[str, Any]] = fn
+    return out

@@ -1,0 +1,384 @@
+"""Task side of the shards export: play a shard's recovery log into a private temporary
+directory, open the store found there read-only, and turn it into Arrow record batches.
+
+Playback only reads the log (and appends an empty barrier to learn its write head, as every
+Player does): the live primary, its files and its log are untouched. The played directory is
+the store as recorded through the log's write head at playback time, which is at or after the
+hints' state; each row carries the Checkpoint committed together with that state (read from
+the played store itself), so rows and checkpoint always agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from consumer.protocol import pb
+from consumer.spark.errors import ExportError, WrongStoreKind
+from consumer.spark.resolve import ShardPlan
+from recoverylog.hints import hints_from_json
+
+__all__ = [
+    "BASE_COLUMNS",
+    "PlayedShard",
+    "checkpoint_columns",
+    "detect_store",
+    "json_batches",
+    "played_shard",
+    "rocksdb_batches",
+    "sqlite_batches",
+    "sqlite_columns",
+]
+
+log = logging.getLogger(__name__)
+
+BASE_COLUMNS = ("shard", "checkpoint", "read_through")
+"""Columns every exported row begins with."""
+
+_SQLITE_DB = "primary.db"
+
+
+@dataclass
+class PlayedShard:
+    """A shard's store played into `directory` (removed by `played_shard` afterwards)."""
+
+    plan: ShardPlan
+    directory: Path
+    links: dict[str, int]
+    """Recorded path -> Fnode of the played files."""
+    write_head: int
+    """Offset of the recovery log through which the store was played."""
+    seconds: float
+
+
+async def _play(plan: ShardPlan, brokers: Sequence[str], directory: Path) -> PlayedShard:
+    from broker.client import JournalClient
+    from recoverylog.player import EXIT_AT_HEAD, Player
+
+    t0 = time.monotonic()
+    async with JournalClient(list(brokers)) as client:
+        player = Player(client, plan.log, hints_from_json(plan.hints_json), directory)
+        fsm = await player.play(until=EXIT_AT_HEAD)
+        links = dict(fsm.links)
+        head = player.write_head
+    return PlayedShard(plan, directory, links, head, time.monotonic() - t0)
+
+
+@contextlib.contextmanager
+def played_shard(
+    plan: ShardPlan, brokers: Sequence[str], tmpdir: str = ""
+) -> Iterator[PlayedShard]:
+    """Play `plan`'s log from its hints into a new temporary directory (under `tmpdir`, or
+    the system's), yield it, and remove it whatever happens. Raises the Player's errors
+    (`DataLoss` if the hinted log content is gone, ...)."""
+    base = Path(tempfile.mkdtemp(prefix="gazette-shard-export-", dir=tmpdir or None)).resolve()
+    try:
+        played = asyncio.run(_play(plan, brokers, base / "store"))
+        log.info(
+            "played shard=%s log=%s write_head=%d files=%d seconds=%.2f",
+            plan.shard,
+            plan.log,
+            played.write_head,
+            len(played.links),
+            played.seconds,
+        )
+        yield played
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def detect_store(directory: Path) -> str:
+    """The kind of store in played `directory`: ``rocksdb``, ``sqlite``, ``json``, ``empty``
+    (nothing recorded yet), or a description of what is there."""
+    names = {p.name for p in directory.iterdir()} if directory.exists() else set()
+    if not names:
+        return "empty"
+    if "CURRENT" in names or "IDENTITY" in names or any(n.startswith("MANIFEST-") for n in names):
+        return "rocksdb"
+    if any(n.startswith(_SQLITE_DB) for n in names):
+        return "sqlite"
+    if "state.json" in names or "next.json" in names:
+        return "json"
+    return "unknown files (" + ", ".join(sorted(names)[:5]) + ")"
+
+
+_KIND_NAMES = {"rocksdb": "a RocksDB", "sqlite": "a SQLite database", "json": "a JSON store"}
+
+
+def check_store(played: PlayedShard, store: str) -> bool:
+    """Whether the played directory holds a store of kind `store` (False: it is empty).
+    Raises `WrongStoreKind` if it holds something else."""
+    found = detect_store(played.directory)
+    if found == "empty":
+        return False
+    if found != store:
+        raise WrongStoreKind(played.plan.shard, store, _KIND_NAMES.get(found, found))
+    return True
+
+
+def checkpoint_columns(checkpoint: pb.Checkpoint) -> tuple[bytes, list[tuple[str, int]]]:
+    """The checkpoint (serialized) and its per-source read_through offsets."""
+    read_through = sorted((j, int(s.read_through)) for j, s in checkpoint.sources.items())
+    return checkpoint.SerializeToString(deterministic=True), read_through
+
+
+class _BatchBuilder:
+    """Builds record batches of `schema` whose base columns repeat one shard's values."""
+
+    def __init__(self, schema: pa.Schema, shard: str, checkpoint: pb.Checkpoint) -> None:
+        self.schema = schema
+        cp, read_through = checkpoint_columns(checkpoint)
+        self._base = [
+            pa.array([shard], schema.field("shard").type),
+            pa.array([cp], schema.field("checkpoint").type),
+            pa.array([read_through], schema.field("read_through").type),
+        ]
+        self.rest = [schema.field(i) for i in range(len(BASE_COLUMNS), len(schema))]
+
+    def batch(self, columns: Sequence[pa.Array]) -> pa.RecordBatch:
+        n = len(columns[0]) if columns else 0
+        zeros = pa.nulls(n, pa.int32()).fill_null(0)
+        base = [a.take(zeros) for a in self._base]
+        return pa.RecordBatch.from_arrays(base + list(columns), schema=self.schema)
+
+    def one_row(self, *values: Any) -> pa.RecordBatch:
+        cols = [pa.array([v], f.type) for v, f in zip(values, self.rest, strict=True)]
+        return self.batch(cols)
+
+
+def rocksdb_batches(
+    played: PlayedShard,
+    schema: pa.Schema,
+    *,
+    key_prefix: bytes = b"",
+    decoder: Callable[[bytes, bytes], Mapping[str, Any]] | None = None,
+    batch_size: int = 65536,
+) -> Iterator[pa.RecordBatch]:
+    """Application keys (not the store's 0x00 keys) under `key_prefix`, in key order, as
+    (key, value) or as `decoder`'s columns (given the key without `key_prefix`)."""
+    from rocksdict import AccessType, Options, Rdict
+
+    if not check_store(played, "rocksdb"):
+        return
+    db = Rdict(str(played.directory), Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        from stores.rocksdb.store import CHECKPOINT_KEY
+
+        raw = db.get(CHECKPOINT_KEY)
+        checkpoint = pb.Checkpoint() if raw is None else pb.Checkpoint.FromString(bytes(raw))
+        builder = _BatchBuilder(schema, played.plan.shard, checkpoint)
+        start = max(key_prefix, b"\x01")
+        items: Iterator[tuple[bytes, bytes]] = db.items(from_key=start)  # type: ignore[assignment]
+        cut = len(key_prefix)
+        while True:
+            chunk = list(itertools.islice(items, batch_size))
+            done = len(chunk) < batch_size
+            if chunk and not chunk[-1][0].startswith(key_prefix):
+                # Keys are ordered: those with the prefix come first.
+                n = 0
+                while n < len(chunk) and chunk[n][0].startswith(key_prefix):
+                    n += 1
+                chunk, done = chunk[:n], True
+            if chunk:
+                keys = [k for k, _ in chunk]
+                values = [v for _, v in chunk]
+                if decoder is None:
+                    cols = [pa.array(keys, pa.binary()), pa.array(values, pa.binary())]
+                else:
+                    cols = _decode(played.plan.shard, decoder, keys, values, cut, builder.rest)
+                yield builder.batch(cols)
+            if done:
+                break
+        del items
+    finally:
+        db.close()
+
+
+def _decode(
+    shard: str,
+    decoder: Callable[[bytes, bytes], Mapping[str, Any]],
+    keys: list[bytes],
+    values: list[bytes],
+    cut: int,
+    fields: Sequence[pa.Field],
+) -> list[pa.Array]:
+    names = [f.name for f in fields]
+    out: list[list[Any]] = [[] for _ in names]
+    for k, v in zip(keys, values, strict=True):
+        row = decoder(k[cut:], v)
+        for i, name in enumerate(names):
+            out[i].append(row.get(name))
+    try:
+        return [pa.array(col, f.type) for col, f in zip(out, fields, strict=True)]
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise ExportError(f"shard {shard!r}: decoded rows do not fit the schema: {err}") from err
+
+
+def json_batches(played: PlayedShard, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """One row: the state as a JSON string (no row for a store that never committed)."""
+    from stores.jsonfile.store import STATE_FILE, decode_state_file
+
+    if not check_store(played, "json"):
+        return
+    path = played.directory / STATE_FILE
+    if not path.exists():
+        return
+    try:
+        checkpoint, state = decode_state_file(path.read_bytes())
+    except ValueError as err:
+        raise WrongStoreKind(
+            played.plan.shard, "json", f"an unreadable {STATE_FILE}: {err}"
+        ) from err
+    builder = _BatchBuilder(schema, played.plan.shard, checkpoint)
+    yield builder.one_row(json.dumps(state, separators=(",", ":"), sort_keys=True))
+
+
+def _open_sqlite(played: PlayedShard) -> Any:
+    """The played database, rebuilt from its page files, opened on the default VFS (a private
+    copy: SQLite may roll back a hot journal or replay the WAL there; nothing is recorded)."""
+    import apsw
+
+    from stores.sqlite.store import rebuild_played
+
+    rebuild_played(played.directory, played.links)
+    db = played.directory / _SQLITE_DB
+    if not db.exists():
+        raise WrongStoreKind(played.plan.shard, "sqlite", f"no {_SQLITE_DB}")
+    return apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READWRITE)
+
+
+def _select(table: str, query: str) -> str:
+    return f'SELECT * FROM "{table}"' if table else query
+
+
+def sqlite_columns(played: PlayedShard, table: str, query: str) -> list[tuple[str, str]]:
+    """(name, Spark SQL type) of the table's or query's columns in the played database:
+    declared types by SQLite's affinity rules; for expressions, the first row's types."""
+    import apsw
+    import apsw.ext
+
+    if not check_store(played, "sqlite"):
+        raise ExportError(
+            f"shard {played.plan.shard!r}: its store is empty, so the columns of "
+            f"{table or query!r} cannot be inferred; give the schema option"
+        )
+    conn = _open_sqlite(played)
+    try:
+        sql = _select(table, query)
+        try:
+            info = apsw.ext.query_info(conn, sql)
+        except apsw.SQLError as err:
+            raise ExportError(f"shard {played.plan.shard!r}: {sql!r}: {err}") from err
+        if not info.is_readonly:
+            raise ExportError(f"query must only read: {query!r}")
+        sample: tuple[Any, ...] | None = None
+        if any(decl is None for _, decl in info.description or ()):
+            for row in conn.execute(f"SELECT * FROM ({sql}) LIMIT 1"):
+                sample = tuple(row)
+        out = []
+        for i, (name, decl) in enumerate(info.description or ()):
+            out.append((name, _spark_type(decl, sample[i] if sample is not None else None)))
+        return out
+    finally:
+        conn.close()
+
+
+def _spark_type(decl: str | None, sample: Any) -> str:
+    if decl:
+        d = decl.upper()
+        if "INT" in d:
+            return "BIGINT"
+        if "CHAR" in d or "CLOB" in d or "TEXT" in d:
+            return "STRING"
+        if "BLOB" in d:
+            return "BINARY"
+        if "REAL" in d or "FLOA" in d or "DOUB" in d:
+            return "DOUBLE"
+        if "BOOL" in d:
+            return "BOOLEAN"
+        if "DATE" in d or "TIME" in d:
+            return "STRING"
+        return "DOUBLE"  # NUMERIC affinity.
+    if isinstance(sample, bool | int):
+        return "BIGINT"
+    if isinstance(sample, float):
+        return "DOUBLE"
+    if isinstance(sample, bytes):
+        return "BINARY"
+    return "STRING"
+
+
+def sqlite_batches(
+    played: PlayedShard,
+    schema: pa.Schema,
+    *,
+    table: str,
+    query: str,
+    batch_size: int = 65536,
+) -> Iterator[pa.RecordBatch]:
+    """The table's or query's rows, with the checkpoint committed in the same database."""
+    import apsw
+
+    if not check_store(played, "sqlite"):
+        return
+    conn = _open_sqlite(played)
+    try:
+        conn.execute("BEGIN")
+        try:
+            rows = list(conn.execute("SELECT checkpoint FROM gazette_checkpoint WHERE id = 0"))
+        except apsw.SQLError as err:
+            raise WrongStoreKind(
+                played.plan.shard, "sqlite", f"a SQLite database without a checkpoint: {err}"
+            ) from err
+        checkpoint = pb.Checkpoint.FromString(bytes(rows[0][0])) if rows else pb.Checkpoint()
+        builder = _BatchBuilder(schema, played.plan.shard, checkpoint)
+        fields = builder.rest
+        cursor = conn.execute(_select(table, query))
+        width = len(fields)
+        while True:
+            chunk = list(itertools.islice(cursor, batch_size))
+            if not chunk:
+                break
+            if len(chunk[0]) != width:
+                raise ExportError(
+                    f"shard {played.plan.shard!r}: {len(chunk[0])} columns selected, the "
+                    f"schema has {width}"
+                )
+            cols = []
+            for i, f in enumerate(fields):
+                values = [_convert(r[i], f.type) for r in chunk]
+                try:
+                    cols.append(pa.array(values, f.type))
+                except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+                    raise ExportError(
+                        f"shard {played.plan.shard!r}: column {f.name!r} ({f.type}): {err}"
+                    ) from err
+            yield builder.batch(cols)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def _convert(value: Any, typ: pa.DataType) -> Any:
+    # SQLite is dynamically typed: a value may differ from its column's declared type.
+    if value is None:
+        return None
+    if pa.types.is_string(typ) and not isinstance(value, str):
+        return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    if pa.types.is_boolean(typ):
+        return bool(value)
+    if pa.types.is_floating(typ) and isinstance(value, int):
+        return float(value)
+    return value

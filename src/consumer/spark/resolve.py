@@ -1,0 +1,129 @@
+"""Driver side of the shards export: which shards, from which hints.
+
+`resolve_shards` reads the consumer application's ShardSpecs and the selected shards' hints
+straight from etcd (one snapshot per shard, as `load_hints` reads them), so that every
+problem a user can fix (an unknown shard, a selector matching nothing, hints not written yet,
+a store of another kind) is raised before Spark runs any job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from allocator.etcd import Etcd
+from broker.protocol.selector import matches, parse_label_selector
+from consumer.protocol import pb
+from consumer.spark.errors import (
+    ExportError,
+    MissingHints,
+    NoShardsMatched,
+    ShardNotFound,
+    WrongStoreKind,
+)
+from consumer.spark.options import ShardsOptions
+from consumer.spec import ShardKeys, recovery_log_of, shard_labels
+from recoverylog import recoverylog_pb2 as rpb
+from recoverylog.hints import hints_to_json
+from recoverylog.hints_etcd import backup_hints_key, load_hints, primary_hints_key
+from recoverylog.segments import InvalidHints
+
+__all__ = ["ROCKSDB_MARKER", "ShardPlan", "resolve_shards", "resolve_shards_sync"]
+
+ROCKSDB_MARKER = "/IDENTITY"
+"""A property every recorded RocksDB has in its hints (RocksDB writes IDENTITY at creation,
+and the Recorder keeps it as a property) and no other store has."""
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """What a task needs to export one shard (picklable: it is a partition's value)."""
+
+    shard: str
+    log: str
+    """The shard's recovery log."""
+    hints_key: str
+    """The etcd key the hints were read from."""
+    hints_json: bytes
+    """The hints (Gazette's JSON encoding)."""
+
+
+async def resolve_shards(opts: ShardsOptions) -> list[ShardPlan]:
+    """The selected shards (by id order) and their hints of kind ``opts.hints``.
+
+    Raises `ShardNotFound`, `NoShardsMatched`, `MissingHints`, `WrongStoreKind` (a RocksDB
+    asked for but the hints lack RocksDB's IDENTITY, or the reverse), `ExportError` for
+    hints which do not parse, and `EtcdError` if etcd cannot be reached.
+    """
+    keys = ShardKeys(opts.root)
+    async with Etcd(opts.etcd) as etcd:
+        resp = await etcd.get_prefix(keys.items.encode())
+        specs: dict[str, pb.ShardSpec] = {}
+        for kv in resp.kvs:
+            spec = pb.ShardSpec.FromString(bytes(kv.value))
+            specs[spec.id] = spec
+
+        if opts.shards:
+            for shard in opts.shards:
+                if shard not in specs:
+                    raise ShardNotFound(shard, opts.root)
+            selected = [specs[s] for s in sorted(opts.shards)]
+        else:
+            selector = parse_label_selector(opts.selector)
+            selected = [s for _, s in sorted(specs.items()) if matches(selector, shard_labels(s))]
+            if not selected:
+                raise NoShardsMatched(
+                    f"no shard matches selector {opts.selector!r} "
+                    f"({len(specs)} shards under {keys.items})"
+                )
+
+        out = []
+        for spec in selected:
+            out.append(await _plan(etcd, spec, opts))
+        return out
+
+
+async def _plan(etcd: Etcd, spec: pb.ShardSpec, opts: ShardsOptions) -> ShardPlan:
+    log = recovery_log_of(spec)
+    if not log:
+        raise MissingHints(spec.id, "has no recovery log (recovery_log_prefix is empty)")
+    n = opts.backup_index
+    try:
+        hints = await load_hints(etcd, spec.hint_prefix, spec.id, log=log)
+    except InvalidHints as err:
+        raise ExportError(f"shard {spec.id!r}: {err}") from err
+    if n is None:
+        key = primary_hints_key(spec.hint_prefix, spec.id)
+        found = hints[0]
+    else:
+        key = backup_hints_key(spec.hint_prefix, spec.id, n)
+        found = hints[1 + n] if 1 + n < len(hints) else None
+    if found is None:
+        kinds = ["primary"] if hints[0] is not None else []
+        kinds += [f"backup.{i}" for i, h in enumerate(hints[1:]) if h is not None]
+        have = f"hints present: {', '.join(kinds)}" if kinds else "no hints at all yet"
+        if n is None:
+            advice = (
+                "the shard's primary writes them periodically once it is up (consumer "
+                "--hint-interval): wait for them, or export from hints=backup.0"
+            )
+        else:
+            advice = "backup hints are written when a primary recovers the shard"
+        raise MissingHints(spec.id, f"no {opts.hints} hints at {key} ({have}); {advice}")
+    _check_kind(spec.id, found, opts.store)
+    return ShardPlan(shard=spec.id, log=log, hints_key=key, hints_json=hints_to_json(found))
+
+
+def _check_kind(shard: str, hints: rpb.FSMHints, store: str) -> None:
+    if not hints.live_nodes:
+        return  # Hints of an empty log: nothing to tell by.
+    rocksdb = any(p.path == ROCKSDB_MARKER for p in hints.properties)
+    if store == "rocksdb" and not rocksdb:
+        raise WrongStoreKind(shard, store, f"no RocksDB (its hints lack {ROCKSDB_MARKER})")
+    if store != "rocksdb" and rocksdb:
+        raise WrongStoreKind(shard, store, "a RocksDB (its hints hold RocksDB's IDENTITY)")
+
+
+def resolve_shards_sync(opts: ShardsOptions) -> list[ShardPlan]:
+    """`resolve_shards` from synchronous code (a Spark driver-side Python worker)."""
+    return asyncio.run(resolve_shards(opts))

@@ -1,0 +1,121 @@
+"""``spark.read.format("gazette-shards")``: the state of consumer shards as a DataFrame.
+
+One input partition per selected shard. The driver resolves the shards and their hints from
+etcd when the DataFrame is loaded (`resolve_shards`: errors a user can fix are raised there,
+before any job) and again when a query is planned (so each query plays from current hints).
+Each task plays its shard's recovery log from the hints into a temporary directory, opens the
+store it finds read-only, yields Arrow record batches and removes the directory: the live
+primary is never touched. See docs/spark.md for the options and schemas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from consumer.spark.errors import ExportError
+from consumer.spark.options import ShardsOptions, load_decoder
+from consumer.spark.playback import (
+    BASE_COLUMNS,
+    json_batches,
+    played_shard,
+    rocksdb_batches,
+    sqlite_batches,
+    sqlite_columns,
+)
+from consumer.spark.resolve import ShardPlan, resolve_shards_sync
+
+__all__ = ["BASE_DDL", "GazetteShardsDataSource", "GazetteShardsReader", "ShardPartition"]
+
+BASE_DDL = "shard STRING, checkpoint BINARY, read_through MAP<STRING, BIGINT>"
+"""Columns every row begins with: the shard, the serialized ``consumer.Checkpoint`` committed
+with the exported state, and that checkpoint's read-through offset of each source journal."""
+
+_ROCKSDB_DDL = "key BINARY, value BINARY"
+_JSON_DDL = "state STRING"
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+class ShardPartition(InputPartition):
+    """One shard to export."""
+
+    def __init__(self, plan: ShardPlan) -> None:
+        super().__init__(plan)
+        self.plan = plan
+
+
+class GazetteShardsDataSource(DataSource):
+    """The ``gazette-shards`` data source (module docs). Options are checked at once."""
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        self.opts = ShardsOptions.parse(dict(options))
+
+    @classmethod
+    def name(cls) -> str:
+        return "gazette-shards"
+
+    def schema(self) -> str:
+        """The DDL of the rows. Resolves the shards (raising what `resolve_shards` raises);
+        for SQLite without a ``schema`` option, plays the first shard to learn the columns."""
+        opts = self.opts
+        plans = resolve_shards_sync(opts)
+        if opts.store == "json":
+            return f"{BASE_DDL}, {_JSON_DDL}"
+        if opts.schema:
+            return f"{BASE_DDL}, {opts.schema}"
+        if opts.store == "rocksdb":
+            return f"{BASE_DDL}, {_ROCKSDB_DDL}"
+        with played_shard(plans[0], opts.brokers, opts.tmpdir) as played:
+            columns = sqlite_columns(played, opts.table, opts.query)
+        clash = [n for n, _ in columns if n.lower() in BASE_COLUMNS]
+        if clash:
+            raise ExportError(f"selected columns {clash} clash with the columns {BASE_COLUMNS}")
+        return ", ".join([BASE_DDL] + [f"{_quote(n)} {t}" for n, t in columns])
+
+    def reader(self, schema: StructType) -> GazetteShardsReader:
+        names = [f.name for f in schema.fields]
+        if tuple(names[: len(BASE_COLUMNS)]) != BASE_COLUMNS:
+            raise ExportError(f"the schema must begin with {BASE_DDL} (got {names})")
+        return GazetteShardsReader(self.opts, schema)
+
+
+class GazetteShardsReader(DataSourceReader):
+    """Plans one partition per shard and exports a shard per task."""
+
+    def __init__(self, opts: ShardsOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema = schema
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [ShardPartition(plan) for plan in resolve_shards_sync(self.opts)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if not isinstance(partition, ShardPartition):
+            return  # Spark's InputPartition(None) when there are no partitions.
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        opts = self.opts
+        arrow = to_arrow_schema(self.schema, timezone="UTC")
+        with played_shard(partition.plan, opts.brokers, opts.tmpdir) as played:
+            if opts.store == "rocksdb":
+                decoder = load_decoder(opts.decoder) if opts.decoder else None
+                yield from rocksdb_batches(
+                    played,
+                    arrow,
+                    key_prefix=opts.key_prefix,
+                    decoder=decoder,
+                    batch_size=opts.batch_size,
+                )
+            elif opts.store == "sqlite":
+                yield from sqlite_batches(
+                    played, arrow, table=opts.table, query=opts.query, batch_size=opts.batch_size
+                )
+            else:
+                yield from json_batches(played, arrow)

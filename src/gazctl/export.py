@@ -1,0 +1,321 @@
+"""``gazctl journals export`` and ``gazctl shards export``: Parquet files through local Spark.
+
+    gazctl journals export --to deltas.parquet -l app.gazette.dev/message-type=NGramDelta \\
+        --schema 'ngram STRING, delta BIGINT'
+    gazctl shards export --to counts.parquet --etcd 127.0.0.1:2379 --root /gazette/consumers/wc \\
+        -l app=word-count --store rocksdb
+
+Both are conveniences over the Spark data sources of `consumer.spark` (``gazette-journals``,
+``gazette-shards``): they start a local Spark session (``--master``, default ``local[2]``; an
+active session of the same process is reused, and left running), load the source with the
+options given, and write the DataFrame as Parquet. Options the source rejects (no journals or
+shards matched, bad selectors, missing hints, ...) fail before any job runs, as one
+``gazctl: error:`` line. Progress (tasks done per stage) goes to stderr while the job runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gazctl.main import GazctlError, Streams
+
+__all__ = [
+    "add_journals_export",
+    "add_shards_export",
+    "export_parquet",
+    "journals_options",
+    "shards_options",
+    "spark_error_message",
+]
+
+DEFAULT_MASTER = "local[2]"
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--to", required=True, help="output Parquet path (a directory Spark writes)")
+    p.add_argument(
+        "--mode",
+        choices=("error", "overwrite", "append"),
+        default="error",
+        help="if the output exists: fail (default), replace it, or add to it",
+    )
+    p.add_argument("--master", default=DEFAULT_MASTER, help="Spark master (default %(default)s)")
+    p.add_argument(
+        "-O",
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra option of the data source (repeatable)",
+    )
+    p.add_argument(
+        "--progress-interval", type=float, default=2.0, help="seconds between progress lines"
+    )
+
+
+def add_journals_export(cmds: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``journals export`` to the `cmds` subparsers."""
+    help = "export journal messages to Parquet (through a local Spark session)"
+    p: argparse.ArgumentParser = cmds.add_parser(
+        "export", help=help, description=help, parents=[common]
+    )
+    p.add_argument("-l", "--selector", required=True, help="label selector of journals")
+    p.add_argument(
+        "--committed",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="only messages of committed transactions, once each (default); "
+        "--no-committed: every message in journal order",
+    )
+    p.add_argument("--acks", action="store_true", help="keep transaction acknowledgements")
+    p.add_argument("--message", default="", help="message type to decode into (module:Class)")
+    p.add_argument("--schema", default="", help="DDL of the message columns")
+    _common(p)
+    p.set_defaults(handler=cmd_journals_export)
+
+
+def add_shards_export(cmds: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``shards export`` to the `cmds` subparsers."""
+    help = "export the state of consumer shards to Parquet (through a local Spark session)"
+    p: argparse.ArgumentParser = cmds.add_parser(
+        "export", help=help, description=help, parents=[common]
+    )
+    p.add_argument(
+        "--etcd",
+        default=os.environ.get("ETCD_ADDRESS", "127.0.0.1:2379"),
+        help="etcd endpoint (env ETCD_ADDRESS; default %(default)s)",
+    )
+    p.add_argument("--root", required=True, help="the consumer application's etcd root")
+    sel = p.add_mutually_exclusive_group(required=True)
+    sel.add_argument("--shards", default="", help="comma-separated shard ids")
+    sel.add_argument("-l", "--selector", default="", help="label selector of shards")
+    p.add_argument("--hints", default="primary", help="primary (default) or backup.N")
+    p.add_argument(
+        "--store", required=True, choices=("rocksdb", "sqlite", "json"), help="the store kind"
+    )
+    p.add_argument("--table", default="", help="SQLite: the table to export")
+    p.add_argument("--query", default="", help="SQLite: a query to export")
+    p.add_argument("--decoder", default="", help="RocksDB: module:function decoding key, value")
+    p.add_argument("--schema", default="", help="DDL of the decoded (or queried) columns")
+    _common(p)
+    p.set_defaults(handler=cmd_shards_export)
+
+
+def _extra(args: argparse.Namespace) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise GazctlError(f"--option {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value
+    return out
+
+
+def journals_options(args: argparse.Namespace) -> dict[str, str]:
+    """The gazette-journals options of a ``journals export`` command line."""
+    opts = {
+        "broker": args.broker,
+        "selector": args.selector,
+        "committed": "true" if args.committed else "false",
+        "acks": "true" if args.acks else "false",
+    }
+    if args.zone:
+        opts["zone"] = args.zone
+    if args.message:
+        opts["message"] = args.message
+    if args.schema:
+        opts["schema"] = args.schema
+    return {**opts, **_extra(args)}
+
+
+def shards_options(args: argparse.Namespace) -> dict[str, str]:
+    """The gazette-shards options of a ``shards export`` command line."""
+    opts = {
+        "etcd": args.etcd,
+        "root": args.root,
+        "broker": args.broker,
+        "hints": args.hints,
+        "store": args.store,
+    }
+    if args.shards:
+        opts["shards"] = args.shards
+    else:
+        opts["selector"] = args.selector
+    for name in ("table", "query", "decoder", "schema"):
+        if getattr(args, name):
+            opts[name] = getattr(args, name)
+    return {**opts, **_extra(args)}
+
+
+async def cmd_journals_export(args: argparse.Namespace, io: Streams) -> int:
+    opts = journals_options(args)
+    await asyncio.to_thread(export_parquet, "gazette-journals", opts, args, io)
+    return 0
+
+
+async def cmd_shards_export(args: argparse.Namespace, io: Streams) -> int:
+    opts = shards_options(args)
+    await asyncio.to_thread(export_parquet, "gazette-shards", opts, args, io)
+    return 0
+
+
+# --- Spark ----------------------------------------------------------------------------------
+
+_ERROR_LINE = re.compile(
+    r"^\s*(?:[\w.]+\.)?(JournalsSourceError|InvalidOption|ShardNotFound|NoShardsMatched|"
+    r"MissingHints|WrongStoreKind|ExportError|UnknownFramingError|ValidationError|BrokerError|"
+    r"JournalNotFound|\w+Error): (.*)$"
+)
+
+
+def spark_error_message(err: BaseException) -> str:
+    """The line of a Spark exception that says what went wrong in our Python code (Spark wraps
+    errors of data sources in a JVM exception whose text holds the Python traceback)."""
+    text = str(err)
+    found = ""
+    for line in text.splitlines():
+        m = _ERROR_LINE.match(line)
+        if m and "Traceback" not in line and m.group(1) not in ("Py4JJavaError",):
+            found = m.group(2).strip()
+            if m.group(1) in ("JournalsSourceError", "InvalidOption", "ExportError") or (
+                m.group(1) in ("ShardNotFound", "NoShardsMatched", "MissingHints", "WrongStoreKind")
+            ):
+                return _strip_sqlstate(found)
+    if found:
+        return _strip_sqlstate(found)
+    first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+    return _strip_sqlstate(first)
+
+
+def _strip_sqlstate(text: str) -> str:
+    return re.sub(r"\s*SQLSTATE: \w+\)?\s*$", "", text).strip()
+
+
+def _session(master: str, io: Streams) -> tuple[Any, bool]:
+    """(SparkSession, whether we started it)."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    # The active session is per thread; a running SparkContext means a session of this process
+    # (e.g. a notebook's, or a test's) that getOrCreate returns and that we must leave running.
+    running = SparkContext._active_spark_context is not None
+    active = SparkSession.getActiveSession()
+    if active is not None or running:
+        return active or SparkSession.builder.getOrCreate(), False
+    io.err(f"starting Spark ({master})")
+    t0 = time.monotonic()
+    session = (
+        SparkSession.builder.master(master)
+        .appName("gazctl-export")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    io.err(f"Spark started in {time.monotonic() - t0:.1f}s")
+    return session, True
+
+
+def _progress(spark: Any, io: Streams, interval: float, stop: threading.Event) -> None:
+    tracker = spark.sparkContext.statusTracker()
+    last = ""
+    while not stop.wait(interval):
+        parts = []
+        for sid in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(sid)
+            if info is not None:
+                parts.append(
+                    f"stage={sid} tasks_done={info.numCompletedTasks}/{info.numTasks} "
+                    f"running={info.numActiveTasks}"
+                )
+        line = " ".join(parts)
+        if line and line != last:
+            io.err(f"export progress {line}")
+            last = line
+
+
+def _register(spark: Any, fmt: str) -> None:
+    if fmt == "gazette-journals":
+        from consumer.spark.journals_source import GazetteJournalsDataSource
+
+        spark.dataSource.register(GazetteJournalsDataSource)
+        return
+    try:
+        import consumer.spark as cs
+    except ImportError as err:
+        raise GazctlError(f"the {fmt} data source is not available: {err}") from None
+    cs.register(spark)
+
+
+def _parquet_rows(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    files = [path] if path.is_file() else sorted(path.glob("*.parquet"))
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+
+
+def export_parquet(
+    fmt: str,
+    options: dict[str, str],
+    args: argparse.Namespace,
+    io: Streams,
+    *,
+    transform: Callable[[Any], Any] | None = None,
+) -> int:
+    """Load data source `fmt` with `options` and write it as Parquet to ``args.to``; returns
+    the number of rows written. Raises GazctlError for the source's and Spark's failures."""
+    out = Path(args.to).expanduser().resolve()
+    if args.mode == "error" and out.exists():
+        raise GazctlError(f"{out} exists (use --mode overwrite to replace it)")
+    spark, started = _session(args.master, io)
+    try:
+        from pyspark.errors import PySparkException
+
+        _register(spark, fmt)
+        t0 = time.monotonic()
+        reader = spark.read.format(fmt)
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        try:
+            df = reader.load()
+        except PySparkException as err:
+            raise GazctlError(f"{fmt}: {spark_error_message(err)}") from None
+        if transform is not None:
+            df = transform(df)
+        parts = df.rdd.getNumPartitions()
+        io.err(f"export {fmt}: {parts} partition(s), planned in {time.monotonic() - t0:.1f}s")
+        stop = threading.Event()
+        progress = threading.Thread(
+            target=_progress, args=(spark, io, args.progress_interval, stop), daemon=True
+        )
+        progress.start()
+        t1 = time.monotonic()
+        try:
+            df.write.mode(args.mode).parquet(str(out))
+        except PySparkException as err:
+            raise GazctlError(f"{fmt}: export failed: {spark_error_message(err)}") from None
+        finally:
+            stop.set()
+            progress.join()
+        rows = _parquet_rows(out)
+        took = time.monotonic() - t1
+        rate = rows / took if took > 0 else 0.0
+        io.err(f"wrote {rows} rows to {out} in {took:.1f}s ({rate:,.0f} rows/s)")
+        return rows
+    finally:
+        if started:
+            spark.stop()

@@ -1,0 +1,504 @@
+"""``gazette-shards`` end to end: etcd, a broker, real `gazette-consumer` processes (RocksDB,
+SQLite and JSON stores), and a local[2] Spark exporting their shards while they consume.
+
+Every export is checked against the input: a counter's totals are a function of the input it
+read through, so the rows of a shard must equal the sums of its input journal up to the
+read-through offset of the checkpoint exported with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc.aio
+import pytest
+
+from allocator.etcd import Etcd
+from broker.client import JournalClient
+from broker.client.list import apply_journals
+from broker.protocol import protocol_pb2 as bpb
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+from consumer.protocol import consumer_pb2_grpc as pb_grpc
+from consumer.protocol import pb
+from consumer.spark import WrongStoreKind, register
+from consumer.spark.playback import PlayedShard, check_store, rocksdb_batches
+from consumer.spark.resolve import ShardPlan
+from consumer.testing import ConsumerProcess
+from message import CONTENT_TYPE_JSON_LINES
+from message.iterators import ReadCommittedIter
+from recoverylog.hints_etcd import load_hints
+from tests.conftest import session_broker
+from tests.consumer.counter_app import Add
+from tests.consumer.test_runtime import (
+    apply_shards,
+    feed,
+    journal_spec,
+    write_head,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def broker(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    yield from session_broker(etcd_server, tmp_path_factory, f"spark-shards-{next(_names)}")
+
+
+@pytest.fixture
+async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
+    async with JournalClient(broker.endpoint) as c:
+        yield c
+
+
+class App:
+    """Journals, shards and one consumer process of application `app`."""
+
+    def __init__(
+        self, etcd: EtcdServer, broker: BrokerProcess, tmp: Path, app: str, shards: int
+    ) -> None:
+        n = next(_names)
+        self.app = app
+        self.prefix = f"spark-{os.getpid()}-{n}"
+        self.root = f"/test-spark/{os.getpid()}/{n}"
+        self.hint_prefix = f"/test-spark-hints/{self.prefix}"
+        self.etcd, self.broker, self.tmp = etcd, broker, tmp / self.prefix
+        self.tmp.mkdir()
+        self.inputs = [f"{self.prefix}/in-{i}" for i in range(shards)]
+        self.shard_ids = [f"shard-{i:03d}" for i in range(shards)]
+        self.consumer: ConsumerProcess | None = None
+
+    async def start(self, client: JournalClient, disabled: tuple[str, ...] = ()) -> None:
+        store = self.tmp / "fragments"
+        store.mkdir()
+        specs = [journal_spec(j, store, CONTENT_TYPE_JSON_LINES) for j in self.inputs]
+        specs += [
+            journal_spec(f"{self.prefix}/recovery/{s}", store, "application/x-gazette-recoverylog")
+            for s in [*self.shard_ids, *disabled]
+        ]
+        await apply_journals(client, bpb.ApplyRequest(changes=[{"upsert": s} for s in specs]))
+        self.consumer = ConsumerProcess(
+            self.app,
+            self.etcd.endpoint,
+            [self.broker.endpoint],
+            root=self.root,
+            workdir=self.tmp / "consumer",
+            extra_env={"PYTHONPATH": str(REPO)},
+            extra_args=["--hint-interval", "1"],
+        ).start()
+        shard_specs = [
+            pb.ShardSpec(
+                id=sid,
+                sources=[pb.ShardSpec.Source(journal=j)],
+                recovery_log_prefix=f"{self.prefix}/recovery",
+                hint_prefix=self.hint_prefix,
+                hint_backups=2,
+                max_txn_duration={"nanos": 100_000_000},
+                labels={"labels": [{"name": "app", "value": "counter"}]},
+            )
+            for sid, j in zip(self.shard_ids, self.inputs, strict=True)
+        ]
+        shard_specs += [
+            pb.ShardSpec(
+                id=sid,
+                sources=[pb.ShardSpec.Source(journal=self.inputs[0])],
+                recovery_log_prefix=f"{self.prefix}/recovery",
+                hint_prefix=self.hint_prefix,
+                max_txn_duration={"seconds": 1},
+                disable=True,
+            )
+            for sid in disabled
+        ]
+        async with grpc.aio.insecure_channel(self.consumer.endpoint) as ch:
+            await apply_shards(pb_grpc.ShardStub(ch), shard_specs)
+
+    async def wait_for_hints(self, timeout: float = 30.0) -> None:
+        """Until every shard's primary wrote hints of a store holding something."""
+        deadline = time.monotonic() + timeout
+        async with Etcd(self.etcd.endpoint) as etcd:
+            for shard in self.shard_ids:
+                while True:
+                    hints = await load_hints(etcd, self.hint_prefix, shard)
+                    if hints[0] is not None and hints[0].live_nodes:
+                        break
+                    assert time.monotonic() < deadline, f"no hints of {shard}"
+                    await asyncio.sleep(0.2)
+
+    async def wait_consumed(self, client: JournalClient, timeout: float = 30.0) -> None:
+        """Until every shard read its input through the input's current write head."""
+        assert self.consumer is not None
+        async with grpc.aio.insecure_channel(self.consumer.endpoint) as ch:
+            stub = pb_grpc.ShardStub(ch)
+            deadline = time.monotonic() + timeout
+            for shard, journal in zip(self.shard_ids, self.inputs, strict=True):
+                req = pb.StatRequest(
+                    shard=shard, read_through={journal: await write_head(client, journal)}
+                )
+                while True:
+                    try:
+                        resp = await stub.Stat(req, timeout=timeout)
+                        if resp.status == pb.OK:
+                            break
+                    except grpc.aio.AioRpcError:
+                        pass  # Restarting.
+                    assert time.monotonic() < deadline, f"{shard} did not read {journal}"
+                    await asyncio.sleep(0.1)
+
+    async def wait_for_backup_hints(self, shard: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        async with Etcd(self.etcd.endpoint) as etcd:
+            while True:
+                hints = await load_hints(etcd, self.hint_prefix, shard)
+                if len(hints) > 1 and hints[1] is not None:
+                    return
+                assert time.monotonic() < deadline, f"no backup hints of {shard}"
+                await asyncio.sleep(0.2)
+
+    def options(self, **extra: str) -> dict[str, str]:
+        return {
+            "etcd": self.etcd.endpoint,
+            "root": self.root,
+            "broker": self.broker.endpoint,
+            **extra,
+        }
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.kill()
+
+
+@pytest.fixture
+def apps(etcd_server: EtcdServer, broker: BrokerProcess, tmp_path: Path) -> Iterator[Any]:
+    made: list[App] = []
+
+    def make(app: str, shards: int) -> App:
+        a = App(etcd_server, broker, tmp_path, app, shards)
+        made.append(a)
+        return a
+
+    yield make
+    for a in made:
+        a.close()
+
+
+@pytest.fixture(scope="module")
+def spark_shards(spark: Any) -> Any:
+    register(spark)
+    return spark
+
+
+async def sums_through(client: JournalClient, journal: str, end: int) -> dict[str, int]:
+    """Each key's sum of the Adds of `journal` before offset `end` (what a counter which
+    read `journal` through `end` holds)."""
+    out: dict[str, int] = {}
+    if end == 0:
+        return out
+    req = bpb.ReadRequest(journal=journal, offset=0, end_offset=end, block=True)
+    it = ReadCommittedIter(client, req, None, lambda _s: Add())
+    try:
+        while True:
+            try:
+                env = await it.next()
+            except StopAsyncIteration:
+                break
+            if env.message.key:
+                out[env.message.key] = out.get(env.message.key, 0) + env.message.n
+    finally:
+        it.close()
+    return out
+
+
+async def feeding(
+    client: JournalClient, journals: list[str], body: Callable[[], Awaitable[None]]
+) -> None:
+    """Run `body` while Adds are fed to `journals`."""
+    stop = asyncio.Event()
+    feeders = [asyncio.create_task(feed(client, j, stop, {})) for j in journals]
+    try:
+        await body()
+        assert not any(f.done() for f in feeders), "a feeder failed"
+    finally:
+        stop.set()
+        await asyncio.gather(*feeders)
+
+
+def collect(spark: Any, **options: str) -> tuple[Any, list[Any]]:
+    df = spark.read.format("gazette-shards").options(**options).load()
+    return df, df.collect()
+
+
+async def test_rocksdb_shards_export_while_consuming(
+    apps: Any, client: JournalClient, spark_shards: Any
+) -> None:
+    app = apps("tests.consumer.counter_app:Counter", 2)
+    await app.start(client, disabled=("shard-off",))
+
+    async def body() -> None:
+        await app.wait_consumed(client)
+        await app.wait_for_hints()
+        await app.wait_consumed(client)  # More commits after the hints: playback goes past.
+        t0 = time.monotonic()
+        df, rows = await asyncio.to_thread(
+            collect, spark_shards, **app.options(selector="app=counter", store="rocksdb")
+        )
+        print(f"rocksdb export of 2 shards: {len(rows)} rows in {time.monotonic() - t0:.1f}s")
+        assert df.rdd.getNumPartitions() == 2
+        assert df.columns == ["shard", "checkpoint", "read_through", "key", "value"]
+        by_shard: dict[str, list[Any]] = {}
+        for r in rows:
+            by_shard.setdefault(r.shard, []).append(r)
+        assert sorted(by_shard) == app.shard_ids
+        for shard, journal in zip(app.shard_ids, app.inputs, strict=True):
+            srows = by_shard[shard]
+            assert len({bytes(r.checkpoint) for r in srows}) == 1
+            cp = pb.Checkpoint.FromString(bytes(srows[0].checkpoint))
+            through = cp.sources[journal].read_through
+            assert srows[0].read_through == {journal: through}
+            assert through > 0
+            got = {bytes(r.key): bytes(r.value) for r in srows}
+            want = await sums_through(client, journal, through)
+            assert got == {b"k" + k.encode(): str(v).encode() for k, v in want.items()}
+
+        # A decoder to typed columns, and a key prefix (passed to the decoder stripped).
+        _, decoded = await asyncio.to_thread(
+            collect,
+            spark_shards,
+            **app.options(
+                shards="shard-001",
+                store="rocksdb",
+                key_prefix="k",
+                decoder="tests.consumer.spark.apps:decode_total",
+                schema="name STRING, total BIGINT",
+            ),
+        )
+        cp = pb.Checkpoint.FromString(bytes(decoded[0].checkpoint))
+        want = await sums_through(client, app.inputs[1], cp.sources[app.inputs[1]].read_through)
+        assert {r.name: r.total for r in decoded} == want
+
+        # Errors raised on the driver at load(), before any job.
+        def fails(match: str, **options: str) -> None:
+            with pytest.raises(Exception, match=match):
+                spark_shards.read.format("gazette-shards").options(**options).load()
+
+        base = app.options()
+        await asyncio.to_thread(
+            fails, "shard 'shard-999' not found", shards="shard-999", store="rocksdb", **base
+        )
+        await asyncio.to_thread(
+            fails, "no shard matches selector", selector="app=nope", store="rocksdb", **base
+        )
+        await asyncio.to_thread(
+            fails,
+            "no primary hints.*wait for them, or export from hints=backup.0",
+            shards="shard-off",
+            store="rocksdb",
+            **base,
+        )
+        await asyncio.to_thread(
+            fails,
+            "no backup.5 hints",
+            shards="shard-000",
+            hints="backup.5",
+            store="rocksdb",
+            **base,
+        )
+        await asyncio.to_thread(
+            fails,
+            "option store=sqlite but its recovery log holds a RocksDB",
+            shards="shard-000",
+            store="sqlite",
+            table="totals",
+            **base,
+        )
+        await asyncio.to_thread(
+            fails,
+            "'hints'.*'primary' or 'backup.N'",
+            shards="shard-000",
+            store="rocksdb",
+            hints="latest",
+            **base,
+        )
+        await asyncio.to_thread(
+            fails, "'store': must be one of", shards="shard-000", store="leveldb", **base
+        )
+        await asyncio.to_thread(
+            fails,
+            "either shards or selector",
+            shards="shard-000",
+            selector="app=counter",
+            store="rocksdb",
+            **base,
+        )
+        await asyncio.to_thread(
+            fails,
+            "'decoder': cannot load",
+            shards="shard-000",
+            store="rocksdb",
+            decoder="no.such:fn",
+            schema="a INT",
+            **base,
+        )
+        await asyncio.to_thread(fails, "'shardz': unknown option", shardz="x", **base)
+
+        # A new primary recovers from the primary hints and keeps them as backup.0:
+        # an export from them plays the log on from an older point, to the same kind of state.
+        assert app.consumer is not None
+        app.consumer.kill()  # A lone consumer's graceful stop waits --drain-timeout...
+        await asyncio.to_thread(app.consumer.start)
+        await app.wait_for_backup_hints("shard-000")
+        await app.wait_consumed(client)
+        _, rows = await asyncio.to_thread(
+            collect,
+            spark_shards,
+            **app.options(shards="shard-000", store="rocksdb", hints="backup.0"),
+        )
+        journal = app.inputs[0]
+        want = await sums_through(client, journal, rows[0].read_through[journal])
+        assert {bytes(r.key): bytes(r.value) for r in rows} == {
+            b"k" + k.encode(): str(v).encode() for k, v in want.items()
+        }
+
+    await feeding(client, app.inputs, body)
+
+
+async def test_sqlite_and_json_shards_export_while_consuming(
+    apps: Any, client: JournalClient, spark_shards: Any
+) -> None:
+    sql = apps("tests.consumer.spark.apps:SQLiteCounter", 1)
+    js = apps("tests.consumer.spark.apps:JSONCounter", 1)
+    await asyncio.gather(sql.start(client), js.start(client))
+
+    async def body() -> None:
+        await asyncio.gather(sql.wait_consumed(client), js.wait_consumed(client))
+        await asyncio.gather(sql.wait_for_hints(), js.wait_for_hints())
+        journal = sql.inputs[0]
+
+        df, rows = await asyncio.to_thread(
+            collect, spark_shards, **sql.options(shards="shard-000", store="sqlite", table="totals")
+        )
+        assert df.columns == ["shard", "checkpoint", "read_through", "key", "total", "ratio", "tag"]
+        types = dict(df.dtypes)
+        assert (types["key"], types["total"], types["ratio"], types["tag"]) == (
+            "string",
+            "bigint",
+            "double",
+            "binary",
+        )
+        through = rows[0].read_through[journal]
+        want = await sums_through(client, journal, through)
+        assert {r.key: r.total for r in rows} == want
+        assert all(r.ratio == r.total / 2 and bytes(r.tag) == r.key.encode() for r in rows)
+
+        # A query: expression columns take the types of their values.
+        df, rows = await asyncio.to_thread(
+            collect,
+            spark_shards,
+            **sql.options(
+                shards="shard-000",
+                store="sqlite",
+                query="SELECT key, total * 2 AS doubled FROM totals WHERE total > 0",
+            ),
+        )
+        assert dict(df.dtypes)["doubled"] == "bigint"
+        want = await sums_through(client, journal, rows[0].read_through[journal])
+        assert {r.key: r.doubled for r in rows} == {k: 2 * v for k, v in want.items() if v > 0}
+
+        # The JSON store: one row holding the state.
+        df, rows = await asyncio.to_thread(
+            collect, spark_shards, **js.options(selector="id=shard-000", store="json")
+        )
+        assert df.columns == ["shard", "checkpoint", "read_through", "state"]
+        assert len(rows) == 1
+        import json
+
+        jj = js.inputs[0]
+        want = await sums_through(client, jj, rows[0].read_through[jj])
+        assert json.loads(rows[0].state) == want
+
+        with pytest.raises(Exception, match="store=json but its recovery log holds"):
+            await asyncio.to_thread(
+                collect, spark_shards, **sql.options(shards="shard-000", store="json")
+            )
+
+    await feeding(client, sql.inputs + js.inputs, body)
+
+
+def test_played_files_of_another_store_kind_are_refused(tmp_path: Path) -> None:
+    """The task-side check (when hints could not tell the kind): files of a RocksDB played
+    for store=sqlite or json."""
+    (tmp_path / "CURRENT").write_text("MANIFEST-000001\n")
+    played = PlayedShard(ShardPlan("shard-x", "log", "key", b"{}"), tmp_path, {}, 0, 0.0)
+    assert check_store(played, "rocksdb")
+    for kind in ("sqlite", "json"):
+        with pytest.raises(WrongStoreKind, match=f"store={kind} but its recovery log holds a Ro"):
+            check_store(played, kind)
+    empty = PlayedShard(played.plan, tmp_path / "none", {}, 0, 0.0)
+    assert not check_store(empty, "sqlite")
+
+
+def test_rocksdb_rows_skip_store_keys_and_stop_at_the_key_prefix(tmp_path: Path) -> None:
+    """Application keys only (no 0x00 store keys), within `key_prefix`, across batches."""
+    import pyarrow as pa
+    from rocksdict import Options, Rdict
+
+    from stores.rocksdb.store import CHECKPOINT_KEY
+
+    db = Rdict(str(tmp_path), Options(raw_mode=True))
+    cp = pb.Checkpoint()
+    cp.sources["in"].read_through = 42
+    db[CHECKPOINT_KEY] = cp.SerializeToString()
+    keys = [b"a1", b"k0", b"k1", b"k2", b"k3", b"k4", b"l0", b"z"]
+    for k in keys:
+        db[k] = k.upper()
+    db.close()
+    schema = pa.schema(
+        [
+            ("shard", pa.string()),
+            ("checkpoint", pa.binary()),
+            ("read_through", pa.map_(pa.string(), pa.int64())),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+        ]
+    )
+    played = PlayedShard(ShardPlan("shard-x", "log", "key", b"{}"), tmp_path, {}, 0, 0.0)
+    for prefix, want in ((b"", keys), (b"k", keys[1:6]), (b"m", [])):
+        batches = list(rocksdb_batches(played, schema, key_prefix=prefix, batch_size=2))
+        rows = [r for b in batches for r in b.to_pylist()]
+        assert [r["key"] for r in rows] == want
+        assert all(r["value"] == r["key"].upper() for r in rows)
+        assert all(r["read_through"] == [("in", 42)] and r["shard"] == "shard-x" for r in rows)
+
+
+def test_the_utf8_decimal_decoder_types_word_count_rows(tmp_path: Path) -> None:
+    import pyarrow as pa
+    from rocksdict import Options, Rdict
+
+    from consumer.spark.decoders import utf8_decimal
+
+    db = Rdict(str(tmp_path), Options(raw_mode=True))
+    db[b"nof the"] = b"12"
+    db[b"nthe"] = b"7"
+    db[b"x"] = b"not a count"
+    db.close()
+    schema = pa.schema(
+        [
+            ("shard", pa.string()),
+            ("checkpoint", pa.binary()),
+            ("read_through", pa.map_(pa.string(), pa.int64())),
+            ("key", pa.string()),
+            ("value", pa.int64()),
+        ]
+    )
+    played = PlayedShard(ShardPlan("shard-x", "log", "key", b"{}"), tmp_path, {}, 0, 0.0)
+    batches = rocksdb_batches(played, schema, key_prefix=b"n", decoder=utf8_decimal)
+    rows = [(r["key"], r["value"]) for b in batches for r in b.to_pylist()]
+    assert rows == [("of the", 12), ("the", 7)]
