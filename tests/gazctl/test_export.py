@@ -207,7 +207,7 @@ def test_shards_export_rocksdb(
     out = tmp_path / "shards.parquet"
     r = gazctl(
         "shards", "export", "--to", str(out), "--etcd", etcd_server.endpoint, "--root", root,
-        "-l", "app=export", "--store", "rocksdb",
+        "-l", "app=export", "--store", "rocksdb", "-O", "read_through=true",
     )  # fmt: skip
     assert r.rc == 0, r.err
     assert "1 partition(s)" in r.err and "wrote 500 rows" in r.err

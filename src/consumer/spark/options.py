@@ -26,6 +26,7 @@ _KNOWN = frozenset(
     {
         "etcd",
         "root",
+        "read_through",
         "broker",
         "shards",
         "selector",
@@ -67,6 +68,9 @@ class ShardsOptions:
     """Spark DDL of the decoded (RocksDB) or selected (SQLite) columns, or ""."""
     key_prefix: bytes
     batch_size: int
+    read_through: bool
+    """Whether rows carry the checkpoint's read-through offsets as a map column (the
+    serialized checkpoint is always there; a map per row costs Spark ~1 s per 1M rows)."""
     tmpdir: str
 
     @property
@@ -153,6 +157,10 @@ class ShardsOptions:
         if batch_size <= 0:
             raise InvalidOption("batch_size", f"must be > 0 ({batch_size})")
 
+        read_through = opts.get("read_through", "false").strip().lower()
+        if read_through not in ("true", "false"):
+            raise InvalidOption("read_through", f"must be true or false, not {read_through!r}")
+
         return cls(
             etcd=etcd,
             root=root,
@@ -167,6 +175,7 @@ class ShardsOptions:
             schema=schema,
             key_prefix=key_prefix.encode(),
             batch_size=batch_size,
+            read_through=read_through == "true",
             tmpdir=opts.get("tmpdir", "").strip(),
         )
 

@@ -32,6 +32,7 @@ from recoverylog.hints import hints_from_json
 
 __all__ = [
     "BASE_COLUMNS",
+    "READ_THROUGH_COLUMN",
     "PlayedShard",
     "checkpoint_columns",
     "detect_store",
@@ -44,8 +45,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-BASE_COLUMNS = ("shard", "checkpoint", "read_through")
-"""Columns every exported row begins with."""
+BASE_COLUMNS = ("shard", "checkpoint")
+"""Columns every exported row begins with (then ``read_through`` if asked for)."""
+READ_THROUGH_COLUMN = "read_through"
 
 _SQLITE_DB = "primary.db"
 
@@ -143,9 +145,11 @@ class _BatchBuilder:
         self._base = [
             pa.array([shard], schema.field("shard").type),
             pa.array([cp], schema.field("checkpoint").type),
-            pa.array([read_through], schema.field("read_through").type),
         ]
-        self.rest = [schema.field(i) for i in range(len(BASE_COLUMNS), len(schema))]
+        if READ_THROUGH_COLUMN in schema.names[: len(BASE_COLUMNS) + 1]:
+            field = schema.field(READ_THROUGH_COLUMN)
+            self._base.append(pa.array([read_through], field.type))
+        self.rest = [schema.field(i) for i in range(len(self._base), len(schema))]
 
     def batch(self, columns: Sequence[pa.Array]) -> pa.RecordBatch:
         n = len(columns[0]) if columns else 0

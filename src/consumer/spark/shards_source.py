@@ -20,6 +20,7 @@ from consumer.spark.errors import ExportError
 from consumer.spark.options import ShardsOptions, load_decoder
 from consumer.spark.playback import (
     BASE_COLUMNS,
+    READ_THROUGH_COLUMN,
     json_batches,
     played_shard,
     rocksdb_batches,
@@ -30,9 +31,23 @@ from consumer.spark.resolve import ShardPlan, resolve_shards_sync
 
 __all__ = ["BASE_DDL", "GazetteShardsDataSource", "GazetteShardsReader", "ShardPartition"]
 
-BASE_DDL = "shard STRING, checkpoint BINARY, read_through MAP<STRING, BIGINT>"
-"""Columns every row begins with: the shard, the serialized ``consumer.Checkpoint`` committed
-with the exported state, and that checkpoint's read-through offset of each source journal."""
+BASE_DDL = "shard STRING, checkpoint BINARY"
+"""Columns every row begins with: the shard, and the serialized ``consumer.Checkpoint``
+committed with the exported state."""
+
+READ_THROUGH_DDL = f"{READ_THROUGH_COLUMN} MAP<STRING, BIGINT>"
+"""With option ``read_through=true``, next: the checkpoint's read-through offset of each
+source journal."""
+
+
+def base_ddl(opts: ShardsOptions) -> str:
+    """The DDL of the columns every row of `opts`'s export begins with."""
+    return f"{BASE_DDL}, {READ_THROUGH_DDL}" if opts.read_through else BASE_DDL
+
+
+def base_columns(opts: ShardsOptions) -> tuple[str, ...]:
+    return (*BASE_COLUMNS, READ_THROUGH_COLUMN) if opts.read_through else BASE_COLUMNS
+
 
 _ROCKSDB_DDL = "key BINARY, value BINARY"
 _JSON_DDL = "state STRING"
@@ -66,23 +81,26 @@ class GazetteShardsDataSource(DataSource):
         for SQLite without a ``schema`` option, plays the first shard to learn the columns."""
         opts = self.opts
         plans = resolve_shards_sync(opts)
+        base = base_ddl(opts)
         if opts.store == "json":
-            return f"{BASE_DDL}, {_JSON_DDL}"
+            return f"{base}, {_JSON_DDL}"
         if opts.schema:
-            return f"{BASE_DDL}, {opts.schema}"
+            return f"{base}, {opts.schema}"
         if opts.store == "rocksdb":
-            return f"{BASE_DDL}, {_ROCKSDB_DDL}"
+            return f"{base}, {_ROCKSDB_DDL}"
         with played_shard(plans[0], opts.brokers, opts.tmpdir) as played:
             columns = sqlite_columns(played, opts.table, opts.query)
-        clash = [n for n, _ in columns if n.lower() in BASE_COLUMNS]
+        reserved = (*BASE_COLUMNS, READ_THROUGH_COLUMN)
+        clash = [n for n, _ in columns if n.lower() in reserved]
         if clash:
-            raise ExportError(f"selected columns {clash} clash with the columns {BASE_COLUMNS}")
-        return ", ".join([BASE_DDL] + [f"{_quote(n)} {t}" for n, t in columns])
+            raise ExportError(f"selected columns {clash} clash with the columns {reserved}")
+        return ", ".join([base] + [f"{_quote(n)} {t}" for n, t in columns])
 
     def reader(self, schema: StructType) -> GazetteShardsReader:
         names = [f.name for f in schema.fields]
-        if tuple(names[: len(BASE_COLUMNS)]) != BASE_COLUMNS:
-            raise ExportError(f"the schema must begin with {BASE_DDL} (got {names})")
+        base = base_columns(self.opts)
+        if tuple(names[: len(base)]) != base:
+            raise ExportError(f"the schema must begin with {base_ddl(self.opts)} (got {names})")
         return GazetteShardsReader(self.opts, schema)
 
 

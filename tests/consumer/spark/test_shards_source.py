@@ -168,6 +168,7 @@ class App:
             "etcd": self.etcd.endpoint,
             "root": self.root,
             "broker": self.broker.endpoint,
+            "read_through": "true",
             **extra,
         }
 
