@@ -247,9 +247,6 @@ class ConsumerRuntime:
                 # back as a standby once its directory is released; so does a replica whose
                 # spec changed its sources, logs or buffers.
                 del self.replicas[shard_id]
-                if shard_id in mine:
-                    # Still assigned: say at once that this replica is not serving any more.
-                    await self._advertise(mine[shard_id][0], pb.ReplicaStatus(code=Code.IDLE))
                 why = "demoted" if demoted else "restarted (spec)" if respec else "unassigned"
                 log.info("shard %s shard=%s", why, shard_id)
                 task = asyncio.create_task(replica.stop())
@@ -260,6 +257,9 @@ class ConsumerRuntime:
                     self._reconcile.set()  # It may be assigned here again meanwhile.
 
                 task.add_done_callback(stopped)
+                if shard_id in mine:
+                    # Still assigned: say at once that this replica is not serving any more.
+                    await self._advertise(mine[shard_id][0], pb.ReplicaStatus(code=Code.IDLE))
 
     async def _advertise(self, akv: KeyValue[Any], status: pb.ReplicaStatus) -> None:
         """Write `status` as the value of our assignment (guarded by its mod revision)."""
