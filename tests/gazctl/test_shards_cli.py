@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,18 @@ def test_recover_from_a_hints_file(
     assert r.rc == 0 and tree(out) == tree(src)
 
 
+def settled_fragments(store: Path, timeout: float = 20.0) -> list[Path]:
+    """The fragment files of `store`, once the broker is not writing one (a fragment being
+    persisted shows as a `.partial-` file until it is renamed into place)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        files = sorted(p for p in store.rglob("*") if p.is_file())
+        if not any(p.name.startswith(".partial-") for p in files):
+            return files
+        assert time.monotonic() < deadline, f"fragments still being written: {files}"
+        time.sleep(0.05)
+
+
 def test_prune_with_hints_files_then_recover(
     gazctl: Gazctl, recorded: tuple[str, Path, list[rpb.FSMHints]], tmp_path: Path
 ) -> None:
@@ -120,7 +133,7 @@ def test_prune_with_hints_files_then_recover(
     for name, h in (("backup", backup), ("primary", primary)):
         files += ["--hints", str(tmp_path / name)]
         (tmp_path / name).write_bytes(hints_to_json(h))
-    store_files = sorted(p for p in (tmp_path / "store").rglob("*") if p.is_file())
+    store_files = settled_fragments(tmp_path / "store")
 
     dry = gazctl("shards", "prune", "--log", log, *files, "--dry-run")
     assert dry.rc == 0, dry.err
