@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from allocator.allocator import Allocator
+from allocator.allocator import Allocator, wait_until_no_assignments
 from allocator.etcd import Compare, Etcd, EtcdError, op_put
 from allocator.keyspace import KeySpace, KeyValue
 from allocator.model import (
@@ -472,18 +472,12 @@ class Broker:
             log.info("exiting: no other broker to hand journals to")
             return False
         log.info("exiting: waiting for journals to move away count=%d", self.assigned_count())
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while (n := self.assigned_count()) > 0:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                log.warning("drain timed out with %d journals still assigned", n)
-                return False
-            try:
-                async with asyncio.timeout(remaining):
-                    await self.keyspace.wait_for_change(self.keyspace.revision)
-            except TimeoutError:
-                pass
+        try:
+            async with asyncio.timeout(timeout):
+                await wait_until_no_assignments(self.keyspace, self.cfg.root, self.member_id)
+        except TimeoutError:
+            log.warning("drain timed out with %d journals still assigned", self.assigned_count())
+            return False
         log.info("drained: no journals assigned")
         return True
 

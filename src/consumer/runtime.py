@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from allocator.allocator import Allocator
+from allocator.allocator import Allocator, wait_until_no_assignments
 from allocator.etcd import Compare, Etcd, EtcdError, op_put
 from allocator.keyspace import KeySpace, KeyValue
 from allocator.model import (
@@ -158,16 +158,12 @@ class ConsumerRuntime:
             log.error("cannot mark this consumer exiting err=%s", err)
             return False
         log.info("exiting: waiting for shards to move away count=%d", len(self._mine()))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while (n := len(self._mine())) > 0:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                log.warning("drain timed out with %d shards still assigned", n)
-                return False
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await self.keyspace.wait_for_change(self.keyspace.revision)
+        try:
+            async with asyncio.timeout(timeout):
+                await wait_until_no_assignments(self.keyspace, self.cfg.root, self.member_id)
+        except TimeoutError:
+            log.warning("drain timed out with %d shards still assigned", len(self._mine()))
+            return False
         log.info("drained: no shards assigned")
         return True
 

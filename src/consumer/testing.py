@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
-from broker.testing.etcd import free_port
 from broker.testing.process import ProcessUnavailable, ReadyProcess
 
 __all__ = ["ConsumerProcess", "ConsumerUnavailable"]
@@ -24,6 +22,7 @@ class ConsumerProcess(ReadyProcess):
     ready_marker = b"consumer ready"
     name = "consumer"
     unavailable = ConsumerUnavailable
+    start_timeout = 30.0
 
     def __init__(
         self,
@@ -46,19 +45,10 @@ class ConsumerProcess(ReadyProcess):
         self.root = root
         self.zone = zone
         self.suffix = suffix
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        if workdir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="consumer-")
-            workdir = Path(self._tmp.name)
-        self.workdir = workdir
-        self.port = port or free_port()
         self.lease_ttl = lease_ttl
         self.extra_args = extra_args or []
-        super().__init__(self.workdir / "consumer.log", extra_env)
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        super().__init__(workdir, port, extra_env)
+        self.workdir = self.directory
 
     def command(self) -> list[str]:
         return [
@@ -84,19 +74,3 @@ class ConsumerProcess(ReadyProcess):
             str(self.lease_ttl),
             *self.extra_args,
         ]
-
-    def start(self, timeout: float = 30.0) -> ConsumerProcess:
-        super().start(timeout)
-        return self
-
-    def close(self) -> None:
-        self.stop()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-    def __enter__(self) -> ConsumerProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -56,7 +56,7 @@ from broker.protocol.validation import validate_journal_spec
 from gazctl.export import add_journals_export
 from gazctl.journalspace import apply_changes, dump_tree, load_tree, tree_from_journals
 from gazctl.main import GazctlError, Streams
-from gazctl.output import render_table
+from gazctl.output import apply_plan, render_table
 from gazctl.specyaml import format_duration, parse_duration
 from message.framing_fixed import FIXED_FRAME_HEADER_LENGTH, FIXED_FRAME_WORD
 from message.mapping import (
@@ -348,13 +348,8 @@ async def _apply_tree_text(
                 raise err.extend(ch.upsert.name) from None
     req = pb.ApplyRequest(changes=changes)
     if dry_run:
-        for ch in changes:
-            if ch.HasField("upsert"):
-                verb = "update" if ch.expect_mod_revision else "create"
-                io.out(f"# {verb} {ch.upsert.name} (expect revision {ch.expect_mod_revision})")
-            else:
-                io.out(f"# delete {ch.delete} (expect revision {ch.expect_mod_revision})")
-        io.out(str(req).rstrip("\n"))
+        for line in apply_plan(req, lambda spec: spec.name):
+            io.out(line)
         return 0
     if not changes:
         io.err("nothing to apply")
@@ -365,10 +360,7 @@ async def _apply_tree_text(
 
 
 async def cmd_apply(args: argparse.Namespace, io: Streams) -> int:
-    if args.specs == "-":
-        text = (await asyncio.to_thread(io.stdin.read)).decode()
-    else:
-        text = Path(args.specs).read_text()
+    text = await io.read_input(args.specs)
     async with _client(args) as client:
         return await _apply_tree_text(
             client, text, io, dry_run=args.dry_run, txn_size=args.max_txn_size

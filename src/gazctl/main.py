@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Protocol
 
 import grpc
@@ -51,6 +52,12 @@ class Streams:
         """Write `text` (plus a newline) to stdout."""
         self.stdout.write(text.encode() + b"\n")
         self.stdout.flush()
+
+    async def read_input(self, path: str) -> str:
+        """The text of file `path`, or of stdin for ``-``."""
+        if path == "-":
+            return (await asyncio.to_thread(self.stdin.read)).decode()
+        return Path(path).read_text()
 
     def err(self, text: str) -> None:
         """Write `text` (plus a newline) to stderr."""

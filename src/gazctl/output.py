@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-__all__ = ["render_table"]
+__all__ = ["apply_plan", "render_table"]
+
+
+def apply_plan(req: Any, name_of: Callable[[Any], str]) -> list[str]:
+    """What a dry-run apply prints: a comment line per change (`name_of` names an upserted
+    spec), then the ApplyRequest (journals' or shards') in protobuf text format."""
+    lines = []
+    for ch in req.changes:
+        if ch.HasField("upsert"):
+            verb = "update" if ch.expect_mod_revision else "create"
+            lines.append(
+                f"# {verb} {name_of(ch.upsert)} (expect revision {ch.expect_mod_revision})"
+            )
+        else:
+            lines.append(f"# delete {ch.delete} (expect revision {ch.expect_mod_revision})")
+    lines.append(str(req).rstrip("\n"))
+    return lines
 
 
 def render_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

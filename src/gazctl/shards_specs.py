@@ -35,7 +35,7 @@ from consumer.shard_client import (
 )
 from consumer.spec import recovery_log_of, validate_shard_spec
 from gazctl.main import GazctlError, Streams
-from gazctl.output import render_table
+from gazctl.output import apply_plan, render_table
 from gazctl.shardspace import apply_changes, dump_set, load_set, set_from_list
 from message.framing import UnknownFramingError, framing_for
 
@@ -318,13 +318,8 @@ async def _apply_text(
         async with JournalClient(args.broker, zone=args.zone) as jc:
             await verify_referenced_journals(jc, req)
     if dry_run:
-        for ch in changes:
-            if ch.HasField("upsert"):
-                verb = "update" if ch.expect_mod_revision else "create"
-                io.out(f"# {verb} {ch.upsert.id} (expect revision {ch.expect_mod_revision})")
-            else:
-                io.out(f"# delete {ch.delete} (expect revision {ch.expect_mod_revision})")
-        io.out(str(req).rstrip("\n"))
+        for line in apply_plan(req, lambda spec: spec.id):
+            io.out(line)
         return 0
     if not changes:
         io.err("nothing to apply")
@@ -335,10 +330,7 @@ async def _apply_text(
 
 
 async def cmd_apply(args: argparse.Namespace, io: Streams) -> int:
-    if args.specs == "-":
-        text = (await asyncio.to_thread(io.stdin.read)).decode()
-    else:
-        text = Path(args.specs).read_text()
+    text = await io.read_input(args.specs)
     async with ShardClient(args.consumer) as sc:
         return await _apply_text(
             sc, args, text, io, dry_run=args.dry_run, txn_size=args.max_txn_size

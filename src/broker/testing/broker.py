@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
-from broker.testing.etcd import free_port
 from broker.testing.process import ProcessUnavailable, ReadyProcess
 
 
@@ -37,18 +35,9 @@ class BrokerProcess(ReadyProcess):
         self.root = root
         self.zone = zone
         self.suffix = suffix
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        if spool_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="broker-")
-            spool_dir = Path(self._tmp.name)
-        self.spool_dir = spool_dir
-        self.port = port or free_port()
         self.extra_args = extra_args or []
-        super().__init__(self.spool_dir / "broker.log", extra_env)
-
-    @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        super().__init__(spool_dir, port, extra_env)
+        self.spool_dir = self.directory
 
     def command(self) -> list[str]:
         # Run the installed entry point's module so coverage of the venv's interpreter is used.
@@ -72,20 +61,3 @@ class BrokerProcess(ReadyProcess):
             "4",
             *self.extra_args,
         ]
-
-    def start(self, timeout: float = 20.0) -> BrokerProcess:
-        self.spool_dir.mkdir(parents=True, exist_ok=True)
-        super().start(timeout)
-        return self
-
-    def close(self) -> None:
-        self.stop()
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
-
-    def __enter__(self) -> BrokerProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -3,34 +3,56 @@ consumer test harnesses."""
 
 from __future__ import annotations
 
+import abc
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
+from typing import Self
+
+from broker.testing.etcd import free_port
 
 
 class ProcessUnavailable(RuntimeError):
     """The process exited or did not report ready in time."""
 
 
-class ReadyProcess:
-    """Runs `command()` with output appended to `log_path`; `start` returns once the log
-    shows `ready_marker`. Restartable; `stop` is SIGTERM (graceful), `kill` SIGKILL."""
+class ReadyProcess(abc.ABC):
+    """Runs `command()` on 127.0.0.1:`port` in `directory` (a temporary one, removed by
+    `close`, when None), with output appended to ``directory/{name}.log``; `start` returns
+    once the log shows `ready_marker`. Restartable with the same port and directory; `stop`
+    is SIGTERM (graceful), `kill` SIGKILL. A context manager: started, then closed."""
 
     ready_marker = b"ready"
     name = "process"
     unavailable: type[ProcessUnavailable] = ProcessUnavailable
+    start_timeout = 20.0
 
-    def __init__(self, log_path: Path, extra_env: dict[str, str] | None = None) -> None:
-        self.log_path = log_path
+    def __init__(
+        self, directory: Path | None, port: int = 0, extra_env: dict[str, str] | None = None
+    ) -> None:
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if directory is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"{self.name}-")
+            directory = Path(self._tmp.name)
+        self.directory = directory
+        self.port = port or free_port()
+        self.log_path = directory / f"{self.name}.log"
         self.extra_env = extra_env or {}
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def command(self) -> list[str]:
-        raise NotImplementedError
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 20.0) -> ReadyProcess:
+    @abc.abstractmethod
+    def command(self) -> list[str]:
+        """The command line of the process."""
+
+    def start(self, timeout: float | None = None) -> Self:
+        timeout = self.start_timeout if timeout is None else timeout
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         start_at = log.tell()
@@ -89,3 +111,16 @@ class ReadyProcess:
     def resume(self) -> None:
         if self.proc is not None:
             self.proc.send_signal(signal.SIGCONT)
+
+    def close(self) -> None:
+        """Stop gracefully and remove the temporary directory, if one was made."""
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
