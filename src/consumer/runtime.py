@@ -33,9 +33,6 @@ from allocator.model import (
     Assignment,
     Item,
     MemberID,
-    assignments_prefix,
-    item_key,
-    items_prefix,
     member_key,
     parse_assignment_key,
 )
@@ -47,7 +44,8 @@ from consumer.config import ConsumerConfig
 from consumer.protocol import consumer_pb2_grpc as pb_grpc
 from consumer.protocol import pb
 from consumer.replica import ReplicaContext, ShardReplica
-from consumer.spec import decode_consumer_value, desired_replication
+from consumer.shard_api import shard_route
+from consumer.spec import ShardKeys, decode_consumer_value, desired_replication
 
 __all__ = ["ConsumerRuntime", "Resolution"]
 
@@ -78,7 +76,8 @@ class ConsumerRuntime:
             process_spec=bpb.ProcessSpec(id=self.process_id, endpoint=cfg.endpoint),
             shard_limit=cfg.shard_limit,
         )
-        self.keyspace = KeySpace(cfg.root + "/", decode_consumer_value(cfg.root))
+        self.keys = ShardKeys(cfg.root)
+        self.keyspace = KeySpace(self.keys.keyspace_prefix, decode_consumer_value(cfg.root))
         self.replicas: dict[str, ShardReplica] = {}
         self.etcd: Etcd | None = None
         self.session: MemberSession | None = None
@@ -89,15 +88,6 @@ class ConsumerRuntime:
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._stubs: dict[str, Any] = {}
         self._channels: list[grpc.aio.Channel] = []
-
-    # --- keys ---------------------------------------------------------------------------------
-    @property
-    def items(self) -> str:
-        return items_prefix(self.cfg.root)
-
-    @property
-    def assign(self) -> str:
-        return assignments_prefix(self.cfg.root)
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -188,7 +178,7 @@ class ConsumerRuntime:
     def _mine(self) -> dict[str, tuple[KeyValue[Any], int]]:
         """This process's assignments: shard id -> (assignment, slot)."""
         out: dict[str, tuple[KeyValue[Any], int]] = {}
-        for kv in self.keyspace.prefixed(self.assign):
+        for kv in self.keyspace.prefixed(self.keys.assign):
             try:
                 shard, member, slot = parse_assignment_key(self.cfg.root, kv.key)
             except ValueError:
@@ -211,7 +201,7 @@ class ConsumerRuntime:
     async def _reconcile_once(self) -> None:
         mine = self._mine()
         for shard_id, (akv, slot) in mine.items():
-            skv = self.keyspace.get(item_key(self.cfg.root, shard_id))
+            skv = self.keyspace.get(self.keys.item(shard_id))
             if skv is None:
                 continue  # The allocator removes assignments of deleted shards.
             replica = self.replicas.get(shard_id)
@@ -236,7 +226,7 @@ class ConsumerRuntime:
         for shard_id in list(self.replicas):
             replica = self.replicas[shard_id]
             demoted = shard_id in mine and mine[shard_id][1] != 0 and replica.is_primary
-            skv = self.keyspace.get(item_key(self.cfg.root, shard_id))
+            skv = self.keyspace.get(self.keys.item(shard_id))
             respec = skv is not None and replica.needs_restart(skv.value)
             if shard_id not in mine or demoted or respec:
                 # A demoted primary stops (its successor fences the log anyway) and comes
@@ -296,23 +286,7 @@ class ConsumerRuntime:
 
     def route_of(self, shard_id: str) -> bpb.Route:
         """The shard's route: its assigned members sorted, the primary marked."""
-        found = []
-        for kv in self.keyspace.prefixed(f"{self.assign}{shard_id}#"):
-            try:
-                item, member, slot = parse_assignment_key(self.cfg.root, kv.key)
-            except ValueError:
-                continue
-            if item == shard_id:
-                found.append((member.zone, member.suffix, slot))
-        found.sort()
-        route = bpb.Route(primary=-1)
-        for i, (zone, suffix, slot) in enumerate(found):
-            route.members.add(zone=zone, suffix=suffix)
-            mkv = self.keyspace.get(member_key(self.cfg.root, MemberID(zone, suffix)))
-            route.endpoints.append(mkv.value.process_spec.endpoint if mkv is not None else "")
-            if slot == 0:
-                route.primary = i
-        return route
+        return shard_route(self.keyspace, self.keys, shard_id)[0]
 
     async def resolve(
         self, shard_id: str, *, min_etcd_revision: int = 0, wait: float = 30.0
@@ -322,7 +296,7 @@ class ConsumerRuntime:
         after waiting up to `wait` seconds for its recovery)."""
         if min_etcd_revision > self.keyspace.revision:
             await self.keyspace.wait_for_revision(min_etcd_revision, timeout=10.0)
-        if self.keyspace.get(item_key(self.cfg.root, shard_id)) is None:
+        if self.keyspace.get(self.keys.item(shard_id)) is None:
             return Resolution(pb.SHARD_NOT_FOUND, self.header())
         header = self.header(shard_id)
         route = header.route

@@ -49,6 +49,29 @@ StatFunc = Callable[[pb.StatRequest, Any], Awaitable[pb.StatResponse]]
 READ_YOUR_WRITE_TIMEOUT = 10.0
 
 
+def shard_route(
+    keyspace: KeySpace, keys: ShardKeys, shard: str
+) -> tuple[bpb.Route, list[pb.ReplicaStatus]]:
+    """The shard's route (members ordered by zone and suffix, primary = the slot-0 member,
+    endpoints from the members' ConsumerSpecs) and each member's status, from `keyspace`."""
+    assigned: list[tuple[str, str, int, pb.ReplicaStatus]] = []
+    for kv in keyspace.prefixed(keys.shard_assignments(shard)):
+        item, member, slot = parse_assignment_key(keys.root, kv.key)
+        if item == shard:
+            assigned.append((member.zone, member.suffix, slot, kv.value))
+    assigned.sort(key=lambda a: (a[0], a[1], a[2]))
+    route = bpb.Route(primary=-1)
+    statuses = []
+    for i, (zone, suffix, slot, status) in enumerate(assigned):
+        route.members.add(zone=zone, suffix=suffix)
+        member_kv = keyspace.get(f"{keys.members}{zone}#{suffix}")
+        route.endpoints.append(member_kv.value.process_spec.endpoint if member_kv else "")
+        if slot == 0:
+            route.primary = i
+        statuses.append(status)
+    return route, statuses
+
+
 class ShardAPI(pb_grpc.ShardServicer):
     """Implements ``consumer.Shard`` over `keyspace`, a loaded and watched mirror of `root`
     (decoded by `consumer.spec.decode_consumer_value(root)`), writing through `etcd`.
@@ -95,24 +118,7 @@ class ShardAPI(pb_grpc.ShardServicer):
         return kv.value if kv is not None else None
 
     def route_and_status(self, shard: str) -> tuple[bpb.Route, list[pb.ReplicaStatus]]:
-        """The shard's route (members ordered by zone and suffix, primary = the slot-0
-        member, endpoints from the members' ConsumerSpecs) and each member's status."""
-        assigned: list[tuple[str, str, int, pb.ReplicaStatus]] = []
-        for kv in self.keyspace.prefixed(self.keys.shard_assignments(shard)):
-            item, member, slot = parse_assignment_key(self.keys.root, kv.key)
-            if item == shard:
-                assigned.append((member.zone, member.suffix, slot, kv.value))
-        assigned.sort(key=lambda a: (a[0], a[1], a[2]))
-        route = bpb.Route(primary=-1)
-        statuses = []
-        for i, (zone, suffix, slot, status) in enumerate(assigned):
-            route.members.add(zone=zone, suffix=suffix)
-            member_kv = self.keyspace.get(f"{self.keys.members}{zone}#{suffix}")
-            route.endpoints.append(member_kv.value.process_spec.endpoint if member_kv else "")
-            if slot == 0:
-                route.primary = i
-            statuses.append(status)
-        return route, statuses
+        return shard_route(self.keyspace, self.keys, shard)
 
     async def _wait_for(self, revision: int, context: Any) -> None:
         try:

@@ -197,7 +197,7 @@ class WordCount:
         if not parts:
             return ""
         journal = parts[fnv1a_32(ngram) % len(parts)].spec.name
-        for kv in runtime.keyspace.prefixed(runtime.items):
+        for kv in runtime.keyspace.prefixed(runtime.keys.items):
             spec = kv.value
             if isinstance(spec, pb.ShardSpec) and any(s.journal == journal for s in spec.sources):
                 return str(spec.id)
