@@ -16,12 +16,16 @@ Ordering, concurrency and failure, as upstream:
   cannot finalize before the previous commit finished.
 - An exception from any method fails the shard: its ReplicaStatus becomes FAILED with the
   error, and nothing of the transaction commits. Return normally for anything recoverable.
+
+By default a shard reads the journals of its ShardSpec's sources. An Application that also
+implements `MessageProducer` decides itself which messages the shard processes.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncIterable, Awaitable, Iterable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from broker.protocol import protocol_pb2 as bpb
@@ -30,11 +34,12 @@ from consumer.store import OpFuture, RecoveredLog, Store
 
 if TYPE_CHECKING:
     from broker.client import AppendService, JournalClient
+    from consumer.message_producer import MessageSink
     from message.envelope import Envelope
     from message.publisher import Publisher
     from recoverylog import recoverylog_pb2 as rpb
 
-__all__ = ["Application", "BeginFinisher", "Shard"]
+__all__ = ["Application", "BeginFinisher", "MessageProducer", "ResolveArgs", "Shard"]
 
 
 @runtime_checkable
@@ -74,6 +79,76 @@ class BeginFinisher(Protocol):
     def finished_txn(self, shard: Shard, store: Store, committed: OpFuture) -> None:
         """The transaction was finalized and its commit started: `committed` resolves once it
         is durable (or raises if it failed). Must not block."""
+        ...
+
+
+@dataclass(frozen=True)
+class ResolveArgs:
+    """A request to resolve a shard, as handed to `MessageProducer.read_through`.
+
+    `read_through`: journals and offsets the caller wants processed (committed) before it is
+    answered ("read your writes"). `proxy_header` is set when another consumer process
+    forwarded the request (it may then not be proxied again).
+    """
+
+    shard: str
+    read_through: dict[str, int] = field(default_factory=dict)
+    may_proxy: bool = True
+    proxy_header: bpb.Header | None = None
+
+
+@runtime_checkable
+class MessageProducer(Protocol):
+    """Optional: an Application that produces the messages its shards process, instead of
+    the runtime reading the journals of the ShardSpec's sources.
+
+    Contract:
+
+    - `start_reading_messages` is a coroutine function. The runtime runs it in a task of the
+      shard (never concurrently with itself for one shard) and it delivers envelopes with
+      ``await into.put(env)``, in the order they must be sequenced; envelopes of one journal
+      must be in increasing offset order. Every envelope still goes through the shard's
+      `Sequencer` (exactly-once: duplicates dropped, uncommitted messages held until their
+      acknowledgement), and the Checkpoint records, per journal, the offset read through
+      and the producers' states. Start each journal at the offset `checkpoint` read through
+      (``checkpoint.sources[journal].read_through``; use `consumer.txn.checkpoint_offsets`).
+    - Returning normally means "no more for now": the current transaction (if any) completes
+      and commits, the store's checkpoint is restored, and `start_reading_messages` is called
+      again with it. Use it to change what the shard reads at a transaction boundary. A
+      producer returning at once without producing anything is restarted at once: pace it.
+    - Raising is a terminal error: the shard fails (FAILED, with that error as the cause).
+      Cancellation (the shard stops, is moved, or fails) cancels the coroutine.
+    - `replay_range` must produce again exactly the envelopes of journal `journal` within
+      [begin, end) that `start_reading_messages` produced before (the same messages in the
+      same order); the Sequencer asks for it when an acknowledgement commits messages it no
+      longer holds (they left its ring, or were read before a restart or recovery). It may
+      return an iterable, an async iterable, or an awaitable of either; errors fail the shard.
+      `consumer.message_producer.read_journal_range` does it for journals read as they are.
+    - `read_through` picks the offsets a resolution (e.g. Stat with ``read_through``) must
+      wait for: usually the journals of ``args.read_through`` this producer reads. Journals
+      it never reads must be left out, or the caller waits until its deadline.
+    """
+
+    def start_reading_messages(
+        self, shard: Shard, store: Store, checkpoint: pb.Checkpoint, into: MessageSink
+    ) -> Awaitable[None]:
+        """Produce the shard's messages into `into` until done (return) or failed (raise)."""
+        ...
+
+    def replay_range(
+        self, shard: Shard, store: Store, journal: str, begin: int, end: int
+    ) -> (
+        Iterable[Envelope]
+        | AsyncIterable[Envelope]
+        | Awaitable[Iterable[Envelope] | AsyncIterable[Envelope]]
+    ):
+        """The envelopes produced before from [begin, end) of `journal`, again."""
+        ...
+
+    def read_through(
+        self, shard: Shard, store: Store, args: ResolveArgs
+    ) -> dict[str, int] | Awaitable[dict[str, int]]:
+        """Offsets, per journal, to be read through before resolving `args` completes."""
         ...
 
 

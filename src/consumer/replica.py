@@ -11,7 +11,10 @@ primary (slot 0), it completes recovery:
    between its commit and its ACKs);
 3. rotates the hints it recovered from into the backups, and writes new primary hints every
    `hint_interval`;
-4. runs transactions (`consumer.txn`) with status PRIMARY.
+4. runs transactions (`consumer.txn`) with status PRIMARY, over the journals of the spec's
+   sources, or over what the Application produces if it is a `MessageProducer`. When a
+   producer returns, its last transaction commits, the store's checkpoint is restored and the
+   producer starts again from it.
 
 Any error sets FAILED with the error message; the replica stays FAILED (and assigned) until
 it is unassigned (``gazctl shards unassign --failed``). Cancellation (unassigned, or process
@@ -33,13 +36,16 @@ from urllib.parse import quote
 
 from allocator.etcd import Compare, Etcd, EtcdError
 from broker.client import AppendService, JournalClient
-from consumer.application import Application, Shard
+from consumer.application import Application, MessageProducer, Shard
+from consumer.message_producer import ProducedMessages
 from consumer.protocol import pb
 from consumer.spec import read_channel_size, recovery_log_of, ring_buffer_size
 from consumer.store import RecoveredLog, Store
 from consumer.txn import (
+    MessageSource,
     SourceReaders,
     Transactions,
+    TxnStats,
     checkpoint_offsets,
     sequencer_from_checkpoint,
 )
@@ -96,6 +102,9 @@ class ShardReplica:
         self.directory = ctx.workdir / quote(spec.id, safe="") / "store"
         self.store: Store | None = None
         self.transactions: Transactions | None = None
+        self.stats = TxnStats()
+        """Transactions of this replica as primary (across producer restarts)."""
+        self.producer_restarts = 0
         self.player: Player | None = None
         self.progress: PlaybackProgress | None = None
         self._primary = asyncio.Event()
@@ -159,7 +168,7 @@ class ShardReplica:
 
     async def _serve(self) -> None:
         recovered = await self._recover()
-        ctx, shard = self.ctx, self.shard
+        shard = self.shard
         self.store = store = await self._new_store(recovered)
         cp = await store.restore_checkpoint(shard)
         publisher = Publisher(self.append_service)
@@ -173,25 +182,49 @@ class ShardReplica:
         await shard._set_progress(checkpoint_offsets(cp), publish_at)
         if recovered is not None:
             await self._rotate_hints(recovered.hints)
-        readers = SourceReaders(
-            shard, ctx.app, checkpoint_offsets(cp), read_channel_size(self.spec)
-        )
-        self.transactions = Transactions(
-            shard,
-            ctx.app,
-            store,
-            publisher,
-            sequencer_from_checkpoint(cp, ring_buffer_size(self.spec)),
-            readers,
-            recovery_log=recovery_log_of(self.spec),
-        )
         self._set_status(Code.PRIMARY)
         log.info("shard primary shard=%s checkpoint_sources=%d", self.id, len(cp.sources))
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(readers.run(), name=f"read {self.id}")
-            tg.create_task(self.transactions.run(), name=f"txns {self.id}")
+            tg.create_task(self._process(store, publisher, cp), name=f"process {self.id}")
             if recovered is not None and self.spec.hint_prefix:
                 tg.create_task(self._hints_loop(), name=f"hints {self.id}")
+
+    async def _process(self, store: Store, publisher: Publisher, cp: pb.Checkpoint) -> None:
+        """Run transactions from checkpoint `cp`. The journal sources never end; a
+        MessageProducer that returns has its last transaction committed, then the checkpoint
+        is restored and the producer started again."""
+        shard, app = self.shard, self.ctx.app
+        while True:
+            source: MessageSource
+            if isinstance(app, MessageProducer):
+                source = ProducedMessages(shard, app, store, cp, read_channel_size(self.spec))
+            else:
+                source = SourceReaders(
+                    shard, app, checkpoint_offsets(cp), read_channel_size(self.spec)
+                )
+            self.transactions = txns = Transactions(
+                shard,
+                app,
+                store,
+                publisher,
+                sequencer_from_checkpoint(cp, ring_buffer_size(self.spec)),
+                source,
+                recovery_log=recovery_log_of(self.spec),
+                stats=self.stats,
+            )
+            async with asyncio.TaskGroup() as tg:
+                reading = tg.create_task(source.run(), name=f"read {self.id}")
+                await txns.run()  # Returns once the source ended and its last commit is done.
+                reading.cancel()
+            # Transaction boundary: every commit (and its ACKs) completed.
+            cp = await store.restore_checkpoint(shard)
+            await shard._set_progress(checkpoint_offsets(cp), {})
+            self.producer_restarts += 1
+            log.info(
+                "message producer finished; restarting from the checkpoint shard=%s restarts=%d",
+                self.id,
+                self.producer_restarts,
+            )
 
     async def _new_store(self, recovered: RecoveredLog | None) -> Store:
         """The application's store. If cancelled while the store is being built (a RocksDB

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,7 @@ from allocator.model import (
 from allocator.session import MemberSession
 from broker.client import JournalClient
 from broker.protocol import protocol_pb2 as bpb
-from consumer.application import Application
+from consumer.application import Application, MessageProducer, ResolveArgs
 from consumer.config import ConsumerConfig
 from consumer.protocol import consumer_pb2_grpc as pb_grpc
 from consumer.protocol import pb
@@ -315,6 +316,25 @@ class ConsumerRuntime:
             return Resolution(pb.OK, header, replica=replica)
         return Resolution(pb.OK, header, primary_endpoint=route.endpoints[route.primary])
 
+    async def read_through_offsets(
+        self, replica: ShardReplica, args: ResolveArgs
+    ) -> dict[str, int]:
+        """The offsets a resolution of `args` waits for: those of ``args.read_through``,
+        which must all be journals of the shard's sources (ValueError otherwise); or what
+        the Application picks, if it is a MessageProducer."""
+        app = self.app
+        if isinstance(app, MessageProducer):
+            assert replica.store is not None, "a PRIMARY replica has a store"
+            got = app.read_through(replica.shard, replica.store, args)
+            if inspect.isawaitable(got):
+                got = await got
+            return dict(got)
+        sources = {s.journal for s in replica.shard.spec.sources}
+        unknown = sorted(set(args.read_through) - sources)
+        if unknown:
+            raise ValueError(f"journals {unknown} are not sources of shard {args.shard}")
+        return dict(args.read_through)
+
     def shard_stub(self, endpoint: str) -> Any:
         """A `consumer.Shard` stub of another consumer process (channels are reused)."""
         target = endpoint.split("://", 1)[-1]
@@ -355,16 +375,20 @@ class ConsumerRuntime:
             )
             return resp
         shard = res.replica.shard
-        sources = {s.journal for s in shard.spec.sources}
-        unknown = sorted(set(req.read_through) - sources)
-        if unknown:
+        proxied = bool(req.header.process_id.zone or req.header.process_id.suffix)
+        args = ResolveArgs(
+            shard=req.shard,
+            read_through=dict(req.read_through),
+            may_proxy=not proxied,
+            proxy_header=req.header if proxied else None,
+        )
+        try:
+            offsets = await self.read_through_offsets(res.replica, args)
+        except ValueError as err:
             if context is not None:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"journals {unknown} are not sources of shard {req.shard}",
-                )
-            raise ValueError(f"journals {unknown} are not sources of shard {req.shard}")
-        reached = asyncio.ensure_future(shard.wait_read_through(dict(req.read_through)))
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            raise
+        reached = asyncio.ensure_future(shard.wait_read_through(offsets))
         stopped = asyncio.ensure_future(shard.stopping.wait())
         try:
             await asyncio.wait({reached, stopped}, return_when=asyncio.FIRST_COMPLETED)

@@ -16,6 +16,11 @@ the transaction loop described in `consumer.application`:
 
 Acknowledgement messages are sequenced and counted in a transaction, but not passed to the
 application. Any error fails the loop (the shard then reports FAILED).
+
+The loop reads from a `MessageSource`: `SourceReaders` for journal sources (never ends), or
+`consumer.message_producer.ProducedMessages` for an Application that is a MessageProducer.
+A source that ends (`SOURCE_DONE`) completes the open transaction, and `Transactions.run`
+returns once its commit is durable: the replica then restores the checkpoint and restarts.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final, Protocol
 
 from broker.protocol import protocol_pb2 as bpb
 from consumer.application import Application, BeginFinisher, Shard
@@ -46,6 +51,10 @@ from message.uuid import Flags
 
 __all__ = [
     "PRODUCER_PRUNE_HORIZON_NS",
+    "SOURCE_DONE",
+    "MessageSource",
+    "SourceDone",
+    "SourceItem",
     "SourceReaders",
     "TxnStats",
     "Transactions",
@@ -61,6 +70,31 @@ PRODUCER_PRUNE_HORIZON_NS = 24 * 3600 * 10**9
 _YIELD_EVERY = 256  # Messages consumed back to back before letting other tasks run.
 _ACK_TXN = int(Flags.ACK_TXN)
 _REPLAY = object()  # `Transactions._ready`: the Sequencer must replay before going on.
+
+
+class SourceDone:
+    """The type of `SOURCE_DONE`."""
+
+    def __repr__(self) -> str:
+        return "SOURCE_DONE"
+
+
+SOURCE_DONE: Final = SourceDone()
+"""Queued by a source that ended without an error (a MessageProducer returned)."""
+
+SourceItem = Envelope | BaseException | SourceDone
+"""What a source queues: an envelope, the error that ended it, or `SOURCE_DONE`."""
+
+
+class MessageSource(Protocol):
+    """Where the transaction loop takes envelopes from: `queue` (bounded), filled by `run`
+    (which never raises: errors are queued); `replay` re-reads a range for the Sequencer."""
+
+    queue: asyncio.Queue[SourceItem]
+
+    async def run(self) -> None: ...
+
+    async def replay(self, journal: str, begin: int, end: int) -> list[Envelope]: ...
 
 
 def _maybe_async(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
@@ -116,7 +150,7 @@ class SourceReaders:
 
     def __init__(self, shard: Shard, app: Application, offsets: dict[str, int], size: int) -> None:
         self.shard = shard
-        self.queue: asyncio.Queue[Envelope | BaseException] = asyncio.Queue(maxsize=size)
+        self.queue: asyncio.Queue[SourceItem] = asyncio.Queue(maxsize=size)
         self.iters: dict[str, ReadUncommittedIter] = {}
         for src in shard.spec.sources:
             offset = max(offsets.get(src.journal, 0), src.min_offset)
@@ -147,6 +181,11 @@ class SourceReaders:
         finally:
             it.close()
 
+    async def replay(self, journal: str, begin: int, end: int) -> list[Envelope]:
+        """[begin, end) of `journal` read again, with its source's framing and request."""
+        it = self.iters.get(journal) or next(iter(self.iters.values()))
+        return await read_range(it, journal, begin, end)
+
 
 class TxnStats:
     """Counters of a shard's transactions (for Stat, logs and benchmarks)."""
@@ -173,9 +212,10 @@ class Transactions:
         store: Store,
         publisher: Publisher,
         sequencer: Sequencer,
-        readers: SourceReaders,
+        readers: MessageSource,
         *,
         recovery_log: str = "",
+        stats: TxnStats | None = None,
     ) -> None:
         self.shard = shard
         self.app = app
@@ -184,7 +224,7 @@ class Transactions:
         self.seq = sequencer
         self.readers = readers
         self.recovery_log = recovery_log
-        self.stats = TxnStats()
+        self.stats = stats if stats is not None else TxnStats()
         spec = shard.spec
         self.min_dur = self.max_dur = 0.0
         self.set_durations(spec)
@@ -196,7 +236,8 @@ class Transactions:
             self._begin = _maybe_async(app.begin_txn)
             self._finished = app.finished_txn
         self._prev: asyncio.Future[None] | None = None
-        self._pending: Envelope | BaseException | None = None  # Taken off the queue early.
+        self._pending: SourceItem | None = None  # Taken off the queue early.
+        self._ended = False  # The source queued SOURCE_DONE: nothing more will come.
         self._begun = False  # A transaction began (BeginFinisher): `finished_txn` is owed.
         # Offsets read through as of the last checkpoint.
         self._last_read_through: dict[str, int] = sequencer.read_through()
@@ -207,10 +248,14 @@ class Transactions:
         self.max_dur = spec.max_txn_duration.ToNanoseconds() / 1e9 or 1.0
 
     async def run(self) -> None:
-        """Run transactions until cancelled. Raises the error that failed the shard."""
+        """Run transactions until cancelled, or until the source ended: then the open
+        transaction is committed and `run` returns once that commit (and its ACKs) completed.
+        Raises the error that failed the shard."""
         try:
-            while True:
-                await self._transaction()
+            while await self._transaction():
+                pass
+            if self._prev is not None:
+                await self._prev  # Raises if the last commit failed.
         finally:
             prev = self._prev
             if prev is not None and not prev.done():
@@ -222,9 +267,12 @@ class Transactions:
                 with contextlib.suppress(BaseException):
                     await prev
 
-    async def _transaction(self) -> None:
+    async def _transaction(self) -> bool:
+        """One transaction; False (and no transaction) once the source ended."""
         loop = asyncio.get_running_loop()
         env = await self._next_blocking()
+        if isinstance(env, SourceDone):
+            return False
         started = loop.time()
         try:
             await self._run_transaction(env, started)
@@ -235,6 +283,7 @@ class Transactions:
                 failed.exception()  # Retrieved: the error is the shard's, raised below.
                 self._notify_finished(failed)
             raise
+        return True
 
     async def _run_transaction(self, env: Envelope | None, started: float) -> None:
         loop = asyncio.get_running_loop()
@@ -270,8 +319,8 @@ class Transactions:
                     await asyncio.sleep(0)
                 continue
             prev_done = self._prev is None or self._prev.done()
-            if now >= min_at and prev_done:
-                break
+            if (now >= min_at or self._ended) and prev_done:
+                break  # A source that ended closes the transaction without waiting.
             await self._stall(min_at if now < min_at else None, max_at, prev_done)
         if self._prev is not None:
             await self._prev  # Raises if the previous commit failed.
@@ -286,10 +335,13 @@ class Transactions:
         loop = asyncio.get_running_loop()
         deadline = max_at if min_at is None else min_at
         waits: set[asyncio.Future[Any]] = set()
-        getter = asyncio.ensure_future(self.readers.queue.get())
-        waits.add(getter)
+        getter = None if self._ended else asyncio.ensure_future(self.readers.queue.get())
+        if getter is not None:
+            waits.add(getter)
         if not prev_done and self._prev is not None:
             waits.add(self._prev)
+        if not waits:
+            return
         try:
             await asyncio.wait(
                 waits,
@@ -297,16 +349,18 @@ class Transactions:
                 return_when=asyncio.FIRST_COMPLETED,
             )
         finally:
-            if getter.done() and not getter.cancelled():
-                self._pending = getter.result()
-            else:
-                getter.cancel()
+            if getter is not None:
+                if getter.done() and not getter.cancelled():
+                    self._pending = getter.result()
+                else:
+                    getter.cancel()
 
-    async def _next_blocking(self) -> Envelope | None:
+    async def _next_blocking(self) -> Envelope | SourceDone | None:
         """Wait until a transaction should begin: a committed envelope is ready (returned),
         or envelopes were read that commit nothing (None: the transaction checkpoints how
-        far they were read, e.g. trailing duplicates). Raises the previous commit's error
-        if it fails meanwhile."""
+        far they were read, e.g. trailing duplicates). `SOURCE_DONE` once the source ended
+        and nothing is left to commit. Raises the previous commit's error if it fails
+        meanwhile."""
         read_any = False
         while True:
             got = self._ready()
@@ -315,8 +369,11 @@ class Transactions:
                 continue
             if got is not None:
                 return got  # type: ignore[return-value]
-            if read_any and self.seq.read_through() != self._last_read_through:
+            moved = self.seq.read_through() != self._last_read_through
+            if moved and (read_any or self._ended):
                 return None
+            if self._ended:
+                return SOURCE_DONE
             prev = self._prev
             getter = asyncio.ensure_future(self.readers.queue.get())
             waits: set[asyncio.Future[Any]] = {getter}
@@ -346,6 +403,8 @@ class Transactions:
             item = self._pending
             if item is not None:
                 self._pending = None
+            elif self._ended:
+                return None
             else:
                 try:
                     item = self.readers.queue.get_nowait()
@@ -353,13 +412,15 @@ class Transactions:
                     return None
             if isinstance(item, BaseException):
                 raise item
+            if isinstance(item, SourceDone):
+                self._ended = True
+                return None
             if seq.queue_uncommitted(item) is QueueOutcome.ACK_COMMIT_REPLAY:
                 return _REPLAY
 
     async def _replay(self) -> None:
         journal, begin, end = self.seq.replay_range()
-        it = self.readers.iters.get(journal) or next(iter(self.readers.iters.values()))
-        self.seq.start_replay(await read_range(it, journal, begin, end))
+        self.seq.start_replay(await self.readers.replay(journal, begin, end))
 
     def _handle(self, env: Envelope) -> Awaitable[Any] | None:
         """Pass `env` to the application; returns what must be awaited, if anything."""

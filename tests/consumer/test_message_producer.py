@@ -1,0 +1,485 @@
+"""MessageProducer applications (consumer.application, consumer.message_producer).
+
+Unit tests run a real `ShardReplica` and transaction loop with an in-memory store (no etcd,
+no broker): restarts at transaction boundaries, replays served by `replay_range`, errors.
+The end-to-end test runs real `gazette-consumer` processes of tests/consumer/producer_app.py
+against etcd and a broker, restarting the producer every few messages and SIGKILLing the
+primary, and checks every message was counted exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc.aio
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client import AppendService, JournalClient
+from broker.client.list import apply_journals
+from broker.protocol import protocol_pb2 as bpb
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+from consumer.application import MessageProducer, ResolveArgs
+from consumer.message_producer import MessageSink
+from consumer.protocol import consumer_pb2_grpc as pb_grpc
+from consumer.protocol import pb
+from consumer.replica import ReplicaContext, ShardReplica
+from consumer.testing import ConsumerProcess
+from consumer.txn import checkpoint_offsets
+from message import CONTENT_TYPE_JSON_LINES
+from message.envelope import Envelope
+from message.publisher import Publisher
+from message.sequencer import ReplayError
+from message.uuid import Flags, build_uuid
+from tests.conftest import session_broker
+from tests.consumer.producer_app import INPUT_LABEL, Add
+from tests.consumer.test_runtime import (
+    apply_shards,
+    committed_totals,
+    journal_spec,
+    primary_of,
+    shard_status,
+    wait_for,
+    write_head,
+)
+from tests.consumer.test_txn import BASE_CLOCK, JOURNAL, FakeStore, Msg, P, outside
+
+Code = pb.ReplicaStatus.Code
+REPO = Path(__file__).resolve().parents[2]
+
+
+# --- unit tests: a real replica and transaction loop, an in-memory store -------------------
+
+
+class Assignment:
+    key = "/review/assign/shard#z#s#0"
+    create_revision = 1
+
+
+class ProducerApp:
+    """Consumes `Msg`s into `store.state`; produces `batches[k]` on its k-th start (then
+    returns), and waits forever once it ran out of batches."""
+
+    def __init__(self, batches: list[list[Envelope]]) -> None:
+        self.batches = batches
+        self.starts: list[dict[str, int]] = []  # The checkpoint offsets of each start.
+        self.start_state: list[list[int]] = []  # The store's committed state at each start.
+        self.replays: list[tuple[str, int, int]] = []
+        self.replay_with: list[Envelope] | None = None
+        self.fail_with: BaseException | None = None
+        self.finalized = 0
+
+    def new_store(self, shard: Any, recovered: Any) -> FakeStore:
+        return FakeStore()
+
+    def new_message(self, spec: Any) -> Msg:
+        return Msg(None)
+
+    def consume_message(self, shard: Any, store: FakeStore, env: Envelope, pub: Any) -> None:
+        store.state.append(env.message.n)
+
+    def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
+        self.finalized += 1
+
+    async def start_reading_messages(
+        self, shard: Any, store: FakeStore, checkpoint: pb.Checkpoint, into: MessageSink
+    ) -> None:
+        self.starts.append(checkpoint_offsets(checkpoint))
+        self.start_state.append(store.commits[-1].state if store.commits else [])
+        k = len(self.starts) - 1
+        if k >= len(self.batches):
+            if self.fail_with is not None:
+                raise self.fail_with
+            await asyncio.Event().wait()
+        for env in self.batches[k]:
+            await into.put(env)
+
+    def replay_range(
+        self, shard: Any, store: Any, journal: str, begin: int, end: int
+    ) -> AsyncIterator[Envelope]:
+        self.replays.append((journal, begin, end))
+        envs = self.replay_with
+        if envs is None:
+            envs = [e for b in self.batches for e in b if begin <= e.begin < end]
+
+        async def gen() -> AsyncIterator[Envelope]:
+            for env in envs:
+                yield env
+
+        return gen()
+
+    def read_through(self, shard: Any, store: Any, args: ResolveArgs) -> dict[str, int]:
+        return dict(args.read_through)
+
+
+def make_replica(app: Any, tmp_path: Path) -> ShardReplica:
+    ctx = ReplicaContext(
+        app=app,
+        etcd=None,  # type: ignore[arg-type]  # No recovery log, no hints: etcd is not used.
+        client=None,  # type: ignore[arg-type]
+        broker_endpoint="",
+        workdir=tmp_path,
+        root="/review",
+        status_changed=lambda: None,
+    )
+    spec = pb.ShardSpec(id="shard", max_txn_duration=Duration(nanos=50_000_000))
+    return ShardReplica(ctx, spec, Assignment())
+
+
+async def run_replica(app: Any, tmp_path: Path, until: Any, timeout: float = 5.0) -> ShardReplica:
+    r = make_replica(app, tmp_path)
+    r.start()
+    r.promote()
+    try:
+        async with asyncio.timeout(timeout):
+            while not until(r):
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        await r.stop()
+        raise
+    return r
+
+
+def in_txn(i: int, flags: Flags = Flags.CONTINUE_TXN) -> Envelope:
+    """The i-th message of producer P within a transaction (bytes [10*i, 10*i + 10))."""
+    clock = BASE_CLOCK + 16 * (i + 1)
+    return Envelope(JOURNAL, 10 * i, 10 * i + 10, Msg(build_uuid(P, clock, flags), i))
+
+
+def test_counter_app_is_not_a_producer_but_producer_app_is() -> None:
+    from tests.consumer.counter_app import Counter
+
+    assert not isinstance(Counter(), MessageProducer)
+    assert isinstance(ProducerApp([]), MessageProducer)
+
+
+async def test_producer_that_returns_restarts_from_the_committed_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Each time the producer returns, its messages are committed, and it is started again
+    with the checkpoint of that commit: every message consumed exactly once, in order."""
+    batches = [[outside(i) for i in range(k, k + 3)] for k in range(0, 9, 3)]
+    app = ProducerApp(batches)
+    r = await run_replica(app, tmp_path, lambda r: len(app.starts) == 4)
+    try:
+        store = r.store
+        assert isinstance(store, FakeStore)
+        assert store.state == list(range(9))
+        # Started from nothing, then from the end of each batch, each time after the
+        # previous batch was committed.
+        assert app.starts == [{}, {JOURNAL: 30}, {JOURNAL: 60}, {JOURNAL: 90}]
+        assert app.start_state == [[], [0, 1, 2], [0, 1, 2, 3, 4, 5], list(range(9))]
+        assert checkpoint_offsets(store.commits[-1].checkpoint) == {JOURNAL: 90}
+        assert r.producer_restarts == 3
+        assert r.status.code == Code.PRIMARY
+        assert r.shard.progress()[0] == {JOURNAL: 90}
+    finally:
+        await r.stop()
+
+
+async def test_duplicates_delivered_after_a_restart_are_dropped(tmp_path: Path) -> None:
+    """Envelopes still go through the Sequencer: a producer that delivers again what was
+    committed before its restart (same UUIDs) has them dropped, not consumed twice."""
+    batches = [[outside(0), outside(1)], [outside(1), outside(2)]]
+    app = ProducerApp(batches)
+    r = await run_replica(app, tmp_path, lambda r: len(app.starts) == 3)
+    try:
+        assert isinstance(r.store, FakeStore)
+        assert r.store.state == [0, 1, 2]
+    finally:
+        await r.stop()
+
+
+async def test_replay_after_restart_uses_replay_range(tmp_path: Path) -> None:
+    """A transaction of the upstream producer spans a restart: its messages were read (and
+    checkpointed as pending) before it, its ACK after. The Sequencer must replay the span,
+    and asks the application's `replay_range` for exactly those bytes."""
+    first = [in_txn(0), in_txn(1), in_txn(2)]
+    ack = in_txn(3, Flags.ACK_TXN)
+    app = ProducerApp([first, [ack]])
+    r = await run_replica(app, tmp_path, lambda r: len(app.starts) == 3)
+    try:
+        assert isinstance(r.store, FakeStore)
+        assert app.replays == [(JOURNAL, 0, 30)]
+        assert r.store.state == [0, 1, 2]
+        # Nothing was committed before the ACK: the first restart saw an empty state.
+        assert app.start_state[1] == []
+        assert r.stats.acks == 1
+    finally:
+        await r.stop()
+
+
+async def test_replay_of_other_messages_fails_the_shard(tmp_path: Path) -> None:
+    """`replay_range` must re-produce exactly what was produced: anything else fails the
+    shard (the Sequencer's ReplayError), rather than committing wrong state."""
+    first = [in_txn(0), in_txn(1), in_txn(2)]
+    app = ProducerApp([first, [in_txn(3, Flags.ACK_TXN)]])
+    app.replay_with = [outside(7)]
+    r = await run_replica(app, tmp_path, lambda r: r.status.code == Code.FAILED)
+    try:
+        assert app.replays == [(JOURNAL, 0, 30)]
+        assert any(ReplayError.__name__ in e for e in r.status.errors), list(r.status.errors)
+    finally:
+        await r.stop()
+
+
+class ProducerBroke(Exception):
+    pass
+
+
+async def test_producer_error_fails_the_shard_with_it(tmp_path: Path) -> None:
+    """A producer raising is terminal: FAILED with that error as the cause; what it
+    produced before its restart stays committed."""
+    app = ProducerApp([[outside(0), outside(1)]])
+    app.fail_with = ProducerBroke("upstream system went away")
+    r = await run_replica(app, tmp_path, lambda r: r.status.code == Code.FAILED)
+    try:
+        assert list(r.status.errors) == ["ProducerBroke: upstream system went away"]
+        assert r.store is None  # Released.
+        assert r.shard.progress()[0] == {JOURNAL: 20}
+    finally:
+        await r.stop()
+
+
+async def test_producer_error_mid_transaction_commits_nothing(tmp_path: Path) -> None:
+    """An error queued after messages of an open transaction fails it: nothing commits."""
+
+    class Failing(ProducerApp):
+        async def start_reading_messages(
+            self, shard: Any, store: FakeStore, checkpoint: pb.Checkpoint, into: MessageSink
+        ) -> None:
+            self.store = store
+            await into.put(outside(0))
+            await into.put(outside(1))
+            raise ProducerBroke("mid-transaction")
+
+    app = Failing([])
+    r = await run_replica(app, tmp_path, lambda r: r.status.code == Code.FAILED)
+    try:
+        assert list(r.status.errors) == ["ProducerBroke: mid-transaction"]
+        assert app.store.commits == []
+        assert app.finalized == 0
+    finally:
+        await r.stop()
+
+
+async def test_non_async_start_reading_messages_fails_clearly(tmp_path: Path) -> None:
+    class Sync(ProducerApp):
+        def start_reading_messages(  # type: ignore[override]
+            self, shard: Any, store: Any, checkpoint: Any, into: Any
+        ) -> None:
+            return None
+
+    r = await run_replica(Sync([]), tmp_path, lambda r: r.status.code == Code.FAILED)
+    try:
+        (err,) = r.status.errors
+        assert err.startswith("ProducerFinishedEarly: start_reading_messages must be a coroutine")
+    finally:
+        await r.stop()
+
+
+async def test_sink_rejects_what_is_not_an_envelope() -> None:
+    sink = MessageSink(asyncio.Queue(maxsize=1))
+    with pytest.raises(TypeError, match="not dict"):
+        await sink.put({"n": 1})  # type: ignore[arg-type]
+
+
+# --- end to end: real etcd, broker and consumer processes ----------------------------------
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def broker(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    yield from session_broker(etcd_server, tmp_path_factory, f"producer-{next(_names)}")
+
+
+@pytest.fixture
+async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
+    async with JournalClient(broker.endpoint) as c:
+        yield c
+
+
+async def feed_mixed(
+    client: JournalClient, journal: str, stop: asyncio.Event, expected: dict[str, int]
+) -> None:
+    """Publish `Add`s until `stop`: alternately transactions of 20 uncommitted messages (one
+    ACK each; their spans straddle the producer's restarts, forcing replays) and 20
+    committed ones. `expected` sums what was acknowledged."""
+    async with AppendService(client) as svc:
+        pub = Publisher(svc)
+        mapping = lambda _m: (journal, CONTENT_TYPE_JSON_LINES)  # noqa: E731
+        i = 0
+        for round_ in itertools.count():
+            if stop.is_set():
+                break
+            batch: dict[str, int] = {}
+            for _ in range(20):
+                key = f"k{i % 5}"
+                batch[key] = batch.get(key, 0) + i
+                if round_ % 2 == 0:
+                    pub.publish_uncommitted(mapping, Add(key, i))
+                else:
+                    pub.publish_committed(mapping, Add(key, i))
+                i += 1
+            if round_ % 2 == 0:
+                await pub.commit()
+            else:
+                await pub.barrier()
+            for k, v in batch.items():
+                expected[k] = expected.get(k, 0) + v
+            await asyncio.sleep(0.02)
+
+
+class ProducerSetup:
+    def __init__(self, etcd: EtcdServer, broker: BrokerProcess, tmp: Path) -> None:
+        n = next(_names)
+        self.prefix = f"producer-{os.getpid()}-{n}"
+        self.root = f"/test-producer/{os.getpid()}/{n}"
+        self.etcd, self.broker, self.tmp = etcd, broker, tmp
+        self.input = f"{self.prefix}/in"
+        self.output = f"{self.prefix}/out"
+        self.consumers: list[ConsumerProcess] = []
+
+    async def create_journals(self, client: JournalClient) -> None:
+        store = self.tmp / "fragments"
+        store.mkdir(exist_ok=True)
+        specs = [
+            journal_spec(self.input, store, CONTENT_TYPE_JSON_LINES),
+            journal_spec(self.output, store, CONTENT_TYPE_JSON_LINES),
+            journal_spec(
+                f"{self.prefix}/recovery/shard-000", store, "application/x-gazette-recoverylog"
+            ),
+        ]
+        changes = [bpb.ApplyRequest.Change(upsert=s) for s in specs]
+        await apply_journals(client, bpb.ApplyRequest(changes=changes))
+
+    def shard_spec(self) -> pb.ShardSpec:
+        spec = pb.ShardSpec(
+            id="shard-000",
+            recovery_log_prefix=f"{self.prefix}/recovery",
+            hint_prefix=f"/test-hints/{self.prefix}",
+            hint_backups=2,
+            max_txn_duration=Duration(nanos=200_000_000),
+            hot_standbys=1,
+        )  # No sources: the application produces the messages.
+        spec.labels.labels.add(name=INPUT_LABEL, value=self.input)
+        return spec
+
+    def consumer(self, i: int) -> ConsumerProcess:
+        c = ConsumerProcess(
+            "tests.consumer.producer_app:ProducedCounter",
+            self.etcd.endpoint,
+            [self.broker.endpoint],
+            root=self.root,
+            zone=f"z{i % 2}",
+            suffix=f"consumer-{i}",
+            workdir=self.tmp / f"consumer-{i}",
+            extra_env={
+                "COUNTER_OUTPUT": self.output,
+                "PRODUCER_RESTART_EVERY": "37",
+                "PYTHONPATH": str(REPO),
+            },
+            extra_args=["--hint-interval", "1"],
+        )
+        self.consumers.append(c)
+        return c
+
+
+@pytest.fixture
+def producer_setup(
+    etcd_server: EtcdServer, broker: BrokerProcess, tmp_path: Path
+) -> Iterator[ProducerSetup]:
+    s = ProducerSetup(etcd_server, broker, tmp_path)
+    yield s
+    for c in s.consumers:
+        c.kill()
+
+
+def _count(pattern: str, procs: list[ConsumerProcess]) -> int:
+    return sum(len(re.findall(pattern, p.log_path.read_text(errors="replace"))) for p in procs)
+
+
+async def test_produced_messages_count_exactly_once_across_restarts_and_kills(
+    producer_setup: ProducerSetup, client: JournalClient
+) -> None:
+    """A shard without sources whose Application produces its messages (reading a journal
+    named by a shard label, returning every 37 envelopes): across producer restarts and two
+    SIGKILLs of the primary, the committed totals are exactly the sums fed, each key's
+    totals strictly increasing. Replays went through `replay_range`; Stat's read_through
+    of the produced journal (not a source) waits through `read_through`."""
+    s = producer_setup
+    await s.create_journals(client)
+    procs = {c.suffix: c for c in (s.consumer(0).start(), s.consumer(1).start())}
+    async with (
+        grpc.aio.insecure_channel(s.consumers[0].endpoint) as ch0,
+        grpc.aio.insecure_channel(s.consumers[1].endpoint) as ch1,
+    ):
+        stubs = {"consumer-0": pb_grpc.ShardStub(ch0), "consumer-1": pb_grpc.ShardStub(ch1)}
+        await apply_shards(stubs["consumer-0"], [s.shard_spec()])
+
+        def ready_on(stub: pb_grpc.ShardStub) -> Any:
+            async def ready() -> bool:
+                try:
+                    st = await shard_status(stub)
+                except grpc.aio.AioRpcError:
+                    return False
+                return sorted(st.get("shard-000", [])) == [Code.STANDBY, Code.PRIMARY]
+
+            return ready
+
+        await wait_for(ready_on(stubs["consumer-0"]), "a primary and a standby")
+        expected: dict[str, int] = {}
+        stop = asyncio.Event()
+        feeder = asyncio.create_task(feed_mixed(client, s.input, stop, expected))
+        for _ in range(2):
+            await asyncio.sleep(1.5)
+            victim = await primary_of(stubs["consumer-0"], "shard-000")
+            survivor = next(k for k in procs if k != victim)
+            procs[victim].kill()
+
+            async def promoted(survivor: str = survivor) -> bool:
+                return await primary_of(stubs[survivor], "shard-000") == survivor
+
+            await wait_for(promoted, "the standby's promotion")
+            procs[victim].start()
+            await wait_for(ready_on(stubs[survivor]), "a new standby")
+            assert not feeder.done()
+        await asyncio.sleep(1.0)
+        stop.set()
+        await feeder
+
+        primary = await primary_of(stubs["consumer-0"], "shard-000")
+        head = await write_head(client, s.input)
+        t0 = time.monotonic()
+        resp = await stubs[primary].Stat(
+            pb.StatRequest(shard="shard-000", read_through={s.input: head}), timeout=60
+        )
+        assert resp.status == pb.OK, resp
+        assert resp.read_through[s.input] >= head
+        out_head = await write_head(client, s.output)
+        final: dict[str, int] = {}
+        for t in await committed_totals(client, s.output, out_head):
+            assert t.total > final.get(t.key, -1), f"total of {t.key} repeated or went back"
+            final[t.key] = t.total
+        assert final == expected
+        all_procs = list(procs.values())
+        restarts = _count(r"message producer finished; restarting", all_procs)
+        replays = _count(r"producer replay journal=", all_procs)
+        print(
+            f"producer restarts={restarts} replays={replays} "
+            f"stat wait={time.monotonic() - t0:.2f}s"
+        )
+        assert restarts >= 5, restarts
+        assert replays >= 1, replays
+
