@@ -22,6 +22,9 @@ class ConsumerConfig:
     zone: str = "local"
     suffix: str = field(default_factory=socket.gethostname)
     listen: str = "127.0.0.1:8081"
+    http_port: int = 8082
+    """Port of the HTTP server (operator endpoints, the application's `register_http`
+    handlers), on the host of `listen`. 0: no HTTP server."""
     advertise: str = ""
     broker: str = "127.0.0.1:8080"
     """Broker endpoint(s), comma separated."""
@@ -38,6 +41,12 @@ class ConsumerConfig:
         """The advertised endpoint, an absolute URL (``http://host:port``)."""
         ep = self.advertise or self.listen
         return ep if "://" in ep else f"http://{ep}"
+
+    @property
+    def http_host(self) -> str:
+        """The host HTTP binds to: that of `listen` (brackets of an IPv6 address removed)."""
+        host = self.listen.rsplit(":", 1)[0] if ":" in self.listen else self.listen
+        return host.strip("[]") or "0.0.0.0"
 
     @property
     def brokers(self) -> list[str]:
@@ -78,6 +87,13 @@ def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
         "--listen",
         default=_env("CONSUMER_LISTEN", d.listen),
         help="host:port of the gRPC server [CONSUMER_LISTEN]",
+    )
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=_env("CONSUMER_HTTP_PORT", str(d.http_port)),  # A string: parsed by `type`.
+        help="port of the HTTP server (/healthz, /debug/shards, the application's "
+        "register_http handlers) on the host of --listen; 0 disables it [CONSUMER_HTTP_PORT]",
     )
     p.add_argument(
         "--advertise",
@@ -126,6 +142,8 @@ def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
     a = p.parse_args(argv)
     if not a.app:
         p.error("the application is required: gazette-consumer package.module:Application")
+    if not 0 <= a.http_port <= 65535:
+        p.error(f"--http-port must be a port number (0 disables HTTP), not {a.http_port}")
     if a.lease_ttl < 2:
         p.error(f"--lease-ttl must be at least 2 seconds, not {a.lease_ttl}")
     return ConsumerConfig(
@@ -135,6 +153,7 @@ def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
         zone=a.zone,
         suffix=a.suffix,
         listen=a.listen,
+        http_port=a.http_port,
         advertise=a.advertise,
         broker=a.broker,
         workdir=a.workdir,

@@ -3,7 +3,9 @@
 Serves ``consumer.Shard`` (Stat, List, Apply, GetHints, Unassign) on ``--listen``; an
 application may add its own gRPC services by defining ``register_grpc(server, runtime)``
 (called before the server starts; `runtime` is the `ConsumerRuntime`, whose ``resolve``
-finds a shard's primary). SIGTERM/SIGINT: hand shards over to other processes (up to
+finds a shard's primary). HTTP on ``--http-port`` (same host; 0: none) serves ``/healthz``,
+``/debug/shards`` and the handlers of the application's ``register_http(web_app, runtime)``
+(`consumer.http_api`). SIGTERM/SIGINT: hand shards over to other processes (up to
 ``--drain-timeout``), then stop.
 """
 
@@ -25,6 +27,7 @@ from allocator.etcd import EtcdError
 from allocator.session import MemberExistsError
 from consumer.application import Application
 from consumer.config import ConsumerConfig, parse_args
+from consumer.http_api import ConsumerHTTP, HTTPStartError
 from consumer.protocol import consumer_pb2_grpc as pb_grpc
 from consumer.runtime import ConsumerRuntime
 from consumer.shard_api import ShardAPI
@@ -65,6 +68,24 @@ def load_application(ref: str) -> Application:
 async def serve(cfg: ConsumerConfig, app: Application) -> None:
     """Serve until a termination signal; then hand shards over and stop."""
     runtime = ConsumerRuntime(cfg, app)
+    http: ConsumerHTTP | None = None
+    if cfg.http_port:
+        # Bound before registering: a port in use fails the start with nothing announced.
+        http = ConsumerHTTP(runtime, cfg.http_host, cfg.http_port)
+        try:
+            await http.start(getattr(app, "register_http", None))
+        except HTTPStartError as err:
+            raise ConsumerStartupError(str(err)) from err
+    try:
+        await _serve(cfg, app, runtime, http)
+    finally:
+        if http is not None:
+            await http.close()
+
+
+async def _serve(
+    cfg: ConsumerConfig, app: Application, runtime: ConsumerRuntime, http: ConsumerHTTP | None
+) -> None:
     try:
         await runtime.start()
     except MemberExistsError as err:
@@ -91,14 +112,27 @@ async def serve(cfg: ConsumerConfig, app: Application) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    print(f"consumer ready endpoint={cfg.endpoint} id={cfg.zone}#{cfg.suffix}", flush=True)
+    if http is not None:
+        http.set_ready()
+    http_at = http.endpoint if http is not None else "none"
+    print(
+        f"consumer ready endpoint={cfg.endpoint} http={http_at} id={cfg.zone}#{cfg.suffix}",
+        flush=True,
+    )
     log.info(
-        "serving endpoint=%s etcd=%s root=%s app=%s", cfg.endpoint, cfg.etcd, cfg.root, cfg.app
+        "serving endpoint=%s http=%s etcd=%s root=%s app=%s",
+        cfg.endpoint,
+        http_at,
+        cfg.etcd,
+        cfg.root,
+        cfg.app,
     )
     background = asyncio.create_task(runtime.run_background(), name="consumer-background")
     stopped = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({background, stopped}, return_when=asyncio.FIRST_COMPLETED)
     log.info("stopping")
+    if http is not None:
+        http.set_draining()
     if not background.done() and cfg.drain_timeout > 0:
         await runtime.drain(cfg.drain_timeout)
     await server.stop(grace=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from broker.testing.etcd import free_port
 from broker.testing.process import ProcessUnavailable, ReadyProcess
 
 __all__ = ["ConsumerProcess", "ConsumerUnavailable"]
@@ -16,8 +17,8 @@ class ConsumerUnavailable(ProcessUnavailable):
 
 class ConsumerProcess(ReadyProcess):
     """A `gazette-consumer` subprocess of application `app` on 127.0.0.1 (restartable with
-    the same port and work directory). `lease_ttl` bounds how long a killed process keeps
-    its shards."""
+    the same ports and work directory). `lease_ttl` bounds how long a killed process keeps
+    its shards. HTTP is served on `http_port` (a free port by default; 0: none)."""
 
     ready_marker = b"consumer ready"
     name = "consumer"
@@ -36,6 +37,7 @@ class ConsumerProcess(ReadyProcess):
         workdir: Path | None = None,
         port: int = 0,
         lease_ttl: int = 3,
+        http_port: int | None = None,
         extra_env: dict[str, str] | None = None,
         extra_args: list[str] | None = None,
     ) -> None:
@@ -46,9 +48,15 @@ class ConsumerProcess(ReadyProcess):
         self.zone = zone
         self.suffix = suffix
         self.lease_ttl = lease_ttl
+        self.http_port = free_port() if http_port is None else http_port
         self.extra_args = extra_args or []
         super().__init__(workdir, port, extra_env)
         self.workdir = self.directory
+
+    @property
+    def http_endpoint(self) -> str:
+        """``http://127.0.0.1:PORT`` of the HTTP server."""
+        return f"http://127.0.0.1:{self.http_port}"
 
     def command(self) -> list[str]:
         return [
@@ -72,5 +80,7 @@ class ConsumerProcess(ReadyProcess):
             str(self.workdir / "shards"),
             "--lease-ttl",
             str(self.lease_ttl),
+            "--http-port",
+            str(self.http_port),
             *self.extra_args,
         ]

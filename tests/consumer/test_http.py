@@ -1,0 +1,244 @@
+"""The consumer process's HTTP server (consumer.http_api): the application's handlers
+(`register_http`), /healthz and /debug/shards of a real `gazette-consumer` process against
+etcd and a broker; a port in use fails the start; the start-up gate, in process."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import signal
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc.aio
+import pytest
+from aiohttp import web
+
+from broker.client import AppendService, JournalClient
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer, free_port
+from consumer.config import ConsumerConfig, parse_args
+from consumer.http_api import ConsumerHTTP, HTTPAddressInUse
+from consumer.protocol import consumer_pb2_grpc as pb_grpc
+from consumer.protocol import pb
+from consumer.runtime import ConsumerRuntime
+from consumer.testing import ConsumerProcess, ConsumerUnavailable
+from message import CONTENT_TYPE_JSON_LINES
+from message.publisher import Publisher
+from tests.conftest import session_broker
+from tests.consumer.counter_app import Add
+from tests.consumer.test_runtime import (
+    Setup,
+    apply_shards,
+    shard_status,
+    stat_through,
+    wait_for,
+    write_head,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def broker(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    yield from session_broker(etcd_server, tmp_path_factory, f"http-{next(_names)}")
+
+
+@pytest.fixture
+async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
+    async with JournalClient(broker.endpoint) as c:
+        yield c
+
+
+def http_consumer(s: Setup, **kw: Any) -> ConsumerProcess:
+    c = ConsumerProcess(
+        "tests.consumer.http_app:HTTPCounter",
+        s.etcd.endpoint,
+        [s.broker.endpoint],
+        root=s.root,
+        suffix=f"http-{next(_names)}",
+        workdir=s.tmp / "consumer",
+        extra_env={"PYTHONPATH": str(REPO)},
+        **kw,
+    )
+    s.consumers.append(c)
+    return c
+
+
+@pytest.fixture
+def setup(etcd_server: EtcdServer, broker: BrokerProcess, tmp_path: Path) -> Iterator[Setup]:
+    s = Setup(etcd_server, broker, tmp_path, shards=1)
+    yield s
+    s.close()
+
+
+async def get_json(session: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
+    async with session.get(url) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_app_handler_and_builtin_endpoints_of_a_consumer_process(
+    setup: Setup, client: JournalClient
+) -> None:
+    s = setup
+    await s.create_journals(client)
+    proc = http_consumer(s, extra_args=["--drain-timeout", "3"]).start()
+    base = proc.http_endpoint
+    async with aiohttp.ClientSession() as http, grpc.aio.insecure_channel(proc.endpoint) as ch:
+        status, body = await get_json(http, f"{base}/healthz")
+        assert status == 200, body
+        assert body["status"] == "ok"
+        assert body["member"] == f"local#{proc.suffix}"
+        assert body["etcd_revision"] > 0
+        assert f"http={base}" in proc.tail_log()
+
+        stub = pb_grpc.ShardStub(ch)
+        await apply_shards(stub, s.shard_specs(hot_standbys=0))
+
+        async def primary() -> bool:
+            return (await shard_status(stub)).get("shard-000") == [pb.ReplicaStatus.PRIMARY]
+
+        await wait_for(primary, "a primary")
+        async with AppendService(client) as svc:
+            pub = Publisher(svc)
+            mapping = lambda _m: (s.inputs[0], CONTENT_TYPE_JSON_LINES)  # noqa: E731
+            for i in range(10):
+                pub.publish_committed(mapping, Add(f"k{i % 2}", i))
+            await pub.barrier()
+        head = await write_head(client, s.inputs[0])
+        await stat_through(stub, "shard-000", s.inputs[0], head)
+
+        # The application's handler, answering from the primary's store.
+        status, body = await get_json(http, f"{base}/counter/shard-000/k1")
+        assert status == 200, body
+        assert body == {"shard": "shard-000", "key": "k1", "total": 1 + 3 + 5 + 7 + 9}
+        status, body = await get_json(http, f"{base}/counter/no-such-shard/k1")
+        assert status == 404
+        assert body["status"] == "SHARD_NOT_FOUND"
+
+        status, body = await get_json(http, f"{base}/debug/shards")
+        assert status == 200
+        assert body["member"] == f"local#{proc.suffix}"
+        (shard,) = body["shards"]
+        assert shard["id"] == "shard-000"
+        assert shard["status"] == "PRIMARY"
+        assert shard["primary"] is True
+        assert shard["errors"] == []
+        assert shard["read_through"] == {s.inputs[0]: head}
+        assert shard["messages"] == 10
+        assert shard["transactions"] >= 1
+
+        async with http.get(f"{base}/no-such-path") as resp:
+            assert resp.status == 404
+
+        # SIGTERM: while it tries to hand its shard over (nobody to take it: it waits out
+        # --drain-timeout), the process says it is draining.
+        assert proc.proc is not None
+        proc.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 2.5
+        seen = None
+        while time.monotonic() < deadline:
+            try:
+                status, body = await get_json(http, f"{base}/healthz")
+            except aiohttp.ClientError:
+                break
+            if status == 503:
+                seen = body["status"]
+                break
+            await asyncio.sleep(0.05)
+        assert seen == "draining"
+        await asyncio.to_thread(proc.stop)
+
+
+async def test_http_port_in_use_fails_the_start_clearly(setup: Setup) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = http_consumer(setup, http_port=port)
+        with pytest.raises(ConsumerUnavailable) as err:
+            proc.start()
+    assert "exited with 2" in str(err.value)
+    log = proc.tail_log()
+    assert f"cannot serve HTTP on 127.0.0.1:{port}: address already in use" in log, log
+    assert "--http-port" in log
+
+
+async def test_http_port_zero_disables_http(setup: Setup) -> None:
+    proc = http_consumer(setup, http_port=0).start()
+    assert "http=none" in proc.tail_log()
+
+
+class RegistersRoute:
+    def __init__(self) -> None:
+        self.runtime: Any = None
+
+    def register_http(self, app: web.Application, runtime: ConsumerRuntime) -> None:
+        self.runtime = runtime
+
+        async def hello(request: web.Request) -> web.Response:
+            return web.json_response({"hello": "world"})
+
+        app.router.add_get("/hello", hello)
+
+
+async def test_gate_until_registered_and_draining() -> None:
+    """Before the member is registered /healthz says "starting" (503) and the
+    application's routes answer 503; then both serve; draining makes /healthz 503 again."""
+    runtime = ConsumerRuntime(ConsumerConfig(zone="z", suffix="s"), None)  # type: ignore[arg-type]
+    app = RegistersRoute()
+    server = ConsumerHTTP(runtime, "127.0.0.1", 0)
+    await server.start(app.register_http)
+    try:
+        assert app.runtime is runtime
+        assert server.port != 0
+        async with aiohttp.ClientSession() as http:
+            status, body = await get_json(http, f"{server.endpoint}/healthz")
+            assert (status, body["status"]) == (503, "starting")
+            status, body = await get_json(http, f"{server.endpoint}/hello")
+            assert status == 503
+            status, body = await get_json(http, f"{server.endpoint}/debug/shards")
+            assert (status, body["shards"]) == (200, [])
+            server.set_ready()
+            status, body = await get_json(http, f"{server.endpoint}/healthz")
+            assert (status, body["status"], body["member"]) == (200, "ok", "z#s")
+            status, body = await get_json(http, f"{server.endpoint}/hello")
+            assert (status, body) == (200, {"hello": "world"})
+            server.set_draining()
+            status, body = await get_json(http, f"{server.endpoint}/healthz")
+            assert (status, body["status"]) == (503, "draining")
+    finally:
+        await server.close()
+
+
+async def test_in_process_port_in_use_raises_address_in_use() -> None:
+    runtime = ConsumerRuntime(ConsumerConfig(), None)  # type: ignore[arg-type]
+    first = ConsumerHTTP(runtime, "127.0.0.1", free_port())
+    await first.start()
+    try:
+        with pytest.raises(HTTPAddressInUse, match="address already in use"):
+            await ConsumerHTTP(runtime, "127.0.0.1", first.port).start()
+    finally:
+        await first.close()
+
+
+def test_http_port_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_args(["m:A"]).http_port == 8082
+    assert parse_args(["m:A", "--listen", "0.0.0.0:9000"]).http_host == "0.0.0.0"
+    assert parse_args(["m:A", "--listen", "[::1]:9000"]).http_host == "::1"
+    monkeypatch.setenv("CONSUMER_HTTP_PORT", "9123")
+    assert parse_args(["m:A"]).http_port == 9123
+    assert parse_args(["m:A", "--http-port", "0"]).http_port == 0
+    with pytest.raises(SystemExit):
+        parse_args(["m:A", "--http-port", "70000"])
+    monkeypatch.setenv("CONSUMER_HTTP_PORT", "eighty")
+    with pytest.raises(SystemExit):
+        parse_args(["m:A"])
+
