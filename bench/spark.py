@@ -5,15 +5,17 @@ with N keys (``n`` + an n-gram -> its count as ASCII digits, as word-count keeps
 transactions of 10,000; its hints go to etcd and a ShardSpec under a consumer root names the
 log, as a running consumer leaves them. Then, in one local[2] Spark session:
 
-1. ``export``: ``spark.read.format("gazette-shards")`` (the task plays the log back from the
-   hints into a temporary directory, opens RocksDB read-only and yields Arrow batches) written
+1. ``export``: ``spark.read.format("gazette-shards")`` (each task plays the log back from the
+   hints into a temporary directory, opens RocksDB read-only and yields Arrow batches of its
+   key range: ``splits=auto`` reads the shard as one partition per core here) written
    to Parquet (default columns: shard, checkpoint, key, value; the per-row read-through map is
    opt-in); the same rows read back from that Parquet and written again (``parquet``) is
    the baseline: `ratio_write` = export / parquet (target <= 2).
 2. ``agg``: an aggregation reading every column of the rows (count, bytes of each column),
    no write: `ratio_agg`; and one of key and value only, `ratio_agg_kv`, where Parquet reads
    just those two columns while the Python source still produces all four (Python data
-   sources can't prune columns).
+   sources can't prune columns). `ratio_agg_one_partition`: the every-column aggregation
+   with ``splits=1`` (the shard read by one task), when auto gave several.
 3. Playback alone (the `consumer.spark.playback` step each task does, outside Spark):
    `playback_s`, and the export's read rate without it, `rows_per_s_after_playback`.
 
@@ -233,9 +235,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
         consumer.spark.register(spark)
 
-        def source() -> Any:
+        if args.splits:
+            options["splits"] = args.splits
+
+        def source(**extra: str) -> Any:
             reader = spark.read.format("gazette-shards")
-            for k, v in options.items():
+            for k, v in {**options, **extra}.items():
                 reader = reader.option(k, v)
             return reader.load()
 
@@ -262,6 +267,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         # worker and imports): pay it once, untimed, as for the Python workers above.
         warm_s, _ = timed(lambda: agg(source()))
         say(f"first gazette-shards job (warm-up, Python workers started) {warm_s:.1f}s")
+        partitions = source().rdd.getNumPartitions()
+        splits = options.get("splits", "auto")
+        say(f"the shard is read as {partitions} partition(s) (splits={splits})")
 
         exported = tmp / "export.parquet"
         again = tmp / "again.parquet"
@@ -271,6 +279,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         agg_parquet_s: list[float] = []
         kv_export_s: list[float] = []
         kv_parquet_s: list[float] = []
+        one_split_s: list[float] = []
         rows = None
         for r in range(args.repeat):
             for p in (exported, again):
@@ -289,11 +298,16 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             t, want_kv = timed(lambda: agg_kv(spark.read.parquet(str(exported))))
             kv_parquet_s.append(t)
             assert got_kv == want_kv, (got_kv, want_kv)
+            if partitions > 1:
+                t, got_one = timed(lambda: agg(source(splits="1")))
+                one_split_s.append(t)
+                assert got_one == want, (got_one, want)
             rows = got["rows"]
             say(
                 f"run {r + 1}: write export {export_s[-1]:.2f}s vs parquet {parquet_s[-1]:.2f}s; "
                 f"agg export {agg_export_s[-1]:.2f}s vs parquet {agg_parquet_s[-1]:.2f}s; "
                 f"key/value agg export {kv_export_s[-1]:.2f}s vs parquet {kv_parquet_s[-1]:.2f}s"
+                + (f"; agg export as one partition {one_split_s[-1]:.2f}s" if one_split_s else "")
             )
         journals: dict[str, Any] = {}
         if args.messages:
@@ -341,6 +355,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "parquet_agg_s": round(ap, 3),
         "export_agg_kv_s": round(ke, 3),
         "parquet_agg_kv_s": round(kp, 3),
+        "partitions": partitions,
+        "ratio_agg_one_partition": round(min(one_split_s) / ap, 3) if one_split_s else None,
         "export_rows_per_s": round(rows / ae),
         "parquet_rows_per_s": round(rows / ap),
         "playback_s": round(play_s, 3),
@@ -357,6 +373,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="50k keys (< 1 minute)")
     parser.add_argument("--keys", type=int, default=0, help="keys in the shard (default 1M)")
     parser.add_argument("--repeat", type=int, default=0, help="timed runs (best is reported)")
+    parser.add_argument("--splits", default="", help="the source's splits option (default auto)")
     parser.add_argument(
         "--messages", type=int, default=-1, help="journal messages (default: 0 quick, 200k)"
     )

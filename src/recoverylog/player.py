@@ -315,6 +315,12 @@ class Player:
     reading, and at each state change. `do_not_proxy` lets brokers answer reads of persisted
     fragments with a URL the Player fetches itself.
 
+    `end_offset`, if non-zero, plays `log` exactly through that offset instead of through its
+    write head: it must be an op boundary at or before the write head (a write head learnt
+    earlier, for instance). Players given the same hints and `end_offset` build the same tree
+    wherever they run, however much the log grew since (an export splits a shard this way).
+    Only with `EXIT_AT_HEAD`.
+
     One `play` per Player. The Player is used from one event loop; `inject_handoff` and
     `finish_at_head` may be called at any time from that loop's tasks.
     """
@@ -330,9 +336,13 @@ class Player:
         progress_interval: float = 1.0,
         do_not_proxy: bool = False,
         merge_gap: int = MERGE_GAP,
+        end_offset: int = 0,
     ) -> None:
         if not log:
             raise ValueError("a recovery log journal is required")
+        if end_offset < 0:
+            raise ValueError(f"invalid end_offset {end_offset}")
+        self.end_offset = end_offset
         self.client = client
         self.log = log
         self.hints = hints
@@ -502,6 +512,8 @@ class Player:
         self._played = True
         if until is EXIT_AT_HEAD:
             self.finish_at_head()
+        elif until is TAIL and self.end_offset:
+            raise ValueError("a Player with an end_offset plays until=EXIT_AT_HEAD")
         elif until is not TAIL:
             raise ValueError(f"play(until=...) must be EXIT_AT_HEAD or TAIL, not {until}")
 
@@ -520,6 +532,13 @@ class Player:
 
         for name in dict.fromkeys([self.log] + [seg.log for seg in self._segments]):
             self._heads[name] = await self._barrier(name)
+        if self.end_offset:
+            if self.end_offset > self._heads[self.log]:
+                raise PlaybackError(
+                    f"end_offset {self.end_offset} is beyond the write head "
+                    f"{self._heads[self.log]} of {self.log}"
+                )
+            self._heads[self.log] = self.end_offset
         for seg in self._segments:
             head = self._heads[seg.log]
             if seg.first_offset >= head or seg.last_offset > head:
@@ -622,6 +641,8 @@ class Player:
         assert self._read_task is None
         if self._rr is not None:
             self._rr.close()
+        if name == self.log and self.end_offset:
+            end = min(end, self.end_offset) if end else self.end_offset
         req = pb.ReadRequest(
             journal=name, offset=begin, end_offset=end, block=True, do_not_proxy=self.do_not_proxy
         )
@@ -715,7 +736,7 @@ class Player:
             # Hints are consumed (or there were none): read the log onwards, unbounded.
             if self._rr is None:
                 self._open_reader(self.log, 0, 0)
-            elif self._read_end or self._read_log != self.log:
+            elif self._read_end != self.end_offset or self._read_log != self.log:
                 assert self._read_log == self.log, "hints end in another log"
                 self._open_reader(self.log, self._fed, 0, reset=False)
 
@@ -780,6 +801,10 @@ class Player:
             self._set_state(state)
 
             if state is PlayerState.EXIT_AT_HEAD:
+                if self._dec.in_payload and self.end_offset:
+                    raise PlaybackError(
+                        f"end_offset {self.end_offset} of {self.log} lies within a recorded op"
+                    )
                 if self._dec.in_payload:
                     # The log grew past the head, and the last read ended within a write's
                     # payload (the op is applied, its file partly written): read on to the
@@ -821,7 +846,7 @@ class Player:
         ):
             self._open_reader(seg.log, seg.first_offset, self._range_end(seg))
         elif self._exhausted:
-            if seg.last_offset and fed >= seg.last_offset:
+            if (seg.last_offset and fed >= seg.last_offset) or fed >= head:
                 # Read through the segment, and the FSM still expects its ops.
                 raise UnusedHints(seg.log, fed, head, seg)
             self._open_reader(seg.log, fed, self._range_end(seg), reset=False)

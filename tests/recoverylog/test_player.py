@@ -21,6 +21,7 @@ from recoverylog.player import (
     TAIL,
     DataLoss,
     HintedSegmentBeyondHead,
+    PlaybackError,
     PlaybackProgress,
     Player,
     PlayerState,
@@ -667,3 +668,65 @@ async def test_handoff_after_a_swallowed_noop(
     assert read_tree(directory) == {"/a": b"y" * BIG}
     assert fsm.links == w.fsm.links
     assert fsm.next_seq_no == w.fsm.next_seq_no + 1  # Then the no-op which landed.
+
+
+async def test_end_offset_plays_the_same_tree_however_the_log_grew(
+    client: JournalClient, make_log: MakeLog, tmp_path: Path
+) -> None:
+    log = SharedLog(client, await make_log())
+    w = LogWriter(log, A)
+    await write_sample(w)
+    hints = copy_hints(w)
+    a = w.create("/after-hints")
+    w.write(a, 0, b"written after the hints")
+    await w.flush()
+    end, tree_at_end = log.head, w.model.tree()
+    seq_at_end = w.fsm.next_seq_no
+
+    # The log grows after `end` (new files, rewrites, a large write).
+    w.write(a, 0, b"REWRITTEN")
+    w.unlink("/a.txt")
+    big = w.create("/big")
+    w.write(big, 0, b"z" * BIG)
+    await w.flush()
+    assert log.head > end + BIG
+
+    for name, start in (("hinted", hints), ("unhinted", None)):
+        directory = tmp_path / name
+        player = Player(client, log.name, start, directory, end_offset=end)
+        await asyncio.wait_for(player.play(), 30)
+        assert read_tree(directory) == tree_at_end, name
+        assert player.write_head == end
+        assert player.fsm.next_seq_no == seq_at_end
+        assert player.progress.bytes_read <= end
+
+    # Played without end_offset: everything.
+    player = await play(client, log.name, tmp_path / "all", hints)
+    assert_played(player, tmp_path / "all", w)
+
+
+async def test_end_offset_errors(client: JournalClient, make_log: MakeLog, tmp_path: Path) -> None:
+    log = SharedLog(client, await make_log())
+    w = LogWriter(log, A)
+    f = w.create("/f")
+    w.write(f, 0, b"x" * 1000)
+    await w.flush()
+    head = log.head
+
+    with pytest.raises(ValueError, match="end_offset"):
+        Player(client, log.name, None, tmp_path / "p", end_offset=-1)
+    with pytest.raises(ValueError, match="EXIT_AT_HEAD"):
+        await Player(client, log.name, None, tmp_path / "p", end_offset=head).play(until=TAIL)
+    with pytest.raises(PlaybackError, match="beyond the write head"):
+        await Player(client, log.name, None, tmp_path / "p", end_offset=head + 1).play()
+    # Within the write's payload: not an op boundary.
+    with pytest.raises(PlaybackError, match="within a recorded op"):
+        await asyncio.wait_for(
+            Player(client, log.name, None, tmp_path / "p", end_offset=head - 10).play(), 30
+        )
+    # Hints of content past end_offset cannot be played to it.
+    hints = copy_hints(w)
+    with pytest.raises(HintedSegmentBeyondHead):
+        await asyncio.wait_for(
+            Player(client, log.name, hints, tmp_path / "p", end_offset=1).play(), 30
+        )

@@ -39,11 +39,13 @@ _KNOWN = frozenset(
         "key_prefix",
         "batch_size",
         "tmpdir",
+        "splits",
     }
 )
 _HINTS = re.compile(r"primary|backup\.(0|[1-9][0-9]{0,8})")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 _DEFAULT_BATCH = 65536
+_MAX_SPLITS = 1024
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class ShardsOptions:
     """Whether rows carry the checkpoint's read-through offsets as a map column (the
     serialized checkpoint is always there; a map per row costs Spark ~1 s per 1M rows)."""
     tmpdir: str
+    splits: int
+    """Input partitions per RocksDB shard (key ranges of one snapshot); 0: automatic."""
 
     @property
     def backup_index(self) -> int | None:
@@ -161,6 +165,19 @@ class ShardsOptions:
         if read_through not in ("true", "false"):
             raise InvalidOption("read_through", f"must be true or false, not {read_through!r}")
 
+        raw_splits = opts.get("splits", "auto").strip().lower()
+        if raw_splits == "auto":
+            splits = 0
+        else:
+            try:
+                splits = int(raw_splits)
+            except ValueError:
+                raise InvalidOption("splits", f"'auto' or a number, not {raw_splits!r}") from None
+            if not 1 <= splits <= _MAX_SPLITS:
+                raise InvalidOption("splits", f"must be within 1..{_MAX_SPLITS} ({splits})")
+            if splits > 1 and store != "rocksdb":
+                raise InvalidOption("splits", "only store=rocksdb shards are split (by key range)")
+
         return cls(
             etcd=etcd,
             root=root,
@@ -177,6 +194,7 @@ class ShardsOptions:
             batch_size=batch_size,
             read_through=read_through == "true",
             tmpdir=opts.get("tmpdir", "").strip(),
+            splits=splits,
         )
 
 

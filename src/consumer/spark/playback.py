@@ -65,13 +65,16 @@ class PlayedShard:
     seconds: float
 
 
-async def _play(plan: ShardPlan, brokers: Sequence[str], directory: Path) -> PlayedShard:
+async def _play(
+    plan: ShardPlan, brokers: Sequence[str], directory: Path, end_offset: int
+) -> PlayedShard:
     from broker.client import JournalClient
     from recoverylog.player import EXIT_AT_HEAD, Player
 
     t0 = time.monotonic()
     async with JournalClient(list(brokers)) as client:
-        player = Player(client, plan.log, hints_from_json(plan.hints_json), directory)
+        hints = hints_from_json(plan.hints_json)
+        player = Player(client, plan.log, hints, directory, end_offset=end_offset)
         fsm = await player.play(until=EXIT_AT_HEAD)
         links = dict(fsm.links)
         head = player.write_head
@@ -80,14 +83,15 @@ async def _play(plan: ShardPlan, brokers: Sequence[str], directory: Path) -> Pla
 
 @contextlib.contextmanager
 def played_shard(
-    plan: ShardPlan, brokers: Sequence[str], tmpdir: str = ""
+    plan: ShardPlan, brokers: Sequence[str], tmpdir: str = "", end_offset: int = 0
 ) -> Iterator[PlayedShard]:
     """Play `plan`'s log from its hints into a new temporary directory (under `tmpdir`, or
-    the system's), yield it, and remove it whatever happens. Raises the Player's errors
-    (`DataLoss` if the hinted log content is gone, ...)."""
+    the system's), yield it, and remove it whatever happens. Plays through `end_offset` of
+    the log if given (every split of a shard plays the same snapshot), else through its write
+    head. Raises the Player's errors (`DataLoss` if the hinted log content is gone, ...)."""
     base = Path(tempfile.mkdtemp(prefix="gazette-shard-export-", dir=tmpdir or None)).resolve()
     try:
-        played = asyncio.run(_play(plan, brokers, base / "store"))
+        played = asyncio.run(_play(plan, brokers, base / "store", end_offset))
         log.info(
             "played shard=%s log=%s write_head=%d files=%d seconds=%.2f",
             plan.shard,
@@ -169,10 +173,16 @@ def rocksdb_batches(
     key_prefix: bytes = b"",
     decoder: Callable[[bytes, bytes], Mapping[str, Any]] | None = None,
     batch_size: int = 65536,
+    split: tuple[int, int] = (0, 1),
 ) -> Iterator[pa.RecordBatch]:
     """Application keys (not the store's 0x00 keys) under `key_prefix`, in key order, as
-    (key, value) or as `decoder`'s columns (given the key without `key_prefix`)."""
+    (key, value) or as `decoder`'s columns (given the key without `key_prefix`).
+
+    `split` (index, count): only the keys of range `index` of `count` (`keyranges`), which
+    are the same ranges wherever the same snapshot is played."""
     from rocksdict import AccessType, Options, Rdict
+
+    from consumer.spark.keyranges import range_of, split_points, sst_files
 
     if not check_store(played, "rocksdb"):
         return
@@ -184,15 +194,36 @@ def rocksdb_batches(
         checkpoint = pb.Checkpoint() if raw is None else pb.Checkpoint.FromString(bytes(raw))
         builder = _BatchBuilder(schema, played.plan.shard, checkpoint)
         start = max(key_prefix, b"\x01")
+        index, count = split
+        stop: bytes | None = None
+        if count > 1:
+            points = split_points(sst_files(db.live_files()), count, start, _successor(key_prefix))
+            start, stop = range_of(points, index, start)
+            log.info(
+                "split shard=%s index=%d of=%d from=%r to=%r",
+                played.plan.shard,
+                index,
+                count,
+                start,
+                stop,
+            )
+            if start == stop:
+                return
         items: Iterator[tuple[bytes, bytes]] = db.items(from_key=start)  # type: ignore[assignment]
         cut = len(key_prefix)
         while True:
             chunk = list(itertools.islice(items, batch_size))
             done = len(chunk) < batch_size
-            if chunk and not chunk[-1][0].startswith(key_prefix):
-                # Keys are ordered: those with the prefix come first.
+            if chunk and not (
+                chunk[-1][0].startswith(key_prefix) and (stop is None or chunk[-1][0] < stop)
+            ):
+                # Keys are ordered: those with the prefix (and below the split's end) come first.
                 n = 0
-                while n < len(chunk) and chunk[n][0].startswith(key_prefix):
+                while (
+                    n < len(chunk)
+                    and chunk[n][0].startswith(key_prefix)
+                    and (stop is None or chunk[n][0] < stop)
+                ):
                     n += 1
                 chunk, done = chunk[:n], True
             if chunk:
@@ -208,6 +239,14 @@ def rocksdb_batches(
         del items
     finally:
         db.close()
+
+
+def _successor(prefix: bytes) -> bytes | None:
+    """The least key greater than every key with `prefix` (None: there is none)."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes([trimmed[-1] + 1])
 
 
 def _decode(

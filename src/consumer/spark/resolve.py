@@ -9,6 +9,7 @@ a store of another kind) is raised before Spark runs any job.
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 
 from allocator.etcd import Etcd
@@ -28,7 +29,17 @@ from recoverylog.hints import hints_to_json
 from recoverylog.hints_etcd import backup_hints_key, load_hints, primary_hints_key
 from recoverylog.segments import InvalidHints
 
-__all__ = ["ROCKSDB_MARKER", "ShardPlan", "resolve_shards", "resolve_shards_sync"]
+__all__ = [
+    "AUTO_SPLIT_BYTES",
+    "ROCKSDB_MARKER",
+    "ShardPlan",
+    "ShardSplit",
+    "estimated_bytes",
+    "plan_splits",
+    "plan_splits_sync",
+    "resolve_shards",
+    "resolve_shards_sync",
+]
 
 ROCKSDB_MARKER = "/IDENTITY"
 """A property every recorded RocksDB has in its hints (RocksDB writes IDENTITY at creation,
@@ -127,3 +138,86 @@ def _check_kind(shard: str, hints: rpb.FSMHints, store: str) -> None:
 def resolve_shards_sync(opts: ShardsOptions) -> list[ShardPlan]:
     """`resolve_shards` from synchronous code (a Spark driver-side Python worker)."""
     return asyncio.run(resolve_shards(opts))
+
+
+AUTO_SPLIT_BYTES = 4 << 20
+"""With ``splits=auto``, a RocksDB shard gets one split per this many bytes of live log
+content (what playback reads), up to its share of the driver's cores."""
+
+
+@dataclass(frozen=True)
+class ShardSplit:
+    """One input partition: key range `index` of `count` of a shard's store as recorded
+    through `end_offset` of its log (every split of a shard plays to the same offset, so all
+    see one snapshot)."""
+
+    plan: ShardPlan
+    end_offset: int
+    index: int = 0
+    count: int = 1
+    estimated_bytes: int = 0
+    """What playing the shard reads (live hinted segments and the log after them)."""
+
+
+def estimated_bytes(hints: rpb.FSMHints, end_offset: int) -> int:
+    """Bytes of `hints.log` a Player reads playing to `end_offset`: the union of the live
+    hinted segments (one of unknown extent reaching to the next or to the end), and the log
+    after the last of them."""
+    intervals = []
+    for node in hints.live_nodes:
+        for seg in node.segments:
+            if seg.log and seg.log != hints.log:
+                continue
+            last = seg.last_offset or end_offset
+            intervals.append((seg.first_offset, max(seg.first_offset, min(last, end_offset))))
+    intervals.sort()
+    total, reach = 0, 0
+    for begin, end in intervals:
+        begin = max(begin, reach)
+        if end > begin:
+            total += end - begin
+            reach = end
+    return total + max(0, end_offset - reach)
+
+
+def _auto_splits(opts: ShardsOptions, estimate: int, shards: int) -> int:
+    cores = os.cpu_count() or 1
+    share = max(1, -(-cores // shards))
+    return max(1, min(estimate // AUTO_SPLIT_BYTES, share))
+
+
+async def plan_splits(opts: ShardsOptions) -> list[ShardSplit]:
+    """The input partitions of an export: `resolve_shards`, then for each shard the current
+    write head of its recovery log (learnt by an empty append, as a Player does; the state to
+    export) and its splits: RocksDB shards ``opts.splits`` each (auto: by size, see
+    `AUTO_SPLIT_BYTES`), other stores one."""
+    from broker.client import JournalClient, JournalNotFound, append
+    from broker.protocol import protocol_pb2 as bpb
+    from recoverylog.hints import hints_from_json
+
+    plans = await resolve_shards(opts)
+    out: list[ShardSplit] = []
+    async with JournalClient(list(opts.brokers)) as client:
+        for plan in plans:
+            try:
+                resp = await append(client, bpb.AppendRequest(journal=plan.log))
+            except JournalNotFound:
+                raise ExportError(
+                    f"shard {plan.shard!r}: its recovery log {plan.log!r} is not a journal "
+                    f"of brokers {', '.join(opts.brokers)}"
+                ) from None
+            end = int(resp.commit.end)
+            estimate = estimated_bytes(hints_from_json(plan.hints_json), end)
+            if opts.store != "rocksdb":
+                count = 1
+            elif opts.splits:
+                count = opts.splits
+            else:
+                count = _auto_splits(opts, estimate, len(plans))
+            out.extend(ShardSplit(plan, end, i, count, estimate) for i in range(count))
+    return out
+
+
+def plan_splits_sync(opts: ShardsOptions) -> list[ShardSplit]:
+    """`plan_splits` from synchronous code."""
+    return asyncio.run(plan_splits(opts))

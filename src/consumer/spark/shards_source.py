@@ -1,11 +1,13 @@
 """``spark.read.format("gazette-shards")``: the state of consumer shards as a DataFrame.
 
-One input partition per selected shard. The driver resolves the shards and their hints from
-etcd when the DataFrame is loaded (`resolve_shards`: errors a user can fix are raised there,
-before any job) and again when a query is planned (so each query plays from current hints).
-Each task plays its shard's recovery log from the hints into a temporary directory, opens the
-store it finds read-only, yields Arrow record batches and removes the directory: the live
-primary is never touched. See docs/spark.md for the options and schemas.
+The driver resolves the shards and their hints from etcd when the DataFrame is loaded
+(`resolve_shards`: errors a user can fix are raised there, before any job) and again when a
+query is planned (so each query plays from current hints), learning then each recovery log's
+write head: the snapshot the query exports. A shard is one input partition, or for RocksDB
+several (option ``splits``), each a key range of the same snapshot. Each task plays its
+shard's recovery log from the hints through that offset into a temporary directory, opens the
+store it finds read-only, yields Arrow record batches of its range and removes the directory:
+the live primary is never touched. See docs/spark.md for the options and schemas.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from consumer.spark.playback import (
     sqlite_batches,
     sqlite_columns,
 )
-from consumer.spark.resolve import ShardPlan, resolve_shards_sync
+from consumer.spark.resolve import ShardSplit, plan_splits_sync, resolve_shards_sync
 
 __all__ = ["BASE_DDL", "GazetteShardsDataSource", "GazetteShardsReader", "ShardPartition"]
 
@@ -58,11 +60,11 @@ def _quote(name: str) -> str:
 
 
 class ShardPartition(InputPartition):
-    """One shard to export."""
+    """One shard, or one key range of a shard, to export."""
 
-    def __init__(self, plan: ShardPlan) -> None:
-        super().__init__(plan)
-        self.plan = plan
+    def __init__(self, split: ShardSplit) -> None:
+        super().__init__(split)
+        self.split = split
 
 
 class GazetteShardsDataSource(DataSource):
@@ -105,14 +107,14 @@ class GazetteShardsDataSource(DataSource):
 
 
 class GazetteShardsReader(DataSourceReader):
-    """Plans one partition per shard and exports a shard per task."""
+    """Plans the shards' splits and exports one per task."""
 
     def __init__(self, opts: ShardsOptions, schema: StructType) -> None:
         self.opts = opts
         self.schema = schema
 
     def partitions(self) -> Sequence[InputPartition]:
-        return [ShardPartition(plan) for plan in resolve_shards_sync(self.opts)]
+        return [ShardPartition(split) for split in plan_splits_sync(self.opts)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, ShardPartition):
@@ -121,7 +123,8 @@ class GazetteShardsReader(DataSourceReader):
 
         opts = self.opts
         arrow = to_arrow_schema(self.schema, timezone="UTC")
-        with played_shard(partition.plan, opts.brokers, opts.tmpdir) as played:
+        split = partition.split
+        with played_shard(split.plan, opts.brokers, opts.tmpdir, split.end_offset) as played:
             if opts.store == "rocksdb":
                 decoder = load_decoder(opts.decoder) if opts.decoder else None
                 yield from rocksdb_batches(
@@ -130,6 +133,7 @@ class GazetteShardsReader(DataSourceReader):
                     key_prefix=opts.key_prefix,
                     decoder=decoder,
                     batch_size=opts.batch_size,
+                    split=(split.index, split.count),
                 )
             elif opts.store == "sqlite":
                 yield from sqlite_batches(

@@ -269,6 +269,21 @@ async def test_rocksdb_shards_export_while_consuming(
             want = await sums_through(client, journal, through)
             assert got == {b"k" + k.encode(): str(v).encode() for k, v in want.items()}
 
+        # Three key ranges of shard-000, each played by its own task while the shard keeps
+        # committing: one snapshot (one checkpoint), every key once.
+        df, rows = await asyncio.to_thread(
+            collect, spark_shards, **app.options(shards="shard-000", store="rocksdb", splits="3")
+        )
+        assert df.rdd.getNumPartitions() == 3
+        assert len({bytes(r.checkpoint) for r in rows}) == 1
+        keys = [bytes(r.key) for r in rows]
+        assert len(keys) == len(set(keys))
+        journal = app.inputs[0]
+        want = await sums_through(client, journal, rows[0].read_through[journal])
+        assert {bytes(r.key): bytes(r.value) for r in rows} == {
+            b"k" + k.encode(): str(v).encode() for k, v in want.items()
+        }
+
         # A decoder to typed columns, and a key prefix (passed to the decoder stripped).
         _, decoded = await asyncio.to_thread(
             collect,
