@@ -242,3 +242,24 @@ def test_http_port_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(SystemExit):
         parse_args(["m:A"])
 
+
+
+async def test_word_count_registers_its_http_query(monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/word-count's `register_http` wiring: its /ngrams route answers through the
+    runtime's resolution (no shards here: SHARD_NOT_FOUND) and rejects empty queries.
+    Its counts over HTTP on a live cluster are shown by the word-count README/demo."""
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "word-count"))
+    from word_count.app import WordCount
+
+    runtime = ConsumerRuntime(ConsumerConfig(zone="z", suffix="s"), WordCount())
+    server = ConsumerHTTP(runtime, "127.0.0.1", 0)
+    await server.start(runtime.app.register_http)  # type: ignore[attr-defined]
+    server.set_ready()
+    try:
+        async with aiohttp.ClientSession() as http:
+            status, body = await get_json(http, f"{server.endpoint}/ngrams?shard=nope")
+            assert (status, body["status"]) == (404, "SHARD_NOT_FOUND")
+            status, body = await get_json(http, f"{server.endpoint}/ngrams")
+            assert (status, body["status"]) == (400, "INVALID_ARGUMENT")
+    finally:
+        await server.close()

@@ -14,6 +14,10 @@ process answers: a request for a shard primary elsewhere is proxied once to the 
     {"shard": "word-count-part-000", "prefix": "the "}  -> counts of n-grams starting "the "
     {"ngram": "of the"}                                  -> its count, from the shard owning it
 
+The same queries over HTTP (added by `register_http`, served on the consumer's
+``--http-port``): ``GET /ngrams?ngram=of+the`` or ``GET /ngrams?shard=ID&prefix=the+``; 200
+with the response below, 404 for SHARD_NOT_FOUND, 400 for a bad request, else 503.
+
 Responses: ``{"status": "OK", "shard": ..., "served_by": "zone#suffix", "counts": {...}}``,
 or a `consumer.Status` name (SHARD_NOT_FOUND, NO_SHARD_PRIMARY, NOT_SHARD_PRIMARY) with an
 ``error`` (UNAVAILABLE: a proxied request found this process's etcd view behind). Requests
@@ -28,6 +32,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from aiohttp import web
 
 from broker.client import list_all_journals
 from broker.protocol import protocol_pb2 as bpb
@@ -113,6 +118,20 @@ class WordCount:
         )
         server.add_generic_rpc_handlers((handler,))
 
+    def register_http(self, app: web.Application, runtime: ConsumerRuntime) -> None:
+        """Add ``GET /ngrams`` (the query, from URL parameters) to the consumer's HTTP server."""
+        self._runtime = runtime
+        app.router.add_get("/ngrams", self._query_http)
+
+    async def _query_http(self, request: web.Request) -> web.Response:
+        req = {k: v for k, v in request.query.items() if k in ("ngram", "shard", "prefix")}
+        if "ngram" not in req and "shard" not in req:
+            body = {"status": "INVALID_ARGUMENT", "error": "give ngram= or shard= (and prefix=)"}
+            return web.json_response(body, status=400)
+        resp = await self.query(req, timeout=30.0)
+        status = {"OK": 200, "SHARD_NOT_FOUND": 404}.get(resp["status"], 503)
+        return web.json_response(resp, status=status)
+
     async def _query_rpc(
         self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> bytes:
@@ -130,7 +149,7 @@ class WordCount:
     async def query(self, req: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
         """Answer a query (module docs) here, or from the shard's primary (proxied once)."""
         runtime = self._runtime
-        assert runtime is not None, "register_grpc was not called"
+        assert runtime is not None, "neither register_grpc nor register_http was called"
         ngram = req.get("ngram")
         shard_id = req.get("shard") or ""
         if not shard_id and isinstance(ngram, str):
