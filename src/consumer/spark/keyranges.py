@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SstFile", "key_position", "range_of", "split_points", "sst_files"]
+__all__ = ["SstFile", "clip", "key_position", "range_of", "split_points", "sst_files"]
 
 _WIDTH = 8  # Bytes of a key read as a number after the common prefix.
 _SAMPLES = 32  # Candidate points per file.
@@ -38,6 +38,18 @@ def sst_files(live_files: Sequence[Mapping[str, Any]]) -> list[SstFile]:
         if f.get("start_key") is not None and f.get("end_key") is not None
     ]
     out.sort(key=lambda f: (f.start, f.end, f.entries))
+    return out
+
+
+def clip(files: Sequence[SstFile], first: bytes, last: bytes) -> list[SstFile]:
+    """`files` with their key ranges cut to [`first`, `last`], the first and last keys to
+    export (found by seeking): a file that also holds keys outside them (the store's own 0x00
+    keys, keys of another prefix) would otherwise spread its estimate over empty key space."""
+    out = []
+    for f in files:
+        if f.end < first or f.start > last:
+            continue
+        out.append(SstFile(max(f.start, first), min(f.end, last), f.entries))
     return out
 
 

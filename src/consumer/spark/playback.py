@@ -182,7 +182,7 @@ def rocksdb_batches(
     are the same ranges wherever the same snapshot is played."""
     from rocksdict import AccessType, Options, Rdict
 
-    from consumer.spark.keyranges import range_of, split_points, sst_files
+    from consumer.spark.keyranges import range_of
 
     if not check_store(played, "rocksdb"):
         return
@@ -197,7 +197,7 @@ def rocksdb_batches(
         index, count = split
         stop: bytes | None = None
         if count > 1:
-            points = split_points(sst_files(db.live_files()), count, start, _successor(key_prefix))
+            points = _split_points(db, count, start, _successor(key_prefix))
             start, stop = range_of(points, index, start)
             log.info(
                 "split shard=%s index=%d of=%d from=%r to=%r",
@@ -239,6 +239,33 @@ def rocksdb_batches(
         del items
     finally:
         db.close()
+
+
+def _split_points(db: Any, count: int, lo: bytes, hi: bytes | None) -> list[bytes]:
+    """`keyranges.split_points` of `db`'s SST files, cut to the first and last keys in
+    [`lo`, `hi`) (no points if there are none)."""
+    from consumer.spark.keyranges import clip, split_points, sst_files
+
+    it = db.iter()
+    try:
+        it.seek(lo)
+        if not it.valid():
+            return []
+        first = bytes(it.key())
+        if hi is None:
+            it.seek_to_last()
+        else:
+            it.seek_for_prev(hi)
+            if it.valid() and bytes(it.key()) >= hi:
+                it.prev()
+        if not it.valid():
+            return []
+        last = bytes(it.key())
+    finally:
+        del it
+    if last < first:
+        return []
+    return split_points(clip(sst_files(db.live_files()), first, last), count, lo, hi)
 
 
 def _successor(prefix: bytes) -> bytes | None:

@@ -9,7 +9,7 @@ import pytest
 from rocksdict import AccessType, Options, Rdict
 
 from consumer.spark.errors import InvalidOption
-from consumer.spark.keyranges import SstFile, key_position, range_of, split_points, sst_files
+from consumer.spark.keyranges import SstFile, clip, key_position, range_of, split_points, sst_files
 from consumer.spark.options import ShardsOptions
 from consumer.spark.playback import PlayedShard, rocksdb_batches
 from consumer.spark.resolve import ShardPlan, estimated_bytes
@@ -58,6 +58,11 @@ def test_split_points_balance_entries_and_stay_within_bounds() -> None:
     assert split_points(files, 4, b"x") == []
 
 
+def test_clip_cuts_file_ranges_to_the_exported_keys() -> None:
+    files = [SstFile(b"\x00cp", b"n9", 100), SstFile(b"a", b"b", 5), SstFile(b"n5", b"z", 50)]
+    assert clip(files, b"n0", b"n9") == [SstFile(b"n0", b"n9", 100), SstFile(b"n5", b"n9", 50)]
+
+
 def test_ranges_are_disjoint_and_cover_every_key() -> None:
     points = [b"g", b"p"]
     ranges = [range_of(points, i, b"\x01") for i in range(4)]
@@ -89,14 +94,17 @@ def _parts(path: Path, count: int, prefix: bytes = b"") -> list[list[bytes]]:
     return [_read(path, (i, count), prefix) for i in range(count)]
 
 
-def test_splits_of_a_real_store_partition_its_keys(tmp_path: Path) -> None:
-    # Word-count-like keys: one prefix, then numbers; some flushed to SSTs, the rest in the WAL.
+@pytest.mark.parametrize("flush_every", [7_000, 1 << 30])
+def test_splits_of_a_real_store_partition_its_keys(tmp_path: Path, flush_every: int) -> None:
+    # Word-count-like keys: one prefix, then numbers; in several SSTs, or in one (flushed at
+    # close) which also holds the store's 0x00 checkpoint key, far below every other key.
     keys = [b"n%07d gram" % i for i in range(0, 600_000, 10)]
-    _fill(tmp_path, keys, flush_every=7_000)
+    _fill(tmp_path, keys, flush_every=flush_every)
     ro = Rdict(str(tmp_path), Options(raw_mode=True), access_type=AccessType.read_only())
     files = sst_files(ro.live_files())
     ro.close()
     assert len(files) >= 1
+    assert files[0].start == b"\x00checkpoint"
 
     for count in (1, 2, 3, 4, 8):
         parts = _parts(tmp_path, count)
@@ -108,7 +116,7 @@ def test_splits_of_a_real_store_partition_its_keys(tmp_path: Path) -> None:
             assert max(sizes) <= 2 * len(keys) / count, (count, sizes)
             assert min(sizes) >= len(keys) / count / 2, (count, sizes)
         else:
-            assert all(sizes), sizes
+            assert sum(1 for n in sizes if n) >= count // 2, sizes
 
 
 def test_splits_cover_every_key_whatever_the_layout(tmp_path: Path) -> None:
