@@ -12,7 +12,12 @@ the transaction loop described in `consumer.application`:
 3. Closing: `finalize_txn`; then the Checkpoint (sources read through, producer states,
    ACK intents of what was published); the store commit waits for every pending append of
    the transaction except those to the recovery log; the ACK intents are appended only once
-   the commit is durable. The next transaction starts at once (pipelining).
+   the commit is durable. The next transaction starts at once (pipelining), and may close
+   and start its own store commit as soon as the previous store commit is durable, while the
+   previous ACKs are still being appended: its checkpoint then also carries the previous
+   intents of journals it did not publish to (ACKs are cumulative per producer and journal,
+   so a recovery from it re-appends what may not have landed); in journals it did publish
+   to, its messages are queued behind the previous ACKs, and its commit waits for them.
 
 Acknowledgement messages are sequenced and counted in a transaction, but not passed to the
 application. Any error fails the loop (the shard then reports FAILED).
@@ -236,6 +241,12 @@ class Transactions:
             self._begin = _maybe_async(app.begin_txn)
             self._finished = app.finished_txn
         self._prev: asyncio.Future[None] | None = None
+        """The last transaction's completion: store commit, ACK appends, progress (each
+        completion awaits the one before it, so this one covers them all)."""
+        self._prev_commit: asyncio.Future[Any] | None = None
+        """The last transaction's store commit."""
+        self._unacked: dict[str, AckIntent] = {}
+        """Per journal, the latest ACK intent checkpointed whose append is not known done."""
         self._pending: SourceItem | None = None  # Taken off the queue early.
         self._ended = False  # The source queued SOURCE_DONE: nothing more will come.
         self._begun = False  # A transaction began (BeginFinisher): `finished_txn` is owed.
@@ -318,27 +329,38 @@ class Transactions:
                 if n % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
                 continue
-            prev_done = self._prev is None or self._prev.done()
+            self._raise_failed()
+            prev_done = self._prev_commit is None or self._prev_commit.done()
             if (now >= min_at or self._ended) and prev_done:
                 break  # A source that ended closes the transaction without waiting.
             await self._stall(min_at if now < min_at else None, max_at, prev_done)
-        if self._prev is not None:
-            await self._prev  # Raises if the previous commit failed.
+        if self._prev_commit is not None:
+            await self._prev_commit  # Raises if the previous store commit failed.
+        self._raise_failed()
         await self._finalize(self.shard, self.store, self.pub)
         await self._start_commit()
         self.stats.txns += 1
         self.stats.last_txn_messages = n
         self.stats.last_txn_seconds = loop.time() - started
 
+    def _raise_failed(self) -> None:
+        """Raise the error of an earlier transaction's completion (a failed ACK append)."""
+        prev = self._prev
+        if prev is not None and prev.done():
+            prev.result()
+
     async def _stall(self, min_at: float | None, max_at: float, prev_done: bool) -> None:
-        """Wait for a message, the previous commit, or the next deadline."""
+        """Wait for a message, the previous store commit (or a failure of an earlier
+        transaction's completion), or the next deadline."""
         loop = asyncio.get_running_loop()
         deadline = max_at if min_at is None else min_at
         waits: set[asyncio.Future[Any]] = set()
         getter = None if self._ended else asyncio.ensure_future(self.readers.queue.get())
         if getter is not None:
             waits.add(getter)
-        if not prev_done and self._prev is not None:
+        if not prev_done and self._prev_commit is not None:
+            waits.add(self._prev_commit)
+        if self._prev is not None and not self._prev.done():
             waits.add(self._prev)
         if not waits:
             return
@@ -450,7 +472,14 @@ class Transactions:
         read_through = self._last_read_through = self.seq.read_through()
         states = self.seq.checkpoint(PRODUCER_PRUNE_HORIZON_NS)
         intents = pub.build_ack_intents()
-        cp = _build_checkpoint(read_through, states, intents)
+        unacked = self._unacked
+        published = {i.journal for i in intents}
+        # Earlier intents whose appends may not have landed, in journals this transaction
+        # did not publish to: a recovery from this checkpoint must still append them.
+        carried = [i for j, i in unacked.items() if j not in published]
+        for intent in intents:
+            unacked[intent.journal] = intent
+        cp = _build_checkpoint(read_through, states, intents + carried)
         started = self.store.start_commit(self.shard, cp, wait_for)
         committed = asyncio.ensure_future(started)
         if asyncio.iscoroutine(started):
@@ -458,7 +487,10 @@ class Transactions:
             # transaction mutates the store: stores must capture the transaction by then.
             await asyncio.sleep(0)
         self._notify_finished(committed)
-        self._prev = asyncio.ensure_future(self._complete(committed, intents, read_through))
+        self._prev_commit = committed
+        self._prev = asyncio.ensure_future(
+            self._complete(committed, intents, read_through, self._prev)
+        )
         if svc.tracks_released:
             svc.take_released()  # The ACK appends just queued belong to this transaction.
 
@@ -468,8 +500,14 @@ class Transactions:
             self._finished(self.shard, self.store, committed)
 
     async def _complete(
-        self, committed: Awaitable[Any], intents: list[AckIntent], read_through: dict[str, int]
+        self,
+        committed: Awaitable[Any],
+        intents: list[AckIntent],
+        read_through: dict[str, int],
+        earlier: asyncio.Future[None] | None,
     ) -> None:
+        """Once the store commit is durable, append the ACKs; then, once the earlier
+        transaction completed too (raising its error), report progress."""
         t0 = time.monotonic()
         try:
             await committed
@@ -479,10 +517,15 @@ class Transactions:
         t1 = time.monotonic()
         acks = self.pub.publish_ack_intents(intents)
         publish_at: dict[str, int] = {}
-        for aa in acks:
+        unacked = self._unacked
+        for intent, aa in zip(intents, acks, strict=True):
             resp = await aa.done()
             publish_at[aa.journal] = max(publish_at.get(aa.journal, 0), resp.commit.end)
+            if unacked.get(intent.journal) is intent:
+                del unacked[intent.journal]
         t2 = time.monotonic()
+        if earlier is not None:
+            await earlier  # Progress in order; an earlier failure is this one's too.
         self.stats.last_commit_seconds = t1 - t0
         self.stats.last_acks_seconds = t2 - t1
         if t2 - t0 > 1.0:

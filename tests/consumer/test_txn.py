@@ -17,6 +17,7 @@ from broker.protocol import protocol_pb2 as bpb
 from consumer.application import Shard
 from consumer.protocol import pb
 from consumer.txn import Transactions, checkpoint_offsets, sequencer_from_checkpoint
+from message import CONTENT_TYPE_JSON_LINES, JSONMessage
 from message.envelope import Envelope
 from message.publisher import Publisher
 from message.sequencer import Sequencer
@@ -398,3 +399,129 @@ async def test_begin_txn_is_paired_with_finished_txn_on_error() -> None:
     await asyncio.gather(task, return_exceptions=True)
     assert app.begun == 1
     assert app.finished == 1, "FinishedTxn was never called for a transaction that errored"
+
+
+@dataclass
+class Out(JSONMessage):
+    n: int = 0
+
+
+class PublishingApp(App):
+    """Publishes each message uncommitted to the journal named by its number's parity."""
+
+    def consume_message(self, shard: Any, store: FakeStore, env: Envelope, pub: Any) -> Any:
+        store.state.append(env.message.n)
+        out = (f"review/out-{'even' if env.message.n % 2 == 0 else 'odd'}", CONTENT_TYPE_JSON_LINES)
+        pub.publish_uncommitted(lambda _m: out, Out(env.message.n))
+        return None
+
+
+class HeldAppends:
+    """A JournalClient stand-in answering appends OK at once, except those `held` (journal,
+    nth append to it), which answer once `release` is set."""
+
+    def __init__(self, held: set[tuple[str, int]]) -> None:
+        self.held = held
+        self.release = asyncio.Event()
+        self.heads: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+        self.done: list[tuple[str, int]] = []
+
+    def stub_for(self, journal: str, primary: bool = False) -> Any:
+        return self
+
+    def Append(self, _request: Any) -> Any:  # noqa: N802 - the gRPC stub's method.
+        client = self
+
+        class Call:
+            def __init__(self) -> None:
+                self.msgs: list[bpb.AppendRequest] = []
+
+            async def write(self, msg: bpb.AppendRequest) -> None:
+                self.msgs.append(msg)
+
+            async def done_writing(self) -> None:
+                pass
+
+            def cancel(self) -> bool:
+                return True
+
+            def __await__(self) -> Any:
+                return self.respond().__await__()
+
+            async def respond(self) -> bpb.AppendResponse:
+                journal = self.msgs[0].journal
+                nth = client.counts.get(journal, 0)
+                client.counts[journal] = nth + 1
+                if (journal, nth) in client.held:
+                    await client.release.wait()
+                size = sum(len(m.content) for m in self.msgs)
+                begin = client.heads.get(journal, 0)
+                client.heads[journal] = begin + size
+                client.done.append((journal, nth))
+                commit = bpb.Fragment(journal=journal, begin=begin, end=begin + size)
+                return bpb.AppendResponse(status=bpb.OK, commit=commit)
+
+        return Call()
+
+    def update_route(self, journal: str, header: Any) -> None:
+        pass
+
+    def invalidate_route(self, journal: str) -> None:
+        pass
+
+
+async def test_next_commit_starts_before_the_previous_acks_and_carries_their_intents() -> None:
+    """ACK appends are off the critical path: a transaction commits once the previous store
+    commit is durable, though the previous ACKs are not appended yet; its checkpoint then
+    holds the previous intent of each journal it did not publish to, so a recovery from it
+    still commits the previous transaction's messages there. Progress waits for every ACK."""
+    store = FakeStore()
+    txns, readers = make_txns(store, PublishingApp())
+    # Transaction 1's ACK to out-even (the second append there) is held.
+    client = HeldAppends({("review/out-even", 1)})
+    svc = AppendService(client)  # type: ignore[arg-type]
+    svc.track_released()
+    txns.shard.append_service = svc
+    txns.pub = Publisher(svc)
+    readers.queue.put_nowait(outside(0))  # Transaction 1 publishes to out-even.
+    task = asyncio.create_task(txns.run())
+    try:
+        async with asyncio.timeout(5):
+            while len(store.commits) < 1:
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.001)
+        readers.queue.put_nowait(outside(1))  # Transaction 2 publishes to out-odd.
+        async with asyncio.timeout(5):
+            while len(store.commits) < 2:
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.001)
+        first, second = store.commits[0].checkpoint, store.commits[1].checkpoint
+        assert set(first.ack_intents) == {"review/out-even"}
+        assert ("review/out-even", 1) not in client.done  # Still held.
+        assert set(second.ack_intents) == {"review/out-even", "review/out-odd"}
+        assert second.ack_intents["review/out-even"] == first.ack_intents["review/out-even"]
+        assert checkpoint_offsets(second)[JOURNAL] == 20
+        # Progress is not reported past transaction 1 while its ACK is held.
+        await asyncio.sleep(0.05)
+        assert checkpoint_offsets(store.commits[-1].checkpoint)[JOURNAL] == 20
+        assert not txns.shard.progress()[0]
+
+        client.release.set()
+        async with asyncio.timeout(5):
+            while not txns.shard.progress()[0]:
+                await asyncio.sleep(0.001)
+        assert txns.shard.progress()[0][JOURNAL] == 20
+        # Every ACK landed: a third transaction (to out-even) carries no intent of out-odd.
+        readers.queue.put_nowait(outside(2))
+        async with asyncio.timeout(5):
+            while len(store.commits) < 3:
+                await asyncio.sleep(0.001)
+        third = store.commits[2].checkpoint
+        assert set(third.ack_intents) == {"review/out-even"}
+        assert third.ack_intents["review/out-even"] != first.ack_intents["review/out-even"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
