@@ -190,6 +190,13 @@ class OpDecoder:
         return len(self._buf) - self._pos
 
     @property
+    def in_frame(self) -> bool:
+        """Whether bytes fed and not yet consumed begin a frame that is not complete yet."""
+        buf, pos = self._buf, self._pos
+        n = min(len(buf) - pos, len(MAGIC))
+        return n > 0 and buf[pos : pos + n] == MAGIC[:n]
+
+    @property
     def in_payload(self) -> bool:
         """Whether a Write's payload is being read (its `PayloadEnd` is still to come)."""
         return self._write is not None

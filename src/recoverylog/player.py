@@ -801,7 +801,7 @@ class Player:
             self._set_state(state)
 
             if state is PlayerState.EXIT_AT_HEAD:
-                if self._dec.in_payload and self.end_offset:
+                if self.end_offset and (self._dec.in_payload or self._dec.in_frame):
                     raise PlaybackError(
                         f"end_offset {self.end_offset} of {self.log} lies within a recorded op"
                     )

@@ -421,3 +421,17 @@ def test_large_payload_is_streamed_not_accumulated() -> None:
             assert dec.next_event() is None
     assert total == 8 << 20
     assert isinstance(dec.next_event(), PayloadEnd)
+
+
+def test_in_frame_tells_a_partial_frame_from_garbage() -> None:
+    frame = encode_op(rpb.RecordedOp(seq_no=1, checksum=0, author=7))
+    dec = OpDecoder()
+    assert not dec.in_frame
+    dec.feed(frame[:3])  # A prefix of the magic.
+    assert dec.next_event() is None and dec.in_frame
+    dec.feed(frame[3:-1])  # All but the last byte.
+    assert dec.next_event() is None and dec.in_frame
+    dec.feed(frame[-1:])
+    assert dec.next_event() is not None and not dec.in_frame
+    dec.feed(b"zz")  # Not the start of a frame.
+    assert not dec.in_frame

@@ -724,6 +724,13 @@ async def test_end_offset_errors(client: JournalClient, make_log: MakeLog, tmp_p
         await asyncio.wait_for(
             Player(client, log.name, None, tmp_path / "p", end_offset=head - 10).play(), 30
         )
+    # Within a frame of an op without payload (a create).
+    w.create("/g")
+    await w.flush()
+    with pytest.raises(PlaybackError, match="within a recorded op"):
+        await asyncio.wait_for(
+            Player(client, log.name, None, tmp_path / "p", end_offset=log.head - 3).play(), 30
+        )
     # Hints of content past end_offset cannot be played to it.
     hints = copy_hints(w)
     with pytest.raises(HintedSegmentBeyondHead):
