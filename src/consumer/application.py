@@ -113,9 +113,10 @@ class MessageProducer(Protocol):
       and the producers' states. Start each journal at the offset `checkpoint` read through
       (``checkpoint.sources[journal].read_through``; use `consumer.txn.checkpoint_offsets`).
     - Returning normally means "no more for now": the current transaction (if any) completes
-      and commits, the store's checkpoint is restored, and `start_reading_messages` is called
-      again with it. Use it to change what the shard reads at a transaction boundary. A
-      producer returning at once without producing anything is restarted at once: pace it.
+      and commits, and `start_reading_messages` is called again with the checkpoint of that
+      commit (the store's `restore_checkpoint` is not called again). Use it to change what
+      the shard reads at a transaction boundary. A producer returning at once without
+      producing anything is restarted at once: pace it.
     - Raising is a terminal error: the shard fails (FAILED, with that error as the cause).
       Cancellation (the shard stops, is moved, or fails) cancels the coroutine.
     - `replay_range` must produce again exactly the envelopes of journal `journal` within

@@ -13,8 +13,10 @@ primary (slot 0), it completes recovery:
    `hint_interval`;
 4. runs transactions (`consumer.txn`) with status PRIMARY, over the journals of the spec's
    sources, or over what the Application produces if it is a `MessageProducer`. When a
-   producer returns, its last transaction commits, the store's checkpoint is restored and the
-   producer starts again from it.
+   producer returns, its last transaction commits and the producer starts again from the
+   checkpoint of that commit. The store's `restore_checkpoint` is called once, in step 2
+   (for an SQLStore it takes the shard's fence: calling it again at a restart would let a
+   process that lost its assignment fence out the new primary).
 
 Any error sets FAILED with the error message; the replica stays FAILED (and assigned) until
 it is unassigned (``gazctl shards unassign --failed``). Cancellation (unassigned, or process
@@ -191,8 +193,8 @@ class ShardReplica:
 
     async def _process(self, store: Store, publisher: Publisher, cp: pb.Checkpoint) -> None:
         """Run transactions from checkpoint `cp`. The journal sources never end; a
-        MessageProducer that returns has its last transaction committed, then the checkpoint
-        is restored and the producer started again."""
+        MessageProducer that returns has its last transaction committed, then is started
+        again from the checkpoint of the last commit (not restored again from the store)."""
         shard, app = self.shard, self.ctx.app
         while True:
             source: MessageSource
@@ -216,8 +218,11 @@ class ShardReplica:
                 reading = tg.create_task(source.run(), name=f"read {self.id}")
                 await txns.run()  # Returns once the source ended and its last commit is done.
                 reading.cancel()
-            # Transaction boundary: every commit (and its ACKs) completed.
-            cp = await store.restore_checkpoint(shard)
+            # Transaction boundary: every commit (and its ACKs) completed. Resume from the
+            # last one (its ACK intents were appended: they are not appended again), or from
+            # `cp` again if no transaction ran.
+            if txns.last_committed is not None:
+                cp = txns.last_committed
             await shard._set_progress(checkpoint_offsets(cp), {})
             self.producer_restarts += 1
             log.info(

@@ -86,7 +86,8 @@ class Store(Protocol):
     - `start_commit` is never called while the future returned by the previous call is
       pending; the application may however keep mutating the store (the next transaction)
       while it is. A store must keep those mutations out of the committing transaction.
-    - `restore_checkpoint` is called at shard start-up, before any `start_commit`.
+    - `restore_checkpoint` is called once per store, at shard start-up, before any
+      `start_commit` (it may take a fence, as SQLStore's does).
     - `destroy` is called once nothing uses the store any more.
     """
 

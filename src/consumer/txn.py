@@ -25,7 +25,8 @@ application. Any error fails the loop (the shard then reports FAILED).
 The loop reads from a `MessageSource`: `SourceReaders` for journal sources (never ends), or
 `consumer.message_producer.ProducedMessages` for an Application that is a MessageProducer.
 A source that ends (`SOURCE_DONE`) completes the open transaction, and `Transactions.run`
-returns once its commit is durable: the replica then restores the checkpoint and restarts.
+returns once its commit is durable: the replica then restarts the source from
+`Transactions.last_committed` (the store's checkpoint is restored only once, at recovery).
 """
 
 from __future__ import annotations
@@ -247,6 +248,12 @@ class Transactions:
         """The last transaction's store commit."""
         self._unacked: dict[str, AckIntent] = {}
         """Per journal, the latest ACK intent checkpointed whose append is not known done."""
+        self.last_committed: pb.Checkpoint | None = None
+        """The Checkpoint of the latest transaction whose store commit succeeded (None until
+        one did). Once `run` returned, that of the last transaction: where a restarted
+        source resumes. Its ACK intents were appended by then: not to be appended again."""
+        self._commits = 0  # Store commits started.
+        self._last_committed_n = 0  # The number of the commit `last_committed` is of.
         self._pending: SourceItem | None = None  # Taken off the queue early.
         self._ended = False  # The source queued SOURCE_DONE: nothing more will come.
         self._begun = False  # A transaction began (BeginFinisher): `finished_txn` is owed.
@@ -488,8 +495,9 @@ class Transactions:
             await asyncio.sleep(0)
         self._notify_finished(committed)
         self._prev_commit = committed
+        self._commits += 1
         self._prev = asyncio.ensure_future(
-            self._complete(committed, intents, read_through, self._prev)
+            self._complete(committed, self._commits, cp, intents, read_through, self._prev)
         )
         if svc.tracks_released:
             svc.take_released()  # The ACK appends just queued belong to this transaction.
@@ -502,18 +510,23 @@ class Transactions:
     async def _complete(
         self,
         committed: Awaitable[Any],
+        n: int,
+        cp: pb.Checkpoint,
         intents: list[AckIntent],
         read_through: dict[str, int],
         earlier: asyncio.Future[None] | None,
     ) -> None:
-        """Once the store commit is durable, append the ACKs; then, once the earlier
-        transaction completed too (raising its error), report progress."""
+        """Once the store commit (the `n`-th, of `cp`) is durable, append the ACKs; then,
+        once the earlier transaction completed too (raising its error), report progress."""
         t0 = time.monotonic()
         try:
             await committed
         except BaseException as err:
             self.pub.abort_ack_intents(intents, err)
             raise
+        if n > self._last_committed_n:  # Commits complete in order; never go back anyway.
+            self._last_committed_n = n
+            self.last_committed = cp
         t1 = time.monotonic()
         acks = self.pub.publish_ack_intents(intents)
         publish_at: dict[str, int] = {}

@@ -15,6 +15,7 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ from tests.consumer.test_runtime import (
     wait_for,
     write_head,
 )
-from tests.consumer.test_txn import BASE_CLOCK, JOURNAL, FakeStore, Msg, P, outside
+from tests.consumer.test_txn import BASE_CLOCK, JOURNAL, Commit, FakeStore, Msg, P, outside
 
 Code = pb.ReplicaStatus.Code
 REPO = Path(__file__).resolve().parents[2]
@@ -196,6 +197,116 @@ async def test_duplicates_delivered_after_a_restart_are_dropped(tmp_path: Path) 
         assert r.store.state == [0, 1, 2]
     finally:
         await r.stop()
+
+
+class Fenced(Exception):
+    pass
+
+
+@dataclass
+class FencedTable:
+    """A database row of one shard, as SQLStore keeps it: a fence and a checkpoint."""
+
+    fence: int = 0
+    checkpoint: pb.Checkpoint = field(default_factory=pb.Checkpoint)
+
+
+class FencingStore(FakeStore):
+    """A FakeStore whose `restore_checkpoint` takes the next fence of a shared row (as
+    SQLStore's does) and whose commits fail with `Fenced` once a later instance took it."""
+
+    def __init__(self, table: FencedTable) -> None:
+        super().__init__()
+        self.table = table
+        self.fence = -1
+        self.restores = 0
+
+    async def restore_checkpoint(self, shard: Any) -> pb.Checkpoint:
+        self.restores += 1
+        self.table.fence += 1
+        self.fence = self.table.fence
+        cp = pb.Checkpoint()
+        cp.CopyFrom(self.table.checkpoint)
+        return cp
+
+    def start_commit(self, shard: Any, cp: pb.Checkpoint, wait_for: Any) -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.fence != self.table.fence:
+            fut.set_exception(Fenced(f"fence {self.fence} is not {self.table.fence}"))
+            return fut
+        self.table.checkpoint.CopyFrom(cp)
+        self.commits.append(Commit(pb.Checkpoint.FromString(cp.SerializeToString()), []))
+        fut.set_result(None)
+        return fut
+
+
+async def test_restarts_do_not_restore_the_checkpoint_again(tmp_path: Path) -> None:
+    """`restore_checkpoint` runs once per store (at recovery): a restart starts from the
+    checkpoint of the last commit. Restoring again would take a new fence of an SQLStore, so
+    that a process which lost its assignment (still reaching the database) fences out the
+    shard's new primary at its next producer restart."""
+    table = FencedTable()
+
+    class Producer(ProducerApp):
+        def new_store(self, shard: Any, recovered: Any) -> FakeStore:
+            self.store = FencingStore(table)
+            return self.store
+
+    batches = [[outside(i) for i in range(k, k + 3)] for k in range(0, 9, 3)]
+    app = Producer(batches)
+    r = await run_replica(app, tmp_path, lambda r: len(app.starts) == 4)
+    try:
+        assert app.starts == [{}, {JOURNAL: 30}, {JOURNAL: 60}, {JOURNAL: 90}]
+        assert r.producer_restarts == 3
+        assert app.store.restores == 1
+        assert table.fence == 1
+    finally:
+        await r.stop()
+
+
+async def test_a_stale_primary_restarting_its_producer_does_not_fence_out_the_new_one(
+    tmp_path: Path,
+) -> None:
+    """The review's scenario: A is primary; B (the new primary) restores, taking the next
+    fence; then A's producer returns and restarts. B's commits must keep succeeding, and
+    A's next commit fails with `Fenced`."""
+    table = FencedTable()
+    go = asyncio.Event()
+
+    class Producer(ProducerApp):
+        def new_store(self, shard: Any, recovered: Any) -> FakeStore:
+            self.store = FencingStore(table)
+            return self.store
+
+        async def start_reading_messages(
+            self, shard: Any, store: FakeStore, checkpoint: pb.Checkpoint, into: MessageSink
+        ) -> None:
+            self.starts.append(checkpoint_offsets(checkpoint))
+            k = len(self.starts) - 1
+            if k == 0:
+                await into.put(outside(0))
+                await go.wait()  # Until B took over.
+            else:
+                await into.put(outside(k))
+
+    app = Producer([])
+    a = await run_replica(
+        app, tmp_path, lambda r: r.store is not None and len(r.store.commits) == 1
+    )
+    try:
+        b = FencingStore(table)
+        cp = await b.restore_checkpoint(None)  # B recovers: the next fence.
+        assert checkpoint_offsets(cp) == {JOURNAL: 10}
+        go.set()
+        async with asyncio.timeout(5.0):
+            while a.status.code != Code.FAILED and len(app.starts) < 3:
+                await asyncio.sleep(0.005)
+        assert table.fence == 2
+        cp.sources[JOURNAL].read_through = 20
+        await b.start_commit(None, cp, [])  # B, the rightful primary, still commits.
+        assert any(e.startswith("Fenced: ") for e in a.status.errors), list(a.status.errors)
+    finally:
+        await a.stop()
 
 
 async def test_replay_after_restart_uses_replay_range(tmp_path: Path) -> None:
