@@ -117,7 +117,8 @@ class MessageProducer(Protocol):
       commit (the store's `restore_checkpoint` is not called again). Use it to change what
       the shard reads at a transaction boundary. A producer returning at once without
       producing anything is restarted at once: pace it.
-    - Raising is a terminal error: the shard fails (FAILED, with that error as the cause).
+    - Raising is a terminal error: the shard fails (FAILED, with that error as the cause),
+      also for a CancelledError the runtime did not cause (`ProducerCancelled`).
       Cancellation (the shard stops, is moved, or fails) cancels the coroutine.
     - `replay_range` must produce again exactly the envelopes of journal `journal` within
       [begin, end) that `start_reading_messages` produced before (the same messages in the

@@ -27,7 +27,18 @@ if TYPE_CHECKING:
     from broker.client import JournalClient
     from consumer.application import MessageProducer, Shard
 
-__all__ = ["MessageSink", "ProducedMessages", "ProducerFinishedEarly", "read_journal_range"]
+__all__ = [
+    "MessageSink",
+    "ProducedMessages",
+    "ProducerCancelled",
+    "ProducerFinishedEarly",
+    "read_journal_range",
+]
+
+
+class ProducerCancelled(RuntimeError):
+    """``start_reading_messages`` raised CancelledError though the runtime did not cancel it
+    (e.g. it awaited a future that another task cancelled): the shard fails with this."""
 
 
 class ProducerFinishedEarly(TypeError):
@@ -82,7 +93,8 @@ class ProducedMessages:
 
     async def run(self) -> None:
         """Run the producer until it returns (then queue `SOURCE_DONE`) or raises (then
-        queue its error). Cancellation cancels the producer."""
+        queue its error). Cancellation cancels the producer; a CancelledError the producer
+        raises while this task is not being cancelled is queued as `ProducerCancelled`."""
         try:
             produced = self.app.start_reading_messages(
                 self.shard, self.store, self.checkpoint, self.sink
@@ -93,9 +105,20 @@ class ProducedMessages:
                     f"returns when done; it returned {type(produced).__name__}"
                 )
             await produced
-        except asyncio.CancelledError:
-            raise
-        except BaseException as err:  # noqa: BLE001 - handed to the transaction loop
+        except asyncio.CancelledError as err:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling() > 0:
+                raise  # The runtime cancels this task: the producer was cancelled with it.
+            # The producer's own (it awaited something another task cancelled): an error,
+            # or the task would end "cancelled" unseen and the shard wait for nothing.
+            failed = ProducerCancelled(
+                "start_reading_messages raised CancelledError without its shard being "
+                f"stopped: {err!r}"
+            )
+            failed.__cause__ = err
+            await self.queue.put(failed)
+            return
+        except Exception as err:  # noqa: BLE001 - handed to the transaction loop
             await self.queue.put(err)
             return
         await self.queue.put(SOURCE_DONE)

@@ -382,6 +382,53 @@ async def test_producer_error_mid_transaction_commits_nothing(tmp_path: Path) ->
         await r.stop()
 
 
+async def test_producer_raising_cancelled_error_itself_fails_the_shard(tmp_path: Path) -> None:
+    """A CancelledError the runtime did not cause (the producer awaited a future someone
+    else cancelled) fails the shard, rather than ending the producer silently and leaving
+    the shard PRIMARY with nothing to process (the review's reproduction)."""
+
+    class Cancels(ProducerApp):
+        async def start_reading_messages(
+            self, shard: Any, store: Any, checkpoint: Any, into: MessageSink
+        ) -> None:
+            self.starts.append({})
+            await into.put(outside(0))
+            fut = asyncio.get_running_loop().create_future()
+            fut.cancel()
+            await fut
+
+    app = Cancels([])
+    r = await run_replica(app, tmp_path, lambda r: r.status.code == Code.FAILED)
+    try:
+        (err,) = r.status.errors
+        assert err.startswith("ProducerCancelled: "), err
+        assert len(app.starts) == 1
+    finally:
+        await r.stop()
+
+
+async def test_stopping_a_replica_cancels_its_producer(tmp_path: Path) -> None:
+    """The runtime's own cancellation still cancels the producer (and fails nothing)."""
+    cancelled = asyncio.Event()
+
+    class Waits(ProducerApp):
+        async def start_reading_messages(
+            self, shard: Any, store: Any, checkpoint: Any, into: MessageSink
+        ) -> None:
+            self.starts.append({})
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+    app = Waits([])
+    r = await run_replica(app, tmp_path, lambda r: len(app.starts) == 1)
+    await r.stop()
+    assert cancelled.is_set()
+    assert r.status.code == Code.PRIMARY and list(r.status.errors) == []
+
+
 async def test_non_async_start_reading_messages_fails_clearly(tmp_path: Path) -> None:
     class Sync(ProducerApp):
         def start_reading_messages(  # type: ignore[override]
