@@ -39,7 +39,16 @@ if TYPE_CHECKING:
     from message.publisher import Publisher
     from recoverylog import recoverylog_pb2 as rpb
 
-__all__ = ["Application", "BeginFinisher", "MessageProducer", "ResolveArgs", "Shard"]
+__all__ = [
+    "MESSAGE_PRODUCER_METHODS",
+    "Application",
+    "BeginFinisher",
+    "IncompleteMessageProducer",
+    "MessageProducer",
+    "ResolveArgs",
+    "Shard",
+    "check_message_producer",
+]
 
 
 @runtime_checkable
@@ -152,6 +161,31 @@ class MessageProducer(Protocol):
     ) -> dict[str, int] | Awaitable[dict[str, int]]:
         """Offsets, per journal, to be read through before resolving `args` completes."""
         ...
+
+
+MESSAGE_PRODUCER_METHODS = ("start_reading_messages", "replay_range", "read_through")
+"""The methods of `MessageProducer`."""
+
+
+class IncompleteMessageProducer(TypeError):
+    """An Application defines some MessageProducer methods, not all of them."""
+
+
+def check_message_producer(app: object) -> None:
+    """Raise `IncompleteMessageProducer`, naming the missing methods, if `app` defines
+    ``start_reading_messages`` or ``replay_range`` but is not a complete `MessageProducer`
+    (it would otherwise be taken for an application reading its shards' sources, and a
+    producer's shard, without sources, would process nothing and report no error)."""
+    present = [m for m in MESSAGE_PRODUCER_METHODS if hasattr(app, m)]
+    if not any(m in present for m in MESSAGE_PRODUCER_METHODS[:2]):
+        return
+    missing = [m for m in MESSAGE_PRODUCER_METHODS if m not in present]
+    if missing:
+        raise IncompleteMessageProducer(
+            f"{type(app).__name__} defines {', '.join(present)} but lacks "
+            f"{', '.join(missing)}: a MessageProducer needs all of "
+            f"{', '.join(MESSAGE_PRODUCER_METHODS)}"
+        )
 
 
 class Shard:

@@ -25,7 +25,7 @@ import grpc.aio
 
 from allocator.etcd import EtcdError
 from allocator.session import MemberExistsError
-from consumer.application import Application
+from consumer.application import Application, IncompleteMessageProducer, check_message_producer
 from consumer.config import ConsumerConfig, parse_args
 from consumer.http_api import ConsumerHTTP, HTTPStartError
 from consumer.protocol import consumer_pb2_grpc as pb_grpc
@@ -62,6 +62,10 @@ def load_application(ref: str) -> Application:
     ]
     if missing:
         raise ConsumerStartupError(f"{ref} is not an Application: it lacks {', '.join(missing)}")
+    try:
+        check_message_producer(app)
+    except IncompleteMessageProducer as err:
+        raise ConsumerStartupError(f"{ref}: {err}") from err
     return app  # type: ignore[return-value]
 
 

@@ -38,7 +38,7 @@ from urllib.parse import quote
 
 from allocator.etcd import Compare, Etcd, EtcdError
 from broker.client import AppendService, JournalClient
-from consumer.application import Application, MessageProducer, Shard
+from consumer.application import Application, MessageProducer, Shard, check_message_producer
 from consumer.message_producer import ProducedMessages
 from consumer.protocol import pb
 from consumer.spec import read_channel_size, recovery_log_of, ring_buffer_size
@@ -196,6 +196,7 @@ class ShardReplica:
         MessageProducer that returns has its last transaction committed, then is started
         again from the checkpoint of the last commit (not restored again from the store)."""
         shard, app = self.shard, self.ctx.app
+        check_message_producer(app)  # Fails the shard: not taken for a sources application.
         while True:
             source: MessageSource
             if isinstance(app, MessageProducer):

@@ -29,6 +29,7 @@ from broker.protocol import protocol_pb2 as bpb
 from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer
 from consumer.application import MessageProducer, ResolveArgs
+from consumer.main import ConsumerStartupError, load_application
 from consumer.message_producer import MessageSink
 from consumer.protocol import consumer_pb2_grpc as pb_grpc
 from consumer.protocol import pb
@@ -160,6 +161,56 @@ def test_counter_app_is_not_a_producer_but_producer_app_is() -> None:
 
     assert not isinstance(Counter(), MessageProducer)
     assert isinstance(ProducerApp([]), MessageProducer)
+
+
+class PartialProducer:
+    """An Application that defines start_reading_messages and replay_range, but forgot
+    read_through."""
+
+    def __init__(self) -> None:
+        self.starts = 0
+
+    def new_store(self, shard: Any, recovered: Any) -> FakeStore:
+        return FakeStore()
+
+    def new_message(self, spec: Any) -> Msg:
+        return Msg(None)
+
+    def consume_message(self, shard: Any, store: FakeStore, env: Envelope, pub: Any) -> None:
+        store.state.append(env.message.n)
+
+    def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
+        pass
+
+    async def start_reading_messages(
+        self, shard: Any, store: Any, checkpoint: pb.Checkpoint, into: MessageSink
+    ) -> None:
+        self.starts += 1
+        await into.put(outside(0))
+
+    def replay_range(self, shard: Any, store: Any, journal: str, begin: int, end: int) -> Any:
+        return []
+
+
+def test_partial_producer_is_refused_when_loaded() -> None:
+    """An Application with only some MessageProducer methods is not silently taken for a
+    journal-sources application: loading it fails, naming what is missing."""
+    assert not isinstance(PartialProducer(), MessageProducer)
+    with pytest.raises(ConsumerStartupError, match=r"lacks read_through"):
+        load_application("tests.consumer.test_message_producer:PartialProducer")
+
+
+async def test_partial_producer_fails_its_shards(tmp_path: Path) -> None:
+    """Run in process (not loaded by gazette-consumer): its shards fail, with the reason,
+    instead of sitting PRIMARY reading the (absent) sources."""
+    app = PartialProducer()
+    r = await run_replica(app, tmp_path, lambda r: r.status.code == Code.FAILED)
+    try:
+        (err,) = r.status.errors
+        assert "read_through" in err and "MessageProducer" in err, err
+        assert app.starts == 0
+    finally:
+        await r.stop()
 
 
 async def test_producer_that_returns_restarts_from_the_committed_checkpoint(
