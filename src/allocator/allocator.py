@@ -85,6 +85,7 @@ def plan_changes(
     is_consistent: ConsistencyFn,
     *,
     max_txn_ops: int = 128,
+    is_failed: Callable[[Assignment], bool] | None = None,
 ) -> list[Change]:
     """The steps that may be taken now to move `state` towards `desired`.
 
@@ -96,7 +97,8 @@ def plan_changes(
       that would take it over its item limit (it waits for its removals);
     - an item without primary gets one: its consistent replica (desired ones and members
       with fewer primaries per limit first), or, if no replica is consistent, the best
-      live one anyway, as waiting would leave the item unavailable for nothing;
+      live one anyway, as waiting would leave the item unavailable for nothing (one that
+      `is_failed` says has failed only if every one has: it would stay failed as primary);
     - a primary on a member that is no longer desired moves to a consistent desired
       replica (and waits while there is none); the old primary stays as a replica;
     - an undesired replica (never a primary) is removed while the item keeps at least
@@ -104,7 +106,7 @@ def plan_changes(
 
     An item whose primary moves this round has its removals planned next round.
     """
-    planner = _Planner(state, root, is_consistent, max_txn_ops)
+    planner = _Planner(state, root, is_consistent, max_txn_ops, is_failed)
     for item_id in sorted(state.items.keys() | state.assignments.keys()):
         planner.plan_item(item_id, desired.get(item_id, ()))
     return planner.changes
@@ -114,11 +116,17 @@ class _Planner:
     """`plan_changes` state: the changes so far and member counts as they would become."""
 
     def __init__(
-        self, state: State, root: str, is_consistent: ConsistencyFn, max_txn_ops: int
+        self,
+        state: State,
+        root: str,
+        is_consistent: ConsistencyFn,
+        max_txn_ops: int,
+        is_failed: Callable[[Assignment], bool] | None = None,
     ) -> None:
         self.state = state
         self.root = root
         self.is_consistent = is_consistent
+        self.is_failed = is_failed
         self.max_txn_ops = max_txn_ops
         self.changes: list[Change] = []
         self.total: Counter[MemberID] = Counter()
@@ -204,7 +212,9 @@ class _Planner:
             if ready:
                 target = min(ready, key=rank)
             elif primary is None and others:
-                target = min(others, key=rank)  # nothing is consistent: promote anyway
+                # Nothing is consistent: promote anyway, a failed replica last.
+                failed = self.is_failed or (lambda _a: False)
+                target = min(others, key=lambda a: (failed(a), *rank(a)))
             if target is not None:
                 self.changes.append(_promotion(self.root, target, primary, slots))
                 self.primaries[target.member] += 1
@@ -363,6 +373,7 @@ class Allocator:
         is_consistent: ConsistencyFn,
         max_txn_ops: int = 128,
         sync_timeout: float = 10.0,
+        is_failed: Callable[[Assignment], bool] | None = None,
     ) -> None:
         if max_txn_ops < 8:
             raise ValueError(f"max_txn_ops must be at least 8, not {max_txn_ops}")
@@ -374,6 +385,7 @@ class Allocator:
         self.member_limit = member_limit
         self.member_exiting = member_exiting
         self.is_consistent = is_consistent
+        self.is_failed = is_failed
         self.max_txn_ops = max_txn_ops
         self.sync_timeout = sync_timeout
         self._solved_for: tuple[Any, ...] | None = None
@@ -464,6 +476,7 @@ class Allocator:
             self.root,
             self.is_consistent,
             max_txn_ops=self.max_txn_ops,
+            is_failed=self.is_failed,
         )
         if not changes:
             return False

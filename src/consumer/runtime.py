@@ -109,6 +109,7 @@ class ConsumerRuntime:
             member_limit=lambda spec: int(spec.shard_limit),
             member_exiting=lambda spec: bool(spec.exiting),
             is_consistent=self._is_consistent,
+            is_failed=self._is_failed,
         )
         self.keyspace.observe(self._reconcile.set)
         self._reconcile.set()
@@ -126,6 +127,12 @@ class ConsumerRuntime:
     def _is_consistent(item: Item, assignment: Assignment, assignments: list[Assignment]) -> bool:
         value = assignment.value
         return isinstance(value, pb.ReplicaStatus) and value.code in (Code.STANDBY, Code.PRIMARY)
+
+    @staticmethod
+    def _is_failed(assignment: Assignment) -> bool:
+        """A FAILED replica is promoted only if all are: it would stay FAILED as primary."""
+        value = assignment.value
+        return isinstance(value, pb.ReplicaStatus) and value.code == Code.FAILED
 
     async def run_background(self) -> None:
         """Background loops; runs until cancelled. A loop failing fails the process."""

@@ -82,10 +82,11 @@ def plan(
     assignments: list[Assignment],
     desired: dict[str, list[str]],
     consistent: Callable[[Item, Assignment, list[Assignment]], bool] = status_consistent,
+    is_failed: Callable[[Assignment], bool] | None = None,
 ) -> list[Change]:
     state = State.build(items, members, assignments, revision=10)
     want = {k: [mid(m) for m in v] for k, v in desired.items()}
-    return plan_changes(state, want, ROOT, consistent)
+    return plan_changes(state, want, ROOT, consistent, is_failed=is_failed)
 
 
 def summary(changes: list[Change]) -> list[tuple[str, list[str], list[str]]]:
@@ -110,6 +111,21 @@ def test_plan_new_item_adds_replicas_then_promotes_one() -> None:
     changes = plan(
         [item("j", 2)], MEMBERS, [asn("j", "a#1", 1), asn("j", "b#1", 2)], {"j": ["a#1", "b#1"]}
     )
+    assert summary(changes) == [("promote", ["j#a#1#1"], ["j#a#1#0"])]
+
+
+def test_plan_promotes_a_failed_replica_only_if_every_one_failed() -> None:
+    """No replica is consistent and none is primary: the best live one is promoted anyway,
+    but a failed one (it would stay failed as primary) only when all have failed."""
+    failed = lambda a: a.value == b"failed"  # noqa: E731
+    current = [asn("j", "a#1", 1, b"failed"), asn("j", "b#1", 2, b"backfill")]
+    changes = plan([item("j", 2)], MEMBERS, current, {"j": ["a#1", "b#1"]}, is_failed=failed)
+    assert summary(changes) == [("promote", ["j#b#1#2"], ["j#b#1#0"])]
+    # Without is_failed, the lower slot wins.
+    changes = plan([item("j", 2)], MEMBERS, current, {"j": ["a#1", "b#1"]})
+    assert summary(changes) == [("promote", ["j#a#1#1"], ["j#a#1#0"])]
+    current = [asn("j", "a#1", 1, b"failed"), asn("j", "b#1", 2, b"failed")]
+    changes = plan([item("j", 2)], MEMBERS, current, {"j": ["a#1", "b#1"]}, is_failed=failed)
     assert summary(changes) == [("promote", ["j#a#1#1"], ["j#a#1#0"])]
 
 
