@@ -4,13 +4,19 @@ Served with aiohttp on ``--http-port`` (same host as ``--listen``) next to the g
 
 - ``GET /healthz``: 200 ``{"status": "ok", ...}`` once this process's member is registered
   in etcd and its keyspace loaded; 503 with ``"starting"`` before, ``"draining"`` once it
-  was told to exit (it is handing its shards over). For load balancers and probes.
+  was told to exit (it is handing its shards over), ``"stopped"`` once that is over. For
+  load balancers and probes.
 - ``GET /debug/shards``: JSON of this process's shard replicas: status, errors, whether
   primary, committed progress and transaction counters.
 - Whatever the Application adds in ``register_http(app, runtime)``: `app` is the
   `aiohttp.web.Application` (add routes to ``app.router``); `runtime` the `ConsumerRuntime`,
-  whose ``resolve`` finds a shard's primary. Until the member is registered, requests to the
-  application's routes are answered 503 (the runtime cannot resolve anything yet).
+  whose ``resolve`` finds a shard's primary. Until the member is registered, and again
+  once the drain is over (the runtime is about to shut down), requests to the
+  application's routes are answered 503 (the runtime cannot resolve anything then).
+
+On exit the server is closed before the runtime shuts down; `close` waits
+``shutdown_timeout`` (2 s) for requests in flight, then cancels their handlers (a few
+seconds in all, where aiohttp's default would wait a minute).
 
 The socket is bound before the process registers in etcd, so a port in use fails the start
 (`HTTPAddressInUse`) before anything is announced.
@@ -31,11 +37,18 @@ from consumer.protocol import pb
 if TYPE_CHECKING:
     from consumer.runtime import ConsumerRuntime
 
-__all__ = ["ConsumerHTTP", "HTTPAddressInUse", "HTTPStartError"]
+__all__ = ["DEFAULT_SHUTDOWN_TIMEOUT", "ConsumerHTTP", "HTTPAddressInUse", "HTTPStartError"]
 
 log = logging.getLogger(__name__)
 
 _BUILTIN = ("/healthz", "/debug/")
+_GATED = {  # States in which the application's routes answer 503, and why.
+    "starting": "the consumer is starting: not registered yet",
+    "stopped": "the consumer is stopping: its shards were handed over",
+}
+DEFAULT_SHUTDOWN_TIMEOUT = 2.0
+"""aiohttp's ``shutdown_timeout`` of `ConsumerHTTP` (its default is 60 s): `close` waits that
+long for requests in flight, then cancels their handlers and waits up to that long again."""
 
 
 class HTTPStartError(Exception):
@@ -48,12 +61,20 @@ class HTTPAddressInUse(HTTPStartError):
 
 class ConsumerHTTP:
     """The HTTP server of one consumer process (module docs): `start`, `set_ready`,
-    `set_draining`, then `close`."""
+    `set_draining`, `set_stopped`, then `close` (at most `shutdown_timeout` seconds)."""
 
-    def __init__(self, runtime: ConsumerRuntime, host: str, port: int) -> None:
+    def __init__(
+        self,
+        runtime: ConsumerRuntime,
+        host: str,
+        port: int,
+        *,
+        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+    ) -> None:
         self.runtime = runtime
         self.host = host
         self.port = port
+        self.shutdown_timeout = shutdown_timeout
         self.state = "starting"
         self.web = web.Application(middlewares=[self._gate])
         self.web.router.add_get("/healthz", self._healthz)
@@ -75,7 +96,12 @@ class ConsumerHTTP:
                     await out
             except Exception as err:
                 raise HTTPStartError(f"register_http failed: {err!r}") from err
-        runner = web.AppRunner(self.web, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self.web,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=self.shutdown_timeout,
+        )
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         try:
@@ -99,7 +125,13 @@ class ConsumerHTTP:
     def set_draining(self) -> None:
         self.state = "draining"
 
+    def set_stopped(self) -> None:
+        """The drain is over: the application's routes answer 503 from now on."""
+        self.state = "stopped"
+
     async def close(self) -> None:
+        """Stop serving: waits up to `shutdown_timeout` for requests in flight, then cancels
+        their handlers (and waits up to as long for them to end). Idempotent."""
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -109,10 +141,8 @@ class ConsumerHTTP:
     async def _gate(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if self.state == "starting" and not request.path.startswith(_BUILTIN):
-            return web.json_response(
-                {"error": "the consumer is starting: not registered yet"}, status=503
-            )
+        if self.state in _GATED and not request.path.startswith(_BUILTIN):
+            return web.json_response({"error": _GATED[self.state]}, status=503)
         return await handler(request)
 
     async def _healthz(self, request: web.Request) -> web.Response:

@@ -6,7 +6,9 @@ application may add its own gRPC services by defining ``register_grpc(server, ru
 finds a shard's primary). HTTP on ``--http-port`` (same host; 0: none) serves ``/healthz``,
 ``/debug/shards`` and the handlers of the application's ``register_http(web_app, runtime)``
 (`consumer.http_api`). SIGTERM/SIGINT: hand shards over to other processes (up to
-``--drain-timeout``), then stop.
+``--drain-timeout``), then stop: the servers first (HTTP answers 503 to the application's
+routes once the drain is over, and waits a few seconds at most for requests in flight),
+then the runtime.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from allocator.etcd import EtcdError
 from allocator.session import MemberExistsError
 from consumer.application import Application, IncompleteMessageProducer, check_message_producer
 from consumer.config import ConsumerConfig, parse_args
-from consumer.http_api import ConsumerHTTP, HTTPStartError
+from consumer.http_api import DEFAULT_SHUTDOWN_TIMEOUT, ConsumerHTTP, HTTPStartError
 from consumer.protocol import consumer_pb2_grpc as pb_grpc
 from consumer.runtime import ConsumerRuntime
 from consumer.shard_api import ShardAPI
@@ -75,7 +77,13 @@ async def serve(cfg: ConsumerConfig, app: Application) -> None:
     http: ConsumerHTTP | None = None
     if cfg.http_port:
         # Bound before registering: a port in use fails the start with nothing announced.
-        http = ConsumerHTTP(runtime, cfg.http_host, cfg.http_port)
+        http = ConsumerHTTP(
+            runtime,
+            cfg.http_host,
+            cfg.http_port,
+            # In-flight requests may delay the exit a little, not beyond the drain's bound.
+            shutdown_timeout=min(DEFAULT_SHUTDOWN_TIMEOUT, max(cfg.drain_timeout, 0.0)),
+        )
         try:
             await http.start(getattr(app, "register_http", None))
         except HTTPStartError as err:
@@ -139,13 +147,35 @@ async def _serve(
         http.set_draining()
     if not background.done() and cfg.drain_timeout > 0:
         await runtime.drain(cfg.drain_timeout)
-    await server.stop(grace=2)
+    await _stop(runtime, server, http, background)
+    if background in done and background.exception() is not None:
+        raise background.exception()  # type: ignore[misc]
+
+
+async def _stop(
+    runtime: ConsumerRuntime,
+    server: grpc.aio.Server,
+    http: ConsumerHTTP | None,
+    background: asyncio.Task[None],
+) -> None:
+    """After the drain: stop serving, then the runtime. The HTTP server answers 503 to the
+    application's routes from here on, and is closed (requests in flight get its
+    ``shutdown_timeout``) before the runtime shuts down: no handler runs on a runtime whose
+    replicas are released and whose clients are closed."""
+    if http is not None:
+        http.set_stopped()
+    closing = [server.stop(grace=2)]
+    if http is not None:
+        closing.append(http.close())
+    for err in await asyncio.gather(*closing, return_exceptions=True):
+        if isinstance(err, Exception):
+            log.warning("closing a server failed err=%r", err)
+        elif isinstance(err, BaseException):
+            raise err
     background.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await background
     await runtime.shutdown()
-    if background in done and background.exception() is not None:
-        raise background.exception()  # type: ignore[misc]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,6 +5,7 @@ etcd and a broker; a port in use fails the start; the start-up gate, in process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import signal
 import socket
@@ -22,7 +23,7 @@ from broker.client import AppendService, JournalClient
 from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer, free_port
 from consumer.config import ConsumerConfig, parse_args
-from consumer.http_api import ConsumerHTTP, HTTPAddressInUse
+from consumer.http_api import DEFAULT_SHUTDOWN_TIMEOUT, ConsumerHTTP, HTTPAddressInUse
 from consumer.protocol import consumer_pb2_grpc as pb_grpc
 from consumer.protocol import pb
 from consumer.runtime import ConsumerRuntime
@@ -218,6 +219,116 @@ async def test_gate_until_registered_and_draining() -> None:
         await server.close()
 
 
+async def test_gate_answers_503_once_stopped() -> None:
+    """Once the drain is over (`set_stopped`), the application's routes answer 503: the
+    runtime is about to shut down, and must not run their handlers any more."""
+    runtime = ConsumerRuntime(ConsumerConfig(zone="z", suffix="s"), None)  # type: ignore[arg-type]
+    app = RegistersRoute()
+    server = ConsumerHTTP(runtime, "127.0.0.1", 0)
+    await server.start(app.register_http)
+    try:
+        server.set_ready()
+        server.set_draining()
+        async with aiohttp.ClientSession() as http:
+            status, body = await get_json(http, f"{server.endpoint}/hello")
+            assert (status, body) == (200, {"hello": "world"})  # Draining: still served.
+            server.set_stopped()
+            status, body = await get_json(http, f"{server.endpoint}/hello")
+            assert status == 503, body
+            assert "stopping" in body["error"]
+            status, body = await get_json(http, f"{server.endpoint}/healthz")
+            assert (status, body["status"]) == (503, "stopped")
+    finally:
+        await server.close()
+
+
+async def test_close_does_not_wait_long_for_app_handlers() -> None:
+    """`close` waits a few seconds at most for a handler in flight (aiohttp's default of 60
+    s stalled the process exit well beyond --drain-timeout), cancelling it."""
+    runtime = ConsumerRuntime(ConsumerConfig(zone="z", suffix="s"), None)  # type: ignore[arg-type]
+    entered, cancelled = asyncio.Event(), asyncio.Event()
+
+    def register(app: web.Application, runtime: ConsumerRuntime) -> None:
+        async def slow(request: web.Request) -> web.Response:
+            entered.set()
+            try:
+                await asyncio.sleep(120)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+            return web.json_response({})
+
+        app.router.add_get("/slow", slow)
+
+    server = ConsumerHTTP(runtime, "127.0.0.1", 0)
+    await server.start(register)
+    server.set_ready()
+    async with aiohttp.ClientSession() as http:
+
+        async def call() -> None:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"{server.endpoint}/slow") as resp:
+                    await resp.read()
+
+        request = asyncio.create_task(call())
+        try:
+            await asyncio.wait_for(entered.wait(), 5)
+            t0 = time.monotonic()
+            async with asyncio.timeout(15):
+                await server.close()
+            took = time.monotonic() - t0
+        finally:
+            request.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await request
+    # aiohttp waits shutdown_timeout, cancels, then waits up to as long for the handler.
+    assert took < 2 * DEFAULT_SHUTDOWN_TIMEOUT + 2, took
+    assert cancelled.is_set()
+
+
+class _Recorder:
+    def __init__(self, calls: list[str], name: str) -> None:
+        self.calls, self.name = calls, name
+
+    def __getattr__(self, method: str) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> None:
+            self.calls.append(f"{self.name}.{method}")
+
+        return call
+
+
+async def test_exit_closes_http_before_the_runtime_shuts_down() -> None:
+    """After the drain the HTTP server stops admitting application requests and is closed
+    before `runtime.shutdown()` (a handler must not run on a shut-down runtime)."""
+    from consumer.main import _stop
+
+    calls: list[str] = []
+    runtime = ConsumerRuntime(ConsumerConfig(zone="z", suffix="s"), None)  # type: ignore[arg-type]
+    server = ConsumerHTTP(runtime, "127.0.0.1", 0)
+    await server.start()
+    server.set_ready()
+    server.set_draining()
+    real_close = server.close
+
+    async def close() -> None:
+        assert server.state == "stopped"
+        calls.append("http.close")
+        await real_close()
+
+    server.close = close  # type: ignore[method-assign]
+    background = asyncio.create_task(asyncio.Event().wait())
+    await _stop(
+        _Recorder(calls, "runtime"),  # type: ignore[arg-type]
+        _Recorder(calls, "grpc"),  # type: ignore[arg-type]
+        server,
+        background,
+    )
+    assert background.cancelled()
+    assert calls.index("http.close") < calls.index("runtime.shutdown"), calls
+    assert calls.index("grpc.stop") < calls.index("runtime.shutdown"), calls
+    assert server._runner is None
+
+
 async def test_in_process_port_in_use_raises_address_in_use() -> None:
     runtime = ConsumerRuntime(ConsumerConfig(), None)  # type: ignore[arg-type]
     first = ConsumerHTTP(runtime, "127.0.0.1", free_port())
@@ -241,7 +352,6 @@ def test_http_port_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("CONSUMER_HTTP_PORT", "eighty")
     with pytest.raises(SystemExit):
         parse_args(["m:A"])
-
 
 
 async def test_word_count_registers_its_http_query(monkeypatch: pytest.MonkeyPatch) -> None:
