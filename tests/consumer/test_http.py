@@ -373,3 +373,54 @@ async def test_word_count_registers_its_http_query(monkeypatch: pytest.MonkeyPat
             assert (status, body["status"]) == (400, "INVALID_ARGUMENT")
     finally:
         await server.close()
+
+
+class ResolvesTo:
+    """A stand-in runtime for word-count's query: `resolve` returns `resolution` or raises
+    `error`."""
+
+    def __init__(self, resolution: Any = None, error: Exception | None = None) -> None:
+        self.cfg = ConsumerConfig(zone="z", suffix="s")
+        self.resolution, self.error = resolution, error
+
+    async def resolve(self, shard_id: str, min_etcd_revision: int = 0) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.resolution
+
+
+@pytest.mark.parametrize("failure", ["proxied call", "resolve"])
+async def test_word_count_http_query_answers_503_when_it_cannot_answer(
+    monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    """GET /ngrams answers 503 UNAVAILABLE (JSON, as its other errors) when the gRPC call
+    to the shard's primary fails (the primary just died: nothing listens there) or the
+    resolution raises; not aiohttp's plain-text 500."""
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "word-count"))
+    from word_count.app import WordCount
+
+    from broker.protocol import protocol_pb2 as bpb
+    from consumer.runtime import Resolution
+
+    if failure == "proxied call":
+        dead = f"127.0.0.1:{free_port()}"
+        runtime: Any = ResolvesTo(Resolution(pb.OK, bpb.Header(), None, dead))
+    else:
+        runtime = ResolvesTo(error=RuntimeError("etcd went away"))
+    app = WordCount()
+    server = ConsumerHTTP(runtime, "127.0.0.1", 0)
+    await server.start(app.register_http)
+    server.set_ready()
+    try:
+        async with aiohttp.ClientSession() as http:
+            url = f"{server.endpoint}/ngrams?shard=shard-000&ngram=a"
+            async with http.get(url) as resp:
+                assert resp.status == 503, await resp.text()
+                assert resp.content_type == "application/json"
+                body = await resp.json()
+            assert body["status"] == "UNAVAILABLE"
+            assert body["error"]
+    finally:
+        await server.close()
+        for ch in app._channels.values():
+            await ch.close()

@@ -20,8 +20,9 @@ with the response below, 404 for SHARD_NOT_FOUND, 400 for a bad request, else 50
 
 Responses: ``{"status": "OK", "shard": ..., "served_by": "zone#suffix", "counts": {...}}``,
 or a `consumer.Status` name (SHARD_NOT_FOUND, NO_SHARD_PRIMARY, NOT_SHARD_PRIMARY) with an
-``error`` (UNAVAILABLE: a proxied request found this process's etcd view behind). Requests
-that are not JSON objects fail with INVALID_ARGUMENT.
+``error``, or UNAVAILABLE with an ``error``: a proxied request found this process's etcd view
+behind, the call to the primary failed (it just died, or timed out), or (over HTTP) the
+shard could not be resolved. Requests that are not JSON objects fail with INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -128,7 +129,12 @@ class WordCount:
         if "ngram" not in req and "shard" not in req:
             body = {"status": "INVALID_ARGUMENT", "error": "give ngram= or shard= (and prefix=)"}
             return web.json_response(body, status=400)
-        resp = await self.query(req, timeout=30.0)
+        try:
+            resp = await self.query(req, timeout=30.0)
+        except Exception as err:  # noqa: BLE001 - e.g. etcd or broker errors resolving
+            log.warning("ngrams query failed req=%s err=%r", req, err)
+            body = {"status": "UNAVAILABLE", "error": f"{type(err).__name__}: {err}"}
+            return web.json_response(body, status=503)
         status = {"OK": 200, "SHARD_NOT_FOUND": 404}.get(resp["status"], 503)
         return web.json_response(resp, status=status)
 
@@ -176,7 +182,15 @@ class WordCount:
                 "etcd_revision": res.header.etcd.revision,
             }
             call = self._channel(res.primary_endpoint).unary_unary(QUERY_METHOD, None, None)
-            raw = await call(json.dumps(fwd).encode(), timeout=timeout)
+            try:
+                raw = await call(json.dumps(fwd).encode(), timeout=timeout)
+            except grpc.aio.AioRpcError as err:  # The primary died, or the call timed out.
+                return {
+                    "status": "UNAVAILABLE",
+                    "shard": shard_id,
+                    "error": f"query of primary {res.primary_endpoint} failed: "
+                    f"{err.code().name}: {err.details()}",
+                }
             out: dict[str, Any] = json.loads(raw)
             return out
         store = res.replica.store
