@@ -43,6 +43,9 @@ class ProducedCounter:
     # --- Application ----------------------------------------------------------------------
     async def new_store(self, shard: Shard, recovered: RecoveredLog | None) -> JSONFileStore:
         assert recovered is not None, "the counter needs a recovery log"
+        # A transaction cut off earlier (the shard moved away, or failed) never reached
+        # finalize_txn: its partial sums must not carry into this store's transactions.
+        self.pending.pop(shard.id, None)
         return await JSONFileStore.open(recovered)
 
     def new_message(self, spec: Any) -> Add:

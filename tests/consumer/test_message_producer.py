@@ -501,6 +501,36 @@ async def test_sink_rejects_what_is_not_an_envelope() -> None:
         await sink.put({"n": 1})  # type: ignore[arg-type]
 
 
+async def test_producer_app_drops_partial_totals_of_a_cut_off_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """tests/consumer/producer_app.py (the documented producer pattern): a transaction cut
+    off before `finalize_txn` (the shard moved away, or failed) leaves no partial sums for
+    the next time this process is the shard's primary (a new store)."""
+    from tests.consumer import producer_app
+
+    class FakeJSONStore:
+        def __init__(self) -> None:
+            self.state: dict[str, int] = {}
+
+        @classmethod
+        async def open(cls, recovered: Any) -> FakeJSONStore:
+            return cls()
+
+    monkeypatch.setattr(producer_app, "JSONFileStore", FakeJSONStore)
+    monkeypatch.delenv("COUNTER_OUTPUT", raising=False)
+    app = producer_app.ProducedCounter()
+    shard: Any = type("S", (), {"id": "shard-000"})()
+    pub: Any = None
+    store: Any = await app.new_store(shard, object())
+    app.consume_message(shard, store, Envelope("in", 0, 10, Add("k", 5)), pub)
+    # Cut off: no finalize_txn. Later, primary again: a new store from the recovery log.
+    store = await app.new_store(shard, object())
+    app.consume_message(shard, store, Envelope("in", 10, 20, Add("k", 1)), pub)
+    app.finalize_txn(shard, store, pub)
+    assert store.state == {"k": 1}
+
+
 # --- end to end: real etcd, broker and consumer processes ----------------------------------
 
 _names = itertools.count()
