@@ -7,7 +7,7 @@ log, as a running consumer leaves them. Then, in one local[2] Spark session:
 
 1. ``export``: ``spark.read.format("gazette-shards")`` (each task plays the log back from the
    hints into a temporary directory, opens RocksDB read-only and yields Arrow batches of its
-   key range: ``splits=auto`` reads it as one partition on 2 cores) written
+   key range: ``splits=auto`` reads it as 2 partitions on 2 cores) written
    to Parquet (default columns: shard, checkpoint, key, value; the per-row read-through map is
    opt-in); the same rows read back from that Parquet and written again (``parquet``) is
    the baseline: `ratio_write` = export / parquet (target <= 2).
