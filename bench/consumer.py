@@ -285,25 +285,46 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="bench-consumer-") as d:
         tmp = Path(args.keep or d)
         tmp.mkdir(parents=True, exist_ok=True)
-        store = tmp / "fragments"
-        store.mkdir()
-        with EtcdServer() as etcd, BrokerProcess(etcd.endpoint, spool_dir=tmp / "spool") as broker:
-            async with JournalClient(broker.endpoint) as client:
-                specs = [
-                    journal("bench/in-tput", store, CONTENT_TYPE_JSON_LINES),
-                    journal("bench/in-echo", store, CONTENT_TYPE_JSON_LINES),
-                    journal("bench/out", store, CONTENT_TYPE_JSON_LINES),
-                    journal("bench/recovery/tput", store, RECOVERYLOG),
-                    journal("bench/recovery/echo", store, RECOVERYLOG),
-                ]
-                await apply_journals(
-                    client,
-                    bpb.ApplyRequest(changes=[bpb.ApplyRequest.Change(upsert=s) for s in specs]),
-                )
-                rate, base = await throughput(client, etcd, broker, tmp, n)
-                p50, p99, gap, promoted = await latency_and_handoff(
-                    client, etcd, broker, tmp, seconds
-                )
+        try:
+            return await _run_in(args, tmp, n, seconds)
+        finally:
+            _wait_unmounted(tmp)
+
+
+def _wait_unmounted(tmp: Path, timeout: float = 10.0) -> None:
+    """Wait until the fusefs mounts of killed consumers under `tmp` are gone (each unmounts
+    itself when its parent dies), so that removing `tmp` does not walk into one."""
+    from fusefs.mount import force_unmount
+
+    def mounts() -> list[str]:
+        with open("/proc/mounts") as f:
+            return [line.split()[1] for line in f if line.split()[1].startswith(str(tmp))]
+
+    deadline = time.monotonic() + timeout
+    while mounts() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for mnt in mounts():
+        force_unmount(mnt)
+
+
+async def _run_in(args: argparse.Namespace, tmp: Path, n: int, seconds: float) -> dict[str, object]:
+    store = tmp / "fragments"
+    store.mkdir()
+    with EtcdServer() as etcd, BrokerProcess(etcd.endpoint, spool_dir=tmp / "spool") as broker:
+        async with JournalClient(broker.endpoint) as client:
+            specs = [
+                journal("bench/in-tput", store, CONTENT_TYPE_JSON_LINES),
+                journal("bench/in-echo", store, CONTENT_TYPE_JSON_LINES),
+                journal("bench/out", store, CONTENT_TYPE_JSON_LINES),
+                journal("bench/recovery/tput", store, RECOVERYLOG),
+                journal("bench/recovery/echo", store, RECOVERYLOG),
+            ]
+            await apply_journals(
+                client,
+                bpb.ApplyRequest(changes=[bpb.ApplyRequest.Change(upsert=s) for s in specs]),
+            )
+            rate, base = await throughput(client, etcd, broker, tmp, n)
+            p50, p99, gap, promoted = await latency_and_handoff(client, etcd, broker, tmp, seconds)
     return {
         "bench": "consumer",
         "msgs_per_s": round(rate),

@@ -10,10 +10,13 @@ rolled at `MAX_MANIFEST_FILE_SIZE` (bounds what playback reads), no mmap writes.
 
 Transactions: `put`/`delete` go into the current transaction's WriteBatch (reads see them);
 `start_commit` adds the serialized ``consumer.Checkpoint`` under `CHECKPOINT_KEY` to that
-batch and writes it with ``sync=True``: RocksDB fsyncs its WAL, and an fsync on the mount
-returns once everything recorded is committed to the log. The store is crash-consistent
-because the log is a prefix of the operations RocksDB performed, and the WAL holds each batch
-whole or not at all.
+batch, writes it (to the memtable and the WAL file), then fsyncs the WAL files on the mount:
+an fsync on the mount returns once everything recorded is committed to the log. The fsync is
+the store's own `os.fsync`, not RocksDB's ``sync=True``: rocksdict holds the GIL for the whole
+of a write, so a synced write would stall every other thread of the process (the consumer's
+event loop) for the length of the log round trip, where `os.fsync` lets them run. The store is
+crash-consistent because the log is a prefix of the operations RocksDB performed, and the WAL
+holds each batch whole or not at all.
 Application keys must begin with a byte >= 0x01; keys beginning with 0x00 are the store's.
 """
 
@@ -25,6 +28,7 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
+import os
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -109,8 +113,7 @@ class RocksDBStore:
         self._batch = WriteBatch(raw_mode=True)
         self._overlay: dict[bytes, Any] = {}
         self._committing: list[dict[bytes, Any]] = []
-        self._sync = WriteOptions()
-        self._sync.sync = True
+        self._unsynced = WriteOptions()  # Made durable by `_sync_wal` (module docs).
         self._error: BaseException | None = None
         self._closed = False
         self.commits = 0
@@ -300,7 +303,7 @@ class RocksDBStore:
         try:
             for f in wait_for:
                 await f
-            await self._run(self.db.write, batch, self._sync)
+            await self._run(self._write_durably, batch)
             self.commits += 1
         except BaseException as err:
             if self._error is None:
@@ -310,6 +313,33 @@ class RocksDBStore:
         finally:
             with contextlib.suppress(ValueError):
                 self._committing.remove(overlay)
+
+    def _write_durably(self, batch: WriteBatch) -> None:
+        """Write `batch`, then `_sync_wal` (in the store's thread)."""
+        self.db.write(batch, self._unsynced)
+        self._sync_wal()
+
+    def _sync_wal(self) -> None:
+        """fsync every WAL file of the database: the kernel writes their dirty pages back to
+        fusefs, whose fsync returns once every operation recorded so far (the batch just
+        written among them) is committed to the log; raises OSError (EIO) if it cannot be.
+        A WAL that RocksDB deleted meanwhile (before or during its fsync) needs nothing: it
+        deletes a WAL only once the memtables it backed are flushed to SSTs, and it fsyncs
+        those SSTs (and the MANIFEST naming them) first, which on the mount commits them, and
+        everything recorded before, to the log."""
+        with os.scandir(self.mount.mountpoint) as entries:
+            wals = [e.path for e in entries if e.name.endswith(".log")]
+        for path in wals:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                os.fsync(fd)
+            except FileNotFoundError:
+                pass  # Deleted since it was opened (the mount refuses to sync a deleted file).
+            finally:
+                os.close(fd)
 
     async def restore_checkpoint(self, shard: Shard) -> Checkpoint:
         """The Checkpoint of the last commit (an empty one for a new store)."""
