@@ -284,10 +284,10 @@ class RocksDBStore:
     def start_commit(
         self, shard: Shard, checkpoint: Checkpoint, wait_for: Sequence[OpFuture]
     ) -> OpFuture:
-        """Commit the current transaction with `checkpoint` (one WriteBatch, ``sync=True``);
-        the returned future resolves once it is committed to the recovery log, and raises
-        `StoreFailed` if it could not be (the store is then unusable). Writes made after
-        this call belong to the next transaction. Raises `TypeError` at once if `checkpoint`
+        """Commit the current transaction with `checkpoint` (one WriteBatch, then the WAL's
+        fsync); the returned future resolves once it is committed to the recovery log, and
+        raises `StoreFailed` if it could not be (the store is then unusable). Writes made
+        after this call belong to the next transaction. Raises `TypeError` at once if `checkpoint`
         is not a ``consumer.Checkpoint`` message."""
         data = _marshal(checkpoint)
         self._check()
