@@ -32,6 +32,7 @@ returns once its commit is durable: the replica then restarts the source from
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import logging
@@ -74,6 +75,9 @@ PRODUCER_PRUNE_HORIZON_NS = 24 * 3600 * 10**9
 """Producers idle this long (by their journal's clocks) leave checkpoints, as upstream."""
 
 _YIELD_EVERY = 256  # Messages consumed back to back before letting other tasks run.
+_MAX_COMPLETING = 4
+"""Transactions whose completion (ACK appends, progress) may be pending at once: an ACK
+append that keeps retrying holds the loop back (backpressure) instead of piling them up."""
 _ACK_TXN = int(Flags.ACK_TXN)
 _REPLAY = object()  # `Transactions._ready`: the Sequencer must replay before going on.
 
@@ -246,6 +250,8 @@ class Transactions:
         completion awaits the one before it, so this one covers them all)."""
         self._prev_commit: asyncio.Future[Any] | None = None
         """The last transaction's store commit."""
+        self._completing: collections.deque[asyncio.Future[None]] = collections.deque()
+        """Completions not known done, oldest first."""
         self._unacked: dict[str, AckIntent] = {}
         """Per journal, the latest ACK intent checkpointed whose append is not known done."""
         self.last_committed: pb.Checkpoint | None = None
@@ -275,15 +281,17 @@ class Transactions:
             if self._prev is not None:
                 await self._prev  # Raises if the last commit failed.
         finally:
-            prev = self._prev
-            if prev is not None and not prev.done():
-                # Let the last commit finish (or fail) rather than cut it off mid-way, but
+            pending = [f for f in self._completing if not f.done()]
+            if pending:
+                # Let the last commits finish (or fail) rather than cut them off mid-way, but
                 # not forever: the store is released after this returns.
-                await asyncio.wait({prev}, timeout=10.0)
-                prev.cancel()
-            if prev is not None:
+                await asyncio.wait(pending, timeout=10.0)
+                for f in pending:
+                    f.cancel()
+            for f in self._completing:
                 with contextlib.suppress(BaseException):
-                    await prev
+                    await f
+            self._completing.clear()
 
     async def _transaction(self) -> bool:
         """One transaction; False (and no transaction) once the source ended."""
@@ -343,12 +351,22 @@ class Transactions:
             await self._stall(min_at if now < min_at else None, max_at, prev_done)
         if self._prev_commit is not None:
             await self._prev_commit  # Raises if the previous store commit failed.
+        await self._bound_completing()
         self._raise_failed()
         await self._finalize(self.shard, self.store, self.pub)
         await self._start_commit()
         self.stats.txns += 1
         self.stats.last_txn_messages = n
         self.stats.last_txn_seconds = loop.time() - started
+
+    async def _bound_completing(self) -> None:
+        """Wait while `_MAX_COMPLETING` completions are pending (raising a failed one's
+        error)."""
+        completing = self._completing
+        while completing and completing[0].done():
+            completing.popleft().result()
+        while len(completing) >= _MAX_COMPLETING:
+            await completing.popleft()
 
     def _raise_failed(self) -> None:
         """Raise the error of an earlier transaction's completion (a failed ACK append)."""
@@ -487,20 +505,25 @@ class Transactions:
         for intent in intents:
             unacked[intent.journal] = intent
         cp = _build_checkpoint(read_through, states, intents + carried)
-        started = self.store.start_commit(self.shard, cp, wait_for)
+        try:
+            started = self.store.start_commit(self.shard, cp, wait_for)
+        except BaseException as err:
+            pub.abort_ack_intents(intents, err)  # Else their gates block their journals.
+            raise
         committed = asyncio.ensure_future(started)
-        if asyncio.iscoroutine(started):
-            # Let the store's coroutine run to its first suspension before the next
-            # transaction mutates the store: stores must capture the transaction by then.
-            await asyncio.sleep(0)
-        self._notify_finished(committed)
         self._prev_commit = committed
         self._commits += 1
         self._prev = asyncio.ensure_future(
             self._complete(committed, self._commits, cp, intents, read_through, self._prev)
         )
+        self._completing.append(self._prev)
         if svc.tracks_released:
             svc.take_released()  # The ACK appends just queued belong to this transaction.
+        self._notify_finished(committed)
+        if asyncio.iscoroutine(started):
+            # Let the store's coroutine run to its first suspension before the next
+            # transaction mutates the store: stores must capture the transaction by then.
+            await asyncio.sleep(0)
 
     def _notify_finished(self, committed: asyncio.Future[Any]) -> None:
         if self._finished is not None and self._begun:
@@ -518,6 +541,9 @@ class Transactions:
     ) -> None:
         """Once the store commit (the `n`-th, of `cp`) is durable, append the ACKs; then,
         once the earlier transaction completed too (raising its error), report progress."""
+        if earlier is not None:
+            # Its outcome is retrieved even if this one fails first (`run` waits for both).
+            earlier.add_done_callback(lambda f: f.cancelled() or f.exception())
         t0 = time.monotonic()
         try:
             await committed

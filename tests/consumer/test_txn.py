@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from broker.client.append_service import AppendService
@@ -525,3 +526,59 @@ async def test_next_commit_starts_before_the_previous_acks_and_carries_their_int
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_completions_pending_behind_a_stuck_ack_are_bounded() -> None:
+    """An ACK append that never completes holds back progress (completions report it in
+    order): the loop stops starting commits after a few pending completions (backpressure)
+    rather than piling them up without bound."""
+    store = FakeStore()
+    txns, readers = make_txns(store, PublishingApp())
+    client = HeldAppends({("review/out-even", 1)})  # Transaction 1's ACK: held forever.
+    svc = AppendService(client)  # type: ignore[arg-type]
+    svc.track_released()
+    txns.shard.append_service = svc
+    txns.pub = Publisher(svc)
+    task = asyncio.create_task(txns.run())
+    try:
+        readers.queue.put_nowait(outside(0))
+        for i in range(1, 40, 2):  # Odd messages: transactions publishing to out-odd only.
+            await asyncio.sleep(0.01)
+            readers.queue.put_nowait(outside(i))
+        await asyncio.sleep(0.2)
+        assert not task.done()
+        assert 2 <= len(store.commits) <= 1 + 4, len(store.commits)
+        assert not txns.shard.progress()[0]
+        client.release.set()  # The ACK lands: everything goes through.
+        async with asyncio.timeout(5):
+            while checkpoint_offsets(store.commits[-1].checkpoint).get(JOURNAL) != 400:
+                await asyncio.sleep(0.005)
+            while txns.shard.progress()[0].get(JOURNAL) != 400:
+                await asyncio.sleep(0.005)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+class RaisingStore(FakeStore):
+    def start_commit(self, shard: Any, cp: pb.Checkpoint, wait_for: Any) -> asyncio.Future[None]:
+        raise RuntimeError("start_commit failed at once")
+
+
+async def test_start_commit_raising_at_once_aborts_the_gated_acks() -> None:
+    """The transaction's gated ACK appends are aborted, so they do not block their journal
+    (the AppendService can close) and the error fails the loop."""
+    store = RaisingStore()
+    txns, readers = make_txns(store, PublishingApp())
+    client = HeldAppends(set())
+    svc = AppendService(client)  # type: ignore[arg-type]
+    svc.track_released()
+    txns.shard.append_service = svc
+    txns.pub = Publisher(svc)
+    readers.queue.put_nowait(outside(0))
+    with pytest.raises(RuntimeError, match="at once"):
+        async with asyncio.timeout(5):
+            await txns.run()
+    async with asyncio.timeout(5):
+        await svc.close()
+    assert ("review/out-even", 1) not in client.done  # The ACK was never appended.

@@ -30,6 +30,7 @@ import functools
 import logging
 import os
 import shutil
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -329,6 +330,13 @@ class RocksDBStore:
         everything recorded before, to the log."""
         with os.scandir(self.mount.mountpoint) as entries:
             wals = [e.path for e in entries if e.name.endswith(".log")]
+        if not wals:
+            # RocksDB always has a current WAL: it is elsewhere (options' wal_dir), so not
+            # recorded at all. Never report such a commit durable.
+            raise StoreFailed(
+                f"no WAL file (*.log) in {self.mount.mountpoint}: the database's WAL must be "
+                "on the mount (do not set wal_dir)"
+            )
         for path in wals:
             try:
                 fd = os.open(path, os.O_RDONLY)
@@ -337,7 +345,10 @@ class RocksDBStore:
             try:
                 os.fsync(fd)
             except FileNotFoundError:
-                pass  # Deleted since it was opened (the mount refuses to sync a deleted file).
+                # Deleted since it was opened (the kernel's sync of its attributes finds no
+                # file on the mount); anything else is an error.
+                if os.path.exists(path):
+                    raise
             finally:
                 os.close(fd)
 
@@ -378,13 +389,18 @@ class RocksDBStore:
         Must be called from outside the event loop's running tasks' critical path: it kills
         the fusefs process (detaching the mount)."""
         self._closed = True
-        with contextlib.suppress(Exception):
-            self.db.close()
-        self._exec.shutdown(wait=False)
+        # fusefs first: closing the database flushes (log round trips through the mount, with
+        # the GIL held); once fusefs is dead, file operations on the mount fail at once. The
+        # mount stays until the database is closed: detached, its path would be the plain
+        # directory beneath, where RocksDB would then create files.
         proc = self.mount.proc
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
+            _wait_exited(proc.pid)
+        self._exec.shutdown(wait=True)  # A commit in flight fails fast now: let it end.
+        with contextlib.suppress(Exception):
+            self.db.close()
         force_unmount(self.mount.mountpoint)
         with contextlib.suppress(OSError):
             self.mount.mountpoint.rmdir()  # Detached: never remove through a live mount.
@@ -392,6 +408,20 @@ class RocksDBStore:
         shutil.rmtree(self.info_log, ignore_errors=True)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def _wait_exited(pid: int, timeout: float = 2.0) -> None:
+    """Wait until process `pid` has exited (a zombie or gone: its files are closed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.005)
 
 
 def _beside(directory: Path, suffix: str) -> Path:

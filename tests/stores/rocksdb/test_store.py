@@ -238,3 +238,22 @@ async def test_commit_lets_the_event_loop_run_while_the_log_commits(
         assert await store.restore_checkpoint(None) == labeled("cp2")
     finally:
         await store.close()
+
+
+async def test_a_wal_off_the_mount_fails_commits(
+    fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    """A WAL moved off the mount (options' wal_dir) is never recorded: commits fail loudly
+    instead of being reported durable."""
+    log = await make_log("rocks-waldir")
+    opts = options()
+    elsewhere = no_stale_mounts / "wal-elsewhere"
+    elsewhere.mkdir()
+    opts.set_wal_dir(str(elsewhere))
+    store = await RocksDBStore.open(fuse_broker.endpoint, log, no_stale_mounts / "w", options=opts)
+    try:
+        store.put(b"\x01k", b"v")
+        with pytest.raises(StoreFailed, match="WAL must be on the mount"):
+            await store.start_commit(None, labeled("cp"), [])
+    finally:
+        store.destroy()
