@@ -75,7 +75,7 @@ PRODUCER_PRUNE_HORIZON_NS = 24 * 3600 * 10**9
 """Producers idle this long (by their journal's clocks) leave checkpoints, as upstream."""
 
 _YIELD_EVERY = 256  # Messages consumed back to back before letting other tasks run.
-_MAX_COMPLETING = 4
+_MAX_COMPLETING = 8
 """Transactions whose completion (ACK appends, progress) may be pending at once: an ACK
 append that keeps retrying holds the loop back (backpressure) instead of piling them up."""
 _ACK_TXN = int(Flags.ACK_TXN)
