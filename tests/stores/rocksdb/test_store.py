@@ -233,8 +233,9 @@ async def test_commit_lets_the_event_loop_run_while_the_log_commits(
                 await asyncio.sleep(0.001)
             took = asyncio.get_running_loop().time() - t0
             await commit
-            # Most of the commit is the log round trip, with the event loop free.
-            assert ticks >= max(3, took / 0.001 / 4), (ticks, took)
+            # Most of the commit is the log round trip, with the event loop free: it ticks
+            # (at least once per 10 ms even on a loaded machine; held, it ticked ~twice).
+            assert ticks >= max(3, took / 0.010), (ticks, took)
         assert await store.restore_checkpoint(None) == labeled("cp2")
     finally:
         await store.close()
