@@ -294,16 +294,12 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 def _wait_unmounted(tmp: Path, timeout: float = 10.0) -> None:
     """Wait until the fusefs mounts of killed consumers under `tmp` are gone (each unmounts
     itself when its parent dies), so that removing `tmp` does not walk into one."""
-    from fusefs.mount import force_unmount
-
-    def mounts() -> list[str]:
-        with open("/proc/mounts") as f:
-            return [line.split()[1] for line in f if line.split()[1].startswith(str(tmp))]
+    from fusefs.mount import force_unmount, mounts_under
 
     deadline = time.monotonic() + timeout
-    while mounts() and time.monotonic() < deadline:
+    while mounts_under(tmp) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for mnt in mounts():
+    for mnt in mounts_under(tmp):
         force_unmount(mnt)
 
 

@@ -13,6 +13,7 @@ from fusefs.mount import (
     MountStopped,
     force_unmount,
     is_mounted,
+    mounts_under,
     play_for_mount,
 )
 
@@ -22,5 +23,6 @@ __all__ = [
     "MountStopped",
     "force_unmount",
     "is_mounted",
+    "mounts_under",
     "play_for_mount",
 ]

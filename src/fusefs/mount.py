@@ -41,6 +41,7 @@ __all__ = [
     "MountStopped",
     "force_unmount",
     "is_mounted",
+    "mounts_under",
     "play_for_mount",
 ]
 
@@ -64,6 +65,14 @@ def is_mounted(mountpoint: str | os.PathLike[str]) -> bool:
             if len(fields) > 1 and fields[1].replace("\\040", " ") == target:
                 return True
     return False
+
+
+def mounts_under(root: str | os.PathLike[str]) -> list[str]:
+    """Mountpoints in /proc/mounts at or beneath `root` (live or dead FUSE mounts)."""
+    prefix = os.path.realpath(os.fspath(root))
+    with open("/proc/mounts") as f:
+        points = [line.split()[1].replace("\\040", " ") for line in f if len(line.split()) > 1]
+    return [p for p in points if p == prefix or p.startswith(prefix + os.sep)]
 
 
 def force_unmount(mountpoint: str | os.PathLike[str]) -> None:

@@ -12,7 +12,7 @@ import pytest
 from broker.client import JournalClient
 from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer
-from fusefs import force_unmount, is_mounted
+from fusefs import force_unmount, is_mounted, mounts_under
 from tests.conftest import session_broker
 from tests.stores.sqlite.support import apply_log
 
@@ -41,12 +41,6 @@ def make_log(client: JournalClient, tmp_path: Path) -> MakeLog:
         return await apply_log(client, name, tmp_path / "fragments")
 
     return make
-
-
-def mounts_under(root: Path) -> list[str]:
-    prefix = str(root.resolve())
-    with open("/proc/mounts") as f:
-        return [ln.split()[1] for ln in f if ln.split()[1].startswith(prefix)]
 
 
 @pytest.fixture
