@@ -10,7 +10,7 @@ import itertools
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,6 @@ from consumer.runtime import ConsumerRuntime
 from consumer.testing import ConsumerProcess, ConsumerUnavailable
 from message import CONTENT_TYPE_JSON_LINES
 from message.publisher import Publisher
-from tests.conftest import session_broker
 from tests.consumer.counter_app import Add
 from tests.consumer.test_runtime import (
     Setup,
@@ -43,19 +42,6 @@ from tests.consumer.test_runtime import (
 
 REPO = Path(__file__).resolve().parents[2]
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def broker(
-    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[BrokerProcess]:
-    yield from session_broker(etcd_server, tmp_path_factory, f"http-{next(_names)}")
-
-
-@pytest.fixture
-async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
-    async with JournalClient(broker.endpoint) as c:
-        yield c
 
 
 def http_consumer(s: Setup, **kw: Any) -> ConsumerProcess:

@@ -41,7 +41,6 @@ from message.envelope import Envelope
 from message.publisher import Publisher
 from message.sequencer import ReplayError
 from message.uuid import Flags, build_uuid
-from tests.conftest import session_broker
 from tests.consumer.producer_app import INPUT_LABEL, Add
 from tests.consumer.test_runtime import (
     apply_shards,
@@ -534,19 +533,6 @@ async def test_producer_app_drops_partial_totals_of_a_cut_off_transaction(
 # --- end to end: real etcd, broker and consumer processes ----------------------------------
 
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def broker(
-    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[BrokerProcess]:
-    yield from session_broker(etcd_server, tmp_path_factory, f"producer-{next(_names)}")
-
-
-@pytest.fixture
-async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
-    async with JournalClient(broker.endpoint) as c:
-        yield c
 
 
 async def feed_mixed(

@@ -7,7 +7,7 @@ import asyncio
 import itertools
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc.aio
@@ -25,24 +25,10 @@ from consumer.testing import ConsumerProcess
 from message import CONTENT_TYPE_JSON_LINES
 from message.iterators import ReadCommittedIter
 from message.publisher import Publisher
-from tests.conftest import session_broker
 from tests.consumer.counter_app import Add, Total
 
 REPO = Path(__file__).resolve().parents[2]
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def broker(
-    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[BrokerProcess]:
-    yield from session_broker(etcd_server, tmp_path_factory, f"consumer-{next(_names)}")
-
-
-@pytest.fixture
-async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
-    async with JournalClient(broker.endpoint) as c:
-        yield c
 
 
 def journal_spec(name: str, store: Path, content_type: str) -> bpb.JournalSpec:

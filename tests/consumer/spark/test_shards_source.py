@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,6 @@ from consumer.testing import ConsumerProcess
 from message import CONTENT_TYPE_JSON_LINES
 from message.iterators import ReadCommittedIter
 from recoverylog.hints_etcd import load_hints
-from tests.conftest import session_broker
 from tests.consumer.counter_app import Add
 from tests.consumer.test_runtime import (
     apply_shards,
@@ -45,19 +44,6 @@ from tests.consumer.test_runtime import (
 
 REPO = Path(__file__).resolve().parents[3]
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def broker(
-    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[BrokerProcess]:
-    yield from session_broker(etcd_server, tmp_path_factory, f"spark-shards-{next(_names)}")
-
-
-@pytest.fixture
-async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
-    async with JournalClient(broker.endpoint) as c:
-        yield c
 
 
 class App:
