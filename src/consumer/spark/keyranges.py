@@ -11,6 +11,7 @@ are not counted. Correctness never depends on it.
 
 from __future__ import annotations
 
+import os.path
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,11 +55,7 @@ def clip(files: Sequence[SstFile], first: bytes, last: bytes) -> list[SstFile]:
 
 
 def _common_prefix(a: bytes, b: bytes) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    return len(os.path.commonprefix([a, b]))
 
 
 def _number(key: bytes, at: int) -> int:
