@@ -164,17 +164,23 @@ class RecordingOperations(pyfuse3.Operations):
             if int(inode) in self._paths:
                 st = os.lstat(self._full(self._path(inode)))
             else:  # Removed while open.
-                fd = next((fd for fd, ino in self._fds.values() if ino == inode), None)
-                if fd is None:
-                    raise FUSEError(errno.ENOENT)
-                return self._attr(os.fstat(fd), int(inode))
+                return self._attr(os.fstat(self._removed_fd(inode)), int(inode))
         except OSError as err:
             raise _fuse_error(err) from None
         return self._attr(st)
 
+    def _removed_fd(self, inode: Any) -> int:
+        """A backing fd of `inode`, a file removed while open (ENOENT if none is open)."""
+        fd = next((fd for fd, ino in self._fds.values() if ino == inode), None)
+        if fd is None:
+            raise FUSEError(errno.ENOENT)
+        return fd
+
     async def setattr(
         self, inode: Any, attr: Any, fields: Any, fh: Any, ctx: Any
     ) -> pyfuse3.EntryAttributes:
+        if int(inode) not in self._paths:
+            return self._setattr_removed(inode, attr, fields)
         rel = self._path(inode)
         full = self._full(rel)
         try:
@@ -199,6 +205,35 @@ class RecordingOperations(pyfuse3.Operations):
                     ),
                 )
             return self._attr(os.lstat(full))
+        except OSError as err:
+            raise _fuse_error(err) from None
+
+    def _setattr_removed(self, inode: Any, attr: Any, fields: Any) -> pyfuse3.EntryAttributes:
+        """setattr of a file removed while still open (e.g. the kernel writing back its times
+        when the last descriptor closes): applied to its backing file and not recorded, as its
+        content is dead."""
+        fd = self._removed_fd(inode)
+        try:
+            if fields.update_size:
+                os.ftruncate(fd, attr.st_size)
+            if fields.update_mode:
+                os.fchmod(fd, stat.S_IMODE(attr.st_mode))
+            if fields.update_uid or fields.update_gid:
+                os.fchown(
+                    fd,
+                    attr.st_uid if fields.update_uid else -1,
+                    attr.st_gid if fields.update_gid else -1,
+                )
+            if fields.update_atime or fields.update_mtime:
+                st = os.fstat(fd)
+                os.utime(
+                    fd,
+                    ns=(
+                        attr.st_atime_ns if fields.update_atime else st.st_atime_ns,
+                        attr.st_mtime_ns if fields.update_mtime else st.st_mtime_ns,
+                    ),
+                )
+            return self._attr(os.fstat(fd), int(inode))
         except OSError as err:
             raise _fuse_error(err) from None
 

@@ -140,6 +140,37 @@ async def test_clean_stop_plays_back_identically(
         assert len(tree(played)) > 3
 
 
+async def test_file_removed_while_open(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    """A descriptor kept open on a file another one deleted (as the RocksDB store keeps its
+    WAL files open to sync them) still syncs, takes attribute changes and closes without an
+    error; none of it is recorded."""
+    log = await make_log()
+    mount = await _mount(client, fuse_broker.endpoint, log, no_stale_mounts)
+    try:
+        mnt = mount.mountpoint
+
+        def work() -> None:
+            _fsync_write(mnt / "kept", b"live")
+            keep = os.open(mnt / "wal", os.O_RDONLY | os.O_CREAT, 0o644)
+            with open(mnt / "wal", "ab") as f:
+                f.write(b"x" * 5000)  # Dirty pages of a file about to be deleted.
+            os.unlink(mnt / "wal")
+            os.fdatasync(keep)
+            os.utime(keep, ns=(1, 2))  # setattr of the removed file.
+            os.fchmod(keep, 0o600)
+            assert os.fstat(keep).st_mtime_ns == 2
+            os.close(keep)  # Writes back its times first: no EIO.
+
+        await _in_thread(work)
+        assert (await mount.stats())["error"] is None
+    finally:
+        assert await mount.stop() is not None
+    await Player(client, log, None, no_stale_mounts / "play").play()
+    assert tree(no_stale_mounts / "play") == {"kept": b"live"}
+
+
 async def test_unrecordable_ops_fail(
     client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
 ) -> None:

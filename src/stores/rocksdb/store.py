@@ -10,13 +10,16 @@ rolled at `MAX_MANIFEST_FILE_SIZE` (bounds what playback reads), no mmap writes.
 
 Transactions: `put`/`delete` go into the current transaction's WriteBatch (reads see them);
 `start_commit` adds the serialized ``consumer.Checkpoint`` under `CHECKPOINT_KEY` to that
-batch, writes it (to the memtable and the WAL file), then fsyncs the WAL files on the mount:
-an fsync on the mount returns once everything recorded is committed to the log. The fsync is
-the store's own `os.fsync`, not RocksDB's ``sync=True``: rocksdict holds the GIL for the whole
-of a write, so a synced write would stall every other thread of the process (the consumer's
-event loop) for the length of the log round trip, where `os.fsync` lets them run. The store is
-crash-consistent because the log is a prefix of the operations RocksDB performed, and the WAL
-holds each batch whole or not at all.
+batch, writes it (to the memtable and the WAL file), then syncs the WAL files on the mount
+(`_wal.WalFiles`): a sync on the mount returns once everything recorded is committed to the
+log. The sync is the store's own `os.fdatasync`, not RocksDB's ``sync=True``: rocksdict holds
+the GIL for the whole of a write, so a synced write would stall every other thread of the
+process (the consumer's event loop) for the length of the log round trip, where
+`os.fdatasync` lets them run. Syncs run in a thread of their own, so that a commit started
+before the previous one is durable writes while that one syncs, and one sync covers every
+commit written before it began (group commit). The store is crash-consistent because the log
+is a prefix of the operations RocksDB performed, and the WAL holds each batch whole or not at
+all.
 Application keys must begin with a byte >= 0x01; keys beginning with 0x00 are the store's.
 """
 
@@ -28,7 +31,6 @@ import concurrent.futures
 import contextlib
 import functools
 import logging
-import os
 import shutil
 import time
 from collections.abc import Iterator, Sequence
@@ -44,6 +46,7 @@ from fusefs import FuseMount, force_unmount
 from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.author import new_author
 from recoverylog.player import TAIL, Player
+from stores.rocksdb._wal import NoWal, WalFiles
 
 __all__ = [
     "CHECKPOINT_KEY",
@@ -111,6 +114,18 @@ class RocksDBStore:
         self.author = 0
         self._loop: asyncio.AbstractEventLoop
         self._exec = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rocksdb-store")
+        """Runs the database's calls in order: writes, flushes, close."""
+        self._sync_exec = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="rocksdb-sync"
+        )
+        """Syncs the WAL files (`_wal`), while the next commit may write."""
+        self._wal: WalFiles
+        self._written = 0
+        """Commits written to the database (to the memtable and the WAL file)."""
+        self._synced = 0
+        """Commits known to be in the log: `_written` as of the start of the last sync."""
+        self._last_written: asyncio.Future[None] | None = None
+        self._last_commit: asyncio.Future[None] | None = None
         self._batch = WriteBatch(raw_mode=True)
         self._overlay: dict[bytes, Any] = {}
         self._committing: list[dict[bytes, Any]] = []
@@ -156,8 +171,10 @@ class RocksDBStore:
             self.info_log.mkdir(exist_ok=True)
             opt = recorded_options(options, str(self.info_log))
             self.db = await self._run(Rdict, str(self.mount.mountpoint), opt)
+            self._wal = WalFiles(self.backing, self.mount.mountpoint)
         except BaseException:
             self._exec.shutdown(wait=False)
+            self._sync_exec.shutdown(wait=False)
             await self.mount.kill()
             raise
         log.info(
@@ -285,72 +302,81 @@ class RocksDBStore:
     def start_commit(
         self, shard: Shard, checkpoint: Checkpoint, wait_for: Sequence[OpFuture]
     ) -> OpFuture:
-        """Commit the current transaction with `checkpoint` (one WriteBatch, then the WAL's
-        fsync); the returned future resolves once it is committed to the recovery log, and
-        raises `StoreFailed` if it could not be (the store is then unusable). Writes made
-        after this call belong to the next transaction. Raises `TypeError` at once if `checkpoint`
-        is not a ``consumer.Checkpoint`` message."""
+        """Commit the current transaction with `checkpoint` (one WriteBatch, then a sync of
+        the WAL files); the returned future resolves once it is committed to the recovery
+        log, and raises `StoreFailed` if it could not be (the store is then unusable).
+        Writes made after this call belong to the next transaction. Raises `TypeError` at
+        once if `checkpoint` is not a ``consumer.Checkpoint`` message.
+
+        Commits may be started before earlier ones resolve: they are written in the order
+        they were started (each once its `wait_for` resolved and the one before was
+        written), a commit's write goes ahead while the one before is being synced, one
+        sync covers every commit written before it began, and the futures resolve in order.
+        A commit whose predecessor failed fails without writing anything."""
         data = _marshal(checkpoint)
         self._check()
         batch, overlay = self._batch, self._overlay
         self._batch, self._overlay = WriteBatch(raw_mode=True), {}
         batch.put(CHECKPOINT_KEY, data)
         self._committing.append(overlay)
-        return self._loop.create_task(self._commit(batch, overlay, list(wait_for)))
+        written: asyncio.Future[None] = self._loop.create_future()
+        task = self._loop.create_task(
+            self._commit(
+                batch, overlay, list(wait_for), written, self._last_written, self._last_commit
+            )
+        )
+        self._last_written, self._last_commit = written, task
+        return task
 
     async def _commit(
-        self, batch: WriteBatch, overlay: dict[bytes, Any], wait_for: list[OpFuture]
+        self,
+        batch: WriteBatch,
+        overlay: dict[bytes, Any],
+        wait_for: list[OpFuture],
+        written: asyncio.Future[None],
+        prev_written: asyncio.Future[None] | None,
+        prev_commit: asyncio.Future[None] | None,
     ) -> None:
         try:
-            for f in wait_for:
-                await f
-            await self._run(self._write_durably, batch)
+            try:
+                for f in wait_for:
+                    await f
+                if prev_written is not None:
+                    await prev_written
+                self._check()  # A predecessor failed: write nothing.
+                await self._run(self.db.write, batch, self._unsynced)
+                self._written += 1
+                seq = self._written
+            finally:
+                written.set_result(None)
+            if self._synced < seq:
+                await self._loop.run_in_executor(self._sync_exec, self._sync_through, seq)
+            if prev_commit is not None:
+                await asyncio.wait([prev_commit])
+            self._check()  # A predecessor failed after this commit was written.
             self.commits += 1
         except BaseException as err:
             if self._error is None:
                 self._error = err
                 log.error("rocksdb store commit failed err=%r", err)
+            if isinstance(err, StoreFailed):
+                raise
             raise StoreFailed(f"commit failed: {err!r}") from err
         finally:
             with contextlib.suppress(ValueError):
                 self._committing.remove(overlay)
 
-    def _write_durably(self, batch: WriteBatch) -> None:
-        """Write `batch`, then `_sync_wal` (in the store's thread)."""
-        self.db.write(batch, self._unsynced)
-        self._sync_wal()
-
-    def _sync_wal(self) -> None:
-        """fsync every WAL file of the database: the kernel writes their dirty pages back to
-        fusefs, whose fsync returns once every operation recorded so far (the batch just
-        written among them) is committed to the log; raises OSError (EIO) if it cannot be.
-        A WAL that RocksDB deleted meanwhile (before or during its fsync) needs nothing: it
-        deletes a WAL only once the memtables it backed are flushed to SSTs, and it fsyncs
-        those SSTs (and the MANIFEST naming them) first, which on the mount commits them, and
-        everything recorded before, to the log."""
-        with os.scandir(self.mount.mountpoint) as entries:
-            wals = [e.path for e in entries if e.name.endswith(".log")]
-        if not wals:
-            # RocksDB always has a current WAL: it is elsewhere (options' wal_dir), so not
-            # recorded at all. Never report such a commit durable.
-            raise StoreFailed(
-                f"no WAL file (*.log) in {self.mount.mountpoint}: the database's WAL must be "
-                "on the mount (do not set wal_dir)"
-            )
-        for path in wals:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                os.fsync(fd)
-            except FileNotFoundError:
-                # Deleted since it was opened (the kernel's sync of its attributes finds no
-                # file on the mount); anything else is an error.
-                if os.path.exists(path):
-                    raise
-            finally:
-                os.close(fd)
+    def _sync_through(self, seq: int) -> None:
+        """Make commit `seq` durable (in the sync thread): sync the WAL files, unless a sync
+        that began after that commit was written has already completed."""
+        if self._synced >= seq:
+            return
+        through = self._written  # Written before this sync begins, so covered by it.
+        try:
+            self._wal.sync()
+        except NoWal as err:
+            raise StoreFailed(str(err)) from None
+        self._synced = max(self._synced, through)
 
     async def restore_checkpoint(self, shard: Shard) -> Checkpoint:
         """The Checkpoint of the last commit (an empty one for a new store)."""
@@ -376,9 +402,11 @@ class RocksDBStore:
             return None
         self._closed = True
         try:
+            await self._loop.run_in_executor(self._sync_exec, self._wal.close)
             await self._run(self.db.close)
         finally:
             self._exec.shutdown(wait=False)
+            self._sync_exec.shutdown(wait=False)
             result = await self.mount.stop()
         return result
 
@@ -399,6 +427,8 @@ class RocksDBStore:
                 proc.kill()
             _wait_exited(proc.pid)
         self._exec.shutdown(wait=True)  # A commit in flight fails fast now: let it end.
+        self._sync_exec.shutdown(wait=True)
+        self._wal.close()
         with contextlib.suppress(Exception):
             self.db.close()
         force_unmount(self.mount.mountpoint)

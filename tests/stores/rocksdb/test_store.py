@@ -108,6 +108,55 @@ async def test_wait_for_failure_fails_commit(
         await store.close()
 
 
+async def test_pipelined_commits(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    """Commits started before earlier ones resolve: written in the order started (even when a
+    later one's dependencies resolve first), resolved in order, several covered by one sync;
+    one whose predecessor failed fails without writing anything."""
+    log = await make_log("rocks")
+    root = no_stale_mounts
+    loop = asyncio.get_running_loop()
+    store = await RocksDBStore.open(fuse_broker.endpoint, log, root / "w1")
+    try:
+        gate: asyncio.Future[None] = loop.create_future()
+        done: list[int] = []
+        futs = []
+        for n in range(40):
+            store.put(b"\x01k", b"%d" % n)
+            store.put(b"\x02%03d" % n, b"x")
+            fut = store.start_commit(None, labeled(f"cp{n}"), [gate] if n == 0 else [])
+            fut.add_done_callback(lambda _, n=n: done.append(n))
+            futs.append(fut)
+        await asyncio.sleep(0.2)
+        assert done == []  # Everything waits behind the first commit's dependency.
+        gate.set_result(None)
+        await asyncio.gather(*futs)
+        assert done == list(range(40))
+        assert store.commits == 40
+        assert store._wal.syncs < 40  # Some syncs covered several commits.
+        failed: asyncio.Future[None] = loop.create_future()
+        store.put(b"\x01k", b"lost")
+        first = store.start_commit(None, labeled("bad"), [failed])
+        store.put(b"\x03after", b"lost too")
+        second = store.start_commit(None, labeled("after-bad"), [])
+        failed.set_exception(RuntimeError("upstream append failed"))
+        with pytest.raises(StoreFailed):
+            await first
+        with pytest.raises(StoreFailed):
+            await second
+    finally:
+        await store.close()
+    store2 = await RocksDBStore.open(fuse_broker.endpoint, log, root / "w2")
+    try:
+        assert await store2.restore_checkpoint(None) == labeled("cp39")
+        assert store2.get(b"\x01k") == b"39"
+        assert store2.get(b"\x03after") is None
+        assert len(dict(store2.items(b"\x02"))) == 40
+    finally:
+        await store2.close()
+
+
 async def test_fenced_primary_fails(
     client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
 ) -> None:
