@@ -129,7 +129,10 @@ class RocksDBStore:
         self._batch = WriteBatch(raw_mode=True)
         self._overlay: dict[bytes, Any] = {}
         self._committing: list[dict[bytes, Any]] = []
-        self._unsynced = WriteOptions()  # Made durable by `_sync_wal` (module docs).
+        self._unsynced = WriteOptions()  # Made durable by `_sync_through` (module docs).
+        self._unsynced.no_slowdown = True  # See `_write`.
+        self.stalls = 0
+        """Writes refused by a write stall, then retried."""
         self._error: BaseException | None = None
         self._closed = False
         self.commits = 0
@@ -318,6 +321,7 @@ class RocksDBStore:
         batch, overlay = self._batch, self._overlay
         self._batch, self._overlay = WriteBatch(raw_mode=True), {}
         batch.put(CHECKPOINT_KEY, data)
+        overlay[CHECKPOINT_KEY] = data  # For a rebuilt batch (`_write`); 0x00 keys are the store's.
         self._committing.append(overlay)
         written: asyncio.Future[None] = self._loop.create_future()
         task = self._loop.create_task(
@@ -344,7 +348,7 @@ class RocksDBStore:
                 if prev_written is not None:
                     await prev_written
                 self._check()  # A predecessor failed: write nothing.
-                await self._run(self.db.write, batch, self._unsynced)
+                await self._write(batch, overlay)
                 self._written += 1
                 seq = self._written
             finally:
@@ -365,6 +369,35 @@ class RocksDBStore:
         finally:
             with contextlib.suppress(ValueError):
                 self._committing.remove(overlay)
+
+    async def _write(self, batch: WriteBatch, overlay: dict[bytes, Any]) -> None:
+        """Write `batch` (unsynced), the transaction whose writes `overlay` holds. A write
+        RocksDB would delay or stop (a write stall, while compactions catch up) is refused at
+        once instead (``no_slowdown``), and retried after a pause taken on the event loop:
+        rocksdict holds the GIL for the whole of a write, so a stalled write would freeze the
+        process (its event loop, leases, RPCs) meanwhile. A refused write applied nothing, but
+        it consumed the batch: the retry writes one rebuilt from `overlay`."""
+        pause = _STALL_PAUSE
+        while True:
+            try:
+                await self._run(self.db.write, batch, self._unsynced)
+                return
+            except Exception as err:
+                if not _is_write_stall(err):
+                    raise
+            batch = WriteBatch(raw_mode=True)
+            for key, value in overlay.items():
+                if value is _DELETED:
+                    batch.delete(key)
+                else:
+                    batch.put(key, value)
+            self.stalls += 1
+            if self.stalls == 1 or self.stalls % 100 == 0:
+                log.warning(
+                    "rocksdb write stall (compactions behind), retrying stalls=%d", self.stalls
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _STALL_PAUSE_MAX)
 
     def _sync_through(self, seq: int) -> None:
         """Make commit `seq` durable (in the sync thread): sync the WAL files, unless a sync
@@ -438,6 +471,16 @@ class RocksDBStore:
         shutil.rmtree(self.info_log, ignore_errors=True)
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+_STALL_PAUSE = 0.001
+_STALL_PAUSE_MAX = 0.05
+
+
+def _is_write_stall(err: Exception) -> bool:
+    """Whether `err` is rocksdict's error for a write refused by ``no_slowdown`` (RocksDB's
+    ``Status::Incomplete("Write stall")``, raised as a plain Exception)."""
+    return type(err) is Exception and "Write stall" in str(err)
 
 
 def _wait_exited(pid: int, timeout: float = 2.0) -> None:
