@@ -173,6 +173,26 @@ async def test_messages_of_a_journal_share_a_batch_until_the_loop_runs() -> None
     assert svc.released[-1] is cast(Any, a3)
 
 
+async def test_linger_keeps_a_batch_open_across_yields() -> None:
+    pub, svc = fake_publisher(linger=0.05)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    appends = []
+    for i in range(5):  # A trickle: the task yields between messages.
+        appends.append(pub.publish_committed(to("a/one"), Note(i=i)))
+        await asyncio.sleep(0.002)
+    assert len(set(map(id, appends))) == 1 and not svc.released
+    while not svc.released:
+        await asyncio.sleep(0.002)
+    assert loop.time() - t0 >= 0.05 - 0.002
+    assert [n.i for n in decode(svc.released[0].data)] == list(range(5))
+    # flush() still releases at once; so does a full batch.
+    a = pub.publish_committed(to("a/one"), Note(i=9))
+    assert pub.flush() == [a] and svc.released[-1] is cast(Any, a)
+    with pytest.raises(ValueError, match="linger"):
+        fake_publisher(linger=-1)
+
+
 async def test_full_batches_are_released_in_order() -> None:
     pub, svc = fake_publisher(max_batch_bytes=300)
     for i in range(10):
