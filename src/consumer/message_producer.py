@@ -52,10 +52,12 @@ class MessageSink:
     behind. Not thread-safe: call it from the event loop.
     """
 
-    __slots__ = ("_queue",)
+    __slots__ = ("_queue", "delivered")
 
     def __init__(self, queue: asyncio.Queue[SourceItem]) -> None:
         self._queue = queue
+        self.delivered = 0
+        """Envelopes delivered through this sink."""
 
     async def put(self, env: Envelope) -> None:
         """Deliver `env` (waits while the queue is full). Raises TypeError for anything but
@@ -67,6 +69,7 @@ class MessageSink:
             await queue.put(env)
         else:
             queue.put_nowait(env)  # No coroutine step per message while there is room.
+        self.delivered += 1
 
     def full(self) -> bool:
         return self._queue.full()

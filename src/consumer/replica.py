@@ -69,6 +69,11 @@ log = logging.getLogger(__name__)
 
 Code = pb.ReplicaStatus.Code
 
+PRODUCER_IDLE_PAUSE = 0.05
+"""Seconds before restarting a MessageProducer that returned without delivering anything."""
+PRODUCER_IDLE_PAUSE_MAX = 2.0
+"""Longest such pause (it doubles while the producer stays idle)."""
+
 
 @dataclass
 class ReplicaContext:
@@ -194,9 +199,13 @@ class ShardReplica:
     async def _process(self, store: Store, publisher: Publisher, cp: pb.Checkpoint) -> None:
         """Run transactions from checkpoint `cp`. The journal sources never end; a
         MessageProducer that returns has its last transaction committed, then is started
-        again from the checkpoint of the last commit (not restored again from the store)."""
+        again from the checkpoint of the last commit (not restored again from the store).
+        One that returns without delivering anything is started again only after a pause,
+        doubling from `PRODUCER_IDLE_PAUSE` up to `PRODUCER_IDLE_PAUSE_MAX` while it stays
+        idle: a producer with nothing to do would otherwise spin."""
         shard, app = self.shard, self.ctx.app
         check_message_producer(app)  # Fails the shard: not taken for a sources application.
+        idle_pause = PRODUCER_IDLE_PAUSE
         while True:
             source: MessageSource
             if isinstance(app, MessageProducer):
@@ -226,11 +235,20 @@ class ShardReplica:
                 cp = txns.last_committed
             await shard._set_progress(checkpoint_offsets(cp), {})
             self.producer_restarts += 1
-            log.info(
-                "message producer finished; restarting from the checkpoint shard=%s restarts=%d",
+            idle = isinstance(source, ProducedMessages) and source.sink.delivered == 0
+            log.log(
+                logging.DEBUG if idle else logging.INFO,
+                "message producer finished; restarting from the checkpoint shard=%s "
+                "restarts=%d delivered=%s",
                 self.id,
                 self.producer_restarts,
+                source.sink.delivered if isinstance(source, ProducedMessages) else "-",
             )
+            if idle:
+                await asyncio.sleep(idle_pause)
+                idle_pause = min(idle_pause * 2, PRODUCER_IDLE_PAUSE_MAX)
+            else:
+                idle_pause = PRODUCER_IDLE_PAUSE
 
     async def _new_store(self, recovered: RecoveredLog | None) -> Store:
         """The application's store. If cancelled while the store is being built (a RocksDB

@@ -236,6 +236,32 @@ async def test_producer_that_returns_restarts_from_the_committed_checkpoint(
         await r.stop()
 
 
+class IdleProducer(PartialProducer):
+    """A producer with nothing to produce: it returns at once, every time."""
+
+    async def start_reading_messages(
+        self, shard: Any, store: Any, checkpoint: pb.Checkpoint, into: MessageSink
+    ) -> None:
+        self.starts += 1
+
+    def read_through(self, shard: Any, store: Any, args: Any) -> dict[str, int]:
+        return {}
+
+
+async def test_an_idle_producer_is_restarted_with_growing_pauses(tmp_path: Path) -> None:
+    """Returning without a message is not a tight loop: restarts are paced (0.05 s doubling),
+    where a producer that delivers is restarted at once (the other tests)."""
+    app = IdleProducer()
+    r = await run_replica(app, tmp_path, lambda r: app.starts >= 2)
+    try:
+        await asyncio.sleep(1.0)
+        # 0.05 + 0.1 + 0.2 + 0.4 (+ 0.8): a handful of restarts in ~1 s, not thousands.
+        assert 3 <= app.starts <= 7, app.starts
+        assert r.status.code == Code.PRIMARY
+    finally:
+        await r.stop()
+
+
 async def test_duplicates_delivered_after_a_restart_are_dropped(tmp_path: Path) -> None:
     """Envelopes still go through the Sequencer: a producer that delivers again what was
     committed before its restart (same UUIDs) has them dropped, not consumed twice."""
@@ -702,9 +728,7 @@ async def test_produced_messages_count_exactly_once_across_restarts_and_kills(
         restarts = _count(r"message producer finished; restarting", all_procs)
         replays = _count(r"producer replay journal=", all_procs)
         print(
-            f"producer restarts={restarts} replays={replays} "
-            f"stat wait={time.monotonic() - t0:.2f}s"
+            f"producer restarts={restarts} replays={replays} stat wait={time.monotonic() - t0:.2f}s"
         )
         assert restarts >= 5, restarts
         assert replays >= 1, replays
-
