@@ -24,9 +24,11 @@ target is 100k messages/s. So messages of one journal accumulate in that journal
 batch*: one `AsyncAppend` plus a bytearray of framed messages. The batch is released (written
 into its AsyncAppend and queued on the AppendService) when the running task next yields to the
 event loop (a ``call_soon`` callback), when it reaches `max_batch_bytes`, or on `flush()`.
-With a `linger` (seconds, like Kafka's ``linger.ms``), a batch instead stays open that long
-after its first message, so that a publisher of a steady trickle of messages (one every
-millisecond, say) makes one append per `linger` rather than one per message: each append
+With a `linger` (seconds, like Kafka's ``linger.ms``), open batches are instead released
+together `linger` after the first of them opened (so a batch stays open at most that long;
+one opened after a `flush()` may go sooner), so that a publisher of a steady trickle of
+messages (one every millisecond, say) makes one append per `linger` rather than one per
+message: each append
 costs ~1-2 ms of CPU across client and broker in Python gRPC, which at 1k appends/s is most
 of a core. Messages then wait up to `linger` before their append starts.
 Every message of a batch returns the same AsyncAppend, whose `done()` resolves when the batch

@@ -33,6 +33,7 @@ class WalFiles:
         self._backing = backing
         self._mountpoint = mountpoint
         self._fds: dict[str, int] = {}
+        self._closed = False
         self.syncs = 0
         """Number of `sync` calls that synced at least one file."""
 
@@ -43,7 +44,10 @@ class WalFiles:
         cannot be appended, e.g. it was fenced). A WAL that RocksDB deleted meanwhile needs
         nothing: it deletes a WAL only once the memtables it backed are flushed to SSTs, and
         it syncs those SSTs (and the MANIFEST naming them) first, which on the mount commits
-        them, and everything recorded before, to the log."""
+        them, and everything recorded before, to the log. Raises RuntimeError once
+        `close` was called."""
+        if self._closed:
+            raise RuntimeError("the WAL files are closed (the store is closing)")
         names = {n for n in os.listdir(self._backing) if n.endswith(".log")}
         if not names:
             raise NoWal(
@@ -76,7 +80,9 @@ class WalFiles:
         self.syncs += synced
 
     def close(self) -> None:
-        """Close the files kept open (before the database closes or the mount stops)."""
+        """Close the files kept open (before the database closes or the mount stops); later
+        `sync` calls raise."""
+        self._closed = True
         for fd in self._fds.values():
             with contextlib.suppress(OSError):
                 os.close(fd)

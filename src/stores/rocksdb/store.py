@@ -26,7 +26,6 @@ Application keys must begin with a byte >= 0x01; keys beginning with 0x00 are th
 from __future__ import annotations
 
 import asyncio
-import bisect
 import concurrent.futures
 import contextlib
 import functools
@@ -42,7 +41,7 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 from broker.client import AppendService, JournalClient
 from consumer.protocol import pb
 from consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard
-from fusefs import FuseMount, force_unmount
+from fusefs import FuseMount, force_unmount, is_mounted
 from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.author import new_author
 from recoverylog.player import TAIL, Player
@@ -278,9 +277,9 @@ class RocksDBStore:
         pending: dict[bytes, Any] = {}
         for layer in (*self._committing, self._overlay):
             pending.update(layer)
-        keys = sorted(k for k in pending if k >= from_key)
-        i = bisect.bisect_left(keys, from_key)
-        start = max(from_key, b"\x01")
+        start = max(from_key, b"\x01")  # 0x00 keys (the checkpoint) are the store's.
+        keys = sorted(k for k in pending if k >= start)
+        i = 0
         for k, v in self.db.items(from_key=start):
             assert isinstance(k, bytes)  # Raw mode.
             while i < len(keys) and keys[i] < k:
@@ -315,7 +314,9 @@ class RocksDBStore:
         they were started (each once its `wait_for` resolved and the one before was
         written), a commit's write goes ahead while the one before is being synced, one
         sync covers every commit written before it began, and the futures resolve in order.
-        A commit whose predecessor failed fails without writing anything."""
+        Once a commit failed (or was cancelled) the store has failed: commits not yet
+        written fail without writing anything, while one already written still succeeds if it
+        becomes durable and every earlier commit succeeded."""
         data = _marshal(checkpoint)
         self._check()
         batch, overlay = self._batch, self._overlay
@@ -329,6 +330,7 @@ class RocksDBStore:
                 batch, overlay, list(wait_for), written, self._last_written, self._last_commit
             )
         )
+        task.add_done_callback(functools.partial(self._commit_ended, written, overlay))
         self._last_written, self._last_commit = written, task
         return task
 
@@ -342,33 +344,52 @@ class RocksDBStore:
         prev_commit: asyncio.Future[None] | None,
     ) -> None:
         try:
-            try:
-                for f in wait_for:
-                    await f
-                if prev_written is not None:
-                    await prev_written
-                self._check()  # A predecessor failed: write nothing.
-                await self._write(batch, overlay)
-                self._written += 1
-                seq = self._written
-            finally:
-                written.set_result(None)
+            for f in wait_for:
+                await f
+            if prev_written is not None:
+                await asyncio.wait([prev_written])  # (Not cancelled with this commit.)
+            self._check()  # An earlier commit failed (or the store closed): write nothing.
+            await self._write(batch, overlay)
+            self._written += 1
+            seq = self._written
+            written.set_result(None)
             if self._synced < seq:
                 await self._loop.run_in_executor(self._sync_exec, self._sync_through, seq)
-            if prev_commit is not None:
-                await asyncio.wait([prev_commit])
-            self._check()  # A predecessor failed after this commit was written.
-            self.commits += 1
         except BaseException as err:
-            if self._error is None:
-                self._error = err
-                log.error("rocksdb store commit failed err=%r", err)
+            self._fail(err)
+            if not written.done():
+                written.set_result(None)
+            if prev_commit is not None and not isinstance(err, asyncio.CancelledError):
+                await asyncio.wait([prev_commit])  # Resolve in order, failures too.
             if isinstance(err, StoreFailed):
                 raise
             raise StoreFailed(f"commit failed: {err!r}") from err
-        finally:
-            with contextlib.suppress(ValueError):
-                self._committing.remove(overlay)
+        if prev_commit is not None:
+            # Durable, but it counts only if every earlier commit did (a later commit's
+            # failure does not undo this one).
+            await asyncio.wait([prev_commit])
+            if prev_commit.cancelled() or prev_commit.exception() is not None:
+                raise StoreFailed("an earlier commit failed") from (
+                    None if prev_commit.cancelled() else prev_commit.exception()
+                )
+        self.commits += 1
+
+    def _commit_ended(
+        self, written: asyncio.Future[None], overlay: dict[bytes, Any], task: asyncio.Task[None]
+    ) -> None:
+        """Done callback of a commit's task, however it ended (even cancelled before its
+        first step, when its coroutine never ran)."""
+        if not written.done():
+            written.set_result(None)
+        with contextlib.suppress(ValueError):
+            self._committing.remove(overlay)
+        if task.cancelled():
+            self._fail(asyncio.CancelledError("a commit was cancelled"))
+
+    def _fail(self, err: BaseException) -> None:
+        if self._error is None:
+            self._error = err
+            log.error("rocksdb store commit failed err=%r", err)
 
     async def _write(self, batch: WriteBatch, overlay: dict[bytes, Any]) -> None:
         """Write `batch` (unsynced), the transaction whose writes `overlay` holds. A write
@@ -385,6 +406,7 @@ class RocksDBStore:
             except Exception as err:
                 if not _is_write_stall(err):
                     raise
+            self._check()  # Not retried once the store failed or closed.
             batch = WriteBatch(raw_mode=True)
             for key, value in overlay.items():
                 if value is _DELETED:
@@ -430,7 +452,8 @@ class RocksDBStore:
 
     async def close(self) -> Any:
         """Close the database and stop the mount cleanly; returns the final (FSM, write head)
-        of the recording, or None if recording had failed. Local files are kept."""
+        of the recording, or None if recording had failed. Local files are kept. Commits
+        still in flight fail (`StoreFailed`), though one may already have reached the log."""
         if self._closed:
             return None
         self._closed = True
@@ -451,9 +474,9 @@ class RocksDBStore:
         the fusefs process (detaching the mount)."""
         self._closed = True
         # fusefs first: closing the database flushes (log round trips through the mount, with
-        # the GIL held); once fusefs is dead, file operations on the mount fail at once. The
-        # mount stays until the database is closed: detached, its path would be the plain
-        # directory beneath, where RocksDB would then create files.
+        # the GIL held); once fusefs is dead, file operations on the mount fail at once. Its
+        # watchdog may detach the mount meanwhile, and RocksDB's close then writes into the
+        # plain directory beneath: removed below, with the rest.
         proc = self.mount.proc
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
@@ -465,8 +488,10 @@ class RocksDBStore:
         with contextlib.suppress(Exception):
             self.db.close()
         force_unmount(self.mount.mountpoint)
-        with contextlib.suppress(OSError):
-            self.mount.mountpoint.rmdir()  # Detached: never remove through a live mount.
+        if not is_mounted(self.mount.mountpoint):  # Never remove through a live mount.
+            # Detached, the path is the plain directory beneath, where RocksDB's close may have
+            # created files (fusefs's watchdog can detach the mount as soon as fusefs dies).
+            shutil.rmtree(self.mount.mountpoint, ignore_errors=True)
         shutil.rmtree(self.backing, ignore_errors=True)
         shutil.rmtree(self.info_log, ignore_errors=True)
         if self.workdir is not None:

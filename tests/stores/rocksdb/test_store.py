@@ -5,6 +5,8 @@ a fenced old primary, and opening from a RecoveredLog as the consumer runtime do
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 from pathlib import Path
 
 import pytest
@@ -155,6 +157,67 @@ async def test_pipelined_commits(
         assert len(dict(store2.items(b"\x02"))) == 40
     finally:
         await store2.close()
+
+
+async def test_commit_failures_cancellations_and_close(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    """Edge cases of pipelined commits (found in review): a commit cancelled before its first
+    step fails the store instead of blocking its successors; futures resolve in order even
+    when a later commit fails first, and a written, durable commit is not failed by a later
+    one; pending commits never show the store's checkpoint key in `items`; closing with a
+    commit in flight leaves no WAL descriptor open."""
+    loop = asyncio.get_running_loop()
+    log = await make_log("rocks")
+    store = await RocksDBStore.open(fuse_broker.endpoint, log, no_stale_mounts / "w1")
+    try:
+        store.put(b"\x01a", b"1")
+        first = store.start_commit(None, labeled("cp1"), [])
+        first.cancel()  # Before its first step: its coroutine never runs.
+        store.put(b"\x01b", b"2")
+        second = store.start_commit(None, labeled("cp2"), [])
+        with pytest.raises(StoreFailed):
+            await asyncio.wait_for(second, 5)
+        assert store.get(b"\x01a") is None  # The cancelled transaction is gone.
+        assert first.cancelled() and store._committing == []
+    finally:
+        await store.close()
+
+    store = await RocksDBStore.open(fuse_broker.endpoint, log, no_stale_mounts / "w2")
+    try:
+        order: list[str] = []
+        store.put(b"\x01a", b"1")
+        c1 = store.start_commit(None, labeled("c1"), [])
+        c1.add_done_callback(lambda f: order.append("c1"))
+        assert b"\x00checkpoint" not in dict(store.items(b""))
+        bad: asyncio.Future[None] = loop.create_future()
+        store.put(b"\x01b", b"2")
+        c2 = store.start_commit(None, labeled("c2"), [bad])
+        c2.add_done_callback(lambda f: order.append("c2"))
+        bad.set_exception(RuntimeError("c2's append failed"))
+        await asyncio.wait([c1, c2])
+        assert order == ["c1", "c2"]
+        assert c1.exception() is None and isinstance(c2.exception(), StoreFailed)
+    finally:
+        await store.close()
+
+    store = await RocksDBStore.open(fuse_broker.endpoint, log, no_stale_mounts / "w3")
+    assert await store.restore_checkpoint(None) == labeled("c1")
+    await store.start_commit(None, labeled("c3"), [])
+    for j in range(20000):
+        store.put(b"\x02%06d" % j, b"x" * 200)
+    in_flight = store.start_commit(None, labeled("c4"), [])
+    await asyncio.sleep(0)
+    await store.close()
+    with contextlib.suppress(StoreFailed):
+        await in_flight  # Closed under it: it may or may not have made it.
+    assert store._wal._fds == {}
+    mnt = str(store.mount.mountpoint)
+    assert not [
+        fd
+        for fd in os.listdir("/proc/self/fd")
+        if os.path.realpath(f"/proc/self/fd/{fd}").startswith(mnt + "/")
+    ]
 
 
 async def test_write_stalls_keep_the_event_loop_running(
