@@ -88,7 +88,8 @@ class AsyncAppend:
         self.request.CopyFrom(request)
         self.dependencies: tuple[AsyncAppend | asyncio.Future[Any], ...] = tuple(dependencies)
         self.size = 0
-        self._buf: IO[bytes] | None = None
+        self._mem: list[bytes] = []  # The content while it fits BUFFER_IN_MEMORY_LIMIT...
+        self._file: IO[bytes] | None = None  # ...and once it outgrew it.
         self._released = False
         self._future: asyncio.Future[pb.AppendResponse] = asyncio.get_running_loop().create_future()
         # Failures are delivered via done(); don't warn if nobody asked.
@@ -108,9 +109,17 @@ class AsyncAppend:
             raise RuntimeError("AsyncAppend.write after release or abort")
         if not data:
             return
-        if self._buf is None:
-            self._buf = tempfile.SpooledTemporaryFile(max_size=BUFFER_IN_MEMORY_LIMIT)
-        self._buf.write(data)
+        if self._file is None and self.size + len(data) <= BUFFER_IN_MEMORY_LIMIT:
+            # Kept as given (bytes() copies only a mutable buffer the caller may reuse): no
+            # copy into and out of a buffer file for the common small append.
+            self._mem.append(bytes(data))
+        else:
+            if self._file is None:
+                self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by _close_buffer
+                for chunk in self._mem:
+                    self._file.write(chunk)
+                self._mem = []
+            self._file.write(data)
         self.size += len(data)
 
     def release(self) -> AsyncAppend:
@@ -167,10 +176,17 @@ class AsyncAppend:
         return f.exception()
 
     def _chunks(self) -> Iterator[bytes]:
-        if self._buf is None:
+        """The content, in pieces of at most CHUNK_SIZE (again from the start at each call)."""
+        if self._file is None:
+            for data in self._mem:
+                if len(data) <= CHUNK_SIZE:
+                    yield data
+                else:
+                    for i in range(0, len(data), CHUNK_SIZE):
+                        yield data[i : i + CHUNK_SIZE]
             return
-        self._buf.seek(0)
-        while chunk := self._buf.read(CHUNK_SIZE):
+        self._file.seek(0)
+        while chunk := self._file.read(CHUNK_SIZE):
             yield chunk
 
     def _succeed(self, resp: pb.AppendResponse) -> None:
@@ -187,9 +203,10 @@ class AsyncAppend:
                 self._future.set_exception(err)
 
     def _close_buffer(self) -> None:
-        if self._buf is not None:
-            self._buf.close()
-            self._buf = None
+        self._mem = []
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     async def __aenter__(self) -> AsyncAppend:
         return self

@@ -171,7 +171,14 @@ async def test_aborted_and_spilled_appends(
         assert (await a.done()).commit.end == len(big)
         with pytest.raises(RuntimeError):
             a.write(b"late")
-    assert await read_all(client, spec.name) == big
+        reused = bytearray(b"x" * (600 << 10))  # In memory, in several chunks of a message.
+        async with svc.start_append(pb.AppendRequest(journal=spec.name)) as m:
+            m.write(reused)
+            m.write(b"!")
+            reused[:] = b"y" * len(reused)  # The caller reuses its buffer after the write.
+            assert m._file is None
+        await m.done()
+    assert await read_all(client, spec.name) == big + b"x" * (600 << 10) + b"!"
     with pytest.raises(RuntimeError):
         svc.start_append(pb.AppendRequest(journal=spec.name))
 
