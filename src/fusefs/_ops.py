@@ -180,7 +180,7 @@ class RecordingOperations(pyfuse3.Operations):
         self, inode: Any, attr: Any, fields: Any, fh: Any, ctx: Any
     ) -> pyfuse3.EntryAttributes:
         if int(inode) not in self._paths:
-            return self._setattr_removed(inode, attr, fields)
+            return self._setattr_removed(inode, attr, fields, fh)
         rel = self._path(inode)
         full = self._full(rel)
         try:
@@ -208,11 +208,15 @@ class RecordingOperations(pyfuse3.Operations):
         except OSError as err:
             raise _fuse_error(err) from None
 
-    def _setattr_removed(self, inode: Any, attr: Any, fields: Any) -> pyfuse3.EntryAttributes:
+    def _setattr_removed(
+        self, inode: Any, attr: Any, fields: Any, fh: Any
+    ) -> pyfuse3.EntryAttributes:
         """setattr of a file removed while still open (e.g. the kernel writing back its times
         when the last descriptor closes): applied to its backing file and not recorded, as its
-        content is dead."""
-        fd = self._removed_fd(inode)
+        content is dead. Through the caller's descriptor when there is one (an ftruncate
+        needs a writable one)."""
+        opened = self._fds.get(fh) if fh is not None else None
+        fd = opened[0] if opened is not None and opened[1] == inode else self._removed_fd(inode)
         try:
             if fields.update_size:
                 os.ftruncate(fd, attr.st_size)

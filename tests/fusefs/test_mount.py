@@ -162,6 +162,14 @@ async def test_file_removed_while_open(
             os.fchmod(keep, 0o600)
             assert os.fstat(keep).st_mtime_ns == 2
             os.close(keep)  # Writes back its times first: no EIO.
+            kept2 = os.open(mnt / "wal2", os.O_RDONLY | os.O_CREAT, 0o644)  # Found first.
+            w = os.open(mnt / "wal2", os.O_RDWR)
+            os.write(w, b"y" * 5000)
+            os.unlink(mnt / "wal2")
+            os.ftruncate(w, 10)  # Through the writable descriptor, not the first one found.
+            assert os.fstat(w).st_size == 10
+            os.close(kept2)
+            os.close(w)
 
         await _in_thread(work)
         assert (await mount.stats())["error"] is None
