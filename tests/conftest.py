@@ -1,10 +1,17 @@
-"""Session-wide real components: an etcd server on loopback."""
+"""Session-wide real components: an etcd server on loopback.
+
+`hypothesis` is imported here, at collection: otherwise its pytest plugin imports it only at
+the terminal summary, and on CPython 3.11.7 that import's ``ast.parse`` (pytest's assertion
+rewriting) failed with "SystemError: AST constructor recursion depth mismatch" after some
+runs of the RocksDB store tests (a commit failing through its ``wait_for``), turning a passing
+run of a subset into an INTERNALERROR."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 
+import hypothesis  # noqa: F401 - imported first, see below
 import pytest
 
 from broker.testing.broker import BrokerProcess

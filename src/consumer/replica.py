@@ -200,13 +200,16 @@ class ShardReplica:
         """Run transactions from checkpoint `cp`. The journal sources never end; a
         MessageProducer that returns has its last transaction committed, then is started
         again from the checkpoint of the last commit (not restored again from the store).
-        One that returns without delivering anything is started again only after a pause,
-        doubling from `PRODUCER_IDLE_PAUSE` up to `PRODUCER_IDLE_PAUSE_MAX` while it stays
-        idle: a producer with nothing to do would otherwise spin."""
+        One that returns without delivering anything is started again no sooner than a
+        pause after its previous start, the pause doubling from `PRODUCER_IDLE_PAUSE` up to
+        `PRODUCER_IDLE_PAUSE_MAX` while it stays idle: a producer with nothing to do would
+        otherwise spin."""
         shard, app = self.shard, self.ctx.app
         check_message_producer(app)  # Fails the shard: not taken for a sources application.
         idle_pause = PRODUCER_IDLE_PAUSE
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             source: MessageSource
             if isinstance(app, MessageProducer):
                 source = ProducedMessages(shard, app, store, cp, read_channel_size(self.spec))
@@ -245,7 +248,9 @@ class ShardReplica:
                 source.sink.delivered if isinstance(source, ProducedMessages) else "-",
             )
             if idle:
-                await asyncio.sleep(idle_pause)
+                # At most one idle start per pause: a producer that waited (long-polled)
+                # before returning empty is restarted without further delay.
+                await asyncio.sleep(max(0.0, started + idle_pause - loop.time()))
                 idle_pause = min(idle_pause * 2, PRODUCER_IDLE_PAUSE_MAX)
             else:
                 idle_pause = PRODUCER_IDLE_PAUSE

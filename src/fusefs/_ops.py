@@ -14,6 +14,7 @@ happened. Reads and attributes are served from the backing files; the kernel cac
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import stat
@@ -169,12 +170,17 @@ class RecordingOperations(pyfuse3.Operations):
             raise _fuse_error(err) from None
         return self._attr(st)
 
-    def _removed_fd(self, inode: Any) -> int:
-        """A backing fd of `inode`, a file removed while open (ENOENT if none is open)."""
-        fd = next((fd for fd, ino in self._fds.values() if ino == inode), None)
-        if fd is None:
+    def _removed_fd(self, inode: Any, writable: bool = False) -> int:
+        """A backing fd of `inode`, a file removed while open (ENOENT if none is open); a
+        writable one if `writable` and there is one."""
+        fds = [fd for fd, ino in self._fds.values() if ino == inode]
+        if not fds:
             raise FUSEError(errno.ENOENT)
-        return fd
+        if writable:
+            for fd in fds:
+                if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDONLY:
+                    return fd
+        return fds[0]
 
     async def setattr(
         self, inode: Any, attr: Any, fields: Any, fh: Any, ctx: Any
@@ -216,7 +222,10 @@ class RecordingOperations(pyfuse3.Operations):
         content is dead. Through the caller's descriptor when there is one (an ftruncate
         needs a writable one)."""
         opened = self._fds.get(fh) if fh is not None else None
-        fd = opened[0] if opened is not None and opened[1] == inode else self._removed_fd(inode)
+        if opened is not None and opened[1] == inode:
+            fd = opened[0]
+        else:
+            fd = self._removed_fd(inode, writable=bool(fields.update_size))
         try:
             if fields.update_size:
                 os.ftruncate(fd, attr.st_size)

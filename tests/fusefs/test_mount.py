@@ -168,6 +168,8 @@ async def test_file_removed_while_open(
             os.unlink(mnt / "wal2")
             os.ftruncate(w, 10)  # Through the writable descriptor, not the first one found.
             assert os.fstat(w).st_size == 10
+            os.truncate(f"/proc/self/fd/{w}", 20)  # No descriptor given: a writable one.
+            assert os.fstat(w).st_size == 20
             os.close(kept2)
             os.close(w)
 

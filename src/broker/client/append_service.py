@@ -107,18 +107,24 @@ class AsyncAppend:
         """Buffer `data` for the append. Raises RuntimeError once released or aborted."""
         if self._released or self._future.done():
             raise RuntimeError("AsyncAppend.write after release or abort")
+        if not isinstance(data, bytes):
+            # A copy: the caller may reuse a mutable buffer, and len() of a memoryview counts
+            # items, not bytes.
+            data = bytes(data)
         if not data:
             return
         if self._file is None and self.size + len(data) <= BUFFER_IN_MEMORY_LIMIT:
-            # Kept as given (bytes() copies only a mutable buffer the caller may reuse): no
-            # copy into and out of a buffer file for the common small append.
-            self._mem.append(bytes(data))
+            self._mem.append(data)  # No copy into and out of a file for a small append.
         else:
             if self._file is None:
-                self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by _close_buffer
-                for chunk in self._mem:
-                    self._file.write(chunk)
-                self._mem = []
+                spill = tempfile.TemporaryFile()  # noqa: SIM115 - closed by _close_buffer
+                try:
+                    for chunk in self._mem:
+                        spill.write(chunk)
+                except BaseException:
+                    spill.close()  # (e.g. ENOSPC) Nothing is lost: the content stays in _mem.
+                    raise
+                self._file, self._mem = spill, []
             self._file.write(data)
         self.size += len(data)
 

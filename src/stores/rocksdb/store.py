@@ -348,7 +348,7 @@ class RocksDBStore:
                 await f
             if prev_written is not None:
                 await asyncio.wait([prev_written])  # (Not cancelled with this commit.)
-            self._check()  # An earlier commit failed (or the store closed): write nothing.
+            self._check()  # A commit failed (or the store closed): write nothing.
             await self._write(batch, overlay)
             self._written += 1
             seq = self._written
@@ -359,8 +359,11 @@ class RocksDBStore:
             self._fail(err)
             if not written.done():
                 written.set_result(None)
-            if prev_commit is not None and not isinstance(err, asyncio.CancelledError):
-                await asyncio.wait([prev_commit])  # Resolve in order, failures too.
+            task = asyncio.current_task()
+            being_cancelled = task is not None and task.cancelling() > 0
+            if prev_commit is not None and not being_cancelled:
+                # Resolve in order, failures too (a dependency's CancelledError included).
+                await asyncio.wait([prev_commit])
             if isinstance(err, StoreFailed):
                 raise
             raise StoreFailed(f"commit failed: {err!r}") from err
@@ -453,7 +456,8 @@ class RocksDBStore:
     async def close(self) -> Any:
         """Close the database and stop the mount cleanly; returns the final (FSM, write head)
         of the recording, or None if recording had failed. Local files are kept. Commits
-        still in flight fail (`StoreFailed`), though one may already have reached the log."""
+        still in flight may succeed (those already synced, or whose sync was under way) or
+        fail (`StoreFailed`; one may still have reached the log)."""
         if self._closed:
             return None
         self._closed = True

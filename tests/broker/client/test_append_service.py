@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
 import re
 
@@ -176,9 +177,12 @@ async def test_aborted_and_spilled_appends(
             m.write(reused)
             m.write(b"!")
             reused[:] = b"y" * len(reused)  # The caller reuses its buffer after the write.
-            assert m._file is None
+            words = array.array("Q", range(1000))
+            m.write(memoryview(words))  # len() of this view is 1000 items, 8000 bytes.
+            assert m._file is None and m.size == (600 << 10) + 1 + 8000
         await m.done()
-    assert await read_all(client, spec.name) == big + b"x" * (600 << 10) + b"!"
+    want = big + b"x" * (600 << 10) + b"!" + words.tobytes()
+    assert await read_all(client, spec.name) == want
     with pytest.raises(RuntimeError):
         svc.start_append(pb.AppendRequest(journal=spec.name))
 

@@ -201,6 +201,28 @@ async def test_commit_failures_cancellations_and_close(
     finally:
         await store.close()
 
+    # A dependency's CancelledError is a failure like another: still resolved in order.
+    store = await RocksDBStore.open(fuse_broker.endpoint, log, no_stale_mounts / "w2b")
+    try:
+        order.clear()
+        gate: asyncio.Future[None] = loop.create_future()
+        c1 = store.start_commit(None, labeled("c1b"), [gate])
+        c1.add_done_callback(lambda f: order.append("c1"))
+        cancelled: asyncio.Future[None] = loop.create_future()
+        c2 = store.start_commit(None, labeled("c2b"), [cancelled])
+        c2.add_done_callback(lambda f: order.append("c2"))
+        await asyncio.sleep(0.01)
+        cancelled.cancel()
+        await asyncio.sleep(0.05)
+        gate.set_result(None)
+        await asyncio.wait([c1, c2])
+        assert order == ["c1", "c2"]
+        # c1 was not written yet when c2 failed: the store had failed, so c1 fails too.
+        assert isinstance(c1.exception(), StoreFailed)
+        assert isinstance(c2.exception(), StoreFailed)
+    finally:
+        await store.close()
+
     store = await RocksDBStore.open(fuse_broker.endpoint, log, no_stale_mounts / "w3")
     assert await store.restore_checkpoint(None) == labeled("c1")
     await store.start_commit(None, labeled("c3"), [])
