@@ -48,6 +48,28 @@ def _backing_flags(flags: int) -> int:
     return flags | os.O_CLOEXEC
 
 
+def _set_metadata(target: str | int, attr: Any, fields: Any) -> None:
+    """Apply setattr's mode, owner and times (not its size) to the backing file `target`, a
+    path or an open descriptor (raises OSError). Not recorded: the log holds content only."""
+    if fields.update_mode:
+        os.chmod(target, stat.S_IMODE(attr.st_mode))
+    if fields.update_uid or fields.update_gid:
+        os.chown(
+            target,
+            attr.st_uid if fields.update_uid else -1,
+            attr.st_gid if fields.update_gid else -1,
+        )
+    if fields.update_atime or fields.update_mtime:
+        st = os.fstat(target) if isinstance(target, int) else os.lstat(target)
+        os.utime(
+            target,
+            ns=(
+                attr.st_atime_ns if fields.update_atime else st.st_atime_ns,
+                attr.st_mtime_ns if fields.update_mtime else st.st_mtime_ns,
+            ),
+        )
+
+
 class RecordingOperations(pyfuse3.Operations):
     def __init__(self, backing: str, link: RecordingLink, *, writeback: bool) -> None:
         super().__init__()
@@ -193,23 +215,7 @@ class RecordingOperations(pyfuse3.Operations):
             if fields.update_size:
                 self._check()
                 self._truncate(rel, full, attr.st_size, fh)
-            if fields.update_mode:
-                os.chmod(full, stat.S_IMODE(attr.st_mode))
-            if fields.update_uid or fields.update_gid:
-                os.chown(
-                    full,
-                    attr.st_uid if fields.update_uid else -1,
-                    attr.st_gid if fields.update_gid else -1,
-                )
-            if fields.update_atime or fields.update_mtime:
-                st = os.lstat(full)
-                os.utime(
-                    full,
-                    ns=(
-                        attr.st_atime_ns if fields.update_atime else st.st_atime_ns,
-                        attr.st_mtime_ns if fields.update_mtime else st.st_mtime_ns,
-                    ),
-                )
+            _set_metadata(full, attr, fields)
             return self._attr(os.lstat(full))
         except OSError as err:
             raise _fuse_error(err) from None
@@ -229,23 +235,7 @@ class RecordingOperations(pyfuse3.Operations):
         try:
             if fields.update_size:
                 os.ftruncate(fd, attr.st_size)
-            if fields.update_mode:
-                os.fchmod(fd, stat.S_IMODE(attr.st_mode))
-            if fields.update_uid or fields.update_gid:
-                os.fchown(
-                    fd,
-                    attr.st_uid if fields.update_uid else -1,
-                    attr.st_gid if fields.update_gid else -1,
-                )
-            if fields.update_atime or fields.update_mtime:
-                st = os.fstat(fd)
-                os.utime(
-                    fd,
-                    ns=(
-                        attr.st_atime_ns if fields.update_atime else st.st_atime_ns,
-                        attr.st_mtime_ns if fields.update_mtime else st.st_mtime_ns,
-                    ),
-                )
+            _set_metadata(fd, attr, fields)
             return self._attr(os.fstat(fd), int(inode))
         except OSError as err:
             raise _fuse_error(err) from None

@@ -65,7 +65,24 @@ class Assignment:
     create_revision = 1
 
 
-class ProducerApp:
+class MsgApp:
+    """The Application side shared by the producers below: consumes `Msg`s into
+    `store.state` of a FakeStore."""
+
+    def new_store(self, shard: Any, recovered: Any) -> FakeStore:
+        return FakeStore()
+
+    def new_message(self, spec: Any) -> Msg:
+        return Msg(None)
+
+    def consume_message(self, shard: Any, store: FakeStore, env: Envelope, pub: Any) -> None:
+        store.state.append(env.message.n)
+
+    def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
+        pass
+
+
+class ProducerApp(MsgApp):
     """Consumes `Msg`s into `store.state`; produces `batches[k]` on its k-th start (then
     returns), and waits forever once it ran out of batches."""
 
@@ -77,15 +94,6 @@ class ProducerApp:
         self.replay_with: list[Envelope] | None = None
         self.fail_with: BaseException | None = None
         self.finalized = 0
-
-    def new_store(self, shard: Any, recovered: Any) -> FakeStore:
-        return FakeStore()
-
-    def new_message(self, spec: Any) -> Msg:
-        return Msg(None)
-
-    def consume_message(self, shard: Any, store: FakeStore, env: Envelope, pub: Any) -> None:
-        store.state.append(env.message.n)
 
     def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
         self.finalized += 1
@@ -162,24 +170,12 @@ def test_counter_app_is_not_a_producer_but_producer_app_is() -> None:
     assert isinstance(ProducerApp([]), MessageProducer)
 
 
-class PartialProducer:
+class PartialProducer(MsgApp):
     """An Application that defines start_reading_messages and replay_range, but forgot
     read_through."""
 
     def __init__(self) -> None:
         self.starts = 0
-
-    def new_store(self, shard: Any, recovered: Any) -> FakeStore:
-        return FakeStore()
-
-    def new_message(self, spec: Any) -> Msg:
-        return Msg(None)
-
-    def consume_message(self, shard: Any, store: FakeStore, env: Envelope, pub: Any) -> None:
-        store.state.append(env.message.n)
-
-    def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
-        pass
 
     async def start_reading_messages(
         self, shard: Any, store: Any, checkpoint: pb.Checkpoint, into: MessageSink
