@@ -16,6 +16,8 @@ log, as a running consumer leaves them. Then, in one local[2] Spark session:
    just those two columns while the Python source still produces all four (Python data
    sources can't prune columns). `ratio_agg_alternative`: the every-column aggregation
    with the shard read as 2 partitions if auto chose 1 (as on 2 cores), else as 1.
+   `ratio_agg_private_playback`: the every-column aggregation with ``share_playback=false``
+   (each task plays the log into a directory of its own, as before shared playback).
 3. Playback alone (the `consumer.spark.playback` step each task does, outside Spark):
    `playback_s`, and the export's read rate without it, `rows_per_s_after_playback`.
 
@@ -281,6 +283,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         kv_parquet_s: list[float] = []
         alternative = 2 if partitions == 1 else 1
         alternative_s: list[float] = []
+        private_s: list[float] = []
         rows = None
         for r in range(args.repeat):
             for p in (exported, again):
@@ -302,12 +305,16 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             t, got_alt = timed(lambda: agg(source(splits=str(alternative))))
             alternative_s.append(t)
             assert got_alt == want, (got_alt, want)
+            t, got_private = timed(lambda: agg(source(share_playback="false")))
+            private_s.append(t)
+            assert got_private == want, (got_private, want)
             rows = got["rows"]
             say(
                 f"run {r + 1}: write export {export_s[-1]:.2f}s vs parquet {parquet_s[-1]:.2f}s; "
                 f"agg export {agg_export_s[-1]:.2f}s vs parquet {agg_parquet_s[-1]:.2f}s; "
                 f"key/value agg export {kv_export_s[-1]:.2f}s vs parquet {kv_parquet_s[-1]:.2f}s"
                 + f"; agg export as {alternative} partition(s) {alternative_s[-1]:.2f}s"
+                + f"; agg export, a playback per task {private_s[-1]:.2f}s"
             )
         journals: dict[str, Any] = {}
         if args.messages:
@@ -358,6 +365,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "partitions": partitions,
         "alternative_partitions": alternative,
         "ratio_agg_alternative": round(min(alternative_s) / ap, 3),
+        "ratio_agg_private_playback": round(min(private_s) / ap, 3),
         "export_rows_per_s": round(rows / ae),
         "parquet_rows_per_s": round(rows / ap),
         "playback_s": round(play_s, 3),

@@ -40,6 +40,7 @@ _KNOWN = frozenset(
         "batch_size",
         "tmpdir",
         "splits",
+        "share_playback",
     }
 )
 _HINTS = re.compile(r"primary|backup\.(0|[1-9][0-9]{0,8})")
@@ -76,6 +77,9 @@ class ShardsOptions:
     tmpdir: str
     splits: int
     """Input partitions per RocksDB shard (key ranges of one snapshot); 0: automatic."""
+    share_playback: bool = True
+    """RocksDB: whether the tasks of a host reading one snapshot play it once
+    (`consumer.spark.shared_playback`) rather than each into a directory of its own."""
 
     @property
     def backup_index(self) -> int | None:
@@ -161,9 +165,8 @@ class ShardsOptions:
         if batch_size <= 0:
             raise InvalidOption("batch_size", f"must be > 0 ({batch_size})")
 
-        read_through = opts.get("read_through", "false").strip().lower()
-        if read_through not in ("true", "false"):
-            raise InvalidOption("read_through", f"must be true or false, not {read_through!r}")
+        read_through = _boolean(opts, "read_through", "false")
+        share_playback = _boolean(opts, "share_playback", "true")
 
         raw_splits = opts.get("splits", "auto").strip().lower()
         if raw_splits == "auto":
@@ -192,10 +195,18 @@ class ShardsOptions:
             schema=schema,
             key_prefix=key_prefix.encode(),
             batch_size=batch_size,
-            read_through=read_through == "true",
+            read_through=read_through,
             tmpdir=opts.get("tmpdir", "").strip(),
             splits=splits,
+            share_playback=share_playback,
         )
+
+
+def _boolean(opts: Mapping[str, str], name: str, default: str) -> bool:
+    value = opts.get(name, default).strip().lower()
+    if value not in ("true", "false"):
+        raise InvalidOption(name, f"must be true or false, not {value!r}")
+    return value == "true"
 
 
 def load_decoder(spec: str) -> Callable[[bytes, bytes], Mapping[str, Any]]:

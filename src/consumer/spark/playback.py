@@ -37,6 +37,7 @@ __all__ = [
     "checkpoint_columns",
     "detect_store",
     "json_batches",
+    "play",
     "played_shard",
     "rocksdb_batches",
     "sqlite_batches",
@@ -65,9 +66,11 @@ class PlayedShard:
     seconds: float
 
 
-async def _play(
+async def play(
     plan: ShardPlan, brokers: Sequence[str], directory: Path, end_offset: int
 ) -> PlayedShard:
+    """Play `plan`'s log from its hints into `directory` (through `end_offset` if given, else
+    through the log's write head)."""
     from broker.client import JournalClient
     from recoverylog.player import EXIT_AT_HEAD, Player
 
@@ -91,7 +94,7 @@ def played_shard(
     head. Raises the Player's errors (`DataLoss` if the hinted log content is gone, ...)."""
     base = Path(tempfile.mkdtemp(prefix="gazette-shard-export-", dir=tmpdir or None)).resolve()
     try:
-        played = asyncio.run(_play(plan, brokers, base / "store", end_offset))
+        played = asyncio.run(play(plan, brokers, base / "store", end_offset))
         log.info(
             "played shard=%s log=%s write_head=%d files=%d seconds=%.2f",
             plan.shard,

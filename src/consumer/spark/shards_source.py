@@ -30,6 +30,7 @@ from consumer.spark.playback import (
     sqlite_columns,
 )
 from consumer.spark.resolve import ShardSplit, plan_splits_sync, resolve_shards_sync
+from consumer.spark.shared_playback import shared_played_shard
 
 __all__ = ["BASE_DDL", "GazetteShardsDataSource", "GazetteShardsReader", "ShardPartition"]
 
@@ -124,7 +125,9 @@ class GazetteShardsReader(DataSourceReader):
         opts = self.opts
         arrow = to_arrow_schema(self.schema, timezone="UTC")
         split = partition.split
-        with played_shard(split.plan, opts.brokers, opts.tmpdir, split.end_offset) as played:
+        share = opts.store == "rocksdb" and opts.share_playback
+        playing = shared_played_shard if share else played_shard
+        with playing(split.plan, opts.brokers, opts.tmpdir, split.end_offset) as played:
             if opts.store == "rocksdb":
                 decoder = load_decoder(opts.decoder) if opts.decoder else None
                 yield from rocksdb_batches(

@@ -1,0 +1,217 @@
+"""One playback of a RocksDB shard's snapshot shared by the tasks of a host that read it.
+
+The splits of a RocksDB shard are key ranges of one snapshot: the log played from the same
+hints through the same offset. Each task playing its own copy multiplies the broker reads, the
+disk and the CPU of playback by the number of splits; with `shared_played_shard`, the tasks on
+one host that read the same snapshot at the same time play it once and open that one directory
+read-only (RocksDB's read-only mode writes nothing a reader depends on: at most its info
+``LOG``).
+
+A snapshot is named by a digest of the recovery log, the hints and the end offset. Under
+``<tmpdir>/gazette-shard-export-shared/``, ``<name>/`` holds the played store and, once it is
+complete, ``<name>/played.json`` (what `PlayedShard` needs besides the directory);
+``<name>.lock`` is its lock file, locked with ``flock``:
+
+- shared by each task from its first look until it is done reading;
+- exclusively to play the snapshot, or to remove it. A task that finds no ``played.json``
+  plays only if it can convert its lock to exclusive at once; else (another task looks too,
+  or plays) it waits for the shared lock again, after a short random pause, and looks again.
+  Waiting for the exclusive lock would deadlock with a task that holds the shared lock and
+  waits for this one, and make a late task wait until every reader is done.
+- On release, a task that can take the lock exclusively at once was the last reader: it
+  removes the directory and the lock file. The next task of that snapshot plays it again.
+
+``flock`` converts a lock by dropping it first, so another task may come in between: every
+step after a conversion looks again. A lock file is removed only by a holder of its exclusive
+lock, and a task checks after each locking that its descriptor is still the file at the
+lock's path (else it opens the new one), so two tasks never hold "exclusive" locks on two
+files of one name. Directories left by tasks that were killed (their locks end with their
+processes) are removed by the next task to acquire any snapshot on the host, once nobody
+holds their lock; a partial playback (no ``played.json``) is played over.
+
+Rejected: keeping snapshots for a while after their last reader, for the next wave of tasks
+or the next query (a played store can be as large as the shard, left on a host for nobody to
+remove); one playback per executor process (Spark's Python workers are separate processes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from consumer.spark.playback import PlayedShard, play
+from consumer.spark.resolve import ShardPlan
+
+__all__ = ["SHARED_DIR", "shared_played_shard", "snapshot_name"]
+
+log = logging.getLogger(__name__)
+
+SHARED_DIR = "gazette-shard-export-shared"
+_META = "played.json"
+_STORE = "store"
+
+
+def snapshot_name(plan: ShardPlan, end_offset: int) -> str:
+    """The name of `plan`'s snapshot through `end_offset` (a hex digest)."""
+    h = hashlib.sha256()
+    for part in (plan.log.encode(), plan.hints_json, str(end_offset).encode()):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return h.hexdigest()[:40]
+
+
+@contextlib.contextmanager
+def shared_played_shard(
+    plan: ShardPlan, brokers: Sequence[str], tmpdir: str = "", end_offset: int = 0
+) -> Iterator[PlayedShard]:
+    """Like `playback.played_shard`, but the snapshot is played once for every task of the
+    host that reads it at the same time (see the module docs)."""
+    root = Path(tmpdir or tempfile.gettempdir()).resolve() / SHARED_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    name = snapshot_name(plan, end_offset)
+    _sweep(root, keep=name)
+    lock = _LockFile(root / f"{name}.lock")
+    try:
+        lock.lock(fcntl.LOCK_SH)
+        yield _acquire(lock, root / name, plan, brokers, end_offset)
+    finally:
+        try:
+            if lock.fd >= 0:
+                lock.lock(fcntl.LOCK_UN)
+                if lock.try_exclusive():
+                    _remove(root, name)  # The last reader.
+        finally:
+            lock.close()
+
+
+class _LockFile:
+    """A lock file's descriptor, locked with ``flock``; always the file at `path` once
+    locked (a holder of the exclusive lock may remove the file)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = -1
+
+    def lock(self, how: int) -> None:
+        """Lock (or convert the lock to) `how`, reopening the file if it was removed or
+        replaced meanwhile."""
+        while True:
+            if self.fd < 0:
+                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self.fd, how)
+            if how == fcntl.LOCK_UN or _is_current(self.fd, self.path):
+                return
+            self.close()
+
+    def try_exclusive(self) -> bool:
+        """Whether the exclusive lock was free (now held) and the file is still current."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        return _is_current(self.fd, self.path)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # Releases its lock.
+            self.fd = -1
+
+
+def _is_current(fd: int, path: Path) -> bool:
+    """Whether `fd` is still the file at `path`."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _acquire(
+    lock: _LockFile, directory: Path, plan: ShardPlan, brokers: Sequence[str], end_offset: int
+) -> PlayedShard:
+    """The snapshot played into `directory`, with `lock` (held shared) held shared on
+    return."""
+    while True:
+        # Held shared here: the snapshot cannot be removed while we look.
+        played = _load(directory, plan)
+        if played is not None:
+            return played
+        # Only a task that can take the lock exclusively at once plays: waiting for it would
+        # deadlock with a task that holds it shared and waits for us (or make us wait until
+        # every reader of the snapshot is done). Converting drops the shared lock first.
+        if not lock.try_exclusive():
+            time.sleep(random.uniform(0.005, 0.05))  # Another task looks too, or plays.
+            lock.lock(fcntl.LOCK_SH)  # Waits while it plays.
+            continue
+        if _load(directory, plan) is None:
+            shutil.rmtree(directory, ignore_errors=True)  # A killed task's partial playback.
+            directory.mkdir()
+            try:
+                played = asyncio.run(play(plan, brokers, directory / _STORE, end_offset))
+                meta = {"links": played.links, "write_head": played.write_head}
+                tmp = directory / f"{_META}.tmp"
+                tmp.write_text(json.dumps(meta))
+                tmp.rename(directory / _META)
+            except BaseException:
+                shutil.rmtree(directory, ignore_errors=True)
+                raise
+            log.info(
+                "played shared shard=%s log=%s write_head=%d files=%d seconds=%.2f",
+                plan.shard,
+                plan.log,
+                played.write_head,
+                len(played.links),
+                played.seconds,
+            )
+        lock.lock(fcntl.LOCK_SH)
+
+
+def _load(directory: Path, plan: ShardPlan) -> PlayedShard | None:
+    """The complete snapshot in `directory`, or None."""
+    try:
+        meta = json.loads((directory / _META).read_text())
+    except FileNotFoundError:
+        return None
+    links = {str(k): int(v) for k, v in meta["links"].items()}
+    return PlayedShard(plan, directory / _STORE, links, int(meta["write_head"]), 0.0)
+
+
+def _remove(root: Path, name: str) -> None:
+    """Remove snapshot `name` and its lock file (the caller holds the lock exclusively)."""
+    shutil.rmtree(root / name, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(root / f"{name}.lock")
+
+
+def _sweep(root: Path, keep: str) -> None:
+    """Remove the snapshots nobody holds (left by killed tasks), other than `keep`."""
+    for path in root.glob("*.lock"):
+        name = path.name[: -len(".lock")]
+        if name == keep:
+            continue
+        lock = _LockFile(path)
+        try:
+            lock.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            if lock.try_exclusive():
+                log.info("removing an abandoned shared playback %s", root / name)
+                _remove(root, name)
+        finally:
+            lock.close()

@@ -1,0 +1,206 @@
+"""One playback of a snapshot shared by the tasks of a host (real broker, real RocksDB; the
+tasks are threads and processes, each with its own lock file descriptor, as Spark's Python
+workers are)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from rocksdict import AccessType, Options, Rdict
+
+import consumer.spark.shared_playback as shared
+from broker.client import JournalClient, apply_journals
+from broker.protocol import protocol_pb2 as bpb
+from broker.testing.broker import BrokerProcess
+from consumer.protocol import pb
+from consumer.spark.resolve import ShardPlan
+from consumer.spark.shared_playback import SHARED_DIR, shared_played_shard, snapshot_name
+from recoverylog.hints import hints_to_json
+from stores.rocksdb.store import RocksDBStore
+
+KEYS = 300
+
+
+async def _recorded_shard(broker: BrokerProcess, tmp: Path, log: str) -> tuple[ShardPlan, int]:
+    """A RocksDB store of KEYS keys recorded into `log`; its plan and the log's write head."""
+    async with JournalClient(broker.endpoint) as client:
+        frag = bpb.JournalSpec.Fragment(
+            length=1 << 20, compression_codec=bpb.NONE, refresh_interval=Duration(seconds=600)
+        )
+        spec = bpb.JournalSpec(name=log, replication=1, fragment=frag)
+        spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")
+        change = bpb.ApplyRequest.Change(upsert=spec)
+        await apply_journals(client, bpb.ApplyRequest(changes=[change]))
+        store = await RocksDBStore.open(broker.endpoint, log, tmp / "live")
+        try:
+            for i in range(KEYS):
+                store.put(b"k%04d" % i, b"v%d" % i)
+            await store.start_commit(None, pb.Checkpoint(), [])  # type: ignore[arg-type]
+            hints = await store.build_hints()
+        finally:
+            await store.close()
+        req = bpb.ReadRequest(journal=log, offset=-1, block=False, metadata_only=True)
+        call = client.stub_for(log, primary=False).Read(req)
+        head = int((await call.read()).write_head)
+        call.cancel()
+    assert head > 0
+    plan = ShardPlan(shard="shard-a", log=log, hints_key="", hints_json=hints_to_json(hints))
+    return plan, head
+
+
+@pytest.fixture
+async def recorded(broker: BrokerProcess, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    log = f"spark-shared/{request.node.name[:40]}/log"
+    return await _recorded_shard(broker, tmp_path, log)
+
+
+@pytest.fixture
+def plays(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The shards played (the real playback, counted)."""
+    played: list[str] = []
+    real = shared.play
+
+    async def counted(plan: ShardPlan, *args: Any) -> Any:
+        played.append(plan.shard)
+        return await real(plan, *args)
+
+    monkeypatch.setattr(shared, "play", counted)
+    yield played
+
+
+def _keys(directory: Path) -> list[bytes]:
+    db = Rdict(str(directory), Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        return [k for k in db.keys() if not k.startswith(b"\x00")]
+    finally:
+        db.close()
+
+
+def test_concurrent_tasks_share_one_playback(
+    recorded: Any, broker: BrokerProcess, tmp_path: Path, plays: list[str]
+) -> None:
+    plan, head = recorded
+    tasks = 3
+    inside = threading.Barrier(tasks, timeout=60)
+    seen: list[tuple[Path, int]] = []
+    errors: list[BaseException] = []
+
+    def task() -> None:
+        try:
+            with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head) as played:
+                inside.wait()  # Every task holds the snapshot at once.
+                seen.append((played.directory, len(_keys(played.directory))))
+                inside.wait()
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=task) for _ in range(tasks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert plays == ["shard-a"]  # Played once, read by all three.
+    assert len({d for d, _ in seen}) == 1
+    assert [n for _, n in seen] == [KEYS] * tasks
+    assert list((tmp_path / SHARED_DIR).iterdir()) == []  # The last reader removed it.
+
+
+def test_a_later_task_plays_again_and_each_removes_its_snapshot(
+    recorded: Any, broker: BrokerProcess, tmp_path: Path, plays: list[str]
+) -> None:
+    plan, head = recorded
+    for _ in range(2):
+        with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head) as played:
+            assert len(_keys(played.directory)) == KEYS
+            assert played.write_head >= head
+        assert list((tmp_path / SHARED_DIR).iterdir()) == []
+    assert plays == ["shard-a", "shard-a"]
+
+
+_HOLDER = """
+import sys, time
+from consumer.spark.resolve import ShardPlan
+from consumer.spark.shared_playback import shared_played_shard
+plan = ShardPlan(shard="shard-a", log=sys.argv[1], hints_key="", hints_json=sys.argv[2].encode())
+with shared_played_shard(plan, [sys.argv[3]], sys.argv[4], int(sys.argv[5])) as played:
+    print(played.directory, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_task_leaves_a_snapshot_the_next_one_reuses_and_removes(
+    recorded: Any, broker: BrokerProcess, tmp_path: Path, plays: list[str]
+) -> None:
+    plan, head = recorded
+    args = [plan.log, plan.hints_json.decode(), broker.endpoint, str(tmp_path), str(head)]
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, *args], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        directory = Path(holder.stdout.readline().strip())
+        assert directory.is_dir()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    name = snapshot_name(plan, head)
+    assert (tmp_path / SHARED_DIR / f"{name}.lock").exists()  # Left behind by the kill.
+
+    with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head) as played:
+        assert played.directory == directory
+        assert len(_keys(played.directory)) == KEYS
+    assert plays == []  # Complete: reused, not played again.
+    assert list((tmp_path / SHARED_DIR).iterdir()) == []
+
+
+def test_abandoned_snapshots_are_swept_unless_held(
+    recorded: Any, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    plan, head = recorded
+    root = tmp_path / SHARED_DIR
+    root.mkdir()
+    for name in ("abandoned", "partial", "held"):
+        (root / name).mkdir()
+        (root / name / "some-file").write_bytes(b"x")
+        (root / f"{name}.lock").touch()
+    held = os.open(root / "held.lock", os.O_RDWR)
+    try:
+        fcntl.flock(held, fcntl.LOCK_SH)  # Another task reads "held".
+        with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head):
+            left = sorted(p.name for p in root.iterdir())
+            assert "abandoned" not in left and "partial.lock" not in left
+            assert {"held", "held.lock"} <= set(left)
+    finally:
+        os.close(held)
+    assert sorted(p.name for p in root.iterdir()) == ["held", "held.lock"]
+
+
+def test_a_failed_playback_leaves_nothing_and_the_next_task_plays(
+    recorded: Any, broker: BrokerProcess, tmp_path: Path, plays: list[str]
+) -> None:
+    plan, head = recorded
+    missing = ShardPlan(plan.shard, "spark-shared/no-such/log", "", plan.hints_json)
+    with pytest.raises(Exception, match="no-such"):
+        with shared_played_shard(missing, [broker.endpoint], str(tmp_path), head):
+            pytest.fail("played a log that does not exist")
+    assert list((tmp_path / SHARED_DIR).iterdir()) == []
+
+    # A partial playback left by a killed player (no played.json) is played over.
+    name = snapshot_name(plan, head)
+    (tmp_path / SHARED_DIR / name / "store").mkdir(parents=True)
+    (tmp_path / SHARED_DIR / name / "store" / "CURRENT").write_bytes(b"garbage")
+    with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head) as played:
+        assert len(_keys(played.directory)) == KEYS
+    assert plays == ["shard-a", "shard-a"]
+    assert list((tmp_path / SHARED_DIR).iterdir()) == []
