@@ -23,6 +23,8 @@ from broker.client import JournalClient, apply_journals
 from broker.protocol import protocol_pb2 as bpb
 from broker.testing.broker import BrokerProcess
 from consumer.protocol import pb
+from consumer.spark.errors import InvalidOption
+from consumer.spark.options import ShardsOptions
 from consumer.spark.resolve import ShardPlan
 from consumer.spark.shared_playback import SHARED_DIR, shared_played_shard, snapshot_name
 from recoverylog.hints import hints_to_json
@@ -204,3 +206,13 @@ def test_a_failed_playback_leaves_nothing_and_the_next_task_plays(
         assert len(_keys(played.directory)) == KEYS
     assert plays == ["shard-a", "shard-a"]
     assert list((tmp_path / SHARED_DIR).iterdir()) == []
+
+
+def test_share_playback_option() -> None:
+    base = {"etcd": "e", "root": "/r", "broker": "b", "shards": "shard-1", "store": "rocksdb"}
+    assert ShardsOptions.parse(base).share_playback is True
+    assert ShardsOptions.parse({**base, "share_playback": "FALSE"}).share_playback is False
+    with pytest.raises(InvalidOption, match="share_playback.*must be true or false"):
+        ShardsOptions.parse({**base, "share_playback": "yes"})
+    with pytest.raises(InvalidOption, match="read_through.*must be true or false"):
+        ShardsOptions.parse({**base, "read_through": "1"})
