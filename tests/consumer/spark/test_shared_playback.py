@@ -23,6 +23,7 @@ from broker.client import JournalClient, apply_journals
 from broker.protocol import protocol_pb2 as bpb
 from broker.testing.broker import BrokerProcess
 from consumer.protocol import pb
+from consumer.spark import playback
 from consumer.spark.errors import InvalidOption
 from consumer.spark.options import ShardsOptions
 from consumer.spark.resolve import ShardPlan
@@ -53,7 +54,9 @@ async def _recorded_shard(broker: BrokerProcess, tmp: Path, log: str) -> tuple[S
             await store.close()
         req = bpb.ReadRequest(journal=log, offset=-1, block=False, metadata_only=True)
         call = client.stub_for(log, primary=False).Read(req)
-        head = int((await call.read()).write_head)
+        resp = await call.read()
+        assert isinstance(resp, bpb.ReadResponse)
+        head = int(resp.write_head)
         call.cancel()
     assert head > 0
     plan = ShardPlan(shard="shard-a", log=log, hints_key="", hints_json=hints_to_json(hints))
@@ -70,7 +73,7 @@ async def recorded(broker: BrokerProcess, tmp_path: Path, request: pytest.Fixtur
 def plays(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The shards played (the real playback, counted)."""
     played: list[str] = []
-    real = shared.play
+    real = playback.play
 
     async def counted(plan: ShardPlan, *args: Any) -> Any:
         played.append(plan.shard)
@@ -83,7 +86,8 @@ def plays(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 def _keys(directory: Path) -> list[bytes]:
     db = Rdict(str(directory), Options(raw_mode=True), access_type=AccessType.read_only())
     try:
-        return [k for k in db.keys() if not k.startswith(b"\x00")]
+        keys = [k for k in db.keys() if isinstance(k, bytes)]
+        return [k for k in keys if not k.startswith(b"\x00")]
     finally:
         db.close()
 
