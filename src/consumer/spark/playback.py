@@ -11,6 +11,7 @@ the played store itself), so rows and checkpoint always agree.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import itertools
 import json
@@ -213,25 +214,26 @@ def rocksdb_batches(
             if start == stop:
                 return
         items: Iterator[tuple[bytes, bytes]] = db.items(from_key=start)  # type: ignore[assignment]
+        # Keys are ordered: those with the prefix (and below the split's end) come first.
+        end = _successor(key_prefix)
+        if stop is not None:
+            end = stop if end is None else min(end, stop)
         cut = len(key_prefix)
         while True:
-            chunk = list(itertools.islice(items, batch_size))
-            done = len(chunk) < batch_size
-            if chunk and not (
-                chunk[-1][0].startswith(key_prefix) and (stop is None or chunk[-1][0] < stop)
-            ):
-                # Keys are ordered: those with the prefix (and below the split's end) come first.
-                n = 0
-                while (
-                    n < len(chunk)
-                    and chunk[n][0].startswith(key_prefix)
-                    and (stop is None or chunk[n][0] < stop)
-                ):
-                    n += 1
-                chunk, done = chunk[:n], True
-            if chunk:
-                keys = [k for k, _ in chunk]
-                values = [v for _, v in chunk]
+            # Two lists filled as the pairs come (not a list of the pairs, unzipped after):
+            # a quarter less time per key, most of it not keeping a tuple per key alive.
+            keys: list[bytes] = []
+            values: list[bytes] = []
+            add_key, add_value = keys.append, values.append
+            for k, v in itertools.islice(items, batch_size):
+                add_key(k)
+                add_value(v)
+            done = len(keys) < batch_size
+            if end is not None and keys and keys[-1] >= end:
+                n = bisect.bisect_left(keys, end)
+                del keys[n:], values[n:]
+                done = True
+            if keys:
                 if decoder is None:
                     cols = [pa.array(keys, pa.binary()), pa.array(values, pa.binary())]
                 else:

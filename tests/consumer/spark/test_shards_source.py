@@ -472,8 +472,9 @@ def test_rocksdb_rows_skip_store_keys_and_stop_at_the_key_prefix(tmp_path: Path)
         ]
     )
     played = PlayedShard(ShardPlan("shard-x", "log", "key", b"{}"), tmp_path, {}, 0, 0.0)
-    for prefix, want in ((b"", keys), (b"k", keys[1:6]), (b"m", [])):
-        batches = list(rocksdb_batches(played, schema, key_prefix=prefix, batch_size=2))
+    cases = [(b"", keys), (b"k", keys[1:6]), (b"m", []), (b"k\xff", [])]
+    for (prefix, want), size in itertools.product(cases, (1, 2, 5)):
+        batches = list(rocksdb_batches(played, schema, key_prefix=prefix, batch_size=size))
         rows = [r for b in batches for r in b.to_pylist()]
         assert [r["key"] for r in rows] == want
         assert all(r["value"] == r["key"].upper() for r in rows)
