@@ -7,10 +7,10 @@ one host that read the same snapshot at the same time play it once and open that
 read-only (RocksDB's read-only mode writes nothing a reader depends on: at most its info
 ``LOG``).
 
-A snapshot is named by a digest of the recovery log, the hints and the end offset. Under
-``<tmpdir>/gazette-shard-export-shared/``, ``<name>/`` holds the played store and, once it is
-complete, ``<name>/played.json`` (what `PlayedShard` needs besides the directory);
-``<name>.lock`` is its lock file, locked with ``flock``:
+A snapshot is named by a digest of the recovery log, the hints and the end offset. In the
+user's own ``<tmpdir>/gazette-shard-export-shared-<uid>/`` (`shared_root`), ``<name>/`` holds
+the played store and, once it is complete, ``<name>/played.json`` (what `PlayedShard` needs
+besides the directory); ``<name>.lock`` is its lock file, locked with ``flock``:
 
 - shared by each task from its first look until it is done reading;
 - exclusively to play the snapshot, or to remove it. A task that finds no ``played.json``
@@ -46,21 +46,40 @@ import logging
 import os
 import random
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from consumer.spark.errors import ExportError
 from consumer.spark.playback import PlayedShard, play
 from consumer.spark.resolve import ShardPlan
 
-__all__ = ["SHARED_DIR", "shared_played_shard", "snapshot_name"]
+__all__ = ["shared_played_shard", "shared_root", "snapshot_name"]
 
 log = logging.getLogger(__name__)
 
-SHARED_DIR = "gazette-shard-export-shared"
+_SHARED_DIR = "gazette-shard-export-shared"
 _META = "played.json"
 _STORE = "store"
+
+
+def shared_root(tmpdir: str = "") -> Path:
+    """The directory of this user's shared snapshots under `tmpdir` (or the system's temporary
+    directory), created private to the user if missing. Raises `ExportError` if it exists but
+    is not a directory of the user's (another user's, or a link placed there)."""
+    uid = os.getuid()
+    root = Path(tmpdir or tempfile.gettempdir()).resolve() / f"{_SHARED_DIR}-{uid}"
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=0o700)
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        raise ExportError(
+            f"{root} is not a directory of user {uid}: move it away, or set option tmpdir "
+            "(shared playbacks are kept there)"
+        )
+    return root
 
 
 def snapshot_name(plan: ShardPlan, end_offset: int) -> str:
@@ -78,8 +97,7 @@ def shared_played_shard(
 ) -> Iterator[PlayedShard]:
     """Like `playback.played_shard`, but the snapshot is played once for every task of the
     host that reads it at the same time (see the module docs)."""
-    root = Path(tmpdir or tempfile.gettempdir()).resolve() / SHARED_DIR
-    root.mkdir(parents=True, exist_ok=True)
+    root = shared_root(tmpdir)
     name = snapshot_name(plan, end_offset)
     _sweep(root, keep=name)
     lock = _LockFile(root / f"{name}.lock")

@@ -24,10 +24,10 @@ from broker.protocol import protocol_pb2 as bpb
 from broker.testing.broker import BrokerProcess
 from consumer.protocol import pb
 from consumer.spark import playback
-from consumer.spark.errors import InvalidOption
+from consumer.spark.errors import ExportError, InvalidOption
 from consumer.spark.options import ShardsOptions
 from consumer.spark.resolve import ShardPlan
-from consumer.spark.shared_playback import SHARED_DIR, shared_played_shard, snapshot_name
+from consumer.spark.shared_playback import shared_played_shard, shared_root, snapshot_name
 from recoverylog.hints import hints_to_json
 from stores.rocksdb.store import RocksDBStore
 
@@ -119,7 +119,7 @@ def test_concurrent_tasks_share_one_playback(
     assert plays == ["shard-a"]  # Played once, read by all three.
     assert len({d for d, _ in seen}) == 1
     assert [n for _, n in seen] == [KEYS] * tasks
-    assert list((tmp_path / SHARED_DIR).iterdir()) == []  # The last reader removed it.
+    assert list(shared_root(str(tmp_path)).iterdir()) == []  # The last reader removed it.
 
 
 def test_a_later_task_plays_again_and_each_removes_its_snapshot(
@@ -130,7 +130,7 @@ def test_a_later_task_plays_again_and_each_removes_its_snapshot(
         with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head) as played:
             assert len(_keys(played.directory)) == KEYS
             assert played.write_head >= head
-        assert list((tmp_path / SHARED_DIR).iterdir()) == []
+        assert list(shared_root(str(tmp_path)).iterdir()) == []
     assert plays == ["shard-a", "shard-a"]
 
 
@@ -161,21 +161,20 @@ def test_a_killed_task_leaves_a_snapshot_the_next_one_reuses_and_removes(
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     name = snapshot_name(plan, head)
-    assert (tmp_path / SHARED_DIR / f"{name}.lock").exists()  # Left behind by the kill.
+    assert (shared_root(str(tmp_path)) / f"{name}.lock").exists()  # Left behind by the kill.
 
     with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head) as played:
         assert played.directory == directory
         assert len(_keys(played.directory)) == KEYS
     assert plays == []  # Complete: reused, not played again.
-    assert list((tmp_path / SHARED_DIR).iterdir()) == []
+    assert list(shared_root(str(tmp_path)).iterdir()) == []
 
 
 def test_abandoned_snapshots_are_swept_unless_held(
     recorded: Any, broker: BrokerProcess, tmp_path: Path
 ) -> None:
     plan, head = recorded
-    root = tmp_path / SHARED_DIR
-    root.mkdir()
+    root = shared_root(str(tmp_path))
     for name in ("abandoned", "partial", "held"):
         (root / name).mkdir()
         (root / name / "some-file").write_bytes(b"x")
@@ -200,16 +199,16 @@ def test_a_failed_playback_leaves_nothing_and_the_next_task_plays(
     with pytest.raises(Exception, match="no-such"):
         with shared_played_shard(missing, [broker.endpoint], str(tmp_path), head):
             pytest.fail("played a log that does not exist")
-    assert list((tmp_path / SHARED_DIR).iterdir()) == []
+    assert list(shared_root(str(tmp_path)).iterdir()) == []
 
     # A partial playback left by a killed player (no played.json) is played over.
     name = snapshot_name(plan, head)
-    (tmp_path / SHARED_DIR / name / "store").mkdir(parents=True)
-    (tmp_path / SHARED_DIR / name / "store" / "CURRENT").write_bytes(b"garbage")
+    (shared_root(str(tmp_path)) / name / "store").mkdir(parents=True)
+    (shared_root(str(tmp_path)) / name / "store" / "CURRENT").write_bytes(b"garbage")
     with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head) as played:
         assert len(_keys(played.directory)) == KEYS
     assert plays == ["shard-a", "shard-a"]
-    assert list((tmp_path / SHARED_DIR).iterdir()) == []
+    assert list(shared_root(str(tmp_path)).iterdir()) == []
 
 
 def test_share_playback_option() -> None:
@@ -220,3 +219,20 @@ def test_share_playback_option() -> None:
         ShardsOptions.parse({**base, "share_playback": "yes"})
     with pytest.raises(InvalidOption, match="read_through.*must be true or false"):
         ShardsOptions.parse({**base, "read_through": "1"})
+
+
+def test_the_shared_directory_must_be_the_users_own(tmp_path: Path) -> None:
+    root = shared_root(str(tmp_path))
+    assert root.stat().st_mode & 0o777 == 0o700
+    assert shared_root(str(tmp_path)) == root  # Existing: fine.
+    root.rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    root.symlink_to(tmp_path / "elsewhere")  # Placed there by someone else.
+    with pytest.raises(ExportError, match="is not a directory of user"):
+        shared_root(str(tmp_path))
+    root.unlink()
+    root.mkdir()
+    if os.getuid() == 0:  # As CI runs: root can make it another user's.
+        os.chown(root, 12345, 12345)
+        with pytest.raises(ExportError, match="set option tmpdir"):
+            shared_root(str(tmp_path))
