@@ -33,7 +33,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from allocator.etcd import Compare, Etcd, EtcdError
@@ -63,6 +63,9 @@ from recoverylog.hints_etcd import (
 )
 from recoverylog.player import TAIL, PlaybackProgress, Player
 
+if TYPE_CHECKING:
+    from fusefs.mount import ServerPool
+
 __all__ = ["ReplicaContext", "ShardReplica"]
 
 log = logging.getLogger(__name__)
@@ -89,6 +92,9 @@ class ReplicaContext:
     status_changed: Callable[[], None]
     """Called when a replica's status changed (the process advertises it in etcd)."""
     hint_interval: float = 300.0
+    fusefs_pool: ServerPool | None = None
+    """The process's fusefs processes started ahead of need (`RecoveredLog.fusefs_pool`);
+    a standby of a RocksDB store asks for them to be ready."""
 
 
 class ShardReplica:
@@ -322,7 +328,7 @@ class ShardReplica:
                 raise RuntimeError("playback ended before it was asked to")
             self._set_status(Code.STANDBY)
             log.info("shard standby shard=%s log=%s", self.id, log_name)
-            await _first_of(play, self._primary.wait())
+            await _first_of(play, self._standby(player))
             if play.done():
                 play.result()
                 raise RuntimeError("playback ended before it was asked to")
@@ -351,10 +357,26 @@ class ShardReplica:
             self.append_service,
             self.ctx.broker_endpoint,
             hints,
+            self.ctx.fusefs_pool,
         )
 
     def _on_progress(self, progress: PlaybackProgress) -> None:
         self.progress = progress
+
+    async def _standby(self, player: Player) -> None:
+        """Tail the log until promoted. Once the played files are a RocksDB's (the primary
+        may create them later), have a fusefs process ready: promoted, the store then mounts
+        without waiting for a process to start (~0.35 s)."""
+        pool = self.ctx.fusefs_pool
+        while pool is not None and not player.is_linked("/CURRENT"):
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.25):
+                    await self._primary.wait()
+            if self._primary.is_set():
+                return
+        if pool is not None:
+            pool.reserve()
+        await self._primary.wait()
 
     async def _load_hints(self, log_name: str) -> rpb.FSMHints | None:
         if not self.spec.hint_prefix:

@@ -47,6 +47,7 @@ from consumer.protocol import pb
 from consumer.replica import ReplicaContext, ShardReplica
 from consumer.shard_api import shard_route
 from consumer.spec import ShardKeys, decode_consumer_value, desired_replication
+from fusefs.mount import ServerPool
 
 __all__ = ["ConsumerRuntime", "Resolution"]
 
@@ -89,6 +90,8 @@ class ConsumerRuntime:
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._stubs: dict[str, Any] = {}
         self._channels: list[grpc.aio.Channel] = []
+        # One fusefs process kept ready once a RocksDB standby is here (`fusefs.mount`).
+        self._fusefs_pool = ServerPool(size=1)
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -171,6 +174,7 @@ class ConsumerRuntime:
         self.replicas.clear()
         if self._stopping:
             await asyncio.gather(*self._stopping.values(), return_exceptions=True)
+        await self._fusefs_pool.close()
         if self.session is not None:
             with contextlib.suppress(EtcdError):
                 await self.session.release()
@@ -275,6 +279,7 @@ class ConsumerRuntime:
             root=self.cfg.root,
             status_changed=self._reconcile.set,
             hint_interval=self.cfg.hint_interval,
+            fusefs_pool=self._fusefs_pool,
         )
 
     # --- resolution ---------------------------------------------------------------------------

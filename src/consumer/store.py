@@ -18,6 +18,7 @@ from consumer.protocol import pb
 
 if TYPE_CHECKING:
     from broker.client import AppendService, JournalClient
+    from fusefs.mount import ServerPool
     from recoverylog import recoverylog_pb2 as rpb
     from recoverylog.fsm import FSM
     from recoverylog.recorder import Recorder
@@ -59,6 +60,9 @@ class RecoveredLog:
     broker_endpoint: str
     hints: rpb.FSMHints | None = None
     """The hints playback started from (None: the whole log was read)."""
+    fusefs_pool: ServerPool | None = None
+    """fusefs processes started ahead of need, for a store that mounts one (`fusefs.mount`):
+    a promoted standby then mounts without waiting for a new process to start."""
 
     def recorder(self) -> Recorder:
         """A Recorder of `directory` into `log`, continuing the played FSM."""

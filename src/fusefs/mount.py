@@ -9,6 +9,12 @@ The FSM to record onwards from (a Player's result after `inject_handoff(author)`
 FSM with ``fence_log=True``) is handed to the process in a pickle file; the backing directory
 must hold exactly the files of that FSM (what the Player left there).
 
+Starting a fusefs process costs about 0.35 s before it can mount (the interpreter and its
+imports). A `ServerPool` keeps processes started ahead of need (`PrestartedServer`: imports
+done, waiting for a mount's configuration on their control pipe), so that a hot standby
+promoted to primary mounts at once; `FuseMount.start(..., prestarted=...)` uses one. A
+pre-started process exits when its control pipe closes.
+
 No stale mount is left if either process dies: the fusefs process stops and unmounts when
 its control pipe closes or on SIGTERM (its parent-death signal); if the fusefs process dies,
 `stop`/`kill`/`close` (and `FuseMount.start` on failure) detach the mount with
@@ -27,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +46,8 @@ __all__ = [
     "FuseMount",
     "MountFailed",
     "MountStopped",
+    "PrestartedServer",
+    "ServerPool",
     "force_unmount",
     "is_mounted",
     "mounts_under",
@@ -121,12 +130,16 @@ class FuseMount:
         writeback: bool = True,
         timeout: float = 30.0,
         log_level: str | None = None,
+        prestarted: PrestartedServer | None = None,
     ) -> FuseMount:
         """Start a fusefs process recording `backing` (mounted at `mountpoint`) into
-        `log_name` as `author`, onwards from `fsm`; return once it is mounted.
+        `log_name` as `author`, onwards from `fsm`; return once it is mounted. With
+        `prestarted` (still running, of the same `log_level`), that process mounts instead
+        of a new one (a new one is started if it cannot be used).
 
         Raises `MountFailed` if the process exits or fails to mount within `timeout`.
         """
+        t0 = time.monotonic()
         backing, mountpoint = Path(backing).resolve(), Path(mountpoint).resolve()
         mountpoint.mkdir(parents=True, exist_ok=True)
         force_unmount(mountpoint)  # A stale mount of an earlier, dead process.
@@ -146,20 +159,13 @@ class FuseMount:
         with open(cfg.fsm_in, "wb") as f:
             f.write(dump_fsm(fsm, 0))
         (tmp / "config.json").write_text(cfg.dumps())
-        env = dict(os.environ)
-        if log_level is not None:
-            env["FUSEFS_LOG_LEVEL"] = log_level
-        src = str(Path(__file__).resolve().parents[1])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "fusefs.server",
-            str(tmp / "config.json"),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=env,
-        )
+        proc = None
+        if prestarted is not None:
+            if prestarted.log_level == log_level:
+                proc = await prestarted.hand(tmp / "config.json")
+            await prestarted.close()  # If not handed.
+        if proc is None:
+            proc = await _spawn(str(tmp / "config.json"), log_level)
         self = cls(proc, cfg, tmp)
         self._reader = asyncio.get_running_loop().create_task(self._read_replies())
         try:
@@ -169,7 +175,14 @@ class FuseMount:
             await self.kill()
             raise
         self.write_head = int(ready.get("write_head", 0))
-        log.info("fusefs ready pid=%d mountpoint=%s log=%s", proc.pid, mountpoint, log_name)
+        log.info(
+            "fusefs ready pid=%d mountpoint=%s log=%s prestarted=%s seconds=%.3f",
+            proc.pid,
+            mountpoint,
+            log_name,
+            prestarted is not None and proc is prestarted.proc,
+            time.monotonic() - t0,
+        )
         return self
 
     async def _read_replies(self) -> None:
@@ -271,6 +284,131 @@ class FuseMount:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+async def _spawn(config: str, log_level: str | None) -> asyncio.subprocess.Process:
+    """A fusefs process of `config` (a file's path, or "-": read it from the control pipe)."""
+    env = dict(os.environ)
+    if log_level is not None:
+        env["FUSEFS_LOG_LEVEL"] = log_level
+    src = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "fusefs.server",
+        config,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+    )
+
+
+class PrestartedServer:
+    """A fusefs process started ahead of need, waiting for a mount's configuration (module
+    docs). `FuseMount.start` takes it; `close` ends it if it was not taken."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, log_level: str | None) -> None:
+        self.proc = proc
+        self.log_level = log_level
+        self.taken = False
+
+    @classmethod
+    async def start(cls, log_level: str | None = None) -> PrestartedServer:
+        return cls(await _spawn("-", log_level), log_level)
+
+    @property
+    def usable(self) -> bool:
+        """Not taken, and still running."""
+        return not self.taken and self.proc.returncode is None
+
+    async def hand(self, config: Path) -> asyncio.subprocess.Process | None:
+        """Give the process the configuration file `config` (it then mounts as one started
+        with it); None if it is not usable (then nothing was handed)."""
+        if not self.usable or self.proc.stdin is None:
+            return None
+        self.taken = True
+        try:
+            self.proc.stdin.write(str(config).encode() + b"\n")
+            await self.proc.stdin.drain()
+        except (ConnectionError, RuntimeError):
+            await self._end()
+            return None
+        return self.proc
+
+    async def close(self) -> None:
+        """End the process if it was not taken (closing its control pipe; killing it if it
+        does not exit at once)."""
+        if not self.taken:
+            self.taken = True
+            await self._end()
+
+    async def _end(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            async with asyncio.timeout(5.0):
+                await self.proc.wait()
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            await self.proc.wait()
+
+
+class ServerPool:
+    """Up to `size` `PrestartedServer`s kept ready. Idle until `reserve` is first called
+    (a process with no fusefs stores starts none); `take` returns one if ready, and starts
+    another in the background."""
+
+    def __init__(self, size: int = 1, log_level: str | None = None) -> None:
+        self.size = size
+        self.log_level = log_level
+        self._ready: list[PrestartedServer] = []
+        self._starting: asyncio.Task[None] | None = None
+        self._wanted = False
+        self._closed = False
+
+    def reserve(self) -> None:
+        """Have servers ready from now on (started in the background)."""
+        self._wanted = True
+        self._refill()
+
+    def take(self) -> PrestartedServer | None:
+        """A ready server, or None (a store then starts its own)."""
+        self._ready = [s for s in self._ready if s.usable]
+        out = self._ready.pop(0) if self._ready else None
+        self._refill()
+        return out
+
+    def _refill(self) -> None:
+        if self._closed or not self._wanted or self._starting is not None:
+            return
+        if len(self._ready) < self.size:
+            self._starting = asyncio.get_running_loop().create_task(self._start_one())
+
+    async def _start_one(self) -> None:
+        try:
+            server = await PrestartedServer.start(self.log_level)
+        except OSError as err:
+            log.warning("cannot start a fusefs process ahead: %s", err)
+            return
+        finally:
+            self._starting = None
+        if self._closed:
+            await server.close()
+            return
+        self._ready.append(server)
+        self._refill()
+
+    async def close(self) -> None:
+        """End every server not taken."""
+        self._closed = True
+        if self._starting is not None:
+            with contextlib.suppress(BaseException):
+                await self._starting
+        for server in self._ready:
+            await server.close()
+        self._ready.clear()
 
 
 async def play_for_mount(

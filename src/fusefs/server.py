@@ -91,6 +91,15 @@ def _stop_deadline(mountpoint: str) -> None:
     os._exit(3)
 
 
+def _read_line(fd: int) -> str:
+    """One line from `fd`, read a byte at a time (nothing after it is consumed: the control
+    commands that follow are read by `_Server`); "" at the end of the input."""
+    line = bytearray()
+    while (b := os.read(fd, 1)) and b != b"\n":
+        line += b
+    return line.decode() if b else ""
+
+
 def _set_parent_death_signal() -> None:
     PR_SET_PDEATHSIG = 1
     libc = ctypes.CDLL(None, use_errno=True)
@@ -296,7 +305,15 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s fusefs[%(process)d] %(levelname)s %(name)s %(message)s",
     )
     faulthandler.enable()
-    with open(argv[0]) as f:
+    path = argv[0]
+    if path == "-":
+        # Started ahead of need (mount.PrestartedServer), imports done: wait for the
+        # configuration's path on the control pipe; its end means not needed after all.
+        _set_parent_death_signal()
+        path = _read_line(0)
+        if not path:
+            sys.exit(0)
+    with open(path) as f:
         cfg = MountConfig.loads(f.read())
     # Until the mount can be stopped cleanly, a stop signal waits (see `_Server._signals`).
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)

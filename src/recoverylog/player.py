@@ -396,6 +396,11 @@ class Player:
 
     # Control.
 
+    def is_linked(self, path: str) -> bool:
+        """Whether `path` (as recorded: ``/CURRENT``) is a link of the FSM played so far
+        (while playing too: files are linked into the directory once playback completes)."""
+        return self._fsm is not None and path in self._fsm.links
+
     @property
     def fsm(self) -> FSM:
         """The played FSM: valid once `play` returned (then record onwards from it)."""

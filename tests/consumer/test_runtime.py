@@ -269,6 +269,9 @@ async def test_counts_survive_primary_kills_with_a_hot_standby(
             client, stubs[await primary_of(stubs["consumer-0"], "shard-000")], s, expected
         )
         print(f"takeovers after SIGKILL (lease TTL 3 s): {[round(t, 2) for t in takeovers]}")
+        # Standbys kept a fusefs process ready: the promoted ones mounted through it.
+        logs = b"".join(p.log_path.read_bytes() for p in procs.values())
+        assert logs.count(b"prestarted=True") >= 2, logs.count(b"prestarted=False")
         # Primaries wrote hints (every second here), and each takeover rotated the hints it
         # recovered from into the backups.
         hints = await stub.GetHints(pb.GetHintsRequest(shard="shard-000"))

@@ -159,6 +159,7 @@ class RocksDBStore:
         self.backing = Path(recovered.directory).resolve()
         self.info_log = _beside(self.backing, ".info-log")
         self.author = recovered.author
+        pool = recovered.fusefs_pool
         self.mount = await FuseMount.start(
             recovered.broker_endpoint,
             recovered.log,
@@ -168,6 +169,7 @@ class RocksDBStore:
             _beside(self.backing, ".mnt"),
             writeback=writeback,
             log_level=fusefs_log_level,
+            prestarted=pool.take() if pool is not None else None,
         )
         try:
             self.info_log.mkdir(exist_ok=True)

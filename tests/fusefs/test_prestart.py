@@ -1,0 +1,133 @@
+"""fusefs processes started ahead of need (`PrestartedServer`, `ServerPool`): a mount through
+one records like any other and is ready sooner; unused ones end without a trace."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+from broker.client import JournalClient
+from broker.testing.broker import BrokerProcess
+from fusefs import FuseMount, is_mounted, play_for_mount
+from fusefs.mount import PrestartedServer, ServerPool
+from recoverylog.player import Player
+from tests.fusefs.support import MakeLog, client, fuse_broker, make_log, no_stale_mounts, tree
+
+__all__ = ["client", "fuse_broker", "make_log", "no_stale_mounts"]
+
+AUTHOR = 0xA11CE
+
+
+async def _start(
+    client: JournalClient, endpoint: str, log: str, root: Path, prestarted: PrestartedServer | None
+) -> tuple[FuseMount, float]:
+    fsm = await play_for_mount(client, log, root / "backing", AUTHOR)
+    t0 = time.monotonic()
+    mount = await FuseMount.start(
+        endpoint, log, fsm, AUTHOR, root / "backing", root / "mnt", prestarted=prestarted
+    )
+    return mount, time.monotonic() - t0
+
+
+def _fsync_write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+async def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_a_prestarted_server_mounts_sooner_and_records(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    root = no_stale_mounts
+    cold, cold_s = await _start(client, fuse_broker.endpoint, await make_log(), root / "c", None)
+    await cold.stop()
+
+    log = await make_log()
+    server = await PrestartedServer.start()
+    await asyncio.sleep(1.5)  # Its imports are done by now.
+    mount, warm_s = await _start(client, fuse_broker.endpoint, log, root / "w", server)
+    try:
+        assert mount.pid == server.proc.pid and not server.usable
+        await asyncio.to_thread(_fsync_write, mount.mountpoint / "f", b"recorded")
+        await Player(client, log, None, root / "play").play()
+        assert tree(root / "play") == {"f": b"recorded"}
+    finally:
+        assert await mount.stop() is not None
+    assert not is_mounted(root / "w" / "mnt")
+    # The interpreter's start and imports (~0.35 s here) are not waited for.
+    assert warm_s < cold_s, (warm_s, cold_s)
+
+
+async def test_unused_servers_end(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    server = await PrestartedServer.start()
+    await server.close()
+    assert server.proc.returncode == 0  # It saw its control pipe close.
+
+    # A server of another log level is not used for a mount: it is ended, a new one mounts.
+    other = await PrestartedServer.start(log_level="DEBUG")
+    root = no_stale_mounts
+    mount, _ = await _start(client, fuse_broker.endpoint, await make_log(), root, other)
+    try:
+        assert mount.pid != other.proc.pid
+        assert other.proc.returncode is not None
+    finally:
+        await mount.stop()
+
+    # A server that died meanwhile is not used either.
+    dead = await PrestartedServer.start()
+    dead.proc.kill()
+    await dead.proc.wait()
+    assert not dead.usable and await dead.hand(root / "none.json") is None
+
+
+async def test_the_pool_is_idle_until_reserved_and_refills(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    pool = ServerPool(size=1)
+    assert pool.take() is None
+    await asyncio.sleep(0.2)
+    assert pool.take() is None  # Not reserved: nothing started.
+    pool.reserve()
+    first = await _ready(pool)
+    assert first.usable
+    second = await _ready(pool)  # Refilled after the take.
+    assert second.proc.pid != first.proc.pid
+    await first.close()
+    pool.reserve()
+    third = await _ready(pool)
+    pending = await _ready_count(pool)
+    await pool.close()
+    assert pending == 1
+    for s in (second, third):
+        assert s.usable
+        await s.close()
+    # Closed: the one kept ready has ended.
+    assert pool.take() is None
+
+
+async def _ready(pool: ServerPool, timeout: float = 20.0) -> PrestartedServer:
+    deadline = time.monotonic() + timeout
+    while (server := pool.take()) is None:
+        assert time.monotonic() < deadline, "no server became ready"
+        await asyncio.sleep(0.05)
+    return server
+
+
+async def _ready_count(pool: ServerPool, timeout: float = 20.0) -> int:
+    deadline = time.monotonic() + timeout
+    while not pool._ready and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return len(pool._ready)
