@@ -4,8 +4,9 @@ The splits of a RocksDB shard are key ranges of one snapshot: the log played fro
 hints through the same offset. Each task playing its own copy multiplies the broker reads, the
 disk and the CPU of playback by the number of splits; with `shared_played_shard`, the tasks on
 one host that read the same snapshot at the same time play it once and open that one directory
-read-only (RocksDB's read-only mode writes nothing a reader depends on: at most its info
-``LOG``).
+read-only. (RocksDB's read-only mode writes nothing there; rocksdict rewrites its own
+``rocksdict-config.json`` on each open, the same bytes each time, which it tolerates being
+read half-written.)
 
 A snapshot is named by a digest of the recovery log, the hints and the end offset. In the
 user's own ``<tmpdir>/gazette-shard-export-shared-<uid>/`` (`shared_root`), ``<name>/`` holds
@@ -19,15 +20,21 @@ besides the directory); ``<name>.lock`` is its lock file, locked with ``flock``:
   Waiting for the exclusive lock would deadlock with a task that holds the shared lock and
   waits for this one, and make a late task wait until every reader is done.
 - On release, a task that can take the lock exclusively at once was the last reader: it
-  removes the directory and the lock file. The next task of that snapshot plays it again.
+  removes the directory (renamed away first, at once: a task killed while deleting leaves no
+  partly deleted snapshot that looks complete) and the lock file. The next task of that
+  snapshot plays it again.
+- A snapshot played before the host last booted (``tmpdir`` on a persistent disk) is not
+  used: nothing was synced, so its files may be incomplete.
 
 ``flock`` converts a lock by dropping it first, so another task may come in between: every
 step after a conversion looks again. A lock file is removed only by a holder of its exclusive
 lock, and a task checks after each locking that its descriptor is still the file at the
 lock's path (else it opens the new one), so two tasks never hold "exclusive" locks on two
 files of one name. Directories left by tasks that were killed (their locks end with their
-processes) are removed by the next task to acquire any snapshot on the host, once nobody
-holds their lock; a partial playback (no ``played.json``) is played over.
+processes), and the remains of interrupted removals, are removed by the next task to acquire
+any snapshot on the host, once nobody holds their lock; a partial playback (no
+``played.json``) is played over. A playback that fails is tried again by each waiting task in
+turn (each then fails with its error).
 
 Rejected: keeping snapshots for a while after their last reader, for the next wave of tasks
 or the next query (a played store can be as large as the shard, left on a host for nobody to
@@ -45,6 +52,7 @@ import json
 import logging
 import os
 import random
+import secrets
 import shutil
 import stat
 import tempfile
@@ -62,6 +70,7 @@ log = logging.getLogger(__name__)
 
 _SHARED_DIR = "gazette-shard-export-shared"
 _META = "played.json"
+_TRASH = ".trash-"
 _STORE = "store"
 
 
@@ -177,16 +186,16 @@ def _acquire(
             lock.lock(fcntl.LOCK_SH)  # Waits while it plays.
             continue
         if _load(directory, plan) is None:
-            shutil.rmtree(directory, ignore_errors=True)  # A killed task's partial playback.
+            _remove_directory(directory)  # A killed task's partial playback.
             directory.mkdir()
             try:
                 played = asyncio.run(play(plan, brokers, directory / _STORE, end_offset))
-                meta = {"links": played.links, "write_head": played.write_head}
+                meta = {"links": played.links, "write_head": played.write_head, "boot": _boot_id()}
                 tmp = directory / f"{_META}.tmp"
                 tmp.write_text(json.dumps(meta))
                 tmp.rename(directory / _META)
             except BaseException:
-                shutil.rmtree(directory, ignore_errors=True)
+                _remove_directory(directory)
                 raise
             log.info(
                 "played shared shard=%s log=%s write_head=%d files=%d seconds=%.2f",
@@ -200,24 +209,50 @@ def _acquire(
 
 
 def _load(directory: Path, plan: ShardPlan) -> PlayedShard | None:
-    """The complete snapshot in `directory`, or None."""
+    """The complete snapshot in `directory`, or None (also if it was played before the host
+    last booted: nothing was synced, so its files may be incomplete)."""
     try:
         meta = json.loads((directory / _META).read_text())
     except FileNotFoundError:
+        return None
+    if meta.get("boot") != _boot_id():
         return None
     links = {str(k): int(v) for k, v in meta["links"].items()}
     return PlayedShard(plan, directory / _STORE, links, int(meta["write_head"]), 0.0)
 
 
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def _remove(root: Path, name: str) -> None:
-    """Remove snapshot `name` and its lock file (the caller holds the lock exclusively)."""
-    shutil.rmtree(root / name, ignore_errors=True)
+    """Remove snapshot `name` and its lock file (the caller holds the lock exclusively).
+    The directory is first renamed away at once: a task killed while deleting its files
+    leaves no partly deleted snapshot that looks complete (`_sweep` removes the rest)."""
+    _remove_directory(root / name)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(root / f"{name}.lock")
 
 
+def _remove_directory(directory: Path) -> None:
+    """Rename `directory` away (at once), then delete it."""
+    trash = directory.parent / f"{_TRASH}{directory.name}-{secrets.token_hex(4)}"
+    try:
+        os.rename(directory, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 def _sweep(root: Path, keep: str) -> None:
-    """Remove the snapshots nobody holds (left by killed tasks), other than `keep`."""
+    """Remove the snapshots nobody holds (left by killed tasks), other than `keep`, and the
+    remains of removals that were interrupted."""
+    for trash in root.glob(f"{_TRASH}*"):
+        shutil.rmtree(trash, ignore_errors=True)
     for path in root.glob("*.lock"):
         name = path.name[: -len(".lock")]
         if name == keep:

@@ -5,7 +5,9 @@ workers are)."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -236,3 +238,59 @@ def test_the_shared_directory_must_be_the_users_own(tmp_path: Path) -> None:
         os.chown(root, 12345, 12345)
         with pytest.raises(ExportError, match="set option tmpdir"):
             shared_root(str(tmp_path))
+
+
+def test_a_task_done_first_leaves_the_snapshot_to_those_still_reading(
+    recorded: Any, broker: BrokerProcess, tmp_path: Path, plays: list[str]
+) -> None:
+    plan, head = recorded
+    both = threading.Barrier(2, timeout=60)
+    first_done = threading.Event()
+    seen: list[int] = []
+    errors: list[BaseException] = []
+
+    def task(first: bool) -> None:
+        try:
+            with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head) as played:
+                both.wait()
+                if not first:
+                    assert first_done.wait(timeout=60)
+                    # The other task released: the snapshot is still whole for this one.
+                    seen.append(len(_keys(played.directory)))
+            if first:
+                first_done.set()
+        except BaseException as err:
+            errors.append(err)
+            first_done.set()
+
+    threads = [threading.Thread(target=task, args=(first,)) for first in (True, False)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert seen == [KEYS] and plays == ["shard-a"]
+    assert list(shared_root(str(tmp_path)).iterdir()) == []
+
+
+def test_interrupted_removals_and_snapshots_of_an_earlier_boot_are_not_used(
+    recorded: Any, broker: BrokerProcess, tmp_path: Path, plays: list[str]
+) -> None:
+    plan, head = recorded
+    root = shared_root(str(tmp_path))
+    name = snapshot_name(plan, head)
+    with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head):
+        # A copy as a task killed mid-removal leaves it: renamed away, partly deleted.
+        shutil.copytree(root / name, root / f".trash-{name}-0000")
+        # And a complete-looking copy played before a reboot, of an equal plan (other name).
+        again = ShardPlan(plan.shard, plan.log, "", plan.hints_json + b"\n")
+        stale = snapshot_name(again, head)
+        shutil.copytree(root / name, root / stale)
+        meta = json.loads((root / stale / "played.json").read_text())
+        assert meta["boot"]  # This host's boot id.
+        (root / stale / "played.json").write_text(json.dumps({**meta, "boot": "earlier"}))
+    assert plays == ["shard-a"]
+    with shared_played_shard(again, [broker.endpoint], str(tmp_path), head):
+        assert plays == ["shard-a", "shard-a"]  # Played again, not reused.
+        assert not any(p.name.startswith(".trash-") for p in root.iterdir())  # Swept.
+    assert list(root.iterdir()) == []
