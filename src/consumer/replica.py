@@ -332,6 +332,8 @@ class ShardReplica:
             if play.done():
                 play.result()
                 raise RuntimeError("playback ended before it was asked to")
+            if not self._primary.is_set():
+                raise RuntimeError("a standby ended its wait without being promoted")
             author = new_author()
             player.inject_handoff(author)
             fsm = await play
@@ -368,12 +370,14 @@ class ShardReplica:
         may create them later), have a fusefs process ready: promoted, the store then mounts
         without waiting for a process to start (~0.35 s)."""
         pool = self.ctx.fusefs_pool
+        pause = 0.25  # Growing to 4 s: standbys of other stores never see the file.
         while pool is not None and not player.is_linked("/CURRENT"):
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.25):
+                async with asyncio.timeout(pause):
                     await self._primary.wait()
             if self._primary.is_set():
                 return
+            pause = min(pause * 2, 4.0)
         if pool is not None:
             pool.reserve()
         await self._primary.wait()
@@ -442,12 +446,15 @@ class ShardReplica:
 
 
 async def _first_of(task: asyncio.Future[Any], other: Any) -> None:
-    """Wait until `task` or the awaitable `other` completes; `other` is cancelled then."""
+    """Wait until `task` or the awaitable `other` completes; `other` is cancelled then (its
+    error, if it failed, is raised)."""
     waiter = asyncio.ensure_future(other)
     try:
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         waiter.cancel()
+    if waiter.done() and not waiter.cancelled() and waiter.exception() is not None:
+        raise waiter.exception()  # type: ignore[misc]
 
 
 def _root_cause(err: BaseException) -> BaseException:

@@ -140,32 +140,75 @@ class FuseMount:
         Raises `MountFailed` if the process exits or fails to mount within `timeout`.
         """
         t0 = time.monotonic()
-        backing, mountpoint = Path(backing).resolve(), Path(mountpoint).resolve()
+        try:
+            self = await cls._start(
+                endpoint,
+                log_name,
+                fsm,
+                author,
+                Path(backing).resolve(),
+                Path(mountpoint).resolve(),
+                fence_log,
+                writeback,
+                timeout,
+                log_level,
+                prestarted,
+            )
+        finally:
+            if prestarted is not None:
+                await prestarted.close()  # Unless it was handed the mount.
+        log.info(
+            "fusefs ready pid=%d mountpoint=%s log=%s prestarted=%s seconds=%.3f",
+            self.pid,
+            self.mountpoint,
+            log_name,
+            prestarted is not None and self.proc is prestarted.proc,
+            time.monotonic() - t0,
+        )
+        return self
+
+    @classmethod
+    async def _start(
+        cls,
+        endpoint: str,
+        log_name: str,
+        fsm: FSM,
+        author: int,
+        backing: Path,
+        mountpoint: Path,
+        fence_log: bool | None,
+        writeback: bool,
+        timeout: float,
+        log_level: str | None,
+        prestarted: PrestartedServer | None,
+    ) -> FuseMount:
         mountpoint.mkdir(parents=True, exist_ok=True)
         force_unmount(mountpoint)  # A stale mount of an earlier, dead process.
         tmp = Path(tempfile.mkdtemp(prefix="fusefs-"))
-        cfg = MountConfig(
-            endpoint=endpoint,
-            log=log_name,
-            author=author,
-            backing=str(backing),
-            mountpoint=str(mountpoint),
-            fsm_in=str(tmp / "fsm.in"),
-            fsm_out=str(tmp / "fsm.out"),
-            fence_log=fence_log,
-            writeback=writeback,
-            parent_pid=os.getpid(),
-        )
-        with open(cfg.fsm_in, "wb") as f:
-            f.write(dump_fsm(fsm, 0))
-        (tmp / "config.json").write_text(cfg.dumps())
-        proc = None
-        if prestarted is not None:
-            if prestarted.log_level == log_level:
+        try:
+            cfg = MountConfig(
+                endpoint=endpoint,
+                log=log_name,
+                author=author,
+                backing=str(backing),
+                mountpoint=str(mountpoint),
+                fsm_in=str(tmp / "fsm.in"),
+                fsm_out=str(tmp / "fsm.out"),
+                fence_log=fence_log,
+                writeback=writeback,
+                parent_pid=os.getpid(),
+            )
+            with open(cfg.fsm_in, "wb") as f:
+                f.write(dump_fsm(fsm, 0))
+            (tmp / "config.json").write_text(cfg.dumps())
+            proc = None
+            if prestarted is not None and prestarted.log_level == log_level:
                 proc = await prestarted.hand(tmp / "config.json")
-            await prestarted.close()  # If not handed.
-        if proc is None:
-            proc = await _spawn(str(tmp / "config.json"), log_level)
+            if proc is None:
+                proc = await _spawn(str(tmp / "config.json"), log_level)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         self = cls(proc, cfg, tmp)
         self._reader = asyncio.get_running_loop().create_task(self._read_replies())
         try:
@@ -175,14 +218,6 @@ class FuseMount:
             await self.kill()
             raise
         self.write_head = int(ready.get("write_head", 0))
-        log.info(
-            "fusefs ready pid=%d mountpoint=%s log=%s prestarted=%s seconds=%.3f",
-            proc.pid,
-            mountpoint,
-            log_name,
-            prestarted is not None and proc is prestarted.proc,
-            time.monotonic() - t0,
-        )
         return self
 
     async def _read_replies(self) -> None:
@@ -329,7 +364,7 @@ class PrestartedServer:
             return None
         self.taken = True
         try:
-            self.proc.stdin.write(str(config).encode() + b"\n")
+            self.proc.stdin.write(os.fsencode(config) + b"\n")
             await self.proc.stdin.drain()
         except (ConnectionError, RuntimeError):
             await self._end()
@@ -373,8 +408,10 @@ class ServerPool:
         self._wanted = True
         self._refill()
 
-    def take(self) -> PrestartedServer | None:
-        """A ready server, or None (a store then starts its own)."""
+    def take(self, log_level: str | None = None) -> PrestartedServer | None:
+        """A ready server (of `log_level`), or None (a store then starts its own)."""
+        if log_level != self.log_level:
+            return None
         self._ready = [s for s in self._ready if s.usable]
         out = self._ready.pop(0) if self._ready else None
         self._refill()
@@ -389,8 +426,8 @@ class ServerPool:
     async def _start_one(self) -> None:
         try:
             server = await PrestartedServer.start(self.log_level)
-        except OSError as err:
-            log.warning("cannot start a fusefs process ahead: %s", err)
+        except Exception as err:  # noqa: BLE001 - a store then starts its own
+            log.warning("cannot start a fusefs process ahead: %r", err)
             return
         finally:
             self._starting = None
@@ -404,8 +441,7 @@ class ServerPool:
         """End every server not taken."""
         self._closed = True
         if self._starting is not None:
-            with contextlib.suppress(BaseException):
-                await self._starting
+            await asyncio.wait([self._starting])  # It ends what it started.
         for server in self._ready:
             await server.close()
         self._ready.clear()

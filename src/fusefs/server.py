@@ -308,9 +308,12 @@ def main(argv: list[str] | None = None) -> None:
     path = argv[0]
     if path == "-":
         # Started ahead of need (mount.PrestartedServer), imports done: wait for the
-        # configuration's path on the control pipe; its end means not needed after all.
+        # configuration's path on the control pipe; its end means not needed after all (also
+        # on the parent's death; an interrupt of the process group is the parent's to handle).
         _set_parent_death_signal()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         path = _read_line(0)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         if not path:
             sys.exit(0)
     with open(path) as f:

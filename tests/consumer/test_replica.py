@@ -72,3 +72,19 @@ async def test_failed_status_names_the_applications_error(
         assert any("boom" in e for e in r.status.errors), list(r.status.errors)
     finally:
         await r.stop()
+
+
+async def test_a_failing_wait_is_not_taken_for_a_promotion() -> None:
+    """`_first_of` raises the error of the awaitable it waits on beside the task (a standby's
+    wait that fails must not read as "promoted")."""
+
+    async def fails() -> None:
+        raise ValueError("the wait failed")
+
+    play = asyncio.ensure_future(asyncio.Event().wait())
+    try:
+        with pytest.raises(ValueError, match="the wait failed"):
+            await replica_mod._first_of(play, fails())
+        await replica_mod._first_of(play, asyncio.sleep(0))  # Returns: it completed.
+    finally:
+        play.cancel()

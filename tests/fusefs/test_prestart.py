@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from broker.client import JournalClient
 from broker.testing.broker import BrokerProcess
 from fusefs import FuseMount, is_mounted, play_for_mount
@@ -109,8 +111,10 @@ async def test_the_pool_is_idle_until_reserved_and_refills(
     pool.reserve()
     third = await _ready(pool)
     pending = await _ready_count(pool)
+    kept = pool._ready[0].proc
     await pool.close()
     assert pending == 1
+    assert kept.returncode == 0  # The one kept ready ended (its control pipe closed).
     for s in (second, third):
         assert s.usable
         await s.close()
@@ -131,3 +135,24 @@ async def _ready_count(pool: ServerPool, timeout: float = 20.0) -> int:
     while not pool._ready and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     return len(pool._ready)
+
+
+async def test_a_start_failing_before_the_hand_over_ends_the_server(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    root = no_stale_mounts
+    log = await make_log()
+    fsm = await play_for_mount(client, log, root / "backing", AUTHOR)
+    (root / "file").write_bytes(b"")
+    server = await PrestartedServer.start()
+    with pytest.raises(OSError):  # The mountpoint cannot be made: under a file.
+        await FuseMount.start(
+            fuse_broker.endpoint,
+            log,
+            fsm,
+            AUTHOR,
+            root / "backing",
+            root / "file" / "mnt",
+            prestarted=server,
+        )
+    assert server.proc.returncode is not None  # Not left waiting for a mount.

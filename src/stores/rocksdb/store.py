@@ -169,7 +169,7 @@ class RocksDBStore:
             _beside(self.backing, ".mnt"),
             writeback=writeback,
             log_level=fusefs_log_level,
-            prestarted=pool.take() if pool is not None else None,
+            prestarted=pool.take(fusefs_log_level) if pool is not None else None,
         )
         try:
             self.info_log.mkdir(exist_ok=True)
