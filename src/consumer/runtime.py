@@ -90,8 +90,8 @@ class ConsumerRuntime:
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._stubs: dict[str, Any] = {}
         self._channels: list[grpc.aio.Channel] = []
-        # One fusefs process kept ready once a RocksDB standby is here (`fusefs.mount`).
-        self._fusefs_pool = ServerPool(size=1)
+        # fusefs processes kept ready once a RocksDB standby is here (`fusefs.mount`).
+        self._fusefs_pool = ServerPool(size=cfg.fusefs_prestart) if cfg.fusefs_prestart else None
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -174,7 +174,8 @@ class ConsumerRuntime:
         self.replicas.clear()
         if self._stopping:
             await asyncio.gather(*self._stopping.values(), return_exceptions=True)
-        await self._fusefs_pool.close()
+        if self._fusefs_pool is not None:
+            await self._fusefs_pool.close()
         if self.session is not None:
             with contextlib.suppress(EtcdError):
                 await self.session.release()

@@ -340,6 +340,16 @@ def test_http_port_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None
         parse_args(["m:A"])
 
 
+def test_fusefs_prestart_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_args(["m:A"]).fusefs_prestart == 1
+    assert parse_args(["m:A", "--fusefs-prestart", "0"]).fusefs_prestart == 0
+    monkeypatch.setenv("CONSUMER_FUSEFS_PRESTART", "3")
+    assert parse_args(["m:A"]).fusefs_prestart == 3
+    for bad in ("-1", "65", "many"):
+        with pytest.raises(SystemExit):
+            parse_args(["m:A", "--fusefs-prestart", bad])
+
+
 async def test_word_count_registers_its_http_query(monkeypatch: pytest.MonkeyPatch) -> None:
     """examples/word-count's `register_http` wiring: its /ngrams route answers through the
     runtime's resolution (no shards here: SHARD_NOT_FOUND) and rejects empty queries.
