@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from broker.client import AppendService, JournalClient
 from broker.testing.broker import BrokerProcess
 from consumer.protocol import pb
 from consumer.store import RecoveredLog
-from fusefs import is_mounted
+from fusefs import force_unmount, is_mounted
 from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.player import TAIL, Player
 from stores.rocksdb import InvalidKey, RocksDBStore, StoreFailed
@@ -438,3 +439,38 @@ async def test_a_wal_off_the_mount_fails_commits(
             await store.start_commit(None, labeled("cp"), [])
     finally:
         store.destroy()
+
+
+@pytest.mark.parametrize("kill_fusefs", [False, True])
+async def test_no_commit_is_acknowledged_once_the_mount_is_detached(
+    client: JournalClient,
+    fuse_broker: BrokerProcess,
+    make_log: MakeLog,
+    no_stale_mounts: Path,
+    kill_fusefs: bool,
+) -> None:
+    """Found by the chaos crash trials: once the mount was detached (its fusefs process
+    killed, the guardian detaching it), RocksDB went on creating files in the plain directory
+    beneath, and a WAL not opened for syncing yet was 'not found' on the mount, taken for one
+    RocksDB had deleted: commits were acknowledged with nothing synced (6 lost in a trial)."""
+    log = await make_log("rocks")
+    root = no_stale_mounts
+    store = await RocksDBStore.open(fuse_broker.endpoint, log, root / "w")
+    try:
+        store.put(b"\x01a", b"1")
+        await store.start_commit(None, labeled("one"), [])
+        assert store._wal is not None
+        store._wal.close_files()  # As for a WAL not synced yet (e.g. just created).
+        if kill_fusefs:
+            os.kill(store.mount.pid, signal.SIGKILL)
+        force_unmount(store.mount.mountpoint)  # What the guardian does.
+        store.put(b"\x01a", b"2")
+        with pytest.raises(StoreFailed):
+            await store.start_commit(None, labeled("two"), [])
+    finally:
+        store.destroy()
+    check = await RocksDBStore.open(fuse_broker.endpoint, log, root / "check")
+    try:
+        assert await check.restore_checkpoint(None) == labeled("one")
+    finally:
+        await check.close()
