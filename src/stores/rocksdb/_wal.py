@@ -61,6 +61,10 @@ class WalFiles:
             raise RuntimeError("the WAL files are closed (the store is closing)")
         for _ in range(2):  # Listed again once if every WAL listed was deleted meanwhile.
             if self._sync_listed():
+                # Still mounted after the sync: a write made before it went to a file on the
+                # mount (once detached, RocksDB creates its files in the directory beneath).
+                if os.stat(self._mountpoint).st_dev != self._dev:
+                    raise OSError(errno.ENOTCONN, f"the fusefs mount {self._mountpoint} is gone")
                 self.syncs += 1
                 return
         raise OSError(
@@ -112,7 +116,7 @@ class WalFiles:
     def _detached(self, name: str) -> OSError:
         return OSError(
             errno.ENOTCONN,
-            f"{self._mountpoint} no longer shows the recorded {name}: the fusefs mount is gone",
+            f"{self._mountpoint} no longer shows the recorded WAL {name}: the fusefs mount is gone",
         )
 
     def close_files(self) -> None:
