@@ -332,8 +332,6 @@ class ShardReplica:
             if play.done():
                 play.result()
                 raise RuntimeError("playback ended before it was asked to")
-            if not self._primary.is_set():
-                raise RuntimeError("a standby ended its wait without being promoted")
             author = new_author()
             player.inject_handoff(author)
             fsm = await play
@@ -370,15 +368,15 @@ class ShardReplica:
         may create them later), have a fusefs process ready: promoted, the store then mounts
         without waiting for a process to start (~0.35 s)."""
         pool = self.ctx.fusefs_pool
-        pause = 0.25  # Growing to 4 s: standbys of other stores never see the file.
-        while pool is not None and not player.is_linked("/CURRENT"):
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(pause):
-                    await self._primary.wait()
-            if self._primary.is_set():
-                return
-            pause = min(pause * 2, 4.0)
         if pool is not None:
+            pause = 0.25  # Growing to 4 s: standbys of other stores never see the file.
+            while not player.is_linked("/CURRENT"):
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(pause):
+                        await self._primary.wait()
+                if self._primary.is_set():
+                    return
+                pause = min(pause * 2, 4.0)
             pool.reserve()
         await self._primary.wait()
 

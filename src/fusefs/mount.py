@@ -140,75 +140,38 @@ class FuseMount:
         Raises `MountFailed` if the process exits or fails to mount within `timeout`.
         """
         t0 = time.monotonic()
+        backing, mountpoint = Path(backing).resolve(), Path(mountpoint).resolve()
         try:
-            self = await cls._start(
-                endpoint,
-                log_name,
-                fsm,
-                author,
-                Path(backing).resolve(),
-                Path(mountpoint).resolve(),
-                fence_log,
-                writeback,
-                timeout,
-                log_level,
-                prestarted,
-            )
+            mountpoint.mkdir(parents=True, exist_ok=True)
+            force_unmount(mountpoint)  # A stale mount of an earlier, dead process.
+            tmp = Path(tempfile.mkdtemp(prefix="fusefs-"))
+            try:
+                cfg = MountConfig(
+                    endpoint=endpoint,
+                    log=log_name,
+                    author=author,
+                    backing=str(backing),
+                    mountpoint=str(mountpoint),
+                    fsm_in=str(tmp / "fsm.in"),
+                    fsm_out=str(tmp / "fsm.out"),
+                    fence_log=fence_log,
+                    writeback=writeback,
+                    parent_pid=os.getpid(),
+                )
+                with open(cfg.fsm_in, "wb") as f:
+                    f.write(dump_fsm(fsm, 0))
+                (tmp / "config.json").write_text(cfg.dumps())
+                proc = None
+                if prestarted is not None and prestarted.log_level == log_level:
+                    proc = await prestarted.hand(tmp / "config.json")
+                if proc is None:
+                    proc = await _spawn(str(tmp / "config.json"), log_level)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         finally:
             if prestarted is not None:
                 await prestarted.close()  # Unless it was handed the mount.
-        log.info(
-            "fusefs ready pid=%d mountpoint=%s log=%s prestarted=%s seconds=%.3f",
-            self.pid,
-            self.mountpoint,
-            log_name,
-            prestarted is not None and self.proc is prestarted.proc,
-            time.monotonic() - t0,
-        )
-        return self
-
-    @classmethod
-    async def _start(
-        cls,
-        endpoint: str,
-        log_name: str,
-        fsm: FSM,
-        author: int,
-        backing: Path,
-        mountpoint: Path,
-        fence_log: bool | None,
-        writeback: bool,
-        timeout: float,
-        log_level: str | None,
-        prestarted: PrestartedServer | None,
-    ) -> FuseMount:
-        mountpoint.mkdir(parents=True, exist_ok=True)
-        force_unmount(mountpoint)  # A stale mount of an earlier, dead process.
-        tmp = Path(tempfile.mkdtemp(prefix="fusefs-"))
-        try:
-            cfg = MountConfig(
-                endpoint=endpoint,
-                log=log_name,
-                author=author,
-                backing=str(backing),
-                mountpoint=str(mountpoint),
-                fsm_in=str(tmp / "fsm.in"),
-                fsm_out=str(tmp / "fsm.out"),
-                fence_log=fence_log,
-                writeback=writeback,
-                parent_pid=os.getpid(),
-            )
-            with open(cfg.fsm_in, "wb") as f:
-                f.write(dump_fsm(fsm, 0))
-            (tmp / "config.json").write_text(cfg.dumps())
-            proc = None
-            if prestarted is not None and prestarted.log_level == log_level:
-                proc = await prestarted.hand(tmp / "config.json")
-            if proc is None:
-                proc = await _spawn(str(tmp / "config.json"), log_level)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         self = cls(proc, cfg, tmp)
         self._reader = asyncio.get_running_loop().create_task(self._read_replies())
         try:
@@ -218,6 +181,14 @@ class FuseMount:
             await self.kill()
             raise
         self.write_head = int(ready.get("write_head", 0))
+        log.info(
+            "fusefs ready pid=%d mountpoint=%s log=%s prestarted=%s seconds=%.3f",
+            proc.pid,
+            mountpoint,
+            log_name,
+            prestarted is not None and proc is prestarted.proc,
+            time.monotonic() - t0,
+        )
         return self
 
     async def _read_replies(self) -> None:
