@@ -106,6 +106,13 @@ def add_shards_export(cmds: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--query", default="", help="SQLite: a query to export")
     p.add_argument("--decoder", default="", help="RocksDB: module:function decoding key, value")
     p.add_argument("--schema", default="", help="DDL of the decoded (or queried) columns")
+    p.add_argument(
+        "--checkpoint",
+        default="",
+        choices=("full", "offsets", "none"),
+        help="what each row's checkpoint column holds: the serialized Checkpoint (full, the "
+        "default), its read-through offsets only (offsets), or no such column (none)",
+    )
     _common(p)
     p.set_defaults(handler=cmd_shards_export)
 
@@ -150,7 +157,7 @@ def shards_options(args: argparse.Namespace) -> dict[str, str]:
         opts["shards"] = args.shards
     else:
         opts["selector"] = args.selector
-    for name in ("table", "query", "decoder", "schema"):
+    for name in ("table", "query", "decoder", "schema", "checkpoint"):
         if getattr(args, name):
             opts[name] = getattr(args, name)
     return {**opts, **_extra(args)}

@@ -217,3 +217,14 @@ def test_shards_export_rocksdb(
         (b"n%04d" % i, b"%d" % (i * 3)) for i in range(500)
     }
     assert all(dict(r["read_through"]) == {"some/input": 1234} for r in rows)
+    assert all(r["checkpoint"] for r in rows)
+
+    out2 = tmp_path / "shards-no-checkpoint.parquet"
+    r = gazctl(
+        "shards", "export", "--to", str(out2), "--etcd", etcd_server.endpoint, "--root", root,
+        "-l", "app=export", "--store", "rocksdb", "--checkpoint", "none",
+    )  # fmt: skip
+    assert r.rc == 0, r.err
+    table = pq.read_table(out2)
+    assert table.column_names == ["shard", "key", "value"]
+    assert table.num_rows == 500

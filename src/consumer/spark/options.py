@@ -18,14 +18,17 @@ from broker.protocol.selector import parse_label_selector
 from consumer.spark.errors import InvalidOption
 from consumer.spec import validate_shard_id
 
-__all__ = ["STORES", "ShardsOptions", "load_decoder"]
+__all__ = ["CHECKPOINT_MODES", "STORES", "ShardsOptions", "load_decoder"]
 
 STORES = ("rocksdb", "sqlite", "json")
+CHECKPOINT_MODES = ("full", "offsets", "none")
+"""Values of option ``checkpoint``: what each row's ``checkpoint`` column holds."""
 
 _KNOWN = frozenset(
     {
         "etcd",
         "root",
+        "checkpoint",
         "read_through",
         "broker",
         "shards",
@@ -80,6 +83,11 @@ class ShardsOptions:
     share_playback: bool = True
     """RocksDB: whether the tasks of a host reading one snapshot play it once
     (`consumer.spark.shared_playback`) rather than each into a directory of its own."""
+    checkpoint: str = "full"
+    """What each row's ``checkpoint`` column holds: ``full``, the serialized Checkpoint;
+    ``offsets``, a Checkpoint of the sources' read-through offsets only (no producer states
+    nor ACK intents, whose size grows with the producers a shard has seen); ``none``, no
+    such column."""
 
     @property
     def backup_index(self) -> int | None:
@@ -166,6 +174,11 @@ class ShardsOptions:
             raise InvalidOption("batch_size", f"must be > 0 ({batch_size})")
 
         read_through = _boolean(opts, "read_through", "false")
+        checkpoint = opts.get("checkpoint", "full").strip().lower()
+        if checkpoint not in CHECKPOINT_MODES:
+            raise InvalidOption(
+                "checkpoint", f"must be one of {', '.join(CHECKPOINT_MODES)}, not {checkpoint!r}"
+            )
         share_playback = _boolean(opts, "share_playback", "true")
 
         raw_splits = opts.get("splits", "auto").strip().lower()
@@ -199,6 +212,7 @@ class ShardsOptions:
             tmpdir=opts.get("tmpdir", "").strip(),
             splits=splits,
             share_playback=share_playback,
+            checkpoint=checkpoint,
         )
 
 

@@ -33,11 +33,13 @@ from recoverylog.hints import hints_from_json
 
 __all__ = [
     "BASE_COLUMNS",
+    "LARGE_CHECKPOINT",
     "READ_THROUGH_COLUMN",
     "PlayedShard",
     "checkpoint_columns",
     "detect_store",
     "json_batches",
+    "offsets_only",
     "play",
     "played_shard",
     "rocksdb_batches",
@@ -144,17 +146,42 @@ def checkpoint_columns(checkpoint: pb.Checkpoint) -> tuple[bytes, list[tuple[str
     return checkpoint.SerializeToString(deterministic=True), read_through
 
 
-class _BatchBuilder:
-    """Builds record batches of `schema` whose base columns repeat one shard's values."""
+def offsets_only(checkpoint: pb.Checkpoint) -> pb.Checkpoint:
+    """A Checkpoint holding only `checkpoint`'s read-through offsets (option
+    ``checkpoint=offsets``)."""
+    out = pb.Checkpoint()
+    for journal, source in checkpoint.sources.items():
+        out.sources[journal].read_through = source.read_through
+    return out
 
-    def __init__(self, schema: pa.Schema, shard: str, checkpoint: pb.Checkpoint) -> None:
+
+LARGE_CHECKPOINT = 4096
+"""Bytes of a serialized checkpoint past which a ``checkpoint=full`` export logs a warning:
+every row carries a copy (a million rows of a 4 KiB checkpoint are 4 GB for Spark)."""
+
+
+class _BatchBuilder:
+    """Builds record batches of `schema` whose base columns repeat one shard's values;
+    `mode` is option ``checkpoint`` (``none``: `schema` has no checkpoint column)."""
+
+    def __init__(
+        self, schema: pa.Schema, shard: str, checkpoint: pb.Checkpoint, mode: str = "full"
+    ) -> None:
         self.schema = schema
+        if mode == "offsets":
+            checkpoint = offsets_only(checkpoint)
         cp, read_through = checkpoint_columns(checkpoint)
-        self._base = [
-            pa.array([shard], schema.field("shard").type),
-            pa.array([cp], schema.field("checkpoint").type),
-        ]
-        if READ_THROUGH_COLUMN in schema.names[: len(BASE_COLUMNS) + 1]:
+        self._base = [pa.array([shard], schema.field("shard").type)]
+        if mode != "none":
+            if mode == "full" and len(cp) > LARGE_CHECKPOINT:
+                log.warning(
+                    "shard=%s: every row carries its %d-byte checkpoint; option "
+                    "checkpoint=offsets keeps only its read-through offsets",
+                    shard,
+                    len(cp),
+                )
+            self._base.append(pa.array([cp], schema.field("checkpoint").type))
+        if READ_THROUGH_COLUMN in schema.names[: len(self._base) + 1]:
             field = schema.field(READ_THROUGH_COLUMN)
             self._base.append(pa.array([read_through], field.type))
         self.rest = [schema.field(i) for i in range(len(self._base), len(schema))]
@@ -178,12 +205,14 @@ def rocksdb_batches(
     decoder: Callable[[bytes, bytes], Mapping[str, Any]] | None = None,
     batch_size: int = 65536,
     split: tuple[int, int] = (0, 1),
+    checkpoint_mode: str = "full",
 ) -> Iterator[pa.RecordBatch]:
     """Application keys (not the store's 0x00 keys) under `key_prefix`, in key order, as
     (key, value) or as `decoder`'s columns (given the key without `key_prefix`).
 
     `split` (index, count): only the keys of range `index` of `count` (`keyranges`), which
-    are the same ranges wherever the same snapshot is played."""
+    are the same ranges wherever the same snapshot is played. `checkpoint_mode`: option
+    ``checkpoint`` (as for `json_batches` and `sqlite_batches`)."""
     from rocksdict import AccessType, Options, Rdict
 
     from consumer.spark.keyranges import range_of
@@ -196,7 +225,7 @@ def rocksdb_batches(
 
         raw = db.get(CHECKPOINT_KEY)
         checkpoint = pb.Checkpoint() if raw is None else pb.Checkpoint.FromString(bytes(raw))
-        builder = _BatchBuilder(schema, played.plan.shard, checkpoint)
+        builder = _BatchBuilder(schema, played.plan.shard, checkpoint, checkpoint_mode)
         start = max(key_prefix, b"\x01")
         index, count = split
         stop: bytes | None = None
@@ -301,7 +330,9 @@ def _decode(
         raise ExportError(f"shard {shard!r}: decoded rows do not fit the schema: {err}") from err
 
 
-def json_batches(played: PlayedShard, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def json_batches(
+    played: PlayedShard, schema: pa.Schema, *, checkpoint_mode: str = "full"
+) -> Iterator[pa.RecordBatch]:
     """One row: the state as a JSON string (no row for a store that never committed)."""
     from stores.jsonfile.store import STATE_FILE, decode_state_file
 
@@ -316,7 +347,7 @@ def json_batches(played: PlayedShard, schema: pa.Schema) -> Iterator[pa.RecordBa
         raise WrongStoreKind(
             played.plan.shard, "json", f"an unreadable {STATE_FILE}: {err}"
         ) from err
-    builder = _BatchBuilder(schema, played.plan.shard, checkpoint)
+    builder = _BatchBuilder(schema, played.plan.shard, checkpoint, checkpoint_mode)
     yield builder.one_row(json.dumps(state, separators=(",", ":"), sort_keys=True))
 
 
@@ -402,6 +433,7 @@ def sqlite_batches(
     table: str,
     query: str,
     batch_size: int = 65536,
+    checkpoint_mode: str = "full",
 ) -> Iterator[pa.RecordBatch]:
     """The table's or query's rows, with the checkpoint committed in the same database."""
     import apsw
@@ -418,7 +450,7 @@ def sqlite_batches(
                 played.plan.shard, "sqlite", f"a SQLite database without a checkpoint: {err}"
             ) from err
         checkpoint = pb.Checkpoint.FromString(bytes(rows[0][0])) if rows else pb.Checkpoint()
-        builder = _BatchBuilder(schema, played.plan.shard, checkpoint)
+        builder = _BatchBuilder(schema, played.plan.shard, checkpoint, checkpoint_mode)
         fields = builder.rest
         cursor = conn.execute(_select(table, query))
         width = len(fields)

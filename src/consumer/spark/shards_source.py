@@ -35,8 +35,8 @@ from consumer.spark.shared_playback import shared_played_shard
 __all__ = ["BASE_DDL", "GazetteShardsDataSource", "GazetteShardsReader", "ShardPartition"]
 
 BASE_DDL = "shard STRING, checkpoint BINARY"
-"""Columns every row begins with: the shard, and the serialized ``consumer.Checkpoint``
-committed with the exported state."""
+"""Columns every row begins with by default: the shard, and the serialized
+``consumer.Checkpoint`` committed with the exported state (option ``checkpoint``)."""
 
 READ_THROUGH_DDL = f"{READ_THROUGH_COLUMN} MAP<STRING, BIGINT>"
 """With option ``read_through=true``, next: the checkpoint's read-through offset of each
@@ -45,11 +45,13 @@ source journal."""
 
 def base_ddl(opts: ShardsOptions) -> str:
     """The DDL of the columns every row of `opts`'s export begins with."""
-    return f"{BASE_DDL}, {READ_THROUGH_DDL}" if opts.read_through else BASE_DDL
+    ddl = BASE_DDL if opts.checkpoint != "none" else "shard STRING"
+    return f"{ddl}, {READ_THROUGH_DDL}" if opts.read_through else ddl
 
 
 def base_columns(opts: ShardsOptions) -> tuple[str, ...]:
-    return (*BASE_COLUMNS, READ_THROUGH_COLUMN) if opts.read_through else BASE_COLUMNS
+    base = BASE_COLUMNS if opts.checkpoint != "none" else BASE_COLUMNS[:1]
+    return (*base, READ_THROUGH_COLUMN) if opts.read_through else base
 
 
 _ROCKSDB_DDL = "key BINARY, value BINARY"
@@ -137,10 +139,16 @@ class GazetteShardsReader(DataSourceReader):
                     decoder=decoder,
                     batch_size=opts.batch_size,
                     split=(split.index, split.count),
+                    checkpoint_mode=opts.checkpoint,
                 )
             elif opts.store == "sqlite":
                 yield from sqlite_batches(
-                    played, arrow, table=opts.table, query=opts.query, batch_size=opts.batch_size
+                    played,
+                    arrow,
+                    table=opts.table,
+                    query=opts.query,
+                    batch_size=opts.batch_size,
+                    checkpoint_mode=opts.checkpoint,
                 )
             else:
-                yield from json_batches(played, arrow)
+                yield from json_batches(played, arrow, checkpoint_mode=opts.checkpoint)

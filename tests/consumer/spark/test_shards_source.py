@@ -28,6 +28,7 @@ from broker.testing.etcd import EtcdServer
 from consumer.protocol import consumer_pb2_grpc as pb_grpc
 from consumer.protocol import pb
 from consumer.spark import WrongStoreKind, register
+from consumer.spark.errors import InvalidOption
 from consumer.spark.playback import PlayedShard, check_store, rocksdb_batches
 from consumer.spark.resolve import ShardPlan
 from consumer.testing import ConsumerProcess
@@ -479,6 +480,74 @@ def test_rocksdb_rows_skip_store_keys_and_stop_at_the_key_prefix(tmp_path: Path)
         assert [r["key"] for r in rows] == want
         assert all(r["value"] == r["key"].upper() for r in rows)
         assert all(r["read_through"] == [("in", 42)] and r["shard"] == "shard-x" for r in rows)
+
+
+def test_checkpoint_option_full_offsets_or_none(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Option ``checkpoint``: the serialized checkpoint per row, only its read-through offsets
+    (producer states and ACK intents dropped), or no such column; a large full checkpoint is
+    logged, since every row carries a copy."""
+    import pyarrow as pa
+    from rocksdict import Options, Rdict
+
+    from consumer.spark.options import ShardsOptions
+    from consumer.spark.playback import LARGE_CHECKPOINT
+    from consumer.spark.shards_source import base_columns, base_ddl
+    from stores.rocksdb.store import CHECKPOINT_KEY
+
+    cp = pb.Checkpoint()
+    cp.sources["in/a"].read_through = 42
+    cp.sources["in/b"].read_through = 7
+    for i in range(LARGE_CHECKPOINT // 20):  # Producers a shard has seen: a large checkpoint.
+        entry = cp.sources["in/a"].producers.add(id=b"%06d" % i)
+        entry.state.last_ack = 10**15 + i
+        entry.state.begin = i
+    cp.ack_intents["out"] = b'{"_meta":{"uuid":"..."}}\n'
+    assert len(cp.SerializeToString()) > LARGE_CHECKPOINT
+    db = Rdict(str(tmp_path), Options(raw_mode=True))
+    db[CHECKPOINT_KEY] = cp.SerializeToString()
+    db[b"k"] = b"v"
+    db.close()
+    played = PlayedShard(ShardPlan("shard-x", "log", "key", b"{}"), tmp_path, {}, 0, 0.0)
+    base = {"etcd": "e", "root": "/r", "broker": "b", "shards": "shard-x", "store": "rocksdb"}
+    rt = pa.map_(pa.string(), pa.int64())
+    kv = [("key", pa.binary()), ("value", pa.binary())]
+
+    def rows(mode: str, read_through: bool) -> list[dict[str, Any]]:
+        opts = ShardsOptions.parse({**base, "checkpoint": mode, "read_through": str(read_through)})
+        assert opts.checkpoint == mode
+        types = {"shard": pa.string(), "checkpoint": pa.binary(), "read_through": rt}
+        fields = [(name, types[name]) for name in base_columns(opts)]
+        ddl = base_ddl(opts)
+        assert ("checkpoint BINARY" in ddl) == (mode != "none")
+        assert ("read_through MAP" in ddl) == read_through
+        schema = pa.schema(fields + kv)
+        batches = rocksdb_batches(played, schema, checkpoint_mode=mode)
+        return [r for b in batches for r in b.to_pylist()]
+
+    caplog.set_level("WARNING", logger="consumer.spark.playback")
+    (full,) = rows("full", False)
+    assert pb.Checkpoint.FromString(full["checkpoint"]) == cp
+    assert "checkpoint=offsets" in caplog.text and "shard=shard-x" in caplog.text
+    caplog.clear()
+
+    (offsets,) = rows("offsets", True)
+    want = pb.Checkpoint()
+    want.sources["in/a"].read_through = 42
+    want.sources["in/b"].read_through = 7
+    assert pb.Checkpoint.FromString(offsets["checkpoint"]) == want
+    assert sorted(offsets["read_through"]) == [("in/a", 42), ("in/b", 7)]
+    assert (offsets["key"], offsets["value"]) == (b"k", b"v")
+    assert caplog.text == ""
+
+    (none,) = rows("none", True)
+    assert list(none) == ["shard", "read_through", "key", "value"]
+    assert sorted(none["read_through"]) == [("in/a", 42), ("in/b", 7)]
+    assert list(rows("none", False)[0]) == ["shard", "key", "value"]
+
+    with pytest.raises(InvalidOption, match="'checkpoint'.*must be one of full, offsets, none"):
+        ShardsOptions.parse({**base, "checkpoint": "some"})
 
 
 def test_the_utf8_decimal_decoder_types_word_count_rows(tmp_path: Path) -> None:
