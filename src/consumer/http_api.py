@@ -8,6 +8,8 @@ Served with aiohttp on ``--http-port`` (same host as ``--listen``) next to the g
   load balancers and probes.
 - ``GET /debug/shards``: JSON of this process's shard replicas: status, errors, whether
   primary, committed progress and transaction counters.
+- ``GET /debug/metrics``: Prometheus metrics of those replicas (`consumer.metrics`; upstream
+  Gazette's names and path).
 - Whatever the Application adds in ``register_http(app, runtime)``: `app` is the
   `aiohttp.web.Application` (add routes to ``app.router``); `runtime` the `ConsumerRuntime`,
   whose ``resolve`` finds a shard's primary. Until the member is registered, and again
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from consumer import metrics
 from consumer.protocol import pb
 
 if TYPE_CHECKING:
@@ -79,6 +82,7 @@ class ConsumerHTTP:
         self.web = web.Application(middlewares=[self._gate])
         self.web.router.add_get("/healthz", self._healthz)
         self.web.router.add_get("/debug/shards", self._debug_shards)
+        self.web.router.add_get("/debug/metrics", self._debug_metrics)
         self._runner: web.AppRunner | None = None
 
     @property
@@ -154,6 +158,10 @@ class ConsumerHTTP:
             "etcd_revision": rt.keyspace.revision if self.state != "starting" else 0,
         }
         return web.json_response(body, status=200 if self.state == "ok" else 503)
+
+    async def _debug_metrics(self, request: web.Request) -> web.Response:
+        body = metrics.render(self.runtime.replicas)
+        return web.Response(body=body.encode(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
     async def _debug_shards(self, request: web.Request) -> web.Response:
         rt = self.runtime

@@ -57,6 +57,7 @@ from message.sequencer import (
 from message.uuid import Flags
 
 __all__ = [
+    "PHASES",
     "PRODUCER_PRUNE_HORIZON_NS",
     "SOURCE_DONE",
     "MessageSource",
@@ -80,6 +81,18 @@ _MAX_COMPLETING = 8
 append that keeps retrying holds the loop back (backpressure) instead of piling them up."""
 _ACK_TXN = int(Flags.ACK_TXN)
 _REPLAY = object()  # `Transactions._ready`: the Sequencer must replay before going on.
+
+PHASES = (
+    ("10-not-running", "sync"),
+    ("20-consuming", "sync"),
+    ("30-stalled", "sync"),
+    ("40-preparing", "sync"),
+    ("50-committing", "async"),
+    ("60-acknowledging", "async"),
+)
+"""The phases of a transaction, as upstream's metrics name them (`consumer.metrics`), and
+whether each runs in the loop (sync) or overlaps later transactions (async)."""
+_NOT_RUNNING, _CONSUMING, _STALLED, _PREPARING, _COMMITTING, _ACKNOWLEDGING = range(6)
 
 
 class SourceDone:
@@ -204,6 +217,10 @@ class TxnStats:
         self.txns = 0
         self.messages = 0
         self.acks = 0
+        self.read_bytes = 0
+        """Bytes of the envelopes transactions read (acknowledgements included)."""
+        self.phase_seconds = [0.0] * len(PHASES)
+        """Cumulative seconds of each of `PHASES`."""
         self.last_txn_messages = 0
         self.last_txn_seconds = 0.0
         self.last_commit_seconds = 0.0
@@ -263,6 +280,7 @@ class Transactions:
         self._pending: SourceItem | None = None  # Taken off the queue early.
         self._ended = False  # The source queued SOURCE_DONE: nothing more will come.
         self._begun = False  # A transaction began (BeginFinisher): `finished_txn` is owed.
+        self._prepared_at = 0.0  # When the last transaction's commit started (loop time).
         # Offsets read through as of the last checkpoint.
         self._last_read_through: dict[str, int] = sequencer.read_through()
 
@@ -327,6 +345,7 @@ class Transactions:
         min_at, max_at = started + self.min_dur, started + self.max_dur
         ready = self._ready
         handle = self._handle
+        stalled_at = 0.0  # When the queue first ran dry (0: not yet).
         while True:
             # The hot loop: no coroutine per message unless the application's is one.
             now = loop.time()
@@ -344,20 +363,33 @@ class Transactions:
                 if n % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
                 continue
+            if not stalled_at:
+                stalled_at = now
             self._raise_failed()
             prev_done = self._prev_commit is None or self._prev_commit.done()
             if (now >= min_at or self._ended) and prev_done:
                 break  # A source that ended closes the transaction without waiting.
             await self._stall(min_at if now < min_at else None, max_at, prev_done)
+        prepare_began = loop.time()
         if self._prev_commit is not None:
             await self._prev_commit  # Raises if the previous store commit failed.
         await self._bound_completing()
         self._raise_failed()
         await self._finalize(self.shard, self.store, self.pub)
         await self._start_commit()
-        self.stats.txns += 1
-        self.stats.last_txn_messages = n
-        self.stats.last_txn_seconds = loop.time() - started
+        stats = self.stats
+        prepared = loop.time()
+        phases = stats.phase_seconds
+        if self._prepared_at:
+            phases[_NOT_RUNNING] += max(started - self._prepared_at, 0.0)
+        stalled_at = stalled_at or prepare_began
+        phases[_CONSUMING] += stalled_at - started
+        phases[_STALLED] += prepare_began - stalled_at
+        phases[_PREPARING] += prepared - prepare_began
+        self._prepared_at = prepared
+        stats.txns += 1
+        stats.last_txn_messages = n
+        stats.last_txn_seconds = prepared - started
 
     async def _bound_completing(self) -> None:
         """Wait while `_MAX_COMPLETING` completions are pending (raising a failed one's
@@ -472,12 +504,14 @@ class Transactions:
     def _handle(self, env: Envelope) -> Awaitable[Any] | None:
         """Pass `env` to the application; returns what must be awaited, if anything."""
         uuid = env.message.get_uuid()
+        stats = self.stats
+        stats.read_bytes += env.end - env.begin
         # The flags are bits 48-57 of the UUID (message.uuid.get_flags, without validation:
         # the Sequencer checked the UUID already).
         if uuid is not None and (uuid.int >> 48) & 0x3FF == _ACK_TXN:
-            self.stats.acks += 1
+            stats.acks += 1
             return None
-        self.stats.messages += 1
+        stats.messages += 1
         out = self._consume(self.shard, self.store, env, self.pub)
         return out if out is not None and inspect.isawaitable(out) else None
 
@@ -565,8 +599,11 @@ class Transactions:
         t2 = time.monotonic()
         if earlier is not None:
             await earlier  # Progress in order; an earlier failure is this one's too.
-        self.stats.last_commit_seconds = t1 - t0
-        self.stats.last_acks_seconds = t2 - t1
+        stats = self.stats
+        stats.last_commit_seconds = t1 - t0
+        stats.last_acks_seconds = t2 - t1
+        stats.phase_seconds[_COMMITTING] += t1 - t0
+        stats.phase_seconds[_ACKNOWLEDGING] += t2 - t1
         if t2 - t0 > 1.0:
             log.warning(
                 "slow commit shard=%s store_commit=%.3fs acks=%.3fs",

@@ -31,6 +31,7 @@ from consumer.testing import ConsumerProcess, ConsumerUnavailable
 from message import CONTENT_TYPE_JSON_LINES
 from message.publisher import Publisher
 from tests.consumer.counter_app import Add
+from tests.consumer.test_metrics import parse as parse_metrics
 from tests.consumer.test_runtime import (
     Setup,
     apply_shards,
@@ -121,6 +122,26 @@ async def test_app_handler_and_builtin_endpoints_of_a_consumer_process(
         assert shard["read_through"] == {s.inputs[0]: head}
         assert shard["messages"] == 10
         assert shard["transactions"] >= 1
+
+        # Prometheus metrics, with upstream's names: every byte of the input was read by
+        # transactions (10 messages outside transactions: no ACKs).
+        async with http.get(f"{base}/debug/metrics") as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            metrics = parse_metrics(await resp.text())
+        me = (("shard", "shard-000"),)
+        assert metrics[("gazette_shard_up", (*me, ("status", "PRIMARY")))] == 1
+        assert metrics[("gazette_shard_read_messages_total", me)] == 10
+        assert metrics[("gazette_shard_read_bytes_total", me)] == head
+        assert metrics[("gazette_shard_read_head", (*me, ("journal", s.inputs[0])))] == head
+        assert metrics[("gazette_shard_transactions_total", me)] == shard["transactions"]
+        phases = {
+            labels[1][1]: v
+            for (name, labels), v in metrics.items()
+            if name == "gazette_shard_phase_seconds_total"
+        }
+        assert len(phases) == 6 and all(v >= 0 for v in phases.values())
+        assert phases["50-committing"] > 0  # A RocksDB commit through the recovery log.
 
         async with http.get(f"{base}/no-such-path") as resp:
             assert resp.status == 404

@@ -582,3 +582,53 @@ async def test_start_commit_raising_at_once_aborts_the_gated_acks() -> None:
     async with asyncio.timeout(5):
         await svc.close()
     assert ("review/out-even", 1) not in client.done  # The ACK was never appended.
+
+
+class SlowCommitStore(FakeStore):
+    """Each commit becomes durable `delay` seconds after it starts."""
+
+    delay = 0.03
+
+    def start_commit(self, shard: Any, cp: pb.Checkpoint, wait_for: Any) -> asyncio.Future[None]:
+        fut = super().start_commit(shard, cp, wait_for)
+        slow: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(
+            lambda _f: asyncio.get_running_loop().call_later(self.delay, slow.set_result, None)
+        )
+        return slow
+
+
+async def test_stats_count_bytes_and_time_each_phase() -> None:
+    """The counters behind /debug/metrics: bytes read, and the seconds of each phase (the
+    loop's own add up to at most its wall time; committing covers the store's delay)."""
+    from consumer.txn import PHASES
+
+    store = SlowCommitStore()
+    txns, readers = make_txns(store, App(consume_delay=0.005), max_txn=Duration(seconds=1))
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for i in range(8):  # The first transaction: ~40 ms of consuming.
+        readers.queue.put_nowait(outside(i))
+
+    async def feed_later() -> None:
+        while not store.commits:  # Once the first commit (30 ms) is in flight.
+            await asyncio.sleep(0.001)
+        for i in range(8, 10):
+            readers.queue.put_nowait(outside(i))
+
+    feeder = asyncio.create_task(feed_later())
+    await run_until(txns, lambda: txns.stats.txns >= 2 and txns.last_committed is not None)
+    await feeder
+    wall = loop.time() - t0
+    stats = txns.stats
+    assert stats.messages == 10
+    assert stats.read_bytes == 10 * 10  # Ten envelopes of 10 bytes each.
+    phases = dict(zip((p for p, _ in PHASES), stats.phase_seconds, strict=True))
+    assert all(v >= 0 for v in phases.values()), phases
+    timed = zip(PHASES, stats.phase_seconds, strict=True)
+    sync = sum(v for (_, kind), v in timed if kind == "sync")
+    assert sync <= wall + 0.01, (phases, wall)
+    assert phases["20-consuming"] >= 10 * 0.005 * 0.9  # Every consume_message slept 5 ms.
+    # The second transaction (~10 ms of consuming) then waited for the first commit.
+    assert phases["30-stalled"] >= 0.005, phases
+    assert phases["50-committing"] >= SlowCommitStore.delay * 0.9, phases

@@ -1,0 +1,121 @@
+"""Prometheus metrics of a consumer process, served at ``GET /debug/metrics``.
+
+Rendered at each scrape from the replicas' own counters (`consumer.txn.TxnStats`), so the
+transaction loop pays nothing per message for them. Names, labels and phases are upstream
+Gazette's, so dashboards written for Go consumers read these too:
+
+- ``gazette_shard_up{shard, status}`` (gauge): 1 for each replica of this process, labelled
+  with its status (BACKFILL, STANDBY, PRIMARY, FAILED, IDLE).
+- ``gazette_shard_transactions_total{shard}``: consumer transactions started (counter).
+- ``gazette_shard_read_messages_total{shard}``: messages passed to the application (ACKs,
+  which are not, excluded).
+- ``gazette_shard_read_bytes_total{shard}``: bytes of the envelopes read by transactions,
+  acknowledgements included.
+- ``gazette_shard_read_head{shard, journal}`` (gauge): the committed read-through offset of
+  each source (the next byte a recovery would read).
+- ``gazette_shard_phase_seconds_total{shard, phase, type}``: cumulative seconds of each
+  transaction phase: ``10-not-running`` (from the previous transaction's commit start to
+  this one's first message), ``20-consuming``, ``30-stalled`` (waiting for messages, the
+  previous commit, or ``min_txn_duration``), ``40-preparing`` (``finalize_txn``, the
+  checkpoint and the start of the store commit): ``type="sync"``, the loop's own time; then
+  ``50-committing`` (until the store commit is durable) and ``60-acknowledging`` (ACK
+  appends): ``type="async"``, overlapping later transactions.
+
+Counters restart from zero when a replica is created again (Prometheus' ``rate`` handles
+resets). Rejected: the ``prometheus_client`` package (a registry of live counters would cost
+a lock per update in the hot loop, and this process has no other metrics to share it with).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from consumer.protocol import pb
+from consumer.txn import PHASES
+
+if TYPE_CHECKING:
+    from consumer.replica import ShardReplica
+
+__all__ = ["CONTENT_TYPE", "render"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""Prometheus' text exposition format."""
+
+_FAMILIES = (
+    ("gazette_shard_up", "gauge", "Indicates the processing status of a shard by this consumer."),
+    ("gazette_shard_transactions_total", "counter", "Total number of consumer transactions."),
+    (
+        "gazette_shard_read_messages_total",
+        "counter",
+        "Total number of messages processed by consumer transactions.",
+    ),
+    (
+        "gazette_shard_read_bytes_total",
+        "counter",
+        "Total byte-length of messages read by consumer transactions.",
+    ),
+    (
+        "gazette_shard_read_head",
+        "gauge",
+        "Committed read-through offset of each source journal of the shard.",
+    ),
+    (
+        "gazette_shard_phase_seconds_total",
+        "counter",
+        "Cumulative number of seconds processing transactions, by phase.",
+    ),
+)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _sample(name: str, labels: Iterable[tuple[str, str]], value: float) -> str:
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+    return f"{name}{{{inner}}} {value!r}" if inner else f"{name} {value!r}"
+
+
+def _samples(replicas: dict[str, ShardReplica]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {name: [] for name, _, _ in _FAMILIES}
+    for shard, replica in sorted(replicas.items()):
+        stats = replica.stats
+        status = pb.ReplicaStatus.Code.Name(replica.status.code)
+        out["gazette_shard_up"].append(
+            _sample("gazette_shard_up", [("shard", shard), ("status", status)], 1)
+        )
+        who = [("shard", shard)]
+        out["gazette_shard_transactions_total"].append(
+            _sample("gazette_shard_transactions_total", who, stats.txns)
+        )
+        out["gazette_shard_read_messages_total"].append(
+            _sample("gazette_shard_read_messages_total", who, stats.messages)
+        )
+        out["gazette_shard_read_bytes_total"].append(
+            _sample("gazette_shard_read_bytes_total", who, stats.read_bytes)
+        )
+        read_through, _ = replica.shard.progress()
+        for journal, offset in sorted(read_through.items()):
+            out["gazette_shard_read_head"].append(
+                _sample("gazette_shard_read_head", [*who, ("journal", journal)], offset)
+            )
+        for (phase, kind), seconds in zip(PHASES, stats.phase_seconds, strict=True):
+            labels = [*who, ("phase", phase), ("type", kind)]
+            out["gazette_shard_phase_seconds_total"].append(
+                _sample("gazette_shard_phase_seconds_total", labels, seconds)
+            )
+    return out
+
+
+def render(replicas: dict[str, ShardReplica]) -> str:
+    """The metrics of `replicas` (a process's, by shard id) in Prometheus' text format."""
+    samples = _samples(replicas)
+
+    def lines() -> Iterator[str]:
+        for name, kind, help_text in _FAMILIES:
+            yield f"# HELP {name} {help_text}"
+            yield f"# TYPE {name} {kind}"
+            yield from samples[name]
+
+    return "\n".join(lines()) + "\n"
