@@ -44,6 +44,7 @@ from broker.config import BrokerConfig
 from broker.fragment.coverset import FragmentEntry
 from broker.fragment.store import FragmentStoreError, store_for_url
 from broker.fragment_cache import FragmentCache
+from broker.metrics import COUNTERS
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.validation import split_journal_meta
@@ -785,6 +786,7 @@ class Broker:
             # Persisted already, by an earlier replica object of this journal on this broker.
             log.info("spool already gone journal=%s path=%s", replica.name, entry.local_path)
             replica.mark_persisted(entry, None)
+            COUNTERS.spool_persisted += 1
             return
         stores = list(replica.spec.fragment.stores)
         persisted = None
@@ -799,6 +801,8 @@ class Broker:
                 stores[0],
             )
         replica.mark_persisted(entry, persisted)
+        if persisted is not None:  # Else a journal without stores dropped it.
+            COUNTERS.spool_persisted += 1
         stem = entry.local_path.name[: -len(SPOOL_SUFFIX)]
         for p in (entry.local_path, entry.local_path.with_name(stem + COMMITS_SUFFIX)):
             p.unlink(missing_ok=True)

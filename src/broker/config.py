@@ -27,6 +27,9 @@ class BrokerConfig:
     journal_limit: int = 1024
     drain_timeout: float = 30.0
     log_level: str = "INFO"
+    http_port: int = 0
+    """Port of the HTTP server (``/healthz``, ``/debug/metrics``) on the host of `listen`;
+    0: none."""
 
     @property
     def endpoint(self) -> str:
@@ -34,6 +37,13 @@ class BrokerConfig:
         defaulting to the listen address."""
         ep = self.advertise or self.listen
         return ep if "://" in ep else f"http://{ep}"
+
+
+def http_host(listen: str) -> str:
+    """The host of a ``host:port`` listen address, which a process's HTTP server binds to
+    (brackets of an IPv6 address removed; every address if there is no host)."""
+    host = listen.rsplit(":", 1)[0] if ":" in listen else listen
+    return host.strip("[]") or "0.0.0.0"
 
 
 def _env(name: str, default: str) -> str:
@@ -110,9 +120,18 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         help="at SIGTERM, seconds to wait for journals to move to other brokers (0: none)",
     )
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=_env("BROKER_HTTP_PORT", str(d.http_port)),  # A string: parsed by `type`.
+        help="serve HTTP (/healthz, Prometheus /debug/metrics) on this port of the host of "
+        "--listen; 0 (the default) serves none [BROKER_HTTP_PORT]",
+    )
     a = p.parse_args(argv)
     if a.lease_ttl < 2:
         p.error("--lease-ttl must be at least 2 seconds")
+    if not 0 <= a.http_port <= 65535:
+        p.error(f"--http-port must be a port number (0: no HTTP), not {a.http_port}")
     from broker.protocol import protocol_pb2 as pb
     from broker.protocol.errors import ValidationError
     from broker.protocol.validation import validate_process_id
@@ -136,4 +155,5 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         journal_limit=a.journal_limit,
         drain_timeout=a.drain_timeout,
         log_level=a.log_level,
+        http_port=a.http_port,
     )

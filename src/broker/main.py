@@ -11,7 +11,8 @@ import sys
 import grpc
 
 from broker.broker import Broker, BrokerStartupError
-from broker.config import BrokerConfig, parse_args
+from broker.config import BrokerConfig, http_host, parse_args
+from broker.http_api import BrokerHTTP
 from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.service import JournalService
 
@@ -27,6 +28,21 @@ GRPC_OPTIONS = [
 async def serve(cfg: BrokerConfig) -> None:
     """Serve until a termination signal; then stop accepting RPCs and persist spools."""
     broker = Broker(cfg)
+    http = None
+    if cfg.http_port:  # Bound before the broker registers: a port in use fails the start.
+        http = BrokerHTTP(broker, http_host(cfg.listen), cfg.http_port)
+        try:
+            await http.start()
+        except OSError as err:
+            raise BrokerStartupError(f"{err.strerror} (--http-port / BROKER_HTTP_PORT)") from err
+    try:
+        await _serve(cfg, broker, http)
+    finally:
+        if http is not None:
+            await http.close()
+
+
+async def _serve(cfg: BrokerConfig, broker: Broker, http: BrokerHTTP | None) -> None:
     await broker.start()
     server = grpc.aio.server(options=GRPC_OPTIONS)
     pb_grpc.add_JournalServicer_to_server(JournalService(broker), server)
@@ -40,7 +56,8 @@ async def serve(cfg: BrokerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     # The harness and operators wait for this line.
-    print(f"broker ready endpoint={cfg.endpoint} id={cfg.zone}#{cfg.suffix}", flush=True)
+    served = f" http=http://{http.host}:{http.port}" if http is not None else ""
+    print(f"broker ready endpoint={cfg.endpoint} id={cfg.zone}#{cfg.suffix}{served}", flush=True)
     log.info(
         "serving endpoint=%s etcd=%s root=%s spool_dir=%s",
         cfg.endpoint,
@@ -52,6 +69,8 @@ async def serve(cfg: BrokerConfig) -> None:
     stopped = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({background, stopped}, return_when=asyncio.FIRST_COMPLETED)
     log.info("stopping")
+    if http is not None:
+        http.set_draining()
     if not background.done() and cfg.drain_timeout > 0:
         # Graceful exit: keep serving (and proxying) while the allocator moves our journals.
         await broker.drain(cfg.drain_timeout)

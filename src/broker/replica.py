@@ -21,6 +21,7 @@ from google.protobuf.duration_pb2 import Duration
 from broker.fragment.coverset import CoverSet, FragmentEntry
 from broker.fragment.postfix import PostfixTemplateError, evaluate_postfix_template
 from broker.fragment.store import FragmentStoreError, store_for_url
+from broker.metrics import COUNTERS
 from broker.protocol import protocol_pb2 as pb
 from broker.spool import Spool, recover_spools, spool_dir_for
 
@@ -293,6 +294,7 @@ class JournalReplica:
         spec.path_postfix = self.postfix(s.first_append_time or time.time())
         entry = FragmentEntry(spec=spec, local_path=s.content_path)
         s.close()
+        COUNTERS.spool_completed += 1
         self.spool = None
         self._store_head(self.write_head)
         self._start_spool(self.write_head)

@@ -22,6 +22,7 @@ from allocator.etcd import Compare, EtcdError, op_delete, op_put
 from broker.broker import Broker, Resolution
 from broker.fragment.postfix import PostfixTemplateError, evaluate_postfix_template
 from broker.fragment.store import FragmentCorrupted, FragmentStoreError, store_for_url
+from broker.metrics import counted
 from broker.protocol import labels
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
@@ -106,6 +107,7 @@ class JournalService(pb_grpc.JournalServicer):
         await context.abort(code, f"proxy to primary {target}: {err.details()}")
 
     # --- List -------------------------------------------------------------------------------
+    @counted("List")
     async def List(self, request: pb.ListRequest, context: Any) -> AsyncIterator[pb.ListResponse]:  # noqa: N802
         try:
             validate_list_request(request)
@@ -153,6 +155,7 @@ class JournalService(pb_grpc.JournalServicer):
             await ks.wait_for_change(revision)
 
     # --- Apply ------------------------------------------------------------------------------
+    @counted("Apply")
     async def Apply(self, request: pb.ApplyRequest, context: Any) -> pb.ApplyResponse:  # noqa: N802
         try:
             validate_apply_request(request)
@@ -196,6 +199,7 @@ class JournalService(pb_grpc.JournalServicer):
         return pb.ApplyResponse(status=pb.OK, header=self.b.header())
 
     # --- Read -------------------------------------------------------------------------------
+    @counted("Read")
     async def Read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.ReadResponse]:  # noqa: N802
         try:
             validate_read_request(request)
@@ -320,6 +324,7 @@ class JournalService(pb_grpc.JournalServicer):
         return None
 
     # --- Append -----------------------------------------------------------------------------
+    @counted("Append")
     async def Append(
         self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any
     ) -> pb.AppendResponse:  # noqa: N802
@@ -538,6 +543,7 @@ class JournalService(pb_grpc.JournalServicer):
         )
 
     # --- Fragments ----------------------------------------------------------------------------
+    @counted("ListFragments")
     async def ListFragments(
         self, request: pb.FragmentsRequest, context: Any
     ) -> pb.FragmentsResponse:  # noqa: N802
@@ -593,6 +599,7 @@ class JournalService(pb_grpc.JournalServicer):
                     log.warning("cannot sign fragment URL err=%s", err)
         return resp
 
+    @counted("FragmentStoreHealth")
     async def FragmentStoreHealth(
         self, request: pb.FragmentStoreHealthRequest, context: Any
     ) -> pb.FragmentStoreHealthResponse:  # noqa: N802
@@ -607,6 +614,7 @@ class JournalService(pb_grpc.JournalServicer):
             )
         return pb.FragmentStoreHealthResponse(status=pb.OK, header=self.b.header())
 
+    @counted("Replicate")
     async def Replicate(
         self, request_iterator: Any, context: Any
     ) -> AsyncIterator[pb.ReplicateResponse]:  # noqa: N802

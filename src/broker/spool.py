@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker.metrics import COUNTERS
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.sha1sum import sha1sum_from_digest
 
@@ -199,10 +200,14 @@ class PendingAppend:
         except OSError as err:
             self.rollback()
             raise SpoolError(f"committing spool of journal {self.spool.journal}: {err}") from err
+        COUNTERS.spool_commits += 1
+        COUNTERS.spool_commit_bytes += self.end - self.begin
         return self._append_sha1.digest()
 
     def rollback(self) -> None:
         """Discard the append's bytes."""
+        COUNTERS.spool_rollbacks += 1
+        COUNTERS.spool_rollback_bytes += self.end - self.begin
         if self.end != self.begin:
             try:
                 os.ftruncate(self.spool._fd, self.begin - self.spool.begin)

@@ -8,6 +8,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.config import http_host
+
 
 @dataclass(frozen=True)
 class ConsumerConfig:
@@ -48,8 +50,7 @@ class ConsumerConfig:
     @property
     def http_host(self) -> str:
         """The host HTTP binds to: that of `listen` (brackets of an IPv6 address removed)."""
-        host = self.listen.rsplit(":", 1)[0] if ":" in self.listen else self.listen
-        return host.strip("[]") or "0.0.0.0"
+        return http_host(self.listen)
 
     @property
     def brokers(self) -> list[str]:

@@ -28,9 +28,10 @@ a lock per update in the hot loop, and this process has no other metrics to shar
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from broker.prometheus import CONTENT_TYPE, Family
+from broker.prometheus import render as render_families
 from consumer.protocol import pb
 from consumer.txn import PHASES
 
@@ -39,83 +40,45 @@ if TYPE_CHECKING:
 
 __all__ = ["CONTENT_TYPE", "render"]
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-"""Prometheus' text exposition format."""
-
-_FAMILIES = (
-    ("gazette_shard_up", "gauge", "Indicates the processing status of a shard by this consumer."),
-    ("gazette_shard_transactions_total", "counter", "Total number of consumer transactions."),
-    (
-        "gazette_shard_read_messages_total",
-        "counter",
-        "Total number of messages processed by consumer transactions.",
-    ),
-    (
-        "gazette_shard_read_bytes_total",
-        "counter",
-        "Total byte-length of messages read by consumer transactions.",
-    ),
-    (
-        "gazette_shard_read_head",
-        "gauge",
-        "Committed read-through offset of each source journal of the shard.",
-    ),
-    (
-        "gazette_shard_phase_seconds_total",
-        "counter",
-        "Cumulative number of seconds processing transactions, by phase.",
-    ),
-)
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _sample(name: str, labels: Iterable[tuple[str, str]], value: float) -> str:
-    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
-    return f"{name}{{{inner}}} {value!r}" if inner else f"{name} {value!r}"
-
-
-def _samples(replicas: dict[str, ShardReplica]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {name: [] for name, _, _ in _FAMILIES}
-    for shard, replica in sorted(replicas.items()):
-        stats = replica.stats
-        status = pb.ReplicaStatus.Code.Name(replica.status.code)
-        out["gazette_shard_up"].append(
-            _sample("gazette_shard_up", [("shard", shard), ("status", status)], 1)
-        )
-        who = [("shard", shard)]
-        out["gazette_shard_transactions_total"].append(
-            _sample("gazette_shard_transactions_total", who, stats.txns)
-        )
-        out["gazette_shard_read_messages_total"].append(
-            _sample("gazette_shard_read_messages_total", who, stats.messages)
-        )
-        out["gazette_shard_read_bytes_total"].append(
-            _sample("gazette_shard_read_bytes_total", who, stats.read_bytes)
-        )
-        read_through, _ = replica.shard.progress()
-        for journal, offset in sorted(read_through.items()):
-            out["gazette_shard_read_head"].append(
-                _sample("gazette_shard_read_head", [*who, ("journal", journal)], offset)
-            )
-        for (phase, kind), seconds in zip(PHASES, stats.phase_seconds, strict=True):
-            labels = [*who, ("phase", phase), ("type", kind)]
-            out["gazette_shard_phase_seconds_total"].append(
-                _sample("gazette_shard_phase_seconds_total", labels, seconds)
-            )
-    return out
-
 
 def render(replicas: dict[str, ShardReplica]) -> str:
     """The metrics of `replicas` (a process's, by shard id) in Prometheus' text format."""
-    samples = _samples(replicas)
-
-    def lines() -> Iterator[str]:
-        for name, kind, help_text in _FAMILIES:
-            yield f"# HELP {name} {help_text}"
-            yield f"# TYPE {name} {kind}"
-            yield from samples[name]
-
-    return "\n".join(lines()) + "\n"
+    up = Family(
+        "gazette_shard_up", "gauge", "Indicates the processing status of a shard by this consumer."
+    )
+    txns = Family(
+        "gazette_shard_transactions_total", "counter", "Total number of consumer transactions."
+    )
+    messages = Family(
+        "gazette_shard_read_messages_total",
+        "counter",
+        "Total number of messages processed by consumer transactions.",
+    )
+    read_bytes = Family(
+        "gazette_shard_read_bytes_total",
+        "counter",
+        "Total byte-length of messages read by consumer transactions.",
+    )
+    head = Family(
+        "gazette_shard_read_head",
+        "gauge",
+        "Committed read-through offset of each source journal of the shard.",
+    )
+    phase_seconds = Family(
+        "gazette_shard_phase_seconds_total",
+        "counter",
+        "Cumulative number of seconds processing transactions, by phase.",
+    )
+    for shard, replica in sorted(replicas.items()):
+        stats = replica.stats
+        who = [("shard", shard)]
+        up.add(1, [*who, ("status", pb.ReplicaStatus.Code.Name(replica.status.code))])
+        txns.add(stats.txns, who)
+        messages.add(stats.messages, who)
+        read_bytes.add(stats.read_bytes, who)
+        read_through, _ = replica.shard.progress()
+        for journal, offset in sorted(read_through.items()):
+            head.add(offset, [*who, ("journal", journal)])
+        for (phase, kind), seconds in zip(PHASES, stats.phase_seconds, strict=True):
+            phase_seconds.add(seconds, [*who, ("phase", phase), ("type", kind)])
+    return render_families([up, txns, messages, read_bytes, head, phase_seconds])

@@ -31,7 +31,6 @@ from consumer.testing import ConsumerProcess, ConsumerUnavailable
 from message import CONTENT_TYPE_JSON_LINES
 from message.publisher import Publisher
 from tests.consumer.counter_app import Add
-from tests.consumer.test_metrics import parse as parse_metrics
 from tests.consumer.test_runtime import (
     Setup,
     apply_shards,
@@ -40,6 +39,7 @@ from tests.consumer.test_runtime import (
     wait_for,
     write_head,
 )
+from tests.prometheus_text import parse as parse_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 _names = itertools.count()

@@ -3,13 +3,13 @@ real process's endpoint is checked in test_http)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from consumer.metrics import render
 from consumer.protocol import pb
 from consumer.txn import PHASES, TxnStats
+from tests.prometheus_text import parse
 
 
 @dataclass
@@ -32,25 +32,6 @@ def replica(code: int, read_through: dict[str, int], **counts: Any) -> FakeRepli
     for name, value in counts.items():
         setattr(stats, name, value)
     return FakeReplica(pb.ReplicaStatus(code=code), FakeShard(read_through), stats)
-
-
-SAMPLE = re.compile(r'^([a-z_]+)\{((?:[a-z]+="(?:[^"\\]|\\.)*",?)*)\} (\S+)$')
-
-
-def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Samples by (name, labels); checks every line is a HELP, a TYPE or a sample."""
-    out = {}
-    for line in text.splitlines():
-        if line.startswith(("# HELP ", "# TYPE ")):
-            continue
-        m = SAMPLE.match(line)
-        assert m, f"not a sample line: {line!r}"
-        labels = tuple(
-            (k, v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\"))
-            for k, v in re.findall(r'([a-z]+)="((?:[^"\\]|\\.)*)"', m.group(2))
-        )
-        out[(m.group(1), labels)] = float(m.group(3))
-    return out
 
 
 def test_render_samples_of_each_replica_with_upstream_names() -> None:
