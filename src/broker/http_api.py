@@ -1,7 +1,8 @@
 """The HTTP side of a broker process (``--http-port``; none by default).
 
-- ``GET /healthz``: 200 ``{"status": "ok", "member", "endpoint"}`` while the broker serves;
-  503 ``"draining"`` once it was told to exit (its journals are moving to other brokers).
+- ``GET /healthz``: 200 ``{"status": "ok", "member", "endpoint"}`` while the broker serves
+  gRPC; 503 ``"starting"`` before (it registers, recovers spools, then serves) and
+  ``"draining"`` once it was told to exit (its journals are moving to other brokers).
 - ``GET /debug/metrics``: Prometheus metrics (`broker.metrics`), upstream Gazette's path.
 
 Upstream serves these on its gRPC port; grpc.aio owns its listening socket, so here they
@@ -25,12 +26,12 @@ __all__ = ["BrokerHTTP"]
 
 
 class BrokerHTTP:
-    """`start`, `set_draining`, then `close`."""
+    """`start`, `set_ready`, `set_draining`, then `close`."""
 
     def __init__(self, broker: Broker, host: str, port: int) -> None:
         self.broker = broker
         self.host, self.port = host, port
-        self.state = "ok"
+        self.state = "starting"
         self.web = web.Application()
         self.web.router.add_get("/healthz", self._healthz)
         self.web.router.add_get("/debug/metrics", self._metrics)
@@ -50,6 +51,9 @@ class BrokerHTTP:
         self._runner = runner
         if self.port == 0 and runner.addresses:
             self.port = int(runner.addresses[0][1])
+
+    def set_ready(self) -> None:
+        self.state = "ok"
 
     def set_draining(self) -> None:
         self.state = "draining"

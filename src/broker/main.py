@@ -47,10 +47,16 @@ async def _serve(cfg: BrokerConfig, broker: Broker, http: BrokerHTTP | None) -> 
     server = grpc.aio.server(options=GRPC_OPTIONS)
     pb_grpc.add_JournalServicer_to_server(JournalService(broker), server)
     try:
-        server.add_insecure_port(cfg.listen)
-    except RuntimeError as err:
-        raise BrokerStartupError(f"cannot listen on {cfg.listen}: {err}") from err
-    await server.start()
+        try:
+            server.add_insecure_port(cfg.listen)
+        except RuntimeError as err:
+            raise BrokerStartupError(f"cannot listen on {cfg.listen}: {err}") from err
+        await server.start()
+    except BaseException:
+        await broker.shutdown()  # Registered already: release the member's lease at once.
+        raise
+    if http is not None:
+        http.set_ready()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

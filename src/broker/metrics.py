@@ -4,14 +4,17 @@ Upstream Gazette's names, so its dashboards read these too:
 
 - ``gazette_journal_server_started_totals{operation}`` and
   ``gazette_journal_server_completed_totals{operation, status}``: Journal RPCs by operation
-  (Append, Read, List, Apply, ListFragments, FragmentStoreHealth, Replicate); as upstream, a
-  completed one's status is ``ok``, its response's other status (``WRONG_APPEND_OFFSET``,
-  ``NOT_JOURNAL_PRIMARY_BROKER``, ...), or ``<error>`` when it ended with an error
-  (aborted, cancelled, failed).
+  (Append, Read, List, Apply, ListFragments, FragmentStoreHealth, Replicate). As upstream,
+  a completed one's status is ``ok``, another status, or ``<error>`` when it ended with an
+  error (aborted, cancelled, failed); the status is that of its response (of a stream: its
+  last response, e.g. ``OFFSET_NOT_YET_AVAILABLE`` for a non-blocking Read that reached the
+  head), where upstream's is its route resolution's, so that ``WRONG_APPEND_OFFSET`` or
+  ``REGISTER_MISMATCH`` appends show here.
 - ``gazette_write_head{journal}`` (gauge): each local replica's write head.
 - ``gazette_spool_commits_total``, ``gazette_spool_commit_bytes_total``,
   ``gazette_spool_rollbacks_total``, ``gazette_spool_rollback_bytes_total``: appends (and
-  replicated appends) committed to or rolled back from spools;
+  replicated appends) committed to or rolled back from spools (a rollback of no bytes is not
+  counted);
   ``gazette_spool_completed_total``: spools closed, ready to persist;
   ``gazette_spool_persisted_total``: rolled spools persisted (or found persisted already).
 
@@ -62,7 +65,7 @@ def _status_of(status: int) -> str:
 
 def counted(operation: str) -> Callable[[F], F]:
     """Count calls of a servicer method as `operation`: started, then completed with the
-    status of its (last) response, or of the error it ended with."""
+    status of its response (a stream's last), or `ERROR` if it raised."""
 
     def wrap(method: F) -> F:
         if inspect.isasyncgenfunction(method):
@@ -74,7 +77,7 @@ def counted(operation: str) -> Callable[[F], F]:
                 responses = method(self, request, context)
                 try:
                     async for resp in responses:
-                        status = resp.status or status
+                        status = resp.status
                         yield resp
                 except BaseException:
                     COUNTERS.completed[operation, ERROR] += 1

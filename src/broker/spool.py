@@ -206,9 +206,9 @@ class PendingAppend:
 
     def rollback(self) -> None:
         """Discard the append's bytes."""
-        COUNTERS.spool_rollbacks += 1
-        COUNTERS.spool_rollback_bytes += self.end - self.begin
         if self.end != self.begin:
+            COUNTERS.spool_rollbacks += 1
+            COUNTERS.spool_rollback_bytes += self.end - self.begin
             try:
                 os.ftruncate(self.spool._fd, self.begin - self.spool.begin)
             except OSError as err:

@@ -1,8 +1,8 @@
 """Prometheus metrics of a consumer process, served at ``GET /debug/metrics``.
 
-Rendered at each scrape from the replicas' own counters (`consumer.txn.TxnStats`), so the
-transaction loop pays nothing per message for them. Names, labels and phases are upstream
-Gazette's, so dashboards written for Go consumers read these too:
+Rendered at each scrape from the replicas' own counters (`consumer.txn.TxnStats`): the
+transaction loop pays one addition per message for them (the bytes read). Names, labels and
+phases are upstream Gazette's, so dashboards written for Go consumers read these too:
 
 - ``gazette_shard_up{shard, status}`` (gauge): 1 for each replica of this process, labelled
   with its status (BACKFILL, STANDBY, PRIMARY, FAILED, IDLE).
@@ -15,9 +15,11 @@ Gazette's, so dashboards written for Go consumers read these too:
   each source (the next byte a recovery would read).
 - ``gazette_shard_phase_seconds_total{shard, phase, type}``: cumulative seconds of each
   transaction phase: ``10-not-running`` (from the previous transaction's commit start to
-  this one's first message), ``20-consuming``, ``30-stalled`` (waiting for messages, the
-  previous commit, or ``min_txn_duration``), ``40-preparing`` (``finalize_txn``, the
-  checkpoint and the start of the store commit): ``type="sync"``, the loop's own time; then
+  this one's first message), ``20-consuming`` (handling messages, the application's time
+  included), ``30-stalled`` (waiting for messages, for the previous commit, or for
+  ``min_txn_duration``, also after ``max_txn_duration`` closed the transaction),
+  ``40-preparing`` (``finalize_txn``, the checkpoint and the start of the store commit):
+  ``type="sync"``, the loop's own time; then
   ``50-committing`` (until the store commit is durable) and ``60-acknowledging`` (ACK
   appends): ``type="async"``, overlapping later transactions.
 

@@ -345,7 +345,7 @@ class Transactions:
         min_at, max_at = started + self.min_dur, started + self.max_dur
         ready = self._ready
         handle = self._handle
-        stalled_at = 0.0  # When the queue first ran dry (0: not yet).
+        waited = 0.0  # Seconds the loop waited (for messages, the previous commit, min_dur).
         while True:
             # The hot loop: no coroutine per message unless the application's is one.
             now = loop.time()
@@ -363,18 +363,18 @@ class Transactions:
                 if n % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
                 continue
-            if not stalled_at:
-                stalled_at = now
             self._raise_failed()
             prev_done = self._prev_commit is None or self._prev_commit.done()
             if (now >= min_at or self._ended) and prev_done:
                 break  # A source that ended closes the transaction without waiting.
             await self._stall(min_at if now < min_at else None, max_at, prev_done)
-        prepare_began = loop.time()
+            waited += loop.time() - now
+        closed = loop.time()
         if self._prev_commit is not None:
             await self._prev_commit  # Raises if the previous store commit failed.
         await self._bound_completing()
         self._raise_failed()
+        prepare_began = loop.time()
         await self._finalize(self.shard, self.store, self.pub)
         await self._start_commit()
         stats = self.stats
@@ -382,9 +382,10 @@ class Transactions:
         phases = stats.phase_seconds
         if self._prepared_at:
             phases[_NOT_RUNNING] += max(started - self._prepared_at, 0.0)
-        stalled_at = stalled_at or prepare_began
-        phases[_CONSUMING] += stalled_at - started
-        phases[_STALLED] += prepare_began - stalled_at
+        phases[_CONSUMING] += max(closed - started - waited, 0.0)
+        # Waiting for the previous commit (or earlier completions) once max_txn_duration
+        # closed the transaction is stalling too, as upstream counts it.
+        phases[_STALLED] += waited + (prepare_began - closed)
         phases[_PREPARING] += prepared - prepare_began
         self._prepared_at = prepared
         stats.txns += 1

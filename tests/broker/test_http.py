@@ -4,10 +4,14 @@ broker process, counted as upstream names them; a port in use fails the start.""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,6 +111,39 @@ def test_http_port_in_use_fails_the_start(etcd_server: EtcdServer, tmp_path: Pat
     assert f"cannot serve HTTP on 127.0.0.1:{port}: address already in use" in out.stderr
 
 
+def test_healthz_answers_starting_until_the_broker_serves(tmp_path: Path) -> None:
+    """A broker whose etcd does not answer yet: HTTP is up (bound before registering) and says
+    503 "starting"; the gRPC port is not served."""
+    with socket.socket() as silent:  # Accepts connections, never answers: etcd hangs.
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port, grpc_port = free_port(), free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "broker.main", "--etcd",
+             f"http://127.0.0.1:{silent.getsockname()[1]}", "--suffix", "broker-starting",
+             "--listen", f"127.0.0.1:{grpc_port}", "--spool-dir", str(tmp_path),
+             "--http-port", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            seen = None
+            deadline = time.monotonic() + 20
+            while seen is None and time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
+                        seen = "200"
+                except urllib.error.HTTPError as err:
+                    seen = f"{err.code} {json.loads(err.read())['status']}"
+                except OSError:
+                    time.sleep(0.1)  # Not listening yet.
+            assert seen == "503 starting"
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.1", grpc_port), timeout=1).close()
+        finally:
+            proc.kill()
+            proc.wait()
+
+
 class _Context:
     def __init__(self) -> None:
         self.aborted = False
@@ -131,6 +168,7 @@ async def test_counted_statuses_of_unary_and_streaming_methods() -> None:
                 await asyncio.sleep(10)
             yield pb.ReadResponse(status=pb.OK if request == 0 else pb.OFFSET_NOT_YET_AVAILABLE)
 
+    before = (COUNTERS.started.copy(), COUNTERS.completed.copy())
     svc, ctx = Service(), _Context()
     assert (await svc.unary(0, ctx)).status == pb.OK
     assert (await svc.unary(1, ctx)).status == pb.SUSPENDED
@@ -148,11 +186,17 @@ async def test_counted_statuses_of_unary_and_streaming_methods() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert COUNTERS.started["TestUnary"] == 3 and COUNTERS.started["TestStream"] == 3
-    for op, status in (("TestUnary", "ok"), ("TestUnary", "SUSPENDED"), ("TestUnary", ERROR)):
-        assert COUNTERS.completed[op, status] == 1
-    for status in ("ok", "OFFSET_NOT_YET_AVAILABLE", ERROR):
-        assert COUNTERS.completed["TestStream", status] == 1
+    started = COUNTERS.started - before[0]
+    completed = COUNTERS.completed - before[1]
+    assert started == {"TestUnary": 3, "TestStream": 3}
+    assert completed == {
+        ("TestUnary", "ok"): 1,
+        ("TestUnary", "SUSPENDED"): 1,
+        ("TestUnary", ERROR): 1,
+        ("TestStream", "ok"): 1,
+        ("TestStream", "OFFSET_NOT_YET_AVAILABLE"): 1,
+        ("TestStream", ERROR): 1,
+    }
 
 
 async def test_a_stream_closed_between_responses_closes_the_method_at_once() -> None:
@@ -171,8 +215,9 @@ async def test_a_stream_closed_between_responses_closes_the_method_at_once() -> 
             finally:
                 cleaned.append("closed")
 
+    errors = COUNTERS.completed["TestClosed", ERROR]
     gen = Service().stream(0, _Context())
     assert (await anext(gen)).offset == 0
     await gen.aclose()
     assert cleaned == ["closed"]
-    assert COUNTERS.completed["TestClosed", ERROR] == 1
+    assert COUNTERS.completed["TestClosed", ERROR] == errors + 1

@@ -584,51 +584,66 @@ async def test_start_commit_raising_at_once_aborts_the_gated_acks() -> None:
     assert ("review/out-even", 1) not in client.done  # The ACK was never appended.
 
 
-class SlowCommitStore(FakeStore):
-    """Each commit becomes durable `delay` seconds after it starts."""
+class GatedCommitStore(FakeStore):
+    """Each commit becomes durable when the test resolves its gate."""
 
-    delay = 0.03
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates: list[asyncio.Future[None]] = []
 
     def start_commit(self, shard: Any, cp: pb.Checkpoint, wait_for: Any) -> asyncio.Future[None]:
-        fut = super().start_commit(shard, cp, wait_for)
-        slow: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(
-            lambda _f: asyncio.get_running_loop().call_later(self.delay, slow.set_result, None)
-        )
-        return slow
+        super().start_commit(shard, cp, wait_for)
+        self.gates.append(asyncio.get_running_loop().create_future())
+        return self.gates[-1]
+
+
+async def _until(cond: Any, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.001)
 
 
 async def test_stats_count_bytes_and_time_each_phase() -> None:
     """The counters behind /debug/metrics: bytes read, and the seconds of each phase (the
-    loop's own add up to at most its wall time; committing covers the store's delay)."""
+    loop's own add up to at most its wall time; consuming is the application's time, waiting
+    for the previous commit is stalling, committing covers the store's delay)."""
     from consumer.txn import PHASES
 
-    store = SlowCommitStore()
+    store = GatedCommitStore()
     txns, readers = make_txns(store, App(consume_delay=0.005), max_txn=Duration(seconds=1))
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     for i in range(8):  # The first transaction: ~40 ms of consuming.
         readers.queue.put_nowait(outside(i))
-
-    async def feed_later() -> None:
-        while not store.commits:  # Once the first commit (30 ms) is in flight.
-            await asyncio.sleep(0.001)
-        for i in range(8, 10):
+    task = asyncio.create_task(txns.run())
+    try:
+        await _until(lambda: len(store.gates) == 1)  # Its commit is in flight...
+        for i in range(8, 10):  # ...while the second transaction consumes two messages...
             readers.queue.put_nowait(outside(i))
-
-    feeder = asyncio.create_task(feed_later())
-    await run_until(txns, lambda: txns.stats.txns >= 2 and txns.last_committed is not None)
-    await feeder
+        await _until(lambda: txns.stats.messages == 10)
+        await asyncio.sleep(0.02)  # ...then waits for that commit...
+        for i in range(10, 16):  # ...consumes six more that came meanwhile...
+            readers.queue.put_nowait(outside(i))
+        await _until(lambda: txns.stats.messages == 16)
+        await asyncio.sleep(0.02)  # ...and waits again.
+        store.gates[0].set_result(None)
+        await _until(lambda: len(store.gates) == 2)
+        store.gates[1].set_result(None)
+        await _until(lambda: txns.last_committed == store.commits[1].checkpoint)
+        await asyncio.sleep(0.01)  # The second completion records its phases.
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
     wall = loop.time() - t0
     stats = txns.stats
-    assert stats.messages == 10
-    assert stats.read_bytes == 10 * 10  # Ten envelopes of 10 bytes each.
+    assert stats.messages == 16
+    assert stats.read_bytes == 16 * 10  # Envelopes of 10 bytes each.
     phases = dict(zip((p for p, _ in PHASES), stats.phase_seconds, strict=True))
     assert all(v >= 0 for v in phases.values()), phases
     timed = zip(PHASES, stats.phase_seconds, strict=True)
     sync = sum(v for (_, kind), v in timed if kind == "sync")
     assert sync <= wall + 0.01, (phases, wall)
-    assert phases["20-consuming"] >= 10 * 0.005 * 0.9  # Every consume_message slept 5 ms.
-    # The second transaction (~10 ms of consuming) then waited for the first commit.
-    assert phases["30-stalled"] >= 0.005, phases
-    assert phases["50-committing"] >= SlowCommitStore.delay * 0.9, phases
+    # Every consume slept 5 ms, also those of messages that came while the loop waited.
+    assert phases["20-consuming"] >= 16 * 0.005 * 0.9, phases
+    assert phases["30-stalled"] >= 0.025, phases
+    assert phases["50-committing"] >= 0.07, phases  # The first commit was held that long.

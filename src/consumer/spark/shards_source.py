@@ -106,6 +106,10 @@ class GazetteShardsDataSource(DataSource):
         base = base_columns(self.opts)
         if tuple(names[: len(base)]) != base:
             raise ExportError(f"the schema must begin with {base_ddl(self.opts)} (got {names})")
+        reserved = (*BASE_COLUMNS, READ_THROUGH_COLUMN)
+        clash = [n for n in names[len(base) :] if n.lower() in reserved]
+        if clash:
+            raise ExportError(f"columns {clash} of the schema clash with the columns {reserved}")
         return GazetteShardsReader(self.opts, schema)
 
 

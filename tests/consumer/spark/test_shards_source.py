@@ -574,3 +574,34 @@ def test_the_utf8_decimal_decoder_types_word_count_rows(tmp_path: Path) -> None:
     batches = rocksdb_batches(played, schema, key_prefix=b"n", decoder=utf8_decimal)
     rows = [(r["key"], r["value"]) for b in batches for r in b.to_pylist()]
     assert rows == [("of the", 12), ("the", 7)]
+
+
+def test_schema_columns_may_not_reuse_the_base_names() -> None:
+    """A decoder's (or query's) column named like a base column would be taken for it: the
+    reader refuses it on the driver, also where that base column is absent."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from consumer.spark.errors import ExportError
+    from consumer.spark.shards_source import GazetteShardsDataSource
+
+    source = GazetteShardsDataSource(
+        {
+            "etcd": "e",
+            "root": "/r",
+            "broker": "b",
+            "shards": "shard-1",
+            "store": "rocksdb",
+            "checkpoint": "none",
+            "decoder": "consumer.spark.decoders:utf8_decimal",
+            "schema": "read_through STRING, value BIGINT",
+        }
+    )
+
+    def schema(*names: str) -> StructType:
+        return StructType(
+            [StructField(n, LongType() if n == "value" else StringType()) for n in names]
+        )
+
+    with pytest.raises(ExportError, match=r"columns \['read_through'\] of the schema clash"):
+        source.reader(schema("shard", "read_through", "value"))
+    assert source.reader(schema("shard", "key", "value")).schema.names == ["shard", "key", "value"]
