@@ -221,3 +221,30 @@ async def test_a_stream_closed_between_responses_closes_the_method_at_once() -> 
     await gen.aclose()
     assert cleaned == ["closed"]
     assert COUNTERS.completed["TestClosed", ERROR] == errors + 1
+
+
+async def test_grpc_port_in_use_fails_the_start_and_releases_the_member(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """The broker registered before it found its gRPC port taken: it exits with code 2 and
+    a clear message, and its member key is gone at once (not after the lease's TTL)."""
+    from allocator.etcd import Etcd
+    from allocator.model import members_prefix
+
+    root = f"/test-grpc-taken/{os.getpid()}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "broker.main", "--etcd", etcd_server.endpoint, "--suffix",
+             "broker-taken", "--root", root, "--listen", f"127.0.0.1:{port}",
+             "--spool-dir", str(tmp_path)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
+    async with Etcd(etcd_server.endpoint) as etcd:
+        resp = await etcd.get_prefix(members_prefix(root).encode())
+    assert list(resp.kvs) == []
