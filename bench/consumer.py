@@ -17,6 +17,8 @@ each message exactly once) on this machine.
    Kafka producers do by default) to batch its appends (``p50_ms``, ``p99_ms``), then
    releasing each message as its own append (``*_unbatched``: ~1,000 append RPCs/s, which
    with the broker's share take ~1 of this machine's 2 cores away from the pipeline measured).
+   ``txn_phase_ms``: the linger phase's transactions on the primary, from its /debug/metrics:
+   mean milliseconds per transaction of each phase, and how many transactions ran.
 3. Hand-off: while (2) runs, the primary gets SIGTERM; the standby takes over. Figure: the
    longest gap between consecutive Pong arrivals around it (at 1k msg/s the normal gap is a
    transaction), and the time from SIGTERM until the standby reports PRIMARY.
@@ -40,6 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import aiohttp
 import grpc.aio
 from google.protobuf.duration_pb2 import Duration
 
@@ -191,9 +194,41 @@ async def throughput(
     return rate, base
 
 
+async def txn_phases(procs: list[ConsumerProcess]) -> dict[str, tuple[float, dict[str, float]]]:
+    """Per process: the echo shard's transactions and seconds per phase (its metrics)."""
+    out: dict[str, tuple[float, dict[str, float]]] = {}
+    async with aiohttp.ClientSession() as http:
+        for p in procs:
+            async with http.get(f"{p.http_endpoint}/debug/metrics") as resp:
+                text = await resp.text()
+            txns, phases = 0.0, {}
+            for line in text.splitlines():
+                if line.startswith('gazette_shard_transactions_total{shard="echo"}'):
+                    txns = float(line.rsplit(" ", 1)[1])
+                elif line.startswith('gazette_shard_phase_seconds_total{shard="echo"'):
+                    phase = line.split('phase="', 1)[1].split('"', 1)[0]
+                    phases[phase] = float(line.rsplit(" ", 1)[1])
+            out[p.suffix] = (txns, phases)
+    return out
+
+
+def per_txn_phases(
+    before: dict[str, tuple[float, dict[str, float]]],
+    after: dict[str, tuple[float, dict[str, float]]],
+) -> dict[str, float]:
+    """Mean milliseconds per transaction of each phase, on the process that ran them."""
+    suffix = max(after, key=lambda k: after[k][0] - before.get(k, (0.0, {}))[0])
+    txns0, phases0 = before.get(suffix, (0.0, {}))
+    txns1, phases1 = after[suffix]
+    n = max(txns1 - txns0, 1.0)
+    out = {k: round((v - phases0.get(k, 0.0)) * 1000 / n, 2) for k, v in sorted(phases1.items())}
+    out["transactions"] = n
+    return out
+
+
 async def latency_and_handoff(
     client: JournalClient, etcd: EtcdServer, broker: BrokerProcess, tmp: Path, seconds: float
-) -> tuple[dict[float, tuple[float, float]], float, float]:
+) -> tuple[dict[float, tuple[float, float]], float, float, dict[str, float]]:
     procs = [
         ConsumerProcess(
             "consumer_bench_app:Echo",
@@ -262,7 +297,15 @@ async def latency_and_handoff(
         assert (await stubs[0].Apply(req)).status == pb.OK
         await wait_status(stubs[0], "echo", [pb.ReplicaStatus.STANDBY, pb.ReplicaStatus.PRIMARY])
         reader = asyncio.create_task(downstream())
-        lat = {linger: await measure(linger) for linger in (0.0, LINGER)}
+        lat = {0.0: await measure(0.0)}
+        before = await txn_phases(procs)
+        lat[LINGER] = await measure(LINGER)
+        after = await txn_phases(procs)
+        phase_ms = per_txn_phases(before, after)
+        say(
+            "transactions of the linger phase (the primary's /debug/metrics), mean ms each: "
+            + ", ".join(f"{k} {v}" for k, v in phase_ms.items())
+        )
         feeding = asyncio.Event()
         feeder = asyncio.create_task(feed(LINGER, feeding))
         await asyncio.sleep(1.0)
@@ -294,7 +337,7 @@ async def latency_and_handoff(
         )
         for ch in chans:
             await ch.close(None)
-        return lat, gap, promoted
+        return lat, gap, promoted, phase_ms
     finally:
         for p in procs:
             p.kill()
@@ -341,7 +384,9 @@ async def _run_in(args: argparse.Namespace, tmp: Path, n: int, seconds: float) -
                 bpb.ApplyRequest(changes=[bpb.ApplyRequest.Change(upsert=s) for s in specs]),
             )
             rate, base = await throughput(client, etcd, broker, tmp, n)
-            lat, gap, promoted = await latency_and_handoff(client, etcd, broker, tmp, seconds)
+            lat, gap, promoted, phases = await latency_and_handoff(
+                client, etcd, broker, tmp, seconds
+            )
     return {
         "bench": "consumer",
         "msgs_per_s": round(rate),
@@ -354,6 +399,7 @@ async def _run_in(args: argparse.Namespace, tmp: Path, n: int, seconds: float) -
         "publisher_linger_ms": LINGER * 1000,
         "handoff_gap_s": round(gap, 2),
         "handoff_promoted_s": round(promoted, 2),
+        "txn_phase_ms": phases,
         "target_msgs_per_s": 50_000,
         "target_p99_ms": 50,
         "target_handoff_s": 1.0,
