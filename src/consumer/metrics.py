@@ -23,6 +23,9 @@ phases are upstream Gazette's, so dashboards written for Go consumers read these
   ``50-committing`` (until the store commit is durable) and ``60-acknowledging`` (ACK
   appends): ``type="async"``, overlapping later transactions.
 
+And the process's journal client: ``gazette_append_bytes_total{journal}`` and
+``gazette_read_bytes_total{journal}`` (`broker.client.metrics`).
+
 Counters restart from zero when a replica is created again (Prometheus' ``rate`` handles
 resets). Rejected: the ``prometheus_client`` package (a registry of live counters would cost
 a lock per update in the hot loop, and this process has no other metrics to share it with).
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from broker.client.metrics import client_families
 from broker.prometheus import CONTENT_TYPE, Family
 from broker.prometheus import render as render_families
 from consumer.protocol import pb
@@ -83,4 +87,5 @@ def render(replicas: dict[str, ShardReplica]) -> str:
             head.add(offset, [*who, ("journal", journal)])
         for (phase, kind), seconds in zip(PHASES, stats.phase_seconds, strict=True):
             phase_seconds.add(seconds, [*who, ("phase", phase), ("type", kind)])
-    return render_families([up, txns, messages, read_bytes, head, phase_seconds])
+    families = [up, txns, messages, read_bytes, head, phase_seconds, *client_families()]
+    return render_families(families)

@@ -142,6 +142,15 @@ async def test_app_handler_and_builtin_endpoints_of_a_consumer_process(
         }
         assert len(phases) == 6 and all(v >= 0 for v in phases.values())
         assert phases["50-committing"] > 0  # A RocksDB commit through the recovery log.
+        # The process's journal client: it read the input; it appended to the recovery log
+        # (the hand-off no-op of its recovery; the store's own appends are fusefs's).
+        assert metrics[("gazette_read_bytes_total", (("journal", s.inputs[0]),))] >= head
+        appended = {
+            labels[0][1]: v
+            for (name, labels), v in metrics.items()
+            if name == "gazette_append_bytes_total"
+        }
+        assert appended and all(v > 0 for v in appended.values()), appended
 
         async with http.get(f"{base}/no-such-path") as resp:
             assert resp.status == 404

@@ -77,6 +77,10 @@ def test_render_samples_of_each_replica_with_upstream_names() -> None:
 
 
 def test_render_of_no_replicas_is_just_the_families() -> None:
+    """No shard samples; the journal client's families (whatever this process appended or
+    read) follow the shard families."""
     text = render({})
-    assert all(line.startswith("# ") for line in text.splitlines())
-    assert text.count("# TYPE ") == 6
+    assert not any(line.startswith("gazette_shard_") for line in text.splitlines())
+    assert text.count("# TYPE gazette_shard_") == 6
+    assert "# TYPE gazette_append_bytes_total counter" in text
+    assert "# TYPE gazette_read_bytes_total counter" in text

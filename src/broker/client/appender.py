@@ -29,6 +29,7 @@ from broker.client.errors import (
     is_transient_rpc_error,
 )
 from broker.client.journal_client import JournalClient
+from broker.client.metrics import CLIENT
 from broker.client.retry_reader import backoff
 from broker.protocol import protocol_pb2 as pb
 
@@ -157,6 +158,7 @@ class Appender:
             raise error_for_status(
                 resp.status, journal=self.request.journal, offset=offset, detail=detail
             )
+        CLIENT.append_bytes[self.request.journal] += resp.commit.end - resp.commit.begin
         return resp
 
     async def abort(self) -> None:

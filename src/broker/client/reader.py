@@ -33,6 +33,7 @@ import grpc.aio
 from broker.client.errors import OffsetJump, error_for_status
 from broker.client.fragment_reader import VerifiedFragment, fetch_verified_fragment
 from broker.client.journal_client import JournalClient
+from broker.client.metrics import CLIENT
 from broker.protocol import protocol_pb2 as pb
 
 if TYPE_CHECKING:
@@ -139,12 +140,14 @@ class Reader:
                 data = bytes(self._chunk[:limit])
                 self._chunk = self._chunk[len(data) :]
                 self.request.offset += len(data)
+                CLIENT.read_bytes[self.request.journal] += len(data)
                 return data
 
             if self._direct is not None:
                 data = self._direct.read(min(limit, 1 << 20))
                 if data:
                     self.request.offset += len(data)
+                    CLIENT.read_bytes[self.request.journal] += len(data)
                     return data
                 self._direct.close()
                 self._direct = None

@@ -52,6 +52,31 @@ async def test_reader_reads_until_write_head(
     assert r.jumps == []
 
 
+async def test_client_counters_count_bytes_appended_and_read_by_journal(
+    client: JournalClient, make_journal: MakeJournal
+) -> None:
+    """gazette_append_bytes_total / gazette_read_bytes_total (upstream's client metrics): a
+    failed append adds nothing; bytes read count each time they are read."""
+    from broker.client.errors import WrongAppendOffset
+    from broker.client.metrics import CLIENT, client_families
+    from broker.prometheus import render
+    from tests.prometheus_text import parse
+
+    spec = await make_journal()
+    await append(client, pb.AppendRequest(journal=spec.name), b"one\ntwo\n")
+    await append(client, pb.AppendRequest(journal=spec.name), b"three\n")
+    with pytest.raises(WrongAppendOffset):
+        await append(client, pb.AppendRequest(journal=spec.name, offset=3), b"nope")
+    for _ in range(2):
+        r = Reader(client, pb.ReadRequest(journal=spec.name, offset=4, end_offset=14))
+        assert b"".join([chunk async for chunk in r]) == b"two\nthree\n"
+    assert CLIENT.append_bytes[spec.name] == 14
+    assert CLIENT.read_bytes[spec.name] == 20
+    got = parse(render(client_families()))
+    assert got[("gazette_append_bytes_total", (("journal", spec.name),))] == 14
+    assert got[("gazette_read_bytes_total", (("journal", spec.name),))] == 20
+
+
 async def test_reader_end_offset_and_iteration(
     client: JournalClient, make_journal: MakeJournal
 ) -> None:
