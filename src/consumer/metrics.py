@@ -23,8 +23,9 @@ phases are upstream Gazette's, so dashboards written for Go consumers read these
   ``50-committing`` (until the store commit is durable) and ``60-acknowledging`` (ACK
   appends): ``type="async"``, overlapping later transactions.
 
-And the process's journal client: ``gazette_append_bytes_total{journal}`` and
-``gazette_read_bytes_total{journal}`` (`broker.client.metrics`).
+And the process's: ``gazette_recoverylog_recovered_bytes_total`` (bytes its Players wrote,
+standbys and recoveries), and its journal client's ``gazette_append_bytes_total{journal}``
+and ``gazette_read_bytes_total{journal}`` (`broker.client.metrics`).
 
 Counters restart from zero when a replica is created again (Prometheus' ``rate`` handles
 resets). Rejected: the ``prometheus_client`` package (a registry of live counters would cost
@@ -40,6 +41,7 @@ from broker.prometheus import CONTENT_TYPE, Family
 from broker.prometheus import render as render_families
 from consumer.protocol import pb
 from consumer.txn import PHASES
+from recoverylog import player
 
 if TYPE_CHECKING:
     from consumer.replica import ShardReplica
@@ -87,5 +89,11 @@ def render(replicas: dict[str, ShardReplica]) -> str:
             head.add(offset, [*who, ("journal", journal)])
         for (phase, kind), seconds in zip(PHASES, stats.phase_seconds, strict=True):
             phase_seconds.add(seconds, [*who, ("phase", phase), ("type", kind)])
-    families = [up, txns, messages, read_bytes, head, phase_seconds, *client_families()]
-    return render_families(families)
+    recovered = Family(
+        "gazette_recoverylog_recovered_bytes_total",
+        "counter",
+        "Cumulative number of bytes recovered to local disk from recovery logs.",
+    )
+    recovered.add(player.recovered_bytes)
+    families = [up, txns, messages, read_bytes, head, phase_seconds, recovered]
+    return render_families([*families, *client_families()])

@@ -84,6 +84,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+recovered_bytes = 0
+"""Bytes this process's Players wrote to local files (upstream's
+``gazette_recoverylog_recovered_bytes_total``; the consumer's /debug/metrics renders it)."""
+
 FNODE_STAGING_DIR = ".fnodes"
 """Subdirectory of the playback directory in which Fnodes are staged while playing."""
 
@@ -239,6 +243,8 @@ class _StagedFiles:
         n = os.pwrite(fd, data, offset)
         while n < len(data):  # Short writes are rare, but allowed.
             n += os.pwrite(fd, memoryview(data)[n:], offset + n)
+        global recovered_bytes
+        recovered_bytes += n
 
     def remove(self, fnode: int) -> None:
         fd = self._fds.pop(fnode, None)

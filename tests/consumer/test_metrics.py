@@ -84,3 +84,7 @@ def test_render_of_no_replicas_is_just_the_families() -> None:
     assert text.count("# TYPE gazette_shard_") == 6
     assert "# TYPE gazette_append_bytes_total counter" in text
     assert "# TYPE gazette_read_bytes_total counter" in text
+    from recoverylog import player
+
+    samples = parse(text)
+    assert samples[("gazette_recoverylog_recovered_bytes_total", ())] == player.recovered_bytes

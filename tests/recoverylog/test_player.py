@@ -10,6 +10,7 @@ import pytest
 
 from broker.client import JournalClient, RegisterMismatch, append
 from broker.protocol import protocol_pb2 as pb
+from recoverylog import player as player_module
 from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.author import author_fence
 from recoverylog.codec import MAGIC, encode_op
@@ -123,8 +124,11 @@ async def test_play_hand_written_log(
     await write_sample(w)
 
     directory = tmp_path / "play"
+    recovered = player_module.recovered_bytes
     player = await play(client, log.name, directory)
     assert_played(player, directory, w)
+    # gazette_recoverylog_recovered_bytes_total: the payload bytes written to local files.
+    assert 0 < player_module.recovered_bytes - recovered < player.progress.bytes_read
     assert read_tree(directory)["/a.txt"] == b"c-content"
     assert read_tree(directory)["/links/a-again.txt"] == b"HELLO world"
     assert read_tree(directory)["/dir/b2.bin"] == b"head" + bytes(96) + b"tail"
