@@ -23,9 +23,10 @@ phases are upstream Gazette's, so dashboards written for Go consumers read these
   ``50-committing`` (until the store commit is durable) and ``60-acknowledging`` (ACK
   appends): ``type="async"``, overlapping later transactions.
 
-And the process's: ``gazette_recoverylog_recovered_bytes_total`` (bytes its Players wrote,
-standbys and recoveries), and its journal client's ``gazette_append_bytes_total{journal}``
-and ``gazette_read_bytes_total{journal}`` (`broker.client.metrics`).
+Process-wide, also: ``gazette_recoverylog_recovered_bytes_total`` (bytes this process's
+Players wrote to disk, for standbys and recoveries), and its journal client's
+``gazette_append_bytes_total{journal}`` and ``gazette_read_bytes_total{journal}``
+(`broker.client.metrics`).
 
 Counters restart from zero when a replica is created again (Prometheus' ``rate`` handles
 resets). Rejected: the ``prometheus_client`` package (a registry of live counters would cost
