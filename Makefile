@@ -4,13 +4,20 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 # fuse3 + libfuse3-dev, pkg-config, a compiler and Python headers: pyfuse3 builds from source.
-# PostgreSQL for SQLStore's tests; a Java runtime for Spark (installed only if `java` is absent).
-APT_PACKAGES := etcd-server etcd-client fuse3 libfuse3-dev pkg-config build-essential python3-dev postgresql
+# PostgreSQL for SQLStore's tests; a Java runtime for Spark (installed only if `java` is absent);
+# librocksdb-dev for the Spark export's native RocksDB scanner (src/stores/rocksdb/_scan.c).
+APT_PACKAGES := etcd-server etcd-client fuse3 libfuse3-dev pkg-config build-essential python3-dev postgresql librocksdb-dev
+SCANNER := src/stores/rocksdb/rocksdb-scan
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test deps apt venv protos check-protos lint typecheck bench chaos clean
+.PHONY: demo test deps apt venv scanner protos check-protos lint typecheck bench chaos clean
 
-deps: apt venv
+deps: apt venv scanner
+
+scanner: $(SCANNER)
+
+$(SCANNER): src/stores/rocksdb/_scan.c $(STAMP)
+	$(PY) -m stores.rocksdb.scan build
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -55,4 +62,4 @@ chaos: deps
 	$(VENV)/bin/pytest -q -m chaos
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache $(SCANNER)

@@ -18,6 +18,8 @@ log, as a running consumer leaves them. Then, in one local[2] Spark session:
    with the shard read as 2 partitions if auto chose 1 (as on 2 cores), else as 1.
    `ratio_agg_private_playback`: the every-column aggregation with ``share_playback=false``
    (each task plays the log into a directory of its own, as before shared playback).
+   Keys are read by the native scanner (``rocksdb_scan=native``, `stores.rocksdb.scan`);
+   `ratio_agg_rocksdict`: the every-column aggregation reading them through rocksdict.
 3. Playback alone (the `consumer.spark.playback` step each task does, outside Spark):
    `playback_s`, and the export's read rate without it, `rows_per_s_after_playback`.
 
@@ -225,6 +227,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "shards": SHARD,
             "store": "rocksdb",
             "tmpdir": str(tmp),
+            # The native scanner (`make bench` builds it): fail rather than fall back unseen.
+            "rocksdb_scan": "native",
         }
         play_s = playback_seconds(options)
         say(f"playback alone: {play_s:.2f}s")
@@ -284,6 +288,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         alternative = 2 if partitions == 1 else 1
         alternative_s: list[float] = []
         private_s: list[float] = []
+        rocksdict_s: list[float] = []
         rows = None
         for r in range(args.repeat):
             for p in (exported, again):
@@ -308,6 +313,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             t, got_private = timed(lambda: agg(source(share_playback="false")))
             private_s.append(t)
             assert got_private == want, (got_private, want)
+            t, got_rocksdict = timed(lambda: agg(source(rocksdb_scan="rocksdict")))
+            rocksdict_s.append(t)
+            assert got_rocksdict == want, (got_rocksdict, want)
             rows = got["rows"]
             say(
                 f"run {r + 1}: write export {export_s[-1]:.2f}s vs parquet {parquet_s[-1]:.2f}s; "
@@ -315,6 +323,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 f"key/value agg export {kv_export_s[-1]:.2f}s vs parquet {kv_parquet_s[-1]:.2f}s"
                 + f"; agg export as {alternative} partition(s) {alternative_s[-1]:.2f}s"
                 + f"; agg export, a playback per task {private_s[-1]:.2f}s"
+                + f"; agg export through rocksdict {rocksdict_s[-1]:.2f}s"
             )
         journals: dict[str, Any] = {}
         if args.messages:
@@ -366,6 +375,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "alternative_partitions": alternative,
         "ratio_agg_alternative": round(min(alternative_s) / ap, 3),
         "ratio_agg_private_playback": round(min(private_s) / ap, 3),
+        "ratio_agg_rocksdict": round(min(rocksdict_s) / ap, 3),
         "export_rows_per_s": round(rows / ae),
         "parquet_rows_per_s": round(rows / ap),
         "playback_s": round(play_s, 3),

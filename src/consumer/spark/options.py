@@ -18,11 +18,13 @@ from broker.protocol.selector import parse_label_selector
 from consumer.spark.errors import InvalidOption
 from consumer.spec import validate_shard_id
 
-__all__ = ["CHECKPOINT_MODES", "STORES", "ShardsOptions", "load_decoder"]
+__all__ = ["CHECKPOINT_MODES", "ROCKSDB_SCANS", "STORES", "ShardsOptions", "load_decoder"]
 
 STORES = ("rocksdb", "sqlite", "json")
 CHECKPOINT_MODES = ("full", "offsets", "none")
 """Values of option ``checkpoint``: what each row's ``checkpoint`` column holds."""
+ROCKSDB_SCANS = ("auto", "native", "rocksdict")
+"""Values of option ``rocksdb_scan``: how a RocksDB shard's keys are read."""
 
 _KNOWN = frozenset(
     {
@@ -44,6 +46,7 @@ _KNOWN = frozenset(
         "tmpdir",
         "splits",
         "share_playback",
+        "rocksdb_scan",
     }
 )
 _HINTS = re.compile(r"primary|backup\.(0|[1-9][0-9]{0,8})")
@@ -88,6 +91,10 @@ class ShardsOptions:
     ``offsets``, a Checkpoint of the sources' read-through offsets only (no producer states
     nor ACK intents, whose size grows with the producers a shard has seen); ``none``, no
     such column."""
+    rocksdb_scan: str = "auto"
+    """How RocksDB keys are read: ``auto``, through the native scanner
+    (`stores.rocksdb.scan`) when it is built and can open the database, else through
+    rocksdict; ``native``, only through the scanner (an error otherwise); ``rocksdict``."""
 
     @property
     def backup_index(self) -> int | None:
@@ -180,6 +187,13 @@ class ShardsOptions:
                 "checkpoint", f"must be one of {', '.join(CHECKPOINT_MODES)}, not {checkpoint!r}"
             )
         share_playback = _boolean(opts, "share_playback", "true")
+        rocksdb_scan = opts.get("rocksdb_scan", "auto").strip().lower()
+        if rocksdb_scan not in ROCKSDB_SCANS:
+            raise InvalidOption(
+                "rocksdb_scan", f"must be one of {', '.join(ROCKSDB_SCANS)}, not {rocksdb_scan!r}"
+            )
+        if "rocksdb_scan" in opts and store != "rocksdb":
+            raise InvalidOption("rocksdb_scan", "only for store=rocksdb shards")
 
         raw_splits = opts.get("splits", "auto").strip().lower()
         if raw_splits == "auto":
@@ -213,6 +227,7 @@ class ShardsOptions:
             splits=splits,
             share_playback=share_playback,
             checkpoint=checkpoint,
+            rocksdb_scan=rocksdb_scan,
         )
 
 

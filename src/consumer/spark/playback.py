@@ -206,48 +206,169 @@ def rocksdb_batches(
     batch_size: int = 65536,
     split: tuple[int, int] = (0, 1),
     checkpoint_mode: str = "full",
+    scan: str = "auto",
 ) -> Iterator[pa.RecordBatch]:
     """Application keys (not the store's 0x00 keys) under `key_prefix`, in key order, as
     (key, value) or as `decoder`'s columns (given the key without `key_prefix`).
 
     `split` (index, count): only the keys of range `index` of `count` (`keyranges`), which
     are the same ranges wherever the same snapshot is played. `checkpoint_mode`: option
-    ``checkpoint`` (as for `json_batches` and `sqlite_batches`)."""
-    from rocksdict import AccessType, Options, Rdict
-
-    from consumer.spark.keyranges import range_of
+    ``checkpoint`` (as for `json_batches` and `sqlite_batches`). `scan`: option
+    ``rocksdb_scan``: ``auto`` reads through the native scanner (`stores.rocksdb.scan`)
+    when it is built and can open the database, else through rocksdict; ``native`` only
+    through the scanner; ``rocksdict`` never through it."""
+    from stores.rocksdb import scan as native
 
     if not check_store(played, "rocksdb"):
         return
+    shard = played.plan.shard
+    scanner = None if scan == "rocksdict" else native.find()
+    if scanner is None and scan == "native":
+        raise ExportError(
+            f"shard {shard!r}: option rocksdb_scan=native, but the native RocksDB scanner is "
+            "not built here (python -m stores.rocksdb.scan build)"
+        )
+    if scanner is None and scan == "auto":
+        _note_no_scanner()
+    start = max(key_prefix, b"\x01")
+    stop = _successor(key_prefix)
+    count = split[1]
+    raw_checkpoint: bytes | None = None
+    if scanner is not None and count == 1:
+        # The scanner reads the checkpoint too: one open of the database, not two.
+        try:
+            raw_checkpoint = _scan_checkpoint(played.directory, scanner)
+        except native.ScanError as err:
+            if scan == "native":
+                raise ExportError(f"shard {shard!r}: {err}") from err
+            log.warning("shard=%s: reading through rocksdict: %s", shard, err)
+            scanner = None
+    if scanner is None or count > 1:
+        raw_checkpoint, bounds = _open_for_export(played, start, stop, split)
+        if bounds is None:
+            return
+        start, stop = bounds
+    checkpoint = pb.Checkpoint()
+    if raw_checkpoint is not None:
+        checkpoint.ParseFromString(raw_checkpoint)
+    builder = _BatchBuilder(schema, shard, checkpoint, checkpoint_mode)
+    cut = len(key_prefix)
+    pairs: Iterator[tuple[pa.Array | list[bytes], pa.Array | list[bytes]]]
+    if scanner is not None:
+        pairs = _scanned_pairs(played, scanner, start, stop, batch_size, strict=scan == "native")
+    else:
+        pairs = _rocksdict_pairs(played, start, stop, batch_size)
+    for keys, values in pairs:
+        if decoder is None:
+            cols = [_as_array(keys), _as_array(values)]
+        else:
+            cols = _decode(shard, decoder, _as_list(keys), _as_list(values), cut, builder.rest)
+        yield builder.batch(cols)
+
+
+_noted_no_scanner = False
+
+
+def _note_no_scanner() -> None:
+    """Logs once per process that RocksDB shards are read the slow way."""
+    global _noted_no_scanner
+    if not _noted_no_scanner:
+        _noted_no_scanner = True
+        log.info(
+            "the native RocksDB scanner is not built: reading through rocksdict, ~3x slower "
+            "(python -m stores.rocksdb.scan build)"
+        )
+
+
+def _as_array(items: pa.Array | list[bytes]) -> pa.Array:
+    return items if isinstance(items, pa.Array) else pa.array(items, pa.binary())
+
+
+def _as_list(items: pa.Array | list[bytes]) -> list[bytes]:
+    return items.to_pylist() if isinstance(items, pa.Array) else items
+
+
+def _scan_checkpoint(directory: Path, scanner: Path) -> bytes | None:
+    """The store's checkpoint value, read by the native scanner (None: there is none)."""
+    from stores.rocksdb import scan as native
+    from stores.rocksdb.store import CHECKPOINT_KEY
+
+    only = CHECKPOINT_KEY + b"\x00"
+    for _, values in native.scan(directory, CHECKPOINT_KEY, only, binary=scanner):
+        if len(values):
+            return bytes(values[0].as_py())
+    return None
+
+
+def _open_for_export(
+    played: PlayedShard, start: bytes, stop: bytes | None, split: tuple[int, int]
+) -> tuple[bytes | None, tuple[bytes, bytes | None] | None]:
+    """Through rocksdict: the store's checkpoint value, and the [start, stop) key range of
+    `split` within [`start`, `stop`) (None: the split has no keys)."""
+    from rocksdict import AccessType, Options, Rdict
+
+    from consumer.spark.keyranges import range_of
+    from stores.rocksdb.store import CHECKPOINT_KEY
+
     db = Rdict(str(played.directory), Options(raw_mode=True), access_type=AccessType.read_only())
     try:
-        from stores.rocksdb.store import CHECKPOINT_KEY
-
         raw = db.get(CHECKPOINT_KEY)
-        checkpoint = pb.Checkpoint() if raw is None else pb.Checkpoint.FromString(bytes(raw))
-        builder = _BatchBuilder(schema, played.plan.shard, checkpoint, checkpoint_mode)
-        start = max(key_prefix, b"\x01")
         index, count = split
-        stop: bytes | None = None
         if count > 1:
-            points = _split_points(db, count, start, _successor(key_prefix))
-            start, stop = range_of(points, index, start)
+            points = _split_points(db, count, start, stop)
+            lo, hi = range_of(points, index, start)
             log.info(
                 "split shard=%s index=%d of=%d from=%r to=%r",
                 played.plan.shard,
                 index,
                 count,
-                start,
-                stop,
+                lo,
+                hi,
             )
-            if start == stop:
-                return
+            if lo == hi:
+                return (None if raw is None else bytes(raw)), None
+            if hi is not None:
+                stop = hi if stop is None else min(stop, hi)
+            start = lo
+    finally:
+        db.close()
+    return (None if raw is None else bytes(raw)), (start, stop)
+
+
+def _scanned_pairs(
+    played: PlayedShard,
+    scanner: Path,
+    start: bytes,
+    stop: bytes | None,
+    batch_size: int,
+    *,
+    strict: bool,
+) -> Iterator[tuple[pa.Array | list[bytes], pa.Array | list[bytes]]]:
+    """[`start`, `stop`) through the native scanner; through rocksdict if the scanner
+    cannot open the database (unless `strict`)."""
+    from stores.rocksdb import scan as native
+
+    shard = played.plan.shard
+    try:
+        yield from native.scan(played.directory, start, stop, batch_rows=batch_size, binary=scanner)
+    except native.ScanUnavailable as err:
+        if strict:
+            raise ExportError(f"shard {shard!r}: {err}") from err
+        log.warning("shard=%s: reading through rocksdict: %s", shard, err)
+        yield from _rocksdict_pairs(played, start, stop, batch_size)
+    except native.ScanError as err:
+        raise ExportError(f"shard {shard!r}: {err}") from err
+
+
+def _rocksdict_pairs(
+    played: PlayedShard, start: bytes, stop: bytes | None, batch_size: int
+) -> Iterator[tuple[pa.Array | list[bytes], pa.Array | list[bytes]]]:
+    """[`start`, `stop`) through rocksdict, as lists of keys and of values."""
+    from rocksdict import AccessType, Options, Rdict
+
+    db = Rdict(str(played.directory), Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
         items: Iterator[tuple[bytes, bytes]] = db.items(from_key=start)  # type: ignore[assignment]
-        # Keys are ordered: those with the prefix (and below the split's end) come first.
-        end = _successor(key_prefix)
-        if stop is not None:
-            end = stop if end is None else min(end, stop)
-        cut = len(key_prefix)
         while True:
             # Two lists filled as the pairs come (not a list of the pairs, unzipped after):
             # a quarter less time per key, most of it not keeping a tuple per key alive.
@@ -258,16 +379,13 @@ def rocksdb_batches(
                 add_key(k)
                 add_value(v)
             done = len(keys) < batch_size
-            if end is not None and keys and keys[-1] >= end:
-                n = bisect.bisect_left(keys, end)
+            # Keys are ordered: those below `stop` come first.
+            if stop is not None and keys and keys[-1] >= stop:
+                n = bisect.bisect_left(keys, stop)
                 del keys[n:], values[n:]
                 done = True
             if keys:
-                if decoder is None:
-                    cols = [pa.array(keys, pa.binary()), pa.array(values, pa.binary())]
-                else:
-                    cols = _decode(played.plan.shard, decoder, keys, values, cut, builder.rest)
-                yield builder.batch(cols)
+                yield keys, values
             if done:
                 break
         del items

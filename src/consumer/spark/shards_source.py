@@ -144,6 +144,7 @@ class GazetteShardsReader(DataSourceReader):
                     batch_size=opts.batch_size,
                     split=(split.index, split.count),
                     checkpoint_mode=opts.checkpoint,
+                    scan=opts.rocksdb_scan,
                 )
             elif opts.store == "sqlite":
                 yield from sqlite_batches(

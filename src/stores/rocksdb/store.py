@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
 from broker.client import AppendService, JournalClient
 from consumer.protocol import pb
@@ -62,6 +62,10 @@ T = TypeVar("T")
 
 CHECKPOINT_KEY = b"\x00checkpoint"
 MAX_MANIFEST_FILE_SIZE = 128 << 10
+TABLE_FORMAT_VERSION = 5
+"""The block-based table format the default options write: the newest that Debian's
+librocksdb (7.8), behind the Spark export's native scanner (`stores.rocksdb.scan`), reads.
+rocksdict (RocksDB 9.8) would write 6, whose only addition is a per-block context checksum."""
 
 _DELETED = object()
 
@@ -80,8 +84,18 @@ def recorded_options(options: Options | None = None, info_log_dir: str = "") -> 
 
     `info_log_dir`: where RocksDB writes its info LOG, off the mount: a LOG written all the
     time would be one Fnode whose live segment spans the whole log, so that a hinted
-    playback would read everything."""
-    opt = options if options is not None else Options(raw_mode=True)
+    playback would read everything.
+
+    Without `options`, tables are written in `TABLE_FORMAT_VERSION`. Given `options`, their
+    table settings are kept as they are: set ``BlockBasedOptions.set_format_version(5)`` to
+    keep the Spark export's native scanner (it falls back to rocksdict, slower, otherwise)."""
+    if options is None:
+        opt = Options(raw_mode=True)
+        table = BlockBasedOptions()
+        table.set_format_version(TABLE_FORMAT_VERSION)
+        opt.set_block_based_table_factory(table)
+    else:
+        opt = options
     if info_log_dir:
         opt.set_db_log_dir(info_log_dir)
     opt.create_if_missing(True)

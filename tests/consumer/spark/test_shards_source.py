@@ -236,7 +236,10 @@ async def test_rocksdb_shards_export_while_consuming(
         await app.wait_consumed(client)  # More commits after the hints: playback goes past.
         t0 = time.monotonic()
         df, rows = await asyncio.to_thread(
-            collect, spark_shards, **app.options(selector="app=counter", store="rocksdb")
+            collect,
+            spark_shards,
+            # The native scanner must read what a recorded store wrote (not fall back).
+            **app.options(selector="app=counter", store="rocksdb", rocksdb_scan="native"),
         )
         print(f"rocksdb export of 2 shards: {len(rows)} rows in {time.monotonic() - t0:.1f}s")
         assert df.rdd.getNumPartitions() == 2
@@ -259,7 +262,9 @@ async def test_rocksdb_shards_export_while_consuming(
         # Three key ranges of shard-000, each played by its own task while the shard keeps
         # committing: one snapshot (one checkpoint), every key once.
         df, rows = await asyncio.to_thread(
-            collect, spark_shards, **app.options(shards="shard-000", store="rocksdb", splits="3")
+            collect,
+            spark_shards,
+            **app.options(shards="shard-000", store="rocksdb", splits="3", rocksdb_scan="native"),
         )
         assert df.rdd.getNumPartitions() == 3
         assert len({bytes(r.checkpoint) for r in rows}) == 1
@@ -448,14 +453,15 @@ def test_played_files_of_another_store_kind_are_refused(tmp_path: Path) -> None:
     assert not check_store(empty, "sqlite")
 
 
-def test_rocksdb_rows_skip_store_keys_and_stop_at_the_key_prefix(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scan", ["native", "rocksdict"])
+def test_rocksdb_rows_skip_store_keys_and_stop_at_the_key_prefix(tmp_path: Path, scan: str) -> None:
     """Application keys only (no 0x00 store keys), within `key_prefix`, across batches."""
     import pyarrow as pa
-    from rocksdict import Options, Rdict
+    from rocksdict import Rdict
 
-    from stores.rocksdb.store import CHECKPOINT_KEY
+    from stores.rocksdb.store import CHECKPOINT_KEY, recorded_options
 
-    db = Rdict(str(tmp_path), Options(raw_mode=True))
+    db = Rdict(str(tmp_path), recorded_options())
     cp = pb.Checkpoint()
     cp.sources["in"].read_through = 42
     db[CHECKPOINT_KEY] = cp.SerializeToString()
@@ -475,7 +481,9 @@ def test_rocksdb_rows_skip_store_keys_and_stop_at_the_key_prefix(tmp_path: Path)
     played = PlayedShard(ShardPlan("shard-x", "log", "key", b"{}"), tmp_path, {}, 0, 0.0)
     cases = [(b"", keys), (b"k", keys[1:6]), (b"m", []), (b"k\xff", [])]
     for (prefix, want), size in itertools.product(cases, (1, 2, 5)):
-        batches = list(rocksdb_batches(played, schema, key_prefix=prefix, batch_size=size))
+        batches = list(
+            rocksdb_batches(played, schema, key_prefix=prefix, batch_size=size, scan=scan)
+        )
         rows = [r for b in batches for r in b.to_pylist()]
         assert [r["key"] for r in rows] == want
         assert all(r["value"] == r["key"].upper() for r in rows)
@@ -489,12 +497,12 @@ def test_checkpoint_option_full_offsets_or_none(
     (producer states and ACK intents dropped), or no such column; a large full checkpoint is
     logged, since every row carries a copy."""
     import pyarrow as pa
-    from rocksdict import Options, Rdict
+    from rocksdict import Rdict
 
     from consumer.spark.options import ShardsOptions
     from consumer.spark.playback import LARGE_CHECKPOINT
     from consumer.spark.shards_source import base_columns, base_ddl
-    from stores.rocksdb.store import CHECKPOINT_KEY
+    from stores.rocksdb.store import CHECKPOINT_KEY, recorded_options
 
     cp = pb.Checkpoint()
     cp.sources["in/a"].read_through = 42
@@ -505,7 +513,7 @@ def test_checkpoint_option_full_offsets_or_none(
         entry.state.begin = i
     cp.ack_intents["out"] = b'{"_meta":{"uuid":"..."}}\n'
     assert len(cp.SerializeToString()) > LARGE_CHECKPOINT
-    db = Rdict(str(tmp_path), Options(raw_mode=True))
+    db = Rdict(str(tmp_path), recorded_options())
     db[CHECKPOINT_KEY] = cp.SerializeToString()
     db[b"k"] = b"v"
     db.close()
@@ -550,13 +558,15 @@ def test_checkpoint_option_full_offsets_or_none(
         ShardsOptions.parse({**base, "checkpoint": "some"})
 
 
-def test_the_utf8_decimal_decoder_types_word_count_rows(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scan", ["native", "rocksdict"])
+def test_the_utf8_decimal_decoder_types_word_count_rows(tmp_path: Path, scan: str) -> None:
     import pyarrow as pa
-    from rocksdict import Options, Rdict
+    from rocksdict import Rdict
 
     from consumer.spark.decoders import utf8_decimal
+    from stores.rocksdb.store import recorded_options
 
-    db = Rdict(str(tmp_path), Options(raw_mode=True))
+    db = Rdict(str(tmp_path), recorded_options())
     db[b"nof the"] = b"12"
     db[b"nthe"] = b"7"
     db[b"x"] = b"not a count"
@@ -571,7 +581,7 @@ def test_the_utf8_decimal_decoder_types_word_count_rows(tmp_path: Path) -> None:
         ]
     )
     played = PlayedShard(ShardPlan("shard-x", "log", "key", b"{}"), tmp_path, {}, 0, 0.0)
-    batches = rocksdb_batches(played, schema, key_prefix=b"n", decoder=utf8_decimal)
+    batches = rocksdb_batches(played, schema, key_prefix=b"n", decoder=utf8_decimal, scan=scan)
     rows = [(r["key"], r["value"]) for b in batches for r in b.to_pylist()]
     assert rows == [("of the", 12), ("the", 7)]
 

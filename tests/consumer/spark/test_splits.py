@@ -10,12 +10,16 @@ import pyarrow as pa
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
-from consumer.spark.errors import InvalidOption
+from consumer.spark.errors import ExportError, InvalidOption
 from consumer.spark.keyranges import SstFile, clip, key_position, range_of, split_points, sst_files
 from consumer.spark.options import ShardsOptions
 from consumer.spark.playback import PlayedShard, rocksdb_batches
 from consumer.spark.resolve import ShardPlan, estimated_bytes
 from recoverylog import recoverylog_pb2 as rpb
+from stores.rocksdb import recorded_options
+
+SCANS = ["native", "rocksdict"]
+"""Both ways of reading keys (option ``rocksdb_scan``): each test runs both."""
 
 SCHEMA = pa.schema(
     [
@@ -74,7 +78,7 @@ def test_ranges_are_disjoint_and_cover_every_key() -> None:
 
 
 def _fill(path: Path, keys: list[bytes], flush_every: int) -> None:
-    db = Rdict(str(path), Options(raw_mode=True))
+    db = Rdict(str(path), recorded_options())
     db[b"\x00checkpoint"] = b""
     for i, k in enumerate(keys):
         db[k] = k[::-1]
@@ -83,21 +87,25 @@ def _fill(path: Path, keys: list[bytes], flush_every: int) -> None:
     db.close()
 
 
-def _read(path: Path, split: tuple[int, int], prefix: bytes = b"") -> list[bytes]:
+def _read(
+    path: Path, split: tuple[int, int], prefix: bytes = b"", scan: str = "native"
+) -> list[bytes]:
     played = PlayedShard(ShardPlan("shard-x", "log", "key", b"{}"), path, {}, 0, 0.0)
-    return [
-        r["key"]
-        for b in rocksdb_batches(played, SCHEMA, key_prefix=prefix, split=split, batch_size=777)
-        for r in b.to_pylist()
-    ]
+    batches = rocksdb_batches(
+        played, SCHEMA, key_prefix=prefix, split=split, batch_size=777, scan=scan
+    )
+    return [r["key"] for b in batches for r in b.to_pylist()]
 
 
-def _parts(path: Path, count: int, prefix: bytes = b"") -> list[list[bytes]]:
-    return [_read(path, (i, count), prefix) for i in range(count)]
+def _parts(path: Path, count: int, prefix: bytes = b"", scan: str = "native") -> list[list[bytes]]:
+    return [_read(path, (i, count), prefix, scan) for i in range(count)]
 
 
+@pytest.mark.parametrize("scan", SCANS)
 @pytest.mark.parametrize("flush_every", [7_000, 1 << 30])
-def test_splits_of_a_real_store_partition_its_keys(tmp_path: Path, flush_every: int) -> None:
+def test_splits_of_a_real_store_partition_its_keys(
+    tmp_path: Path, flush_every: int, scan: str
+) -> None:
     # Word-count-like keys: one prefix, then numbers; in several SSTs, or in one (flushed at
     # close) which also holds the store's 0x00 checkpoint key, far below every other key.
     keys = [b"n%07d gram" % i for i in range(0, 600_000, 10)]
@@ -109,7 +117,7 @@ def test_splits_of_a_real_store_partition_its_keys(tmp_path: Path, flush_every: 
     assert files[0].start == b"\x00checkpoint"
 
     for count in (1, 2, 3, 4, 8):
-        parts = _parts(tmp_path, count)
+        parts = _parts(tmp_path, count, scan=scan)
         assert [k for p in parts for k in p] == keys, count
         sizes = [len(p) for p in parts]
         if count <= 4:
@@ -121,25 +129,28 @@ def test_splits_of_a_real_store_partition_its_keys(tmp_path: Path, flush_every: 
             assert sum(1 for n in sizes if n) >= count // 2, sizes
 
 
-def test_splits_cover_every_key_whatever_the_layout(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scan", SCANS)
+def test_splits_cover_every_key_whatever_the_layout(tmp_path: Path, scan: str) -> None:
     # Prefixes far apart in one file: the estimate is poor (keys cluster where a uniform
     # spread is assumed), yet every key is exported once, in order, within the key prefix.
     keys = sorted(b"%s%06d" % (p, i) for p in (b"k", b"n", b"u") for i in range(0, 60_000, 3))
     _fill(tmp_path, keys, flush_every=7_000)
     for prefix, want in ((b"", keys), (b"n", [k for k in keys if k.startswith(b"n")])):
         for count in (2, 3, 8):
-            parts = _parts(tmp_path, count, prefix)
+            parts = _parts(tmp_path, count, prefix, scan)
             assert [k for p in parts for k in p] == want, (prefix, count)
             assert sum(1 for p in parts if p) >= 2, (prefix, count)
 
 
-def test_a_store_without_sst_files_exports_whole_from_split_zero(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scan", SCANS)
+def test_a_store_without_sst_files_exports_whole_from_split_zero(tmp_path: Path, scan: str) -> None:
     # Written by a process that dies without closing the store (as a SIGKILL would): the
     # keys are only in the WAL, no SST file has been written.
     script = (
         "import os, sys\n"
-        "from rocksdict import Options, Rdict\n"
-        "db = Rdict(sys.argv[1], Options(raw_mode=True))\n"
+        "from rocksdict import Rdict\n"
+        "from stores.rocksdb import recorded_options\n"
+        "db = Rdict(sys.argv[1], recorded_options())\n"
         "for i in range(100):\n"
         "    db[b'k%04d' % i] = b'v'\n"
         "db.flush_wal(True)\n"
@@ -151,8 +162,9 @@ def test_a_store_without_sst_files_exports_whole_from_split_zero(tmp_path: Path)
     files = ro.live_files()
     ro.close()
     assert files == []
-    parts = [_read(tmp_path, (i, 3)) for i in range(3)]
+    parts = [_read(tmp_path, (i, 3), scan=scan) for i in range(3)]
     assert parts == [keys, [], []]
+    assert _read(tmp_path, (0, 1), scan=scan) == keys
 
 
 def test_estimated_bytes_is_the_union_of_live_segments_and_the_tail() -> None:
@@ -183,3 +195,50 @@ def test_splits_option() -> None:
             ShardsOptions.parse({**base, "store": "rocksdb", "splits": bad})
     with pytest.raises(InvalidOption, match="only store=rocksdb"):
         ShardsOptions.parse({**base, "store": "sqlite", "table": "t", "splits": "2"})
+
+
+def test_rocksdb_scan_option() -> None:
+    base = {"etcd": "e", "root": "/r", "broker": "b", "shards": "shard-1"}
+    assert ShardsOptions.parse({**base, "store": "rocksdb"}).rocksdb_scan == "auto"
+    opts = ShardsOptions.parse({**base, "store": "rocksdb", "rocksdb_scan": " Native"})
+    assert opts.rocksdb_scan == "native"
+    with pytest.raises(InvalidOption, match="must be one of auto, native, rocksdict, not 'c'"):
+        ShardsOptions.parse({**base, "store": "rocksdb", "rocksdb_scan": "c"})
+    with pytest.raises(InvalidOption, match="'rocksdb_scan'.*only for store=rocksdb"):
+        ShardsOptions.parse({**base, "store": "json", "rocksdb_scan": "auto"})
+
+
+def test_a_database_the_scanner_cannot_read_falls_back_to_rocksdict(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # rocksdict's default table format (6), as written by an application's own Options.
+    db = Rdict(str(tmp_path), Options(raw_mode=True))
+    keys = [b"k%05d" % i for i in range(3000)]
+    for k in keys:
+        db[k] = k[::-1]
+    db.close()
+    assert _read(tmp_path, (0, 1), scan="auto") == keys
+    assert "reading through rocksdict" in caplog.text
+    assert "unsupported format_version: 6" in caplog.text
+    first = _read(tmp_path, (0, 2), scan="auto")
+    caplog.clear()
+    second = _read(tmp_path, (1, 2), scan="auto")
+    assert first and second and first + second == keys
+    assert "unsupported format_version: 6" in caplog.text  # Each split says so.
+    with pytest.raises(ExportError, match="shard 'shard-x'.*unsupported format_version: 6"):
+        _read(tmp_path, (0, 1), scan="native")
+    with pytest.raises(ExportError, match="unsupported format_version: 6"):
+        _read(tmp_path, (0, 2), scan="native")
+
+
+def test_without_a_scanner_auto_reads_through_rocksdict_and_native_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stores.rocksdb import scan as native
+
+    keys = [b"k%05d" % i for i in range(100)]
+    _fill(tmp_path, keys, flush_every=1 << 30)
+    monkeypatch.setenv(native.ENV_PATH, str(tmp_path / "not-built"))
+    assert _read(tmp_path, (0, 1), scan="auto") == keys
+    with pytest.raises(ExportError, match=r"rocksdb_scan=native.*not built here \(python -m"):
+        _read(tmp_path, (0, 1), scan="native")

@@ -1,0 +1,197 @@
+"""The native RocksDB scanner (`stores.rocksdb.scan`) against rocksdict on real databases:
+the same pairs in the same order for any range and batch size, keys only in the WAL,
+deletions, empty values, batches cut by bytes, and clear errors for what it cannot read."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from rocksdict import AccessType, Options, Rdict
+
+from stores.rocksdb import recorded_options
+from stores.rocksdb import scan as native
+from stores.rocksdb.scan import ScanError, ScanUnavailable, scan
+
+
+def _pairs(
+    directory: Path, start: bytes = b"", stop: bytes | None = None, **kw: int
+) -> list[tuple[bytes, bytes]]:
+    out = []
+    for keys, values in scan(directory, start, stop, **kw):
+        assert isinstance(keys, pa.BinaryArray) and isinstance(values, pa.BinaryArray)
+        assert len(keys) == len(values) > 0
+        out.extend(zip(keys.to_pylist(), values.to_pylist(), strict=True))
+    return out
+
+
+def _reference(
+    directory: Path, start: bytes = b"", stop: bytes | None = None
+) -> list[tuple[bytes, bytes]]:
+    db = Rdict(str(directory), Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        return [(k, v) for k, v in db.items(from_key=start) if stop is None or k < stop]
+    finally:
+        db.close()
+
+
+def test_the_scanner_is_built() -> None:
+    # `make test` builds it (Makefile target `scanner`): the fast path is what users get.
+    assert native.find() == native.BINARY
+
+
+def test_same_pairs_as_rocksdict_for_any_range_and_batch(tmp_path: Path) -> None:
+    rnd = random.Random(7)
+    db = Rdict(str(tmp_path), recorded_options())
+    written = {}
+    for i in range(6000):
+        key = bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 12)))
+        value = b"" if i % 10 == 0 else rnd.randbytes(rnd.randrange(1, 300))
+        db[key] = value
+        written[key] = value
+        if i % 2000 == 1999:
+            db.flush()  # Several SST files, and the rest in the memtable (WAL).
+    for key in list(written)[::7]:
+        del db[key]
+        del written[key]
+    db.close()
+    assert _pairs(tmp_path) == sorted(written.items()) == _reference(tmp_path)
+    bounds = [b"", b"\x00", b"\x01", b"\x7f\x80", b"\xff", b"\xff\xff\xff"]
+    for start in bounds:
+        for stop in [None, *bounds]:
+            want = _reference(tmp_path, start, stop)
+            for rows in (1, 999, 65536):
+                assert _pairs(tmp_path, start, stop, batch_rows=rows) == want, (start, stop)
+
+
+def test_batches_are_cut_by_rows_and_by_bytes(tmp_path: Path) -> None:
+    db = Rdict(str(tmp_path), recorded_options())
+    for i in range(100):
+        db[b"k%03d" % i] = bytes([i]) * 1000
+    db.close()
+    sizes = [len(k) for k, _ in scan(tmp_path, batch_rows=30)]
+    assert sizes == [30, 30, 30, 10]
+    # 4,500 bytes of values a batch at most: 4 values each (a value larger than the limit
+    # still goes, alone).
+    sizes = [len(k) for k, _ in scan(tmp_path, batch_bytes=4500)]
+    assert sizes == [4] * 25
+    assert [len(k) for k, _ in scan(tmp_path, batch_bytes=10)] == [1] * 100
+    assert _pairs(tmp_path, batch_bytes=10) == _reference(tmp_path)
+
+
+def test_keys_only_in_the_wal_of_a_killed_writer(tmp_path: Path) -> None:
+    script = (
+        "import os, sys\n"
+        "from rocksdict import Rdict\n"
+        "from stores.rocksdb import recorded_options\n"
+        "db = Rdict(sys.argv[1], recorded_options())\n"
+        "for i in range(500):\n"
+        "    db[b'w%04d' % i] = b'v%d' % i\n"
+        "del db[b'w0003']\n"
+        "db.flush_wal(True)\n"
+        "os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True)
+    assert not list(tmp_path.glob("*.sst"))
+    got = _pairs(tmp_path)
+    assert len(got) == 499 and (b"w0003", b"v3") not in got
+    assert got == _reference(tmp_path)
+
+
+def test_an_empty_database_and_an_empty_range(tmp_path: Path) -> None:
+    Rdict(str(tmp_path), recorded_options()).close()
+    assert _pairs(tmp_path) == []
+    db = Rdict(str(tmp_path), recorded_options())
+    db[b"b"] = b"1"
+    db.close()
+    assert _pairs(tmp_path, b"c") == [] and _pairs(tmp_path, b"a", b"b") == []
+    assert _pairs(tmp_path, b"a", b"c") == [(b"b", b"1")]
+
+
+def test_what_it_cannot_open_is_unavailable_with_rocksdbs_reason(tmp_path: Path) -> None:
+    with pytest.raises(ScanUnavailable, match=r"exit status 1\): rocksdb-scan: opening .*none"):
+        list(scan(tmp_path / "none"))
+    # rocksdict's default table format (6) is newer than Debian's librocksdb reads.
+    db = Rdict(str(tmp_path / "v6"), Options(raw_mode=True))
+    db[b"k"] = b"v"
+    db.close()  # Flushed to a table file.
+    with pytest.raises(ScanUnavailable, match="unsupported format_version: 6"):
+        list(scan(tmp_path / "v6"))
+
+
+def test_no_scanner_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(native.ENV_PATH, str(tmp_path / "missing"))
+    assert native.find() is None
+    with pytest.raises(ScanUnavailable, match=r"not built \(python -m stores.rocksdb.scan build\)"):
+        list(scan(tmp_path))
+
+
+def _fake(tmp_path: Path, body: str) -> Path:
+    """A stand-in scanner (a shell script) writing a given byte stream: the reader's side of
+    the framing, for streams a real scanner only writes when killed or failing."""
+    path = tmp_path / "fake-scan"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+FRAME = (
+    "printf '\\001\\000\\000\\000\\001\\000\\000\\000\\002\\000\\000\\000'"  # 1 row, 1 + 2 bytes
+    "; printf '\\000\\000\\000\\000\\001\\000\\000\\000k'"
+    "; printf '\\000\\000\\000\\000\\002\\000\\000\\000vv'\n"
+)
+
+
+def test_a_stream_cut_after_a_batch_is_an_error_not_an_end(tmp_path: Path) -> None:
+    fake = _fake(
+        tmp_path, FRAME + "echo 'rocksdb-scan: reading: Corruption: bad block' >&2\nexit 1\n"
+    )
+    batches = scan(tmp_path, binary=fake)
+    keys, values = next(batches)
+    assert (keys.to_pylist(), values.to_pylist()) == ([b"k"], [b"vv"])
+    with pytest.raises(ScanError, match="exit status 1.*Corruption: bad block") as err:
+        next(batches)
+    assert not isinstance(err.value, ScanUnavailable)  # Rows were yielded: no fallback.
+
+    killed = _fake(tmp_path, FRAME + "kill -9 $$\n")
+    with pytest.raises(ScanError, match="signal 9"):
+        list(scan(tmp_path, binary=killed))
+    # Cut within a frame: the same.
+    half = _fake(tmp_path, "printf '\\001\\000\\000\\000\\001\\000\\000\\000'\nexit 0\n")
+    with pytest.raises(ScanUnavailable, match="exit status 0"):
+        list(scan(tmp_path, binary=half))
+    # The end frame from a scanner that then fails is not success either.
+    ended = _fake(
+        tmp_path,
+        FRAME + "printf '\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000\\000'; exit 3\n",
+    )
+    with pytest.raises(ScanError, match="exit status 3"):
+        list(scan(tmp_path, binary=ended))
+
+
+def test_a_consumer_that_stops_early_leaves_no_scanner_behind(tmp_path: Path) -> None:
+    db = Rdict(str(tmp_path), recorded_options())
+    for i in range(50_000):
+        db[b"k%06d" % i] = b"x" * 100
+    db.close()
+    batches = scan(tmp_path, batch_rows=100)
+    next(batches)
+    batches.close()  # The generator's finally kills and reaps the scanner.
+    out = subprocess.run(["pgrep", "-f", f"rocksdb-scan {tmp_path}"], capture_output=True)
+    assert out.stdout == b""
+
+
+def test_build_reports_the_compilers_message(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="building the RocksDB scanner failed"):
+        native.build(tmp_path / "out", compiler="false")
+    assert not (tmp_path / "out").exists()
+    built = native.build(tmp_path / "scanner")
+    db = Rdict(str(tmp_path / "db"), recorded_options())
+    db[b"a"] = b"1"
+    db.close()
+    got = [(k.to_pylist(), v.to_pylist()) for k, v in scan(tmp_path / "db", binary=built)]
+    assert got == [([b"a"], [b"1"])]
