@@ -9,6 +9,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def default_suffix(hostname: str | None = None) -> str:
+    """The default process suffix (``--suffix``): the host's name, as upstream, made a valid
+    suffix where it is not one: a suffix is 4..128 token characters (``[A-Za-z0-9-_+/.]``),
+    so a short name such as ``vm`` becomes ``vm-host`` and other characters become ``-``.
+    Deterministic, so a restarted process takes the same identity."""
+    from broker.protocol.validation import MAX_SUFFIX_LENGTH, MIN_SUFFIX_LENGTH, TOKEN_SYMBOLS
+
+    name = socket.gethostname() if hostname is None else hostname
+    name = "".join(c if c.isascii() and (c.isalnum() or c in TOKEN_SYMBOLS) else "-" for c in name)
+    if len(name) < MIN_SUFFIX_LENGTH:
+        name = f"{name}-host" if name else "host"
+    return name[:MAX_SUFFIX_LENGTH]
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     """Everything a broker process needs; defaults run on one machine."""
@@ -16,7 +30,7 @@ class BrokerConfig:
     etcd: str = "http://127.0.0.1:2379"
     root: str = "/gazette/cluster"
     zone: str = "local"
-    suffix: str = field(default_factory=socket.gethostname)
+    suffix: str = field(default_factory=default_suffix)
     listen: str = "127.0.0.1:8080"
     advertise: str = ""
     spool_dir: Path = Path("/var/tmp/gazette-broker")
@@ -70,7 +84,8 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     p.add_argument(
         "--suffix",
         default=_env("BROKER_ID", d.suffix),
-        help="unique id of this broker within its zone [BROKER_ID]",
+        help="unique id of this broker within its zone; default: the host name made a "
+        "valid suffix (%(default)s) [BROKER_ID]",
     )
     p.add_argument(
         "--listen",

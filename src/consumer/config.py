@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.config import http_host
+from broker.config import default_suffix, http_host
 
 
 @dataclass(frozen=True)
@@ -22,7 +21,7 @@ class ConsumerConfig:
     root: str = "/gazette/consumers/app"
     """etcd root of this consumer application's shards, members and assignments."""
     zone: str = "local"
-    suffix: str = field(default_factory=socket.gethostname)
+    suffix: str = field(default_factory=default_suffix)
     listen: str = "127.0.0.1:8081"
     http_port: int = 8082
     """Port of the HTTP server (operator endpoints, the application's `register_http`
@@ -85,7 +84,8 @@ def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
     p.add_argument(
         "--suffix",
         default=_env("CONSUMER_ID", d.suffix),
-        help="unique id of this process within its zone [CONSUMER_ID]",
+        help="unique id of this process within its zone; default: the host name made a "
+        "valid suffix (%(default)s) [CONSUMER_ID]",
     )
     p.add_argument(
         "--listen",
@@ -159,6 +159,14 @@ def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
         p.error(f"--lease-ttl must be at least 2 seconds, not {a.lease_ttl}")
     if not 0 <= a.fusefs_prestart <= 64:
         p.error(f"--fusefs-prestart must be within 0..64, not {a.fusefs_prestart}")
+    from broker.protocol import protocol_pb2 as bpb
+    from broker.protocol.errors import ValidationError
+    from broker.protocol.validation import validate_process_id
+
+    try:
+        validate_process_id(bpb.ProcessSpec.ID(zone=a.zone, suffix=a.suffix))
+    except ValidationError as err:
+        p.error(f"--zone/--suffix: {err}")
     return ConsumerConfig(
         app=a.app,
         etcd=a.etcd,

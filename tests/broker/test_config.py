@@ -1,0 +1,52 @@
+"""Process identity defaults of the broker's and consumer's configuration."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from broker.config import default_suffix
+from broker.config import parse_args as broker_args
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.validation import validate_process_id
+from consumer.config import parse_args as consumer_args
+
+
+@pytest.mark.parametrize(
+    ("hostname", "want"),
+    [
+        ("worker-12.example.com", "worker-12.example.com"),
+        ("vm", "vm-host"),  # Too short for a suffix (4..128): padded, not refused.
+        ("abc", "abc-host"),
+        ("", "host"),
+        ("h\u00e9te l", "h-te-l"),  # Characters outside the token symbols become '-'.
+        ("x" * 200, "x" * 128),
+    ],
+)
+def test_default_suffix_is_the_host_name_made_valid(hostname: str, want: str) -> None:
+    assert default_suffix(hostname) == want
+    validate_process_id(pb.ProcessSpec.ID(zone="local", suffix=want))
+
+
+def test_a_short_host_name_starts_both_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Upstream refuses to start on such a host unless --suffix is given; we don't.
+    monkeypatch.setattr(socket, "gethostname", lambda: "vm")
+    monkeypatch.delenv("BROKER_ID", raising=False)
+    monkeypatch.delenv("CONSUMER_ID", raising=False)
+    assert broker_args([]).suffix == "vm-host"
+    assert consumer_args(["mod:App"]).suffix == "vm-host"
+
+
+def test_an_explicit_suffix_is_validated_not_changed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert broker_args(["--suffix", "my-broker"]).suffix == "my-broker"
+    monkeypatch.setenv("CONSUMER_ID", "c1")
+    with pytest.raises(SystemExit) as exit:
+        consumer_args(["mod:App"])
+    assert exit.value.code == 2
+    assert "Suffix" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        broker_args(["--suffix", "ab"])
+    assert "Suffix" in capsys.readouterr().err
