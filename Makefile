@@ -16,7 +16,7 @@ deps: apt venv scanner
 
 scanner: $(SCANNER)
 
-$(SCANNER): src/stores/rocksdb/_scan.c $(STAMP)
+$(SCANNER): src/stores/rocksdb/_scan.c src/stores/rocksdb/scan.py $(STAMP) | apt
 	$(PY) -m stores.rocksdb.scan build
 
 apt:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -30,6 +30,9 @@ from consumer.protocol import pb
 from consumer.spark.errors import ExportError, WrongStoreKind
 from consumer.spark.resolve import ShardPlan
 from recoverylog.hints import hints_from_json
+
+if TYPE_CHECKING:
+    from stores.rocksdb.scan import ScanStream
 
 __all__ = [
     "BASE_COLUMNS",
@@ -218,6 +221,7 @@ def rocksdb_batches(
     when it is built and can open the database, else through rocksdict; ``native`` only
     through the scanner; ``rocksdict`` never through it."""
     from stores.rocksdb import scan as native
+    from stores.rocksdb.store import CHECKPOINT_KEY
 
     if not check_store(played, "rocksdb"):
         return
@@ -225,45 +229,65 @@ def rocksdb_batches(
     scanner = None if scan == "rocksdict" else native.find()
     if scanner is None and scan == "native":
         raise ExportError(
-            f"shard {shard!r}: option rocksdb_scan=native, but the native RocksDB scanner is "
-            "not built here (python -m stores.rocksdb.scan build)"
+            f"shard {shard!r}: option rocksdb_scan=native, but {native.not_found_reason()}"
         )
     if scanner is None and scan == "auto":
         _note_no_scanner()
+    strict = scan == "native"
     start = max(key_prefix, b"\x01")
     stop = _successor(key_prefix)
     count = split[1]
     raw_checkpoint: bytes | None = None
+    stream: native.ScanStream | None = None
     if scanner is not None and count == 1:
-        # The scanner reads the checkpoint too: one open of the database, not two.
+        # One scanner reads the checkpoint, then the keys: one open of the database.
         try:
-            raw_checkpoint = _scan_checkpoint(played.directory, scanner)
+            stream = native.ScanStream(
+                played.directory,
+                start,
+                stop,
+                batch_rows=batch_size,
+                get=CHECKPOINT_KEY,
+                binary=scanner,
+            )
         except native.ScanError as err:
-            if scan == "native":
-                raise ExportError(f"shard {shard!r}: {err}") from err
-            log.warning("shard=%s: reading through rocksdict: %s", shard, err)
+            _scan_failed(shard, err, strict)
             scanner = None
-    if scanner is None or count > 1:
+        else:
+            raw_checkpoint = stream.got
+    if stream is None:
         raw_checkpoint, bounds = _open_for_export(played, start, stop, split)
         if bounds is None:
             return
         start, stop = bounds
-    checkpoint = pb.Checkpoint()
-    if raw_checkpoint is not None:
-        checkpoint.ParseFromString(raw_checkpoint)
-    builder = _BatchBuilder(schema, shard, checkpoint, checkpoint_mode)
-    cut = len(key_prefix)
-    pairs: Iterator[tuple[pa.Array | list[bytes], pa.Array | list[bytes]]]
-    if scanner is not None:
-        pairs = _scanned_pairs(played, scanner, start, stop, batch_size, strict=scan == "native")
-    else:
-        pairs = _rocksdict_pairs(played, start, stop, batch_size)
-    for keys, values in pairs:
-        if decoder is None:
-            cols = [_as_array(keys), _as_array(values)]
+    try:
+        checkpoint = pb.Checkpoint()
+        if raw_checkpoint is not None:
+            checkpoint.ParseFromString(raw_checkpoint)
+        builder = _BatchBuilder(schema, shard, checkpoint, checkpoint_mode)
+        cut = len(key_prefix)
+        pairs: Iterator[tuple[pa.Array | list[bytes], pa.Array | list[bytes]]]
+        if scanner is not None:
+            pairs = _scanned_pairs(played, stream, scanner, start, stop, batch_size, strict=strict)
         else:
-            cols = _decode(shard, decoder, _as_list(keys), _as_list(values), cut, builder.rest)
-        yield builder.batch(cols)
+            pairs = _rocksdict_pairs(played, start, stop, batch_size)
+        for keys, values in pairs:
+            if decoder is None:
+                cols = [_as_array(keys), _as_array(values)]
+            else:
+                cols = _decode(shard, decoder, _as_list(keys), _as_list(values), cut, builder.rest)
+            yield builder.batch(cols)
+    finally:
+        if stream is not None:
+            stream.close()  # If it was not read to its end (an error, or a consumer stopped).
+
+
+def _scan_failed(shard: str, err: Exception, strict: bool) -> None:
+    """The native scanner could not read a shard: an `ExportError` if `strict`, else a
+    warning (the caller reads through rocksdict)."""
+    if strict:
+        raise ExportError(f"shard {shard!r}: {err}") from err
+    log.warning("shard=%s: reading through rocksdict: %s", shard, err)
 
 
 _noted_no_scanner = False
@@ -286,18 +310,6 @@ def _as_array(items: pa.Array | list[bytes]) -> pa.Array:
 
 def _as_list(items: pa.Array | list[bytes]) -> list[bytes]:
     return items.to_pylist() if isinstance(items, pa.Array) else items
-
-
-def _scan_checkpoint(directory: Path, scanner: Path) -> bytes | None:
-    """The store's checkpoint value, read by the native scanner (None: there is none)."""
-    from stores.rocksdb import scan as native
-    from stores.rocksdb.store import CHECKPOINT_KEY
-
-    only = CHECKPOINT_KEY + b"\x00"
-    for _, values in native.scan(directory, CHECKPOINT_KEY, only, binary=scanner):
-        if len(values):
-            return bytes(values[0].as_py())
-    return None
 
 
 def _open_for_export(
@@ -337,6 +349,7 @@ def _open_for_export(
 
 def _scanned_pairs(
     played: PlayedShard,
+    stream: ScanStream | None,
     scanner: Path,
     start: bytes,
     stop: bytes | None,
@@ -344,20 +357,26 @@ def _scanned_pairs(
     *,
     strict: bool,
 ) -> Iterator[tuple[pa.Array | list[bytes], pa.Array | list[bytes]]]:
-    """[`start`, `stop`) through the native scanner; through rocksdict if the scanner
-    cannot open the database (unless `strict`)."""
+    """[`start`, `stop`) through the native scanner (`stream`, a `ScanStream` of that range
+    already started, or None to start one); through rocksdict if the scanner cannot open
+    the database or fails before its first batch (unless `strict`)."""
     from stores.rocksdb import scan as native
 
     shard = played.plan.shard
     try:
-        yield from native.scan(played.directory, start, stop, batch_rows=batch_size, binary=scanner)
+        if stream is None:
+            stream = native.ScanStream(
+                played.directory, start, stop, batch_rows=batch_size, binary=scanner
+            )
+        yield from stream
     except native.ScanUnavailable as err:
-        if strict:
-            raise ExportError(f"shard {shard!r}: {err}") from err
-        log.warning("shard=%s: reading through rocksdict: %s", shard, err)
+        _scan_failed(shard, err, strict)
         yield from _rocksdict_pairs(played, start, stop, batch_size)
     except native.ScanError as err:
         raise ExportError(f"shard {shard!r}: {err}") from err
+    finally:
+        if stream is not None:
+            stream.close()
 
 
 def _rocksdict_pairs(

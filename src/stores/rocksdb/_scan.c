@@ -2,13 +2,18 @@
  * rocksdb-scan: stream the keys and values of a RocksDB directory, opened read-only, to
  * standard output in Arrow's binary-array layout, for the Spark export.
  *
- * Usage: rocksdb-scan DIR FROM_HEX TO_HEX [BATCH_ROWS [BATCH_BYTES]]
+ * Usage: rocksdb-scan DIR FROM_HEX TO_HEX [BATCH_ROWS [BATCH_BYTES [GET_HEX]]]
  *   FROM_HEX: the first key of the range, hex ("" for the first key of the database);
- *   TO_HEX:   the key the range stops before, hex ("-" for no bound).
+ *   TO_HEX:   the key the range stops before, hex ("-" for no bound);
+ *   GET_HEX:  a key read on its own before the range (the store's checkpoint), so that the
+ *             database is opened (and its WAL replayed) once for both.
  *
- * Output, little-endian, a frame per batch:
- *   u32 rows, u32 key_bytes, u32 value_bytes,
- *   i32 key_offsets[rows + 1], key data, i32 value_offsets[rows + 1], value data.
+ * Output, little-endian:
+ *   with GET_HEX, first: u32 found (0 or 1), u32 value bytes, the value;
+ *   then a frame per batch: u32 rows, u32 key bytes, u32 value bytes,
+ *     i32 key_offsets[rows + 1], key data, zero padding to a multiple of 8 bytes (from the
+ *     frame's first offset: value offsets stay aligned for Arrow),
+ *     i32 value_offsets[rows + 1], value data.
  * A frame of 0 rows ends a complete scan. On error a message goes to standard error and
  * the exit status is 1 (2 for bad arguments); no end frame is written, so a reader that
  * sees the stream end without it knows the scan is incomplete.
@@ -24,6 +29,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "rocksdb-scan writes its frames in the machine's byte order, which must be little-endian"
+#endif
 
 static int write_all(const void *data, size_t len) {
     const char *p = data;
@@ -101,9 +110,11 @@ static int batch_reset(batch_t *b) {
 }
 
 static int batch_flush(batch_t *b) {
+    static const char zeros[8] = {0};
     uint32_t header[3] = {b->rows, (uint32_t)b->keys.len, (uint32_t)b->values.len};
+    size_t pad = (8 - (b->key_offsets.len + b->keys.len) % 8) % 8;
     if (write_all(header, sizeof header) || write_all(b->key_offsets.data, b->key_offsets.len) ||
-        write_all(b->keys.data, b->keys.len) ||
+        write_all(b->keys.data, b->keys.len) || write_all(zeros, pad) ||
         write_all(b->value_offsets.data, b->value_offsets.len) ||
         write_all(b->values.data, b->values.len))
         return -1;
@@ -111,21 +122,24 @@ static int batch_flush(batch_t *b) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 4 || argc > 6) {
-        fprintf(stderr, "usage: rocksdb-scan DIR FROM_HEX TO_HEX [BATCH_ROWS [BATCH_BYTES]]\n");
+    if (argc < 4 || argc > 7) {
+        fprintf(stderr,
+                "usage: rocksdb-scan DIR FROM_HEX TO_HEX [BATCH_ROWS [BATCH_BYTES [GET_HEX]]]\n");
         return 2;
     }
-    char *from = NULL, *to = NULL;
+    char *from = NULL, *to = NULL, *get = NULL;
     long from_len = parse_hex(argv[2], &from);
     long to_len = strcmp(argv[3], "-") == 0 ? 0 : parse_hex(argv[3], &to);
-    long batch_rows = argc > 4 ? atol(argv[4]) : 65536;
+    long long batch_rows = argc > 4 ? atoll(argv[4]) : 65536;
     long long batch_bytes = argc > 5 ? atoll(argv[5]) : (64LL << 20);
-    if (from_len < 0 || to_len < 0 || batch_rows <= 0 || batch_bytes <= 0) {
+    long get_len = argc > 6 ? parse_hex(argv[6], &get) : 0;
+    if (from_len < 0 || to_len < 0 || get_len < 0 || batch_rows <= 0 || batch_bytes <= 0) {
         fprintf(stderr, "rocksdb-scan: bad arguments (keys are hex, counts positive)\n");
         return 2;
     }
     /* A batch's offsets are i32: it must stay under 2 GiB of keys and of values. */
     if (batch_bytes > (1LL << 30)) batch_bytes = 1LL << 30;
+    if (batch_rows > (1LL << 24)) batch_rows = 1LL << 24;
 
     char *err = NULL;
     rocksdb_options_t *options = rocksdb_options_create();
@@ -136,6 +150,21 @@ int main(int argc, char **argv) {
     }
     rocksdb_readoptions_t *read = rocksdb_readoptions_create();
     rocksdb_readoptions_set_fill_cache(read, 0);
+    if (get != NULL) {
+        size_t value_len = 0;
+        char *value = rocksdb_get(db, read, get, (size_t)get_len, &value_len, &err);
+        if (err != NULL) {
+            fprintf(stderr, "rocksdb-scan: reading %s: %s\n", argv[1], err);
+            return 1;
+        }
+        uint32_t found[2] = {value != NULL, value != NULL ? (uint32_t)value_len : 0};
+        if (value != NULL && value_len > UINT32_MAX) {
+            fprintf(stderr, "rocksdb-scan: the value read on its own is over 4 GiB\n");
+            return 1;
+        }
+        if (write_all(found, sizeof found) || write_all(value, found[1])) return 1;
+        rocksdb_free(value);
+    }
     if (to != NULL) rocksdb_readoptions_set_iterate_upper_bound(read, to, (size_t)to_len);
     rocksdb_iterator_t *it = rocksdb_create_iterator(db, read);
 
@@ -147,7 +176,7 @@ int main(int argc, char **argv) {
         size_t key_len, value_len;
         const char *key = rocksdb_iter_key(it, &key_len);
         const char *value = rocksdb_iter_value(it, &value_len);
-        if (batch.rows > 0 && (batch.rows >= (uint32_t)batch_rows ||
+        if (batch.rows > 0 && (batch.rows >= (uint64_t)batch_rows ||
                                batch.keys.len + key_len > (size_t)batch_bytes ||
                                batch.values.len + value_len > (size_t)batch_bytes)) {
             if (batch_flush(&batch) != 0) return 1;

@@ -14,8 +14,8 @@ batch, and callers fall back to rocksdict. See docs/spark.md, "The native RocksD
 from __future__ import annotations
 
 import argparse
-import glob
 import os
+import shlex
 import shutil
 import struct
 import subprocess
@@ -45,11 +45,135 @@ class ScanUnavailable(ScanError):
 
 
 def find() -> Path | None:
-    """The scanner binary: ``$GAZETTE_ROCKSDB_SCAN`` if set, else `BINARY` if built."""
+    """The scanner binary: ``$GAZETTE_ROCKSDB_SCAN`` if set, else `BINARY` if built (None if
+    that is not an executable file)."""
+    named = os.environ.get(ENV_PATH)
+    path = Path(named) if named else BINARY
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def not_found_reason() -> str:
+    """Why `find` found no scanner, for error messages."""
     named = os.environ.get(ENV_PATH)
     if named:
-        return Path(named) if os.access(named, os.X_OK) else None
-    return BINARY if os.access(BINARY, os.X_OK) else None
+        return f"{ENV_PATH}={named} is not an executable file"
+    return "the native RocksDB scanner is not built (python -m stores.rocksdb.scan build)"
+
+
+class ScanStream:
+    """A running scan of [`start`, `stop`) of the RocksDB at `directory`, opened read-only:
+    `got` is the value of key `get` (if asked for; None if absent), read first; iterating
+    yields (keys, values) batches in key order. Close it (or use it as a context manager) to
+    stop the scanner early.
+
+    Raises `ScanUnavailable` if there is no scanner or it cannot open the database (nothing
+    was read); iterating raises `ScanUnavailable` if it fails before the first batch and
+    `ScanError` after, or if the stream ends without its end frame."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        start: bytes = b"",
+        stop: bytes | None = None,
+        *,
+        batch_rows: int = 65536,
+        batch_bytes: int = 64 << 20,
+        get: bytes | None = None,
+        binary: Path | None = None,
+    ) -> None:
+        self.directory = os.fspath(directory)
+        self.got: bytes | None = None
+        program = binary if binary is not None else find()
+        if program is None:
+            raise ScanUnavailable(not_found_reason())
+        args = [str(program), self.directory, start.hex(), "-" if stop is None else stop.hex()]
+        args += [str(batch_rows), str(batch_bytes)]
+        if get is not None:
+            args.append(get.hex())
+        self._stderr = tempfile.TemporaryFile()
+        try:
+            self._proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._stderr)
+        except OSError as err:
+            self._stderr.close()
+            raise ScanUnavailable(
+                f"cannot run the native RocksDB scanner {program}: {err}"
+            ) from err
+        assert self._proc.stdout is not None
+        self._out = self._proc.stdout
+        self._yielded = False
+        if get is not None:
+            try:
+                found = _read_exactly(self._out, 8)
+                if found is None:
+                    raise self._cut()
+                present, size = struct.unpack("<II", found)
+                value = _read_exactly(self._out, size) if size else bytearray()
+                if value is None:
+                    raise self._cut()
+                self.got = bytes(value) if present else None
+            except BaseException:
+                self.close()
+                raise
+
+    def __iter__(self) -> Iterator[tuple[pa.Array, pa.Array]]:
+        try:
+            while True:
+                header = _read_exactly(self._out, _HEADER.size)
+                if header is None:
+                    raise self._cut()
+                rows, key_bytes, value_bytes = _HEADER.unpack(header)
+                if rows == 0:
+                    if self._proc.wait() != 0:
+                        raise ScanError(self._failure())
+                    return
+                offsets = 4 * (rows + 1)
+                pad = -(offsets + key_bytes) % 8
+                body = _read_exactly(self._out, 2 * offsets + key_bytes + pad + value_bytes)
+                if body is None:
+                    raise self._cut()
+                data = pa.py_buffer(body)
+                keys = pa.Array.from_buffers(
+                    pa.binary(),
+                    rows,
+                    [None, data.slice(0, offsets), data.slice(offsets, key_bytes)],
+                )
+                at = offsets + key_bytes + pad
+                values = pa.Array.from_buffers(
+                    pa.binary(),
+                    rows,
+                    [None, data.slice(at, offsets), data.slice(at + offsets, value_bytes)],
+                )
+                self._yielded = True
+                yield keys, values
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stops the scanner if it still runs, and reaps it."""
+        self._out.close()
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._stderr.close()
+
+    def __enter__(self) -> ScanStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _cut(self) -> ScanError:
+        """The error for a stream that ended early: the scanner failed or was killed."""
+        self._proc.wait()
+        message = self._failure()
+        return ScanError(message) if self._yielded else ScanUnavailable(message)
+
+    def _failure(self) -> str:
+        self._stderr.seek(0)
+        text = self._stderr.read().decode(errors="replace").strip()
+        status = self._proc.returncode
+        how = f"exit status {status}" if status >= 0 else f"signal {-status}"
+        return f"native RocksDB scan of {self.directory} failed ({how}): {text or 'no message'}"
 
 
 def scan(
@@ -62,59 +186,11 @@ def scan(
     binary: Path | None = None,
 ) -> Iterator[tuple[pa.Array, pa.Array]]:
     """(keys, values) batches of the keys in [`start`, `stop`) of the RocksDB at
-    `directory`, opened read-only, in key order.
-
-    Raises `ScanUnavailable` (before yielding) if there is no scanner or it cannot open the
-    database, and `ScanError` if it fails or stops early while reading."""
-    program = binary if binary is not None else find()
-    if program is None:
-        raise ScanUnavailable(
-            "the native RocksDB scanner is not built (python -m stores.rocksdb.scan build)"
-        )
-    args = [str(program), os.fspath(directory), start.hex(), "-" if stop is None else stop.hex()]
-    args += [str(batch_rows), str(batch_bytes)]
-    with tempfile.TemporaryFile() as stderr:
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, bufsize=0)
-        assert proc.stdout is not None
-        out = proc.stdout
-        yielded = False
-        try:
-            while True:
-                header = _read_exactly(out, _HEADER.size)
-                if header is None:
-                    break
-                rows, key_bytes, value_bytes = _HEADER.unpack(header)
-                if rows == 0:
-                    if proc.wait() != 0:
-                        raise ScanError(_failure(proc, stderr, directory))
-                    return
-                offsets = 4 * (rows + 1)
-                body = _read_exactly(out, 2 * offsets + key_bytes + value_bytes)
-                if body is None:
-                    break
-                data = pa.py_buffer(body)
-                keys = pa.Array.from_buffers(
-                    pa.binary(),
-                    rows,
-                    [None, data.slice(0, offsets), data.slice(offsets, key_bytes)],
-                )
-                at = offsets + key_bytes
-                values = pa.Array.from_buffers(
-                    pa.binary(),
-                    rows,
-                    [None, data.slice(at, offsets), data.slice(at + offsets, value_bytes)],
-                )
-                yielded = True
-                yield keys, values
-            # The stream ended without its end frame: the scanner failed or was killed.
-            proc.wait()
-            message = _failure(proc, stderr, directory)
-            raise ScanError(message) if yielded else ScanUnavailable(message)
-        finally:
-            out.close()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    `directory`, opened read-only, in key order (a `ScanStream`, raising as it does)."""
+    stream = ScanStream(
+        directory, start, stop, batch_rows=batch_rows, batch_bytes=batch_bytes, binary=binary
+    )
+    yield from stream
 
 
 def _read_exactly(stream: object, size: int) -> bytearray | None:
@@ -131,26 +207,20 @@ def _read_exactly(stream: object, size: int) -> bytearray | None:
     return buf
 
 
-def _failure(proc: subprocess.Popen[bytes], stderr: object, directory: object) -> str:
-    stderr.seek(0)  # type: ignore[attr-defined]
-    text = stderr.read().decode(errors="replace").strip()  # type: ignore[attr-defined]
-    status = proc.returncode
-    how = f"exit status {status}" if status >= 0 else f"signal {-status}"
-    return f"native RocksDB scan of {directory} failed ({how}): {text or 'no message'}"
-
-
 def build(output: Path = BINARY, compiler: str | None = None) -> Path:
     """Compiles the scanner into `output` (atomically), linking librocksdb statically when
     its archive is installed (Debian: ``librocksdb-dev``). Raises `RuntimeError` with the
     compiler's message if it cannot."""
-    cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
+    named = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if named is None:
         raise RuntimeError("no C compiler (cc or gcc) on PATH; install build-essential")
-    archives = sorted(glob.glob("/usr/lib/*/librocksdb.a"))
-    archives += glob.glob("/usr/local/lib/librocksdb.a")
-    link = [archives[0]] if archives else ["-lrocksdb"]
+    cc = shlex.split(named)
+    # The compiler's own search path finds the archive of its target architecture.
+    found = subprocess.run([*cc, "-print-file-name=librocksdb.a"], capture_output=True, text=True)
+    archive = found.stdout.strip()
+    link = [archive] if found.returncode == 0 and os.path.isabs(archive) else ["-lrocksdb"]
     tmp = output.with_name(f".{output.name}.{os.getpid()}")
-    cmd = [cc, "-O2", "-o", str(tmp), str(SOURCE), *link, *_LIBS]
+    cmd = [*cc, "-O2", "-o", str(tmp), str(SOURCE), *link, *_LIBS]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         tmp.unlink(missing_ok=True)

@@ -208,27 +208,59 @@ def test_rocksdb_scan_option() -> None:
         ShardsOptions.parse({**base, "store": "json", "rocksdb_scan": "auto"})
 
 
-def test_a_database_the_scanner_cannot_read_falls_back_to_rocksdict(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def _fake_scanner(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "fake-scan"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def test_a_database_the_scanner_cannot_open_is_read_through_rocksdict(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # rocksdict's default table format (6), as written by an application's own Options.
-    db = Rdict(str(tmp_path), Options(raw_mode=True))
+    from stores.rocksdb import scan as native
+
     keys = [b"k%05d" % i for i in range(3000)]
-    for k in keys:
-        db[k] = k[::-1]
-    db.close()
-    assert _read(tmp_path, (0, 1), scan="auto") == keys
-    assert "reading through rocksdict" in caplog.text
-    assert "unsupported format_version: 6" in caplog.text
-    first = _read(tmp_path, (0, 2), scan="auto")
+    _fill(tmp_path / "db", keys, flush_every=1000)
+    # As the scanner does for a table format or option its librocksdb does not know.
+    fake = _fake_scanner(
+        tmp_path, "echo 'rocksdb-scan: opening: Corruption: unknown' >&2\nexit 1\n"
+    )
+    monkeypatch.setenv(native.ENV_PATH, str(fake))
+    assert _read(tmp_path / "db", (0, 1), scan="auto") == keys
+    assert "reading through rocksdict" in caplog.text and "Corruption: unknown" in caplog.text
+    first = _read(tmp_path / "db", (0, 2), scan="auto")
     caplog.clear()
-    second = _read(tmp_path, (1, 2), scan="auto")
+    second = _read(tmp_path / "db", (1, 2), scan="auto")
     assert first and second and first + second == keys
-    assert "unsupported format_version: 6" in caplog.text  # Each split says so.
-    with pytest.raises(ExportError, match="shard 'shard-x'.*unsupported format_version: 6"):
-        _read(tmp_path, (0, 1), scan="native")
-    with pytest.raises(ExportError, match="unsupported format_version: 6"):
-        _read(tmp_path, (0, 2), scan="native")
+    assert "Corruption: unknown" in caplog.text  # Each split says so.
+    for split in ((0, 1), (0, 2)):
+        with pytest.raises(ExportError, match="shard 'shard-x'.*Corruption: unknown"):
+            _read(tmp_path / "db", split, scan="native")
+
+
+def test_a_scanner_failing_after_a_batch_fails_the_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rows were handed to Spark already: falling back would repeat them, stopping would
+    # lose the rest. The task fails (Spark retries it).
+    from stores.rocksdb import scan as native
+
+    _fill(tmp_path / "db", [b"k1", b"k2"], flush_every=1 << 30)
+    fake = _fake_scanner(
+        tmp_path,
+        "printf '\\000\\000\\000\\000\\000\\000\\000\\000'\n"  # the checkpoint: absent
+        "printf '\\001\\000\\000\\000\\001\\000\\000\\000\\001\\000\\000\\000'\n"
+        "printf '\\000\\000\\000\\000\\001\\000\\000\\000a\\000\\000\\000\\000\\000\\000\\000'\n"
+        "printf '\\000\\000\\000\\000\\001\\000\\000\\000b'\n"
+        "echo 'rocksdb-scan: reading: Corruption: block checksum mismatch' >&2\nexit 1\n",
+    )
+    monkeypatch.setenv(native.ENV_PATH, str(fake))
+    played = PlayedShard(ShardPlan("shard-x", "log", "key", b"{}"), tmp_path / "db", {}, 0, 0.0)
+    batches = rocksdb_batches(played, SCHEMA, scan="auto")
+    assert next(batches).column("key").to_pylist() == [b"a"]
+    with pytest.raises(ExportError, match="shard 'shard-x'.*block checksum mismatch"):
+        next(batches)
 
 
 def test_without_a_scanner_auto_reads_through_rocksdict_and_native_fails(
@@ -240,5 +272,9 @@ def test_without_a_scanner_auto_reads_through_rocksdict_and_native_fails(
     _fill(tmp_path, keys, flush_every=1 << 30)
     monkeypatch.setenv(native.ENV_PATH, str(tmp_path / "not-built"))
     assert _read(tmp_path, (0, 1), scan="auto") == keys
-    with pytest.raises(ExportError, match=r"rocksdb_scan=native.*not built here \(python -m"):
+    with pytest.raises(ExportError, match=r"rocksdb_scan=native, but GAZETTE_ROCKSDB_SCAN=.*not"):
+        _read(tmp_path, (0, 1), scan="native")
+    monkeypatch.setenv(native.ENV_PATH, "")
+    monkeypatch.setattr(native, "BINARY", tmp_path / "not-built")
+    with pytest.raises(ExportError, match=r"scanner is not built \(python -m stores.rocksdb.scan"):
         _read(tmp_path, (0, 1), scan="native")

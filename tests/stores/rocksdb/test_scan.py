@@ -39,8 +39,9 @@ def _reference(
         db.close()
 
 
-def test_the_scanner_is_built() -> None:
+def test_the_scanner_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
     # `make test` builds it (Makefile target `scanner`): the fast path is what users get.
+    monkeypatch.delenv(native.ENV_PATH, raising=False)
     assert native.find() == native.BINARY
 
 
@@ -115,19 +116,81 @@ def test_an_empty_database_and_an_empty_range(tmp_path: Path) -> None:
 def test_what_it_cannot_open_is_unavailable_with_rocksdbs_reason(tmp_path: Path) -> None:
     with pytest.raises(ScanUnavailable, match=r"exit status 1\): rocksdb-scan: opening .*none"):
         list(scan(tmp_path / "none"))
-    # rocksdict's default table format (6) is newer than Debian's librocksdb reads.
+    # rocksdict's default table format (6) is newer than what Debian 12's librocksdb (7.8)
+    # reads: refused, with RocksDB's reason. A librocksdb that reads it must read it right.
     db = Rdict(str(tmp_path / "v6"), Options(raw_mode=True))
     db[b"k"] = b"v"
     db.close()  # Flushed to a table file.
-    with pytest.raises(ScanUnavailable, match="unsupported format_version: 6"):
-        list(scan(tmp_path / "v6"))
+    try:
+        got = _pairs(tmp_path / "v6")
+    except ScanUnavailable as err:
+        assert "unsupported format_version: 6" in str(err)
+    else:
+        assert got == [(b"k", b"v")]
 
 
 def test_no_scanner_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(native.ENV_PATH, str(tmp_path / "missing"))
     assert native.find() is None
-    with pytest.raises(ScanUnavailable, match=r"not built \(python -m stores.rocksdb.scan build\)"):
+    with pytest.raises(ScanUnavailable, match=r"GAZETTE_ROCKSDB_SCAN=.*missing is not an exec"):
         list(scan(tmp_path))
+    monkeypatch.setenv(native.ENV_PATH, str(tmp_path))  # A directory is not a scanner.
+    assert native.find() is None
+    monkeypatch.delenv(native.ENV_PATH)
+    assert "is not built (python -m stores.rocksdb.scan build)" in native.not_found_reason()
+
+
+def test_a_scanner_that_cannot_run_is_unavailable(tmp_path: Path) -> None:
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"\x7fELF not really")
+    junk.chmod(0o755)
+    with pytest.raises(ScanUnavailable, match="cannot run the native RocksDB scanner .*junk"):
+        list(scan(tmp_path, binary=junk))
+
+
+def test_a_key_read_first_then_the_range(tmp_path: Path) -> None:
+    db = Rdict(str(tmp_path), recorded_options())
+    db[b"\x00checkpoint"] = b"cp" * 1000
+    db[b"\x00empty"] = b""
+    for i in range(10):
+        db[b"k%d" % i] = b"v%d" % i
+    db.close()
+    with native.ScanStream(tmp_path, b"k3", b"k6", get=b"\x00checkpoint") as stream:
+        assert stream.got == b"cp" * 1000
+        got = [
+            (k, v)
+            for keys, values in stream
+            for k, v in zip(keys.to_pylist(), values.to_pylist(), strict=True)
+        ]
+    assert got == [(b"k3", b"v3"), (b"k4", b"v4"), (b"k5", b"v5")]
+    assert native.ScanStream(tmp_path, get=b"\x00none").got is None
+    assert native.ScanStream(tmp_path, get=b"\x00empty").got == b""
+
+
+def test_value_offsets_are_aligned_whatever_the_key_lengths(tmp_path: Path) -> None:
+    db = Rdict(str(tmp_path), recorded_options())
+    for i in range(1, 200):
+        db[b"k" * (i % 7 + 1) + b"%03d" % i] = b"x" * (i % 5)
+    db.close()
+    for keys, values in scan(tmp_path, batch_rows=13):
+        for array in (keys, values):
+            assert array.buffers()[1].address % 4 == 0  # int32 offsets
+        assert (
+            pa.Table.from_arrays([keys, values], ["k", "v"])
+            .group_by("v")
+            .aggregate([("k", "count")])
+            .num_rows
+            >= 1
+        )
+
+
+def test_a_huge_batch_row_count_is_clamped_not_wrapped(tmp_path: Path) -> None:
+    db = Rdict(str(tmp_path), recorded_options())
+    for i in range(1000):
+        db[b"k%04d" % i] = b"v"
+    db.close()
+    # 2**32 + 3 read as a 32-bit count would be 3-row batches.
+    assert [len(k) for k, _ in scan(tmp_path, batch_rows=2**32 + 3)] == [1000]
 
 
 def _fake(tmp_path: Path, body: str) -> Path:
@@ -142,8 +205,17 @@ def _fake(tmp_path: Path, body: str) -> Path:
 FRAME = (
     "printf '\\001\\000\\000\\000\\001\\000\\000\\000\\002\\000\\000\\000'"  # 1 row, 1 + 2 bytes
     "; printf '\\000\\000\\000\\000\\001\\000\\000\\000k'"
+    "; printf '\\000\\000\\000\\000\\000\\000\\000'"  # padding: 9 bytes to 16
     "; printf '\\000\\000\\000\\000\\002\\000\\000\\000vv'\n"
 )
+
+
+def _children() -> set[int]:
+    """This process's child processes (zombies included)."""
+    out: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        out.update(int(p) for p in (task / "children").read_text().split())
+    return out
 
 
 def test_a_stream_cut_after_a_batch_is_an_error_not_an_end(tmp_path: Path) -> None:
@@ -174,15 +246,25 @@ def test_a_stream_cut_after_a_batch_is_an_error_not_an_end(tmp_path: Path) -> No
 
 
 def test_a_consumer_that_stops_early_leaves_no_scanner_behind(tmp_path: Path) -> None:
-    db = Rdict(str(tmp_path), recorded_options())
-    for i in range(50_000):
-        db[b"k%06d" % i] = b"x" * 100
-    db.close()
-    batches = scan(tmp_path, batch_rows=100)
-    next(batches)
-    batches.close()  # The generator's finally kills and reaps the scanner.
-    out = subprocess.run(["pgrep", "-f", f"rocksdb-scan {tmp_path}"], capture_output=True)
-    assert out.stdout == b""
+    # A scanner that would never end by itself: only the stream's close stops and reaps it.
+    before = _children()
+    stuck = _fake(tmp_path, FRAME + "exec sleep 1000\n")
+    batches = scan(tmp_path, binary=stuck)
+    keys, _ = next(batches)
+    assert keys.to_pylist() == [b"k"]
+    assert len(_children() - before) == 1
+    batches.close()
+    assert _children() == before
+    with native.ScanStream(tmp_path, binary=stuck) as stream:
+        next(iter(stream))
+    assert _children() == before
+    # A key read first, then a stream cut within a frame: unavailable, and reaped.
+    cut = _fake(tmp_path, "printf '\\001\\000\\000\\000'; exec sleep 1000\n")
+    with pytest.raises(ScanUnavailable):
+        native.ScanStream(tmp_path, get=b"x", binary=_fake(tmp_path, "printf '\\001'\n"))
+    stream = native.ScanStream(tmp_path, binary=cut)
+    stream.close()
+    assert _children() == before
 
 
 def test_build_reports_the_compilers_message(tmp_path: Path) -> None:
