@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from consumer.spark.errors import (
+    BrokersUnresponsive,
     ExportError,
     InvalidOption,
     MissingHints,
@@ -23,6 +24,7 @@ from consumer.spark.errors import (
 from consumer.spark.shards_source import GazetteShardsDataSource
 
 __all__ = [
+    "BrokersUnresponsive",
     "ExportError",
     "GazetteShardsDataSource",
     "InvalidOption",

@@ -7,6 +7,7 @@ still says what went wrong.
 from __future__ import annotations
 
 __all__ = [
+    "BrokersUnresponsive",
     "ExportError",
     "InvalidOption",
     "MissingHints",
@@ -58,3 +59,8 @@ class WrongStoreKind(ExportError):
         self.shard = shard
         self.expected = expected
         self.found = found
+
+
+class BrokersUnresponsive(ExportError):
+    """No broker answered (planning), or a playback read nothing, for option
+    ``broker_timeout`` seconds: the brokers are unreachable, or option ``broker`` is wrong."""

@@ -18,7 +18,14 @@ from broker.protocol.selector import parse_label_selector
 from consumer.spark.errors import InvalidOption
 from consumer.spec import validate_shard_id
 
-__all__ = ["CHECKPOINT_MODES", "ROCKSDB_SCANS", "STORES", "ShardsOptions", "load_decoder"]
+__all__ = [
+    "CHECKPOINT_MODES",
+    "DEFAULT_BROKER_TIMEOUT",
+    "ROCKSDB_SCANS",
+    "STORES",
+    "ShardsOptions",
+    "load_decoder",
+]
 
 STORES = ("rocksdb", "sqlite", "json")
 CHECKPOINT_MODES = ("full", "offsets", "none")
@@ -47,11 +54,14 @@ _KNOWN = frozenset(
         "splits",
         "share_playback",
         "rocksdb_scan",
+        "broker_timeout",
     }
 )
 _HINTS = re.compile(r"primary|backup\.(0|[1-9][0-9]{0,8})")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 _DEFAULT_BATCH = 65536
+DEFAULT_BROKER_TIMEOUT = 60.0
+"""Seconds of option ``broker_timeout`` by default."""
 _MAX_SPLITS = 1024
 
 
@@ -91,6 +101,10 @@ class ShardsOptions:
     ``offsets``, a Checkpoint of the sources' read-through offsets only (no producer states
     nor ACK intents, whose size grows with the producers a shard has seen); ``none``, no
     such column."""
+    broker_timeout: float = DEFAULT_BROKER_TIMEOUT
+    """Seconds without an answer from the brokers after which planning fails, and without a
+    byte of the log read after which a task's playback fails (`BrokersUnresponsive`); 0:
+    wait for ever (the client retries an unreachable broker without end)."""
     rocksdb_scan: str = "auto"
     """How RocksDB keys are read: ``auto``, through the native scanner
     (`stores.rocksdb.scan`) when it is built and can open the database, else through
@@ -187,6 +201,17 @@ class ShardsOptions:
                 "checkpoint", f"must be one of {', '.join(CHECKPOINT_MODES)}, not {checkpoint!r}"
             )
         share_playback = _boolean(opts, "share_playback", "true")
+        raw_timeout = opts.get("broker_timeout", str(DEFAULT_BROKER_TIMEOUT)).strip()
+        try:
+            broker_timeout = float(raw_timeout)
+        except ValueError:
+            raise InvalidOption(
+                "broker_timeout", f"not a number of seconds: {raw_timeout!r}"
+            ) from None
+        if not 0 <= broker_timeout < float("inf"):
+            raise InvalidOption(
+                "broker_timeout", f"must be >= 0 seconds (0: none), not {raw_timeout}"
+            )
         rocksdb_scan = opts.get("rocksdb_scan", "auto").strip().lower()
         if rocksdb_scan not in ROCKSDB_SCANS:
             raise InvalidOption(
@@ -228,6 +253,7 @@ class ShardsOptions:
             share_playback=share_playback,
             checkpoint=checkpoint,
             rocksdb_scan=rocksdb_scan,
+            broker_timeout=broker_timeout,
         )
 
 

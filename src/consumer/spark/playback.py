@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from consumer.protocol import pb
-from consumer.spark.errors import ExportError, WrongStoreKind
+from consumer.spark.errors import BrokersUnresponsive, ExportError, WrongStoreKind
 from consumer.spark.resolve import ShardPlan
 from recoverylog.hints import hints_from_json
 
@@ -73,10 +73,16 @@ class PlayedShard:
 
 
 async def play(
-    plan: ShardPlan, brokers: Sequence[str], directory: Path, end_offset: int
+    plan: ShardPlan,
+    brokers: Sequence[str],
+    directory: Path,
+    end_offset: int,
+    stall_timeout: float = 0.0,
 ) -> PlayedShard:
     """Play `plan`'s log from its hints into `directory` (through `end_offset` if given, else
-    through the log's write head)."""
+    through the log's write head). `stall_timeout` > 0: raise `BrokersUnresponsive` once no
+    byte of the log has been read for that many seconds (the journal client retries an
+    unreachable broker without end)."""
     from broker.client import JournalClient
     from recoverylog.player import EXIT_AT_HEAD, Player
 
@@ -84,23 +90,60 @@ async def play(
     async with JournalClient(list(brokers)) as client:
         hints = hints_from_json(plan.hints_json)
         player = Player(client, plan.log, hints, directory, end_offset=end_offset)
-        fsm = await player.play(until=EXIT_AT_HEAD)
+        playing = asyncio.ensure_future(player.play(until=EXIT_AT_HEAD))
+        try:
+            if stall_timeout > 0:
+                await _watch(playing, player, plan, brokers, stall_timeout)
+            fsm = await playing
+        finally:
+            if not playing.done():
+                playing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await playing
         links = dict(fsm.links)
         head = player.write_head
     return PlayedShard(plan, directory, links, head, time.monotonic() - t0)
 
 
+async def _watch(
+    playing: asyncio.Future[Any],
+    player: Any,
+    plan: ShardPlan,
+    brokers: Sequence[str],
+    stall_timeout: float,
+) -> None:
+    """Returns once `playing` is done; raises `BrokersUnresponsive` if `player` reads nothing
+    for `stall_timeout` seconds before that."""
+    read, since = player.bytes_read, time.monotonic()
+    while not playing.done():
+        await asyncio.wait({playing}, timeout=min(1.0, stall_timeout / 4))
+        now = time.monotonic()
+        if player.bytes_read != read:
+            read, since = player.bytes_read, now
+        elif not playing.done() and now - since >= stall_timeout:
+            raise BrokersUnresponsive(
+                f"shard {plan.shard!r}: playback of its recovery log {plan.log!r} read nothing "
+                f"for {stall_timeout:g}s ({read} bytes read before; brokers "
+                f"{', '.join(brokers)}): are they reachable? (option broker_timeout)"
+            )
+
+
 @contextlib.contextmanager
 def played_shard(
-    plan: ShardPlan, brokers: Sequence[str], tmpdir: str = "", end_offset: int = 0
+    plan: ShardPlan,
+    brokers: Sequence[str],
+    tmpdir: str = "",
+    end_offset: int = 0,
+    stall_timeout: float = 0.0,
 ) -> Iterator[PlayedShard]:
     """Play `plan`'s log from its hints into a new temporary directory (under `tmpdir`, or
     the system's), yield it, and remove it whatever happens. Plays through `end_offset` of
     the log if given (every split of a shard plays the same snapshot), else through its write
-    head. Raises the Player's errors (`DataLoss` if the hinted log content is gone, ...)."""
+    head. Raises the Player's errors (`DataLoss` if the hinted log content is gone, ...), and
+    `BrokersUnresponsive` after `stall_timeout` seconds without progress (`play`)."""
     base = Path(tempfile.mkdtemp(prefix="gazette-shard-export-", dir=tmpdir or None)).resolve()
     try:
-        played = asyncio.run(play(plan, brokers, base / "store", end_offset))
+        played = asyncio.run(play(plan, brokers, base / "store", end_offset, stall_timeout))
         log.info(
             "played shard=%s log=%s write_head=%d files=%d seconds=%.2f",
             plan.shard,

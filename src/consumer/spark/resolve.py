@@ -16,6 +16,7 @@ from allocator.etcd import Etcd
 from broker.protocol.selector import matches, parse_label_selector
 from consumer.protocol import pb
 from consumer.spark.errors import (
+    BrokersUnresponsive,
     ExportError,
     MissingHints,
     NoShardsMatched,
@@ -202,7 +203,17 @@ async def plan_splits(opts: ShardsOptions) -> list[ShardSplit]:
     async with JournalClient(list(opts.brokers)) as client:
         for plan in plans:
             try:
-                resp = await append(client, bpb.AppendRequest(journal=plan.log))
+                learn_head = append(client, bpb.AppendRequest(journal=plan.log))
+                if opts.broker_timeout > 0:
+                    resp = await asyncio.wait_for(learn_head, opts.broker_timeout)
+                else:
+                    resp = await learn_head
+            except TimeoutError:
+                raise BrokersUnresponsive(
+                    f"shard {plan.shard!r}: no broker of {', '.join(opts.brokers)} answered "
+                    f"within {opts.broker_timeout:g}s (learning the write head of recovery log "
+                    f"{plan.log!r}): are they reachable? (options broker, broker_timeout)"
+                ) from None
             except JournalNotFound:
                 raise ExportError(
                     f"shard {plan.shard!r}: its recovery log {plan.log!r} is not a journal "

@@ -93,7 +93,9 @@ class GazetteShardsDataSource(DataSource):
             return f"{base}, {opts.schema}"
         if opts.store == "rocksdb":
             return f"{base}, {_ROCKSDB_DDL}"
-        with played_shard(plans[0], opts.brokers, opts.tmpdir) as played:
+        with played_shard(
+            plans[0], opts.brokers, opts.tmpdir, stall_timeout=opts.broker_timeout
+        ) as played:
             columns = sqlite_columns(played, opts.table, opts.query)
         reserved = (*BASE_COLUMNS, READ_THROUGH_COLUMN)
         clash = [n for n, _ in columns if n.lower() in reserved]
@@ -133,7 +135,9 @@ class GazetteShardsReader(DataSourceReader):
         split = partition.split
         share = opts.store == "rocksdb" and opts.share_playback
         playing = shared_played_shard if share else played_shard
-        with playing(split.plan, opts.brokers, opts.tmpdir, split.end_offset) as played:
+        with playing(
+            split.plan, opts.brokers, opts.tmpdir, split.end_offset, opts.broker_timeout
+        ) as played:
             if opts.store == "rocksdb":
                 decoder = load_decoder(opts.decoder) if opts.decoder else None
                 yield from rocksdb_batches(

@@ -102,7 +102,11 @@ def snapshot_name(plan: ShardPlan, end_offset: int) -> str:
 
 @contextlib.contextmanager
 def shared_played_shard(
-    plan: ShardPlan, brokers: Sequence[str], tmpdir: str = "", end_offset: int = 0
+    plan: ShardPlan,
+    brokers: Sequence[str],
+    tmpdir: str = "",
+    end_offset: int = 0,
+    stall_timeout: float = 0.0,
 ) -> Iterator[PlayedShard]:
     """Like `playback.played_shard`, but the snapshot is played once for every task of the
     host that reads it at the same time (see the module docs)."""
@@ -112,7 +116,7 @@ def shared_played_shard(
     lock = _LockFile(root / f"{name}.lock")
     try:
         lock.lock(fcntl.LOCK_SH)
-        yield _acquire(lock, root / name, plan, brokers, end_offset)
+        yield _acquire(lock, root / name, plan, brokers, end_offset, stall_timeout)
     finally:
         try:
             if lock.fd >= 0:
@@ -169,7 +173,12 @@ def _is_current(fd: int, path: Path) -> bool:
 
 
 def _acquire(
-    lock: _LockFile, directory: Path, plan: ShardPlan, brokers: Sequence[str], end_offset: int
+    lock: _LockFile,
+    directory: Path,
+    plan: ShardPlan,
+    brokers: Sequence[str],
+    end_offset: int,
+    stall_timeout: float,
 ) -> PlayedShard:
     """The snapshot played into `directory`, with `lock` (held shared) held shared on
     return."""
@@ -189,7 +198,9 @@ def _acquire(
             _remove_directory(directory)  # A killed task's partial playback.
             directory.mkdir()
             try:
-                played = asyncio.run(play(plan, brokers, directory / _STORE, end_offset))
+                played = asyncio.run(
+                    play(plan, brokers, directory / _STORE, end_offset, stall_timeout)
+                )
                 meta = {"links": played.links, "write_head": played.write_head, "boot": _boot_id()}
                 tmp = directory / f"{_META}.tmp"
                 tmp.write_text(json.dumps(meta))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -356,6 +357,23 @@ async def test_rocksdb_shards_export_while_consuming(
             **base,
         )
         await asyncio.to_thread(fails, "'shardz': unknown option", shardz="x", **base)
+
+        # A wrong broker address: the query's planning fails after broker_timeout, where it
+        # would otherwise wait for ever (the client retries unreachable brokers).
+        refusing = socket.socket()
+        refusing.bind(("127.0.0.1", 0))
+        try:
+            dead = f"127.0.0.1:{refusing.getsockname()[1]}"
+            wrong = {**base, "broker": dead, "broker_timeout": "2"}
+            t0 = time.monotonic()
+            unanswered = f"no broker of (http://)?{dead} answered within 2s"
+            with pytest.raises(Exception, match=unanswered):
+                await asyncio.to_thread(
+                    collect, spark_shards, shards="shard-000", store="rocksdb", **wrong
+                )
+            assert time.monotonic() - t0 < 30
+        finally:
+            refusing.close()
 
         # A new primary recovers from the primary hints and keeps them as backup.0:
         # an export from them plays the log on from an older point, to the same kind of state.

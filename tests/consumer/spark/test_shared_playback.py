@@ -213,6 +213,54 @@ def test_a_failed_playback_leaves_nothing_and_the_next_task_plays(
     assert list(shared_root(str(tmp_path)).iterdir()) == []
 
 
+def test_a_playback_that_reads_nothing_fails_after_the_broker_timeout(
+    recorded: Any, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    """An unreachable or hung broker: the journal client retries without end, so a task
+    would hang for ever; it fails with `BrokersUnresponsive` once nothing was read for
+    ``broker_timeout`` seconds, leaving no snapshot behind."""
+    import socket
+    import time
+
+    from consumer.spark.errors import BrokersUnresponsive
+
+    plan, head = recorded
+    refusing = socket.socket()  # Bound, never listening: connections are refused.
+    refusing.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{refusing.getsockname()[1]}"
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(BrokersUnresponsive, match=r"shard 'shard-a'.*read nothing for 1.5s"):
+            with playback.played_shard(plan, [dead], str(tmp_path), head, stall_timeout=1.5):
+                pytest.fail("played from an unreachable broker")
+        assert 1.5 <= time.monotonic() - t0 < 8
+    finally:
+        refusing.close()
+
+    assert broker.proc is not None
+    os.kill(broker.proc.pid, signal.SIGSTOP)  # Connected, but it answers nothing.
+    try:
+        with pytest.raises(BrokersUnresponsive, match="are they reachable"):
+            with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head, 1.5):
+                pytest.fail("played from a stopped broker")
+    finally:
+        os.kill(broker.proc.pid, signal.SIGCONT)
+    assert list(shared_root(str(tmp_path)).iterdir()) == []
+    # Progress resets the clock: a playback that reads goes on.
+    with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head, 1.5) as played:
+        assert len(_keys(played.directory)) == KEYS
+
+
+def test_broker_timeout_option() -> None:
+    base = {"etcd": "e", "root": "/r", "broker": "b", "shards": "shard-1", "store": "rocksdb"}
+    assert ShardsOptions.parse(base).broker_timeout == 60.0
+    assert ShardsOptions.parse({**base, "broker_timeout": "0"}).broker_timeout == 0.0
+    assert ShardsOptions.parse({**base, "broker_timeout": " 2.5"}).broker_timeout == 2.5
+    for bad, match in (("-1", "must be >= 0"), ("soon", "not a number"), ("inf", ">= 0")):
+        with pytest.raises(InvalidOption, match=f"'broker_timeout'.*{match}"):
+            ShardsOptions.parse({**base, "broker_timeout": bad})
+
+
 def test_share_playback_option() -> None:
     base = {"etcd": "e", "root": "/r", "broker": "b", "shards": "shard-1", "store": "rocksdb"}
     assert ShardsOptions.parse(base).share_playback is True
