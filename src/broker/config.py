@@ -154,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     try:
         validate_process_id(pb.ProcessSpec.ID(zone=a.zone, suffix=a.suffix))
     except ValidationError as err:
-        p.error(f"--zone/--suffix: {err}")
+        p.error(f"--zone/--suffix (BROKER_ZONE/BROKER_ID): {err}")
     return BrokerConfig(
         etcd=a.etcd,
         root=a.root.rstrip("/"),

@@ -166,7 +166,7 @@ def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
     try:
         validate_process_id(bpb.ProcessSpec.ID(zone=a.zone, suffix=a.suffix))
     except ValidationError as err:
-        p.error(f"--zone/--suffix: {err}")
+        p.error(f"--zone/--suffix (CONSUMER_ZONE/CONSUMER_ID): {err}")
     return ConsumerConfig(
         app=a.app,
         etcd=a.etcd,

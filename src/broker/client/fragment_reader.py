@@ -19,6 +19,7 @@ import urllib.parse
 import urllib.request
 from typing import IO, BinaryIO, cast
 
+from broker.client.metrics import CLIENT
 from broker.fragment.codecs import CorruptContentError, UnknownCodecError, decompress_to
 from broker.fragment.store import FragmentCorrupted
 from broker.protocol import protocol_pb2 as pb
@@ -43,6 +44,7 @@ class _HashingSink:
     def write(self, data: bytes, /) -> int:
         self.sha1.update(data)
         self.size += len(data)
+        CLIENT.fetched_bytes += len(data)  # From a worker thread: a progress signal only.
         return self.dst.write(data)
 
 

@@ -18,6 +18,10 @@ class ClientCounters:
     """Bytes committed by `Appender`s (and so `AppendService`), by journal."""
     read_bytes: Counter[str] = field(default_factory=Counter)
     """Bytes `Reader`s returned (from brokers, or fragments read directly), by journal."""
+    fetched_bytes: int = 0
+    """Decompressed bytes of fragments fetched directly from their stores so far (counted as
+    they arrive, before a fragment is verified and read: a progress signal for long fetches;
+    not rendered)."""
 
 
 CLIENT = ClientCounters()

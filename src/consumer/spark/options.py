@@ -210,7 +210,8 @@ class ShardsOptions:
             ) from None
         if not 0 <= broker_timeout < float("inf"):
             raise InvalidOption(
-                "broker_timeout", f"must be >= 0 seconds (0: none), not {raw_timeout}"
+                "broker_timeout",
+                f"must be a finite number of seconds >= 0 (0: none), not {raw_timeout}",
             )
         rocksdb_scan = opts.get("rocksdb_scan", "auto").strip().lower()
         if rocksdb_scan not in ROCKSDB_SCANS:

@@ -19,10 +19,10 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
@@ -52,6 +52,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 BASE_COLUMNS = ("shard", "checkpoint")
 """Columns every exported row begins with (then ``read_through`` if asked for)."""
 READ_THROUGH_COLUMN = "read_through"
@@ -80,9 +82,10 @@ async def play(
     stall_timeout: float = 0.0,
 ) -> PlayedShard:
     """Play `plan`'s log from its hints into `directory` (through `end_offset` if given, else
-    through the log's write head). `stall_timeout` > 0: raise `BrokersUnresponsive` once no
-    byte of the log has been read for that many seconds (the journal client retries an
-    unreachable broker without end)."""
+    through the log's write head). `stall_timeout` > 0: raise `BrokersUnresponsive` once the
+    playback has made no progress for that many seconds (no byte of the log read, nor of a
+    fragment fetched from its store): the journal client retries unreachable brokers
+    without end."""
     from broker.client import JournalClient
     from recoverylog.player import EXIT_AT_HEAD, Player
 
@@ -93,38 +96,70 @@ async def play(
         playing = asyncio.ensure_future(player.play(until=EXIT_AT_HEAD))
         try:
             if stall_timeout > 0:
-                await _watch(playing, player, plan, brokers, stall_timeout)
+                await _watch(playing, lambda: player.bytes_read, plan, brokers, stall_timeout)
             fsm = await playing
         finally:
             if not playing.done():
                 playing.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                # Its own error (if any) is a consequence of ours, which goes on.
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await playing
         links = dict(fsm.links)
         head = player.write_head
     return PlayedShard(plan, directory, links, head, time.monotonic() - t0)
 
 
+def run_playback(coro: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(coro)`, except that when it fails it does not wait for the threads of the
+    loop's default executor: a fragment download abandoned by a stall (`play`) could hold it
+    as long as the store takes to answer."""
+    loop = asyncio.new_event_loop()
+    ok = False
+    try:
+        out = loop.run_until_complete(coro)
+        ok = True
+        return out
+    finally:
+        try:
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            if ok:
+                loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            loop.close()  # Shuts the default executor down without waiting.
+
+
 async def _watch(
     playing: asyncio.Future[Any],
-    player: Any,
+    read: Callable[[], int],
     plan: ShardPlan,
     brokers: Sequence[str],
     stall_timeout: float,
 ) -> None:
-    """Returns once `playing` is done; raises `BrokersUnresponsive` if `player` reads nothing
-    for `stall_timeout` seconds before that."""
-    read, since = player.bytes_read, time.monotonic()
+    """Returns once `playing` is done; raises `BrokersUnresponsive` if neither `read()` (the
+    log bytes read) nor the client's fetched fragment bytes change for `stall_timeout`
+    seconds before that."""
+    from broker.client.metrics import CLIENT
+
+    def progress() -> tuple[int, int]:
+        return read(), CLIENT.fetched_bytes
+
+    seen, since = progress(), time.monotonic()
     while not playing.done():
         await asyncio.wait({playing}, timeout=min(1.0, stall_timeout / 4))
         now = time.monotonic()
-        if player.bytes_read != read:
-            read, since = player.bytes_read, now
+        if progress() != seen:
+            seen, since = progress(), now
         elif not playing.done() and now - since >= stall_timeout:
             raise BrokersUnresponsive(
-                f"shard {plan.shard!r}: playback of its recovery log {plan.log!r} read nothing "
-                f"for {stall_timeout:g}s ({read} bytes read before; brokers "
-                f"{', '.join(brokers)}): are they reachable? (option broker_timeout)"
+                f"shard {plan.shard!r}: playback of its recovery log {plan.log!r} made no "
+                f"progress for {stall_timeout:g}s ({seen[0]} bytes of it read before; "
+                f"brokers {', '.join(brokers)}): are they and the fragment stores reachable? "
+                "(option broker_timeout)"
             )
 
 
@@ -143,7 +178,7 @@ def played_shard(
     `BrokersUnresponsive` after `stall_timeout` seconds without progress (`play`)."""
     base = Path(tempfile.mkdtemp(prefix="gazette-shard-export-", dir=tmpdir or None)).resolve()
     try:
-        played = asyncio.run(play(plan, brokers, base / "store", end_offset, stall_timeout))
+        played = run_playback(play(plan, brokers, base / "store", end_offset, stall_timeout))
         log.info(
             "played shard=%s log=%s write_head=%d files=%d seconds=%.2f",
             plan.shard,

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from allocator.etcd import Etcd
 from broker.protocol.selector import matches, parse_label_selector
@@ -41,6 +43,8 @@ __all__ = [
     "resolve_shards",
     "resolve_shards_sync",
 ]
+
+T = TypeVar("T")
 
 ROCKSDB_MARKER = "/IDENTITY"
 """A property every recorded RocksDB has in its hints (RocksDB writes IDENTITY at creation,
@@ -203,17 +207,9 @@ async def plan_splits(opts: ShardsOptions) -> list[ShardSplit]:
     async with JournalClient(list(opts.brokers)) as client:
         for plan in plans:
             try:
-                learn_head = append(client, bpb.AppendRequest(journal=plan.log))
-                if opts.broker_timeout > 0:
-                    resp = await asyncio.wait_for(learn_head, opts.broker_timeout)
-                else:
-                    resp = await learn_head
-            except TimeoutError:
-                raise BrokersUnresponsive(
-                    f"shard {plan.shard!r}: no broker of {', '.join(opts.brokers)} answered "
-                    f"within {opts.broker_timeout:g}s (learning the write head of recovery log "
-                    f"{plan.log!r}): are they reachable? (options broker, broker_timeout)"
-                ) from None
+                resp = await _bounded(
+                    append(client, bpb.AppendRequest(journal=plan.log)), opts, plan
+                )
             except JournalNotFound:
                 raise ExportError(
                     f"shard {plan.shard!r}: its recovery log {plan.log!r} is not a journal "
@@ -229,6 +225,20 @@ async def plan_splits(opts: ShardsOptions) -> list[ShardSplit]:
                 count = _auto_splits(opts, estimate, len(plans))
             out.extend(ShardSplit(plan, end, i, count, estimate) for i in range(count))
     return out
+
+
+async def _bounded(call: Awaitable[T], opts: ShardsOptions, plan: ShardPlan) -> T:
+    """`call`, raising `BrokersUnresponsive` if it takes over option ``broker_timeout``."""
+    if opts.broker_timeout <= 0:
+        return await call
+    try:
+        return await asyncio.wait_for(call, opts.broker_timeout)
+    except TimeoutError:
+        raise BrokersUnresponsive(
+            f"shard {plan.shard!r}: no broker of {', '.join(opts.brokers)} answered within "
+            f"{opts.broker_timeout:g}s (learning the write head of recovery log {plan.log!r}): "
+            "are they reachable? (options broker, broker_timeout)"
+        ) from None
 
 
 def plan_splits_sync(opts: ShardsOptions) -> list[ShardSplit]:

@@ -43,7 +43,6 @@ remove); one playback per executor process (Spark's Python workers are separate 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import fcntl
@@ -61,7 +60,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from consumer.spark.errors import ExportError
-from consumer.spark.playback import PlayedShard, play
+from consumer.spark.playback import PlayedShard, play, run_playback
 from consumer.spark.resolve import ShardPlan
 
 __all__ = ["shared_played_shard", "shared_root", "snapshot_name"]
@@ -198,7 +197,7 @@ def _acquire(
             _remove_directory(directory)  # A killed task's partial playback.
             directory.mkdir()
             try:
-                played = asyncio.run(
+                played = run_playback(
                     play(plan, brokers, directory / _STORE, end_offset, stall_timeout)
                 )
                 meta = {"links": played.links, "write_head": played.write_head, "boot": _boot_id()}

@@ -9,7 +9,8 @@
  *             database is opened (and its WAL replayed) once for both.
  *
  * Output, little-endian:
- *   with GET_HEX, first: u32 found (0 or 1), u32 value bytes, the value;
+ *   the 8 bytes "GZRSCAN1" (this frame format's version: a reader refuses other versions);
+ *   with GET_HEX, then: u32 found (0 or 1), u32 value bytes, the value;
  *   then a frame per batch: u32 rows, u32 key bytes, u32 value bytes,
  *     i32 key_offsets[rows + 1], key data, zero padding to a multiple of 8 bytes (from the
  *     frame's first offset: value offsets stay aligned for Arrow),
@@ -48,6 +49,8 @@ static int write_all(const void *data, size_t len) {
     }
     return 0;
 }
+
+static const char MAGIC[8] = {'G', 'Z', 'R', 'S', 'C', 'A', 'N', '1'};
 
 /* A growable byte buffer. */
 typedef struct {
@@ -137,6 +140,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rocksdb-scan: bad arguments (keys are hex, counts positive)\n");
         return 2;
     }
+    if (write_all(MAGIC, 8) != 0) return 1;
     /* A batch's offsets are i32: it must stay under 2 GiB of keys and of values. */
     if (batch_bytes > (1LL << 30)) batch_bytes = 1LL << 30;
     if (batch_rows > (1LL << 24)) batch_rows = 1LL << 24;

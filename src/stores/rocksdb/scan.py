@@ -33,6 +33,8 @@ ENV_PATH = "GAZETTE_ROCKSDB_SCAN"
 """Environment variable naming the scanner binary (overrides `BINARY`)."""
 
 _HEADER = struct.Struct("<III")
+MAGIC = b"GZRSCAN1"
+"""What the scanner writes first: the version of its frames (``_scan.c``)."""
 _LIBS = ["-lstdc++", "-lsnappy", "-lz", "-lbz2", "-llz4", "-lzstd", "-lpthread", "-lm"]
 
 
@@ -90,17 +92,35 @@ class ScanStream:
         args += [str(batch_rows), str(batch_bytes)]
         if get is not None:
             args.append(get.hex())
-        self._stderr = tempfile.TemporaryFile()
+        try:
+            self._stderr = tempfile.TemporaryFile()
+        except OSError as err:
+            raise ScanUnavailable(f"cannot start the native RocksDB scanner: {err}") from err
         try:
             self._proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._stderr)
-        except OSError as err:
+        except BaseException as err:
             self._stderr.close()
-            raise ScanUnavailable(
-                f"cannot run the native RocksDB scanner {program}: {err}"
-            ) from err
+            if not isinstance(err, OSError):
+                raise
+            message = f"cannot run the native RocksDB scanner {program}: {err}"
+            raise ScanUnavailable(message) from err
         assert self._proc.stdout is not None
         self._out = self._proc.stdout
         self._yielded = False
+        self._iterated = False
+        try:
+            magic = _read_exactly(self._out, len(MAGIC))
+            if magic is None:
+                raise self._cut()
+            if magic != MAGIC:
+                raise ScanUnavailable(
+                    f"{program} writes another version of the scanner's frames (they begin "
+                    f"{bytes(magic)!r}, not {MAGIC!r}): rebuild it (python -m "
+                    "stores.rocksdb.scan build)"
+                )
+        except BaseException:
+            self.close()
+            raise
         if get is not None:
             try:
                 found = _read_exactly(self._out, 8)
@@ -116,6 +136,9 @@ class ScanStream:
                 raise
 
     def __iter__(self) -> Iterator[tuple[pa.Array, pa.Array]]:
+        if self._iterated or self._out.closed:
+            raise RuntimeError("a ScanStream is read once, and not once closed")
+        self._iterated = True
         try:
             while True:
                 header = _read_exactly(self._out, _HEADER.size)

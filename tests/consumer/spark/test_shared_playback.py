@@ -230,7 +230,9 @@ def test_a_playback_that_reads_nothing_fails_after_the_broker_timeout(
     dead = f"http://127.0.0.1:{refusing.getsockname()[1]}"
     try:
         t0 = time.monotonic()
-        with pytest.raises(BrokersUnresponsive, match=r"shard 'shard-a'.*read nothing for 1.5s"):
+        with pytest.raises(
+            BrokersUnresponsive, match=r"shard 'shard-a'.*made no progress for 1.5s"
+        ):
             with playback.played_shard(plan, [dead], str(tmp_path), head, stall_timeout=1.5):
                 pytest.fail("played from an unreachable broker")
         assert 1.5 <= time.monotonic() - t0 < 8
@@ -240,15 +242,69 @@ def test_a_playback_that_reads_nothing_fails_after_the_broker_timeout(
     assert broker.proc is not None
     os.kill(broker.proc.pid, signal.SIGSTOP)  # Connected, but it answers nothing.
     try:
-        with pytest.raises(BrokersUnresponsive, match="are they reachable"):
+        with pytest.raises(BrokersUnresponsive, match="fragment stores reachable"):
             with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head, 1.5):
                 pytest.fail("played from a stopped broker")
     finally:
         os.kill(broker.proc.pid, signal.SIGCONT)
     assert list(shared_root(str(tmp_path)).iterdir()) == []
-    # Progress resets the clock: a playback that reads goes on.
     with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head, 1.5) as played:
         assert len(_keys(played.directory)) == KEYS
+
+
+async def test_the_stall_watchdog_counts_log_reads_and_fragment_fetches_as_progress() -> None:
+    import asyncio
+    import time
+
+    from broker.client.metrics import CLIENT
+    from consumer.spark.errors import BrokersUnresponsive
+    from consumer.spark.playback import _watch
+
+    plan = ShardPlan("shard-w", "log/w", "", b"{}")
+    read = [0]
+
+    async def trickle(count: list[int] | None) -> None:
+        for _ in range(6):  # 1.2 s in all, more than the timeout, progressing every 0.2 s.
+            await asyncio.sleep(0.2)
+            if count is None:
+                CLIENT.fetched_bytes += 100  # A fragment downloading from its store.
+            else:
+                count[0] += 100
+
+    for counted in (read, None):
+        playing = asyncio.ensure_future(trickle(counted))
+        t0 = time.monotonic()
+        await _watch(playing, lambda: read[0], plan, ["b"], 0.5)
+        assert playing.done() and time.monotonic() - t0 >= 1.1
+
+    stuck = asyncio.ensure_future(asyncio.sleep(30))
+    t0 = time.monotonic()
+    with pytest.raises(BrokersUnresponsive, match="made no progress for 0.5s"):
+        await _watch(stuck, lambda: read[0], plan, ["b"], 0.5)
+    assert 0.5 <= time.monotonic() - t0 < 1.5
+    stuck.cancel()
+
+
+def test_a_failed_playback_does_not_wait_for_the_download_it_abandoned() -> None:
+    import asyncio
+    import time
+
+    from consumer.spark.errors import BrokersUnresponsive
+
+    async def stalled() -> None:
+        asyncio.get_running_loop().run_in_executor(None, time.sleep, 3)  # A hung fetch.
+        await asyncio.sleep(0.05)
+        raise BrokersUnresponsive("stalled")
+
+    t0 = time.monotonic()
+    with pytest.raises(BrokersUnresponsive):
+        playback.run_playback(stalled())
+    assert time.monotonic() - t0 < 1.5
+
+    async def fine() -> int:
+        return await asyncio.get_running_loop().run_in_executor(None, lambda: 7)
+
+    assert playback.run_playback(fine()) == 7
 
 
 def test_broker_timeout_option() -> None:
@@ -256,7 +312,7 @@ def test_broker_timeout_option() -> None:
     assert ShardsOptions.parse(base).broker_timeout == 60.0
     assert ShardsOptions.parse({**base, "broker_timeout": "0"}).broker_timeout == 0.0
     assert ShardsOptions.parse({**base, "broker_timeout": " 2.5"}).broker_timeout == 2.5
-    for bad, match in (("-1", "must be >= 0"), ("soon", "not a number"), ("inf", ">= 0")):
+    for bad, match in (("-1", "seconds >= 0"), ("soon", "not a number"), ("inf", "finite number")):
         with pytest.raises(InvalidOption, match=f"'broker_timeout'.*{match}"):
             ShardsOptions.parse({**base, "broker_timeout": bad})
 

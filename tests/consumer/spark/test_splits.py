@@ -210,7 +210,7 @@ def test_rocksdb_scan_option() -> None:
 
 def _fake_scanner(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "fake-scan"
-    path.write_text("#!/bin/sh\n" + body)
+    path.write_text("#!/bin/sh\nprintf GZRSCAN1\n" + body)  # The version magic, then `body`.
     path.chmod(0o755)
     return path
 

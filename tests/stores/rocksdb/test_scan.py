@@ -163,8 +163,10 @@ def test_a_key_read_first_then_the_range(tmp_path: Path) -> None:
             for k, v in zip(keys.to_pylist(), values.to_pylist(), strict=True)
         ]
     assert got == [(b"k3", b"v3"), (b"k4", b"v4"), (b"k5", b"v5")]
-    assert native.ScanStream(tmp_path, get=b"\x00none").got is None
-    assert native.ScanStream(tmp_path, get=b"\x00empty").got == b""
+    with native.ScanStream(tmp_path, get=b"\x00none") as stream:
+        assert stream.got is None
+    with native.ScanStream(tmp_path, get=b"\x00empty") as stream:
+        assert stream.got == b""
 
 
 def test_value_offsets_are_aligned_whatever_the_key_lengths(tmp_path: Path) -> None:
@@ -193,11 +195,12 @@ def test_a_huge_batch_row_count_is_clamped_not_wrapped(tmp_path: Path) -> None:
     assert [len(k) for k, _ in scan(tmp_path, batch_rows=2**32 + 3)] == [1000]
 
 
-def _fake(tmp_path: Path, body: str) -> Path:
-    """A stand-in scanner (a shell script) writing a given byte stream: the reader's side of
-    the framing, for streams a real scanner only writes when killed or failing."""
-    path = tmp_path / "fake-scan"
-    path.write_text("#!/bin/sh\n" + body)
+def _fake(tmp_path: Path, body: str, name: str = "fake-scan", magic: bool = True) -> Path:
+    """A stand-in scanner (a shell script) writing a given byte stream after the version
+    magic: the reader's side of the framing, for streams a real scanner only writes when
+    killed or failing."""
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + ("printf GZRSCAN1\n" if magic else "") + body)
     path.chmod(0o755)
     return path
 
@@ -259,12 +262,26 @@ def test_a_consumer_that_stops_early_leaves_no_scanner_behind(tmp_path: Path) ->
         next(iter(stream))
     assert _children() == before
     # A key read first, then a stream cut within a frame: unavailable, and reaped.
-    cut = _fake(tmp_path, "printf '\\001\\000\\000\\000'; exec sleep 1000\n")
     with pytest.raises(ScanUnavailable):
-        native.ScanStream(tmp_path, get=b"x", binary=_fake(tmp_path, "printf '\\001'\n"))
-    stream = native.ScanStream(tmp_path, binary=cut)
+        native.ScanStream(tmp_path, get=b"x", binary=_fake(tmp_path, "printf '\\001'\n", "cut"))
+    assert _children() == before
+    # Started, never read: close stops it.
+    waiting = _fake(tmp_path, "printf '\\001\\000\\000\\000'; exec sleep 1000\n", "waiting")
+    stream = native.ScanStream(tmp_path, binary=waiting)
+    assert len(_children() - before) == 1
     stream.close()
     assert _children() == before
+    with pytest.raises(RuntimeError, match="read once"):
+        next(iter(stream))
+
+
+def test_a_scanner_of_another_frame_version_is_unavailable(tmp_path: Path) -> None:
+    # An older build (no version magic, frames without padding) is refused, not misread.
+    old = _fake(tmp_path, FRAME, "old", magic=False)
+    with pytest.raises(ScanUnavailable, match=r"writes another version .*rebuild it"):
+        list(scan(tmp_path, binary=old))
+    with pytest.raises(ScanUnavailable, match="exit status 0"):  # Nothing at all.
+        list(scan(tmp_path, binary=_fake(tmp_path, "", "mute", magic=False)))
 
 
 def test_build_reports_the_compilers_message(tmp_path: Path) -> None:
