@@ -34,6 +34,9 @@ Options (all strings):
 - ``end``: ``head`` (the only value): read to each journal's write head at planning time.
 - ``zone``: the client's zone, to prefer same-zone brokers.
 - ``batch_rows``: rows per Arrow batch (default 8192).
+- ``broker_timeout``: seconds a task's read may make no progress (no byte read from the
+  brokers or fetched from fragment stores) before it fails with `JournalsSourceError`
+  (default 60; ``0``: wait for ever, as the client retries unreachable brokers without end).
 
 Every row has the columns ``journal STRING, begin BIGINT, end BIGINT, uuid STRING,
 producer STRING, clock BIGINT, flags INT`` (the message's journal byte range and its UUID
@@ -46,6 +49,7 @@ AnalysisException) before any job runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import importlib
@@ -65,6 +69,7 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.labels import value_of
 from broker.protocol.selector import parse_label_selector
 from consumer.spark.errors import ExportError
+from consumer.spark.options import DEFAULT_BROKER_TIMEOUT
 from message.envelope import Envelope
 from message.framing import (
     CONTENT_TYPE_CSV,
@@ -97,7 +102,18 @@ _PREFIX = "message_"
 _NODE_MASK = (1 << 48) - 1
 _ACK = int(Flags.ACK_TXN)
 _KNOWN_OPTIONS = frozenset(
-    {"broker", "selector", "committed", "acks", "message", "schema", "end", "zone", "batch_rows"}
+    {
+        "broker",
+        "selector",
+        "committed",
+        "acks",
+        "message",
+        "schema",
+        "end",
+        "zone",
+        "batch_rows",
+        "broker_timeout",
+    }
 )
 
 
@@ -129,6 +145,9 @@ class JournalsOptions:
     schema: str = ""
     zone: str = ""
     batch_rows: int = 8192
+    broker_timeout: float = DEFAULT_BROKER_TIMEOUT
+    """Seconds a task's read may make no progress (no message, no byte read or fetched)
+    before it fails; 0: wait for ever (the client retries unreachable brokers without end)."""
 
     @classmethod
     def parse(cls, options: typing.Mapping[str, str]) -> JournalsOptions:
@@ -161,6 +180,16 @@ class JournalsOptions:
             raise JournalsSourceError(
                 f"option batch_rows={opts.get('batch_rows')!r}: expected a positive integer"
             )
+        raw_timeout = opts.get("broker_timeout", str(DEFAULT_BROKER_TIMEOUT)).strip()
+        try:
+            broker_timeout = float(raw_timeout)
+        except ValueError:
+            broker_timeout = -1.0
+        if not 0 <= broker_timeout < float("inf"):
+            raise JournalsSourceError(
+                f"option broker_timeout={raw_timeout!r}: expected a finite number of seconds "
+                ">= 0 (0: none)"
+            )
         message = opts.get("message", "").strip()
         if message:
             load_message_class(message)  # Fails here, on the driver, if it can't be imported.
@@ -173,6 +202,7 @@ class JournalsOptions:
             schema=opts.get("schema", "").strip(),
             zone=opts.get("zone", "").strip(),
             batch_rows=batch_rows,
+            broker_timeout=broker_timeout,
         )
 
 
@@ -560,14 +590,18 @@ async def read_journal(opts: JournalsOptions, plan: JournalPlan) -> AsyncIterato
             it.close()
 
 
-def _drive(agen: AsyncIterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _drive(
+    agen: AsyncIterator[pa.RecordBatch], stall_timeout: float = 0.0, journal: str = ""
+) -> Iterator[pa.RecordBatch]:
     """Iterate an async iterator from synchronous code, on a loop of its own (one loop turn
-    per batch, not per message: entering the loop costs more than decoding a message)."""
+    per batch, not per message: entering the loop costs more than decoding a message).
+    `stall_timeout` > 0: raise `JournalsSourceError` once reading `journal` made no progress
+    for that many seconds (`consumer.spark.stall`)."""
     loop = asyncio.new_event_loop()
     try:
         while True:
             try:
-                yield loop.run_until_complete(agen.__anext__())
+                yield loop.run_until_complete(_next(agen, stall_timeout, journal))
             except StopAsyncIteration:
                 break
     finally:
@@ -576,6 +610,31 @@ def _drive(agen: AsyncIterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             loop.run_until_complete(aclose())
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+
+async def _next(
+    agen: AsyncIterator[pa.RecordBatch], stall_timeout: float, journal: str
+) -> pa.RecordBatch:
+    if stall_timeout <= 0:
+        return await agen.__anext__()
+    from consumer.spark.stall import watch
+
+    pending = asyncio.ensure_future(agen.__anext__())
+
+    def stalled() -> Exception:
+        return JournalsSourceError(
+            f"journal {journal}: reading it made no progress for {stall_timeout:g}s: are its "
+            "brokers and fragment stores reachable? (option broker_timeout)"
+        )
+
+    try:
+        await watch(pending, lambda: None, stall_timeout, stalled)
+    except BaseException:
+        pending.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await pending
+        raise
+    return await pending
 
 
 async def _batches(
@@ -602,7 +661,7 @@ def read_batches(
     opts: JournalsOptions, plan: JournalPlan, schema: pa.Schema, columns: _Columns
 ) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the rows of one journal."""
-    return _drive(_batches(opts, plan, schema, columns))
+    return _drive(_batches(opts, plan, schema, columns), opts.broker_timeout, plan.journal)
 
 
 # --- The Spark API --------------------------------------------------------------------------

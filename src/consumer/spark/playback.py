@@ -141,26 +141,19 @@ async def _watch(
     stall_timeout: float,
 ) -> None:
     """Returns once `playing` is done; raises `BrokersUnresponsive` if neither `read()` (the
-    log bytes read) nor the client's fetched fragment bytes change for `stall_timeout`
-    seconds before that."""
-    from broker.client.metrics import CLIENT
+    log bytes read) nor the client's traffic changes for `stall_timeout` seconds before
+    that (`consumer.spark.stall`)."""
+    from consumer.spark.stall import watch
 
-    def progress() -> tuple[int, int]:
-        return read(), CLIENT.fetched_bytes
+    def stalled() -> Exception:
+        return BrokersUnresponsive(
+            f"shard {plan.shard!r}: playback of its recovery log {plan.log!r} made no "
+            f"progress for {stall_timeout:g}s ({read()} bytes of it read before; "
+            f"brokers {', '.join(brokers)}): are they and the fragment stores reachable? "
+            "(option broker_timeout)"
+        )
 
-    seen, since = progress(), time.monotonic()
-    while not playing.done():
-        await asyncio.wait({playing}, timeout=min(1.0, stall_timeout / 4))
-        now = time.monotonic()
-        if progress() != seen:
-            seen, since = progress(), now
-        elif not playing.done() and now - since >= stall_timeout:
-            raise BrokersUnresponsive(
-                f"shard {plan.shard!r}: playback of its recovery log {plan.log!r} made no "
-                f"progress for {stall_timeout:g}s ({seen[0]} bytes of it read before; "
-                f"brokers {', '.join(brokers)}): are they and the fragment stores reachable? "
-                "(option broker_timeout)"
-            )
+    await watch(playing, read, stall_timeout, stalled)
 
 
 @contextlib.contextmanager

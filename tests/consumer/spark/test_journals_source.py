@@ -228,6 +228,10 @@ async def _append(endpoint: str, journal: str, data: bytes) -> None:
             "option message",
         ),
         ({"broker": "127.0.0.1:1", "selector": "topic=notes"}, "UNAVAILABLE"),
+        (
+            {"broker": "{broker}", "selector": "topic=notes", "broker_timeout": "-1"},
+            "option broker_timeout='-1': expected a finite number of seconds",
+        ),
     ],
 )
 def test_bad_options_fail_before_any_job(
@@ -251,6 +255,31 @@ def test_source_reads_to_the_head_of_planning(registered: Any, cluster: Fixture)
     assert df.count() == 1
     again = _load(registered, broker=endpoint, selector="topic=late", committed="false")
     assert again.count() == 2
+
+
+def test_a_read_that_makes_no_progress_fails_after_the_broker_timeout(
+    registered: Any, cluster: Fixture
+) -> None:
+    """A broker that hangs while tasks read: the client would wait for ever; the task fails
+    once it read nothing for ``broker_timeout`` seconds, and a read after it recovers works."""
+    import signal
+    import time
+
+    endpoint = cluster.broker.endpoint
+    df = _load(registered, broker=endpoint, selector="topic=notes", broker_timeout="1.5")
+    want = df.count()
+    assert want > 0
+    assert cluster.broker.proc is not None
+    pid = cluster.broker.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(Exception, match="reading it made no progress for 1.5s"):
+            df.count()
+        assert time.monotonic() - t0 < 30
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert df.count() == want
 
 
 def test_module_importable_without_spark_session() -> None:
