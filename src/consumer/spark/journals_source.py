@@ -34,9 +34,10 @@ Options (all strings):
 - ``end``: ``head`` (the only value): read to each journal's write head at planning time.
 - ``zone``: the client's zone, to prefer same-zone brokers.
 - ``batch_rows``: rows per Arrow batch (default 8192).
-- ``broker_timeout``: seconds a task's read may make no progress (no byte read from the
-  brokers or fetched from fragment stores) before it fails with `JournalsSourceError`
-  (default 60; ``0``: wait for ever, as the client retries unreachable brokers without end).
+- ``broker_timeout``: seconds planning may wait for the brokers' answers, and a task's read
+  may make no progress (no byte read from the brokers or fetched from fragment stores),
+  before either fails with `JournalsSourceError` (default 60; ``0``: wait for ever, as the
+  client retries unreachable brokers without end).
 
 Every row has the columns ``journal STRING, begin BIGINT, end BIGINT, uuid STRING,
 producer STRING, clock BIGINT, flags INT`` (the message's journal byte range and its UUID
@@ -101,6 +102,7 @@ _META_NAMES = ("journal", "begin", "end", "uuid", "producer", "clock", "flags")
 _PREFIX = "message_"
 _NODE_MASK = (1 << 48) - 1
 _ACK = int(Flags.ACK_TXN)
+_T = typing.TypeVar("_T")
 _KNOWN_OPTIONS = frozenset(
     {
         "broker",
@@ -347,11 +349,31 @@ async def resolve_journals_async(opts: JournalsOptions) -> list[JournalPlan]:
         return plans
 
 
+async def _bounded(call: typing.Awaitable[_T], opts: JournalsOptions) -> _T:
+    """`call`, within option ``broker_timeout`` (a `TimeoutError` past it; 0: no bound)."""
+    if opts.broker_timeout <= 0:
+        return await call
+    task = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({task}, timeout=opts.broker_timeout)
+    if not done:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise TimeoutError
+    return task.result()
+
+
 def resolve_journals(opts: JournalsOptions) -> list[JournalPlan]:
     """`resolve_journals_async` run on a new event loop (Spark calls us synchronously).
     Broker failures are raised as JournalsSourceError, in one line."""
     try:
-        return asyncio.run(resolve_journals_async(opts))
+        return asyncio.run(_bounded(resolve_journals_async(opts), opts))
+    except TimeoutError:
+        raise JournalsSourceError(
+            f"listing journals of selector {opts.selector!r}: no answer from broker(s) "
+            f"{','.join(opts.brokers)} within {opts.broker_timeout:g}s: are they reachable? "
+            "(options broker, broker_timeout)"
+        ) from None
     except grpc.aio.AioRpcError as err:
         raise JournalsSourceError(
             f"listing journals of selector {opts.selector!r} at broker(s) "
@@ -591,7 +613,10 @@ async def read_journal(opts: JournalsOptions, plan: JournalPlan) -> AsyncIterato
 
 
 def _drive(
-    agen: AsyncIterator[pa.RecordBatch], stall_timeout: float = 0.0, journal: str = ""
+    agen: AsyncIterator[pa.RecordBatch],
+    stall_timeout: float = 0.0,
+    journal: str = "",
+    brokers: str = "",
 ) -> Iterator[pa.RecordBatch]:
     """Iterate an async iterator from synchronous code, on a loop of its own (one loop turn
     per batch, not per message: entering the loop costs more than decoding a message).
@@ -601,7 +626,7 @@ def _drive(
     try:
         while True:
             try:
-                yield loop.run_until_complete(_next(agen, stall_timeout, journal))
+                yield loop.run_until_complete(_next(agen, stall_timeout, journal, brokers))
             except StopAsyncIteration:
                 break
     finally:
@@ -613,7 +638,7 @@ def _drive(
 
 
 async def _next(
-    agen: AsyncIterator[pa.RecordBatch], stall_timeout: float, journal: str
+    agen: AsyncIterator[pa.RecordBatch], stall_timeout: float, journal: str, brokers: str
 ) -> pa.RecordBatch:
     if stall_timeout <= 0:
         return await agen.__anext__()
@@ -624,7 +649,7 @@ async def _next(
     def stalled() -> Exception:
         return JournalsSourceError(
             f"journal {journal}: reading it made no progress for {stall_timeout:g}s: are its "
-            "brokers and fragment stores reachable? (option broker_timeout)"
+            f"brokers ({brokers}) and fragment stores reachable? (option broker_timeout)"
         )
 
     try:
@@ -661,7 +686,8 @@ def read_batches(
     opts: JournalsOptions, plan: JournalPlan, schema: pa.Schema, columns: _Columns
 ) -> Iterator[pa.RecordBatch]:
     """Arrow batches of the rows of one journal."""
-    return _drive(_batches(opts, plan, schema, columns), opts.broker_timeout, plan.journal)
+    batches = _batches(opts, plan, schema, columns)
+    return _drive(batches, opts.broker_timeout, plan.journal, ", ".join(opts.brokers))
 
 
 # --- The Spark API --------------------------------------------------------------------------

@@ -228,7 +228,8 @@ async def plan_splits(opts: ShardsOptions) -> list[ShardSplit]:
 
 
 async def _bounded(call: Awaitable[T], opts: ShardsOptions, plan: ShardPlan) -> T:
-    """`call`, raising `BrokersUnresponsive` if it takes over option ``broker_timeout``."""
+    """`call` (the empty append learning `plan`'s log's write head), raising
+    `BrokersUnresponsive` if it takes over option ``broker_timeout``."""
     if opts.broker_timeout <= 0:
         return await call
     try:

@@ -277,6 +277,11 @@ def test_a_read_that_makes_no_progress_fails_after_the_broker_timeout(
         with pytest.raises(Exception, match="reading it made no progress for 1.5s"):
             df.count()
         assert time.monotonic() - t0 < 30
+        # Planning too: connections are accepted (the kernel's backlog), never answered.
+        t0 = time.monotonic()
+        with pytest.raises(Exception, match=r"no answer from broker\(s\) .* within 1.5s"):
+            _load(registered, broker=endpoint, selector="topic=notes", broker_timeout="1.5")
+        assert time.monotonic() - t0 < 10
     finally:
         os.kill(pid, signal.SIGCONT)
     assert df.count() == want
