@@ -258,33 +258,59 @@ def test_source_reads_to_the_head_of_planning(registered: Any, cluster: Fixture)
 
 
 def test_a_read_that_makes_no_progress_fails_after_the_broker_timeout(
-    registered: Any, cluster: Fixture
+    registered: Any, etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
     """A broker that hangs while tasks read: the client would wait for ever; the task fails
-    once it read nothing for ``broker_timeout`` seconds, and a read after it recovers works."""
+    once it read nothing for ``broker_timeout`` seconds, and so does planning; a read after
+    it recovers works. The broker is this test's own (its own etcd root, a lease that
+    outlives the pause), so that stopping it disturbs no other test."""
     import signal
     import time
 
-    endpoint = cluster.broker.endpoint
-    df = _load(registered, broker=endpoint, selector="topic=notes", broker_timeout="1.5")
-    want = df.count()
-    assert want > 0
-    assert cluster.broker.proc is not None
-    pid = cluster.broker.proc.pid
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        t0 = time.monotonic()
-        with pytest.raises(Exception, match="reading it made no progress for 1.5s"):
-            df.count()
-        assert time.monotonic() - t0 < 30
-        # Planning too: connections are accepted (the kernel's backlog), never answered.
-        t0 = time.monotonic()
-        with pytest.raises(Exception, match=r"no answer from broker\(s\) .* within 1.5s"):
-            _load(registered, broker=endpoint, selector="topic=notes", broker_timeout="1.5")
-        assert time.monotonic() - t0 < 10
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    assert df.count() == want
+    private = BrokerProcess(
+        etcd_server.endpoint,
+        root=f"/test-journals-stall/{os.getpid()}",
+        spool_dir=tmp_path / "spool",
+        extra_args=["--lease-ttl", "60"],
+    )
+    with private:
+        endpoint = private.endpoint
+        store = f"file://{tmp_path}/"
+
+        async def publish() -> None:
+            async with JournalClient(endpoint) as client:
+                spec = _spec("stall/notes", store, JSON, "stall")
+                await apply_journals(
+                    client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)])
+                )
+            for i in range(20):
+                await _append(endpoint, "stall/notes", b'{"producer":"p","i":%d}\n' % i)
+
+        asyncio.run(publish())
+        df = _load(
+            registered,
+            broker=endpoint,
+            selector="topic=stall",
+            broker_timeout="1.5",
+            committed="false",
+        )
+        assert df.count() == 20
+        assert private.proc is not None
+        pid = private.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(Exception, match="reading it made no progress for 1.5s"):
+                df.count()
+            assert time.monotonic() - t0 < 30
+            # Planning too: connections are accepted (the kernel's backlog), never answered.
+            t0 = time.monotonic()
+            with pytest.raises(Exception, match=r"no answer from broker\(s\) .* within 1.5s"):
+                _load(registered, broker=endpoint, selector="topic=stall", broker_timeout="1.5")
+            assert time.monotonic() - t0 < 10
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert df.count() == 20
 
 
 def test_module_importable_without_spark_session() -> None:

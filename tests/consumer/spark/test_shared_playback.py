@@ -4,6 +4,7 @@ workers are)."""
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -24,6 +25,7 @@ import consumer.spark.shared_playback as shared
 from broker.client import JournalClient, apply_journals
 from broker.protocol import protocol_pb2 as bpb
 from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
 from consumer.protocol import pb
 from consumer.spark import playback
 from consumer.spark.errors import ExportError, InvalidOption
@@ -214,7 +216,7 @@ def test_a_failed_playback_leaves_nothing_and_the_next_task_plays(
 
 
 def test_a_playback_that_reads_nothing_fails_after_the_broker_timeout(
-    recorded: Any, broker: BrokerProcess, tmp_path: Path
+    recorded: Any, etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
     """An unreachable or hung broker: the journal client retries without end, so a task
     would hang for ever; it fails with `BrokersUnresponsive` once nothing was read for
@@ -239,17 +241,27 @@ def test_a_playback_that_reads_nothing_fails_after_the_broker_timeout(
     finally:
         refusing.close()
 
-    assert broker.proc is not None
-    os.kill(broker.proc.pid, signal.SIGSTOP)  # Connected, but it answers nothing.
-    try:
-        with pytest.raises(BrokersUnresponsive, match="fragment stores reachable"):
-            with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head, 1.5):
-                pytest.fail("played from a stopped broker")
-    finally:
-        os.kill(broker.proc.pid, signal.SIGCONT)
-    assert list(shared_root(str(tmp_path)).iterdir()) == []
-    with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head, 1.5) as played:
-        assert len(_keys(played.directory)) == KEYS
+    # A broker of this test's own (its own etcd root, a lease outliving the pause): stopping
+    # it cannot disturb the module's broker, whose 4 s lease would expire.
+    private = BrokerProcess(
+        etcd_server.endpoint,
+        root=f"/test-stall/{os.getpid()}",
+        spool_dir=tmp_path / "private-spool",
+        extra_args=["--lease-ttl", "60"],
+    )
+    with private:
+        plan, head = asyncio.run(_recorded_shard(private, tmp_path / "private", "stall/log"))
+        assert private.proc is not None
+        os.kill(private.proc.pid, signal.SIGSTOP)  # Connected, but it answers nothing.
+        try:
+            with pytest.raises(BrokersUnresponsive, match="fragment stores reachable"):
+                with shared_played_shard(plan, [private.endpoint], str(tmp_path), head, 1.5):
+                    pytest.fail("played from a stopped broker")
+        finally:
+            os.kill(private.proc.pid, signal.SIGCONT)
+        assert list(shared_root(str(tmp_path)).iterdir()) == []
+        with shared_played_shard(plan, [private.endpoint], str(tmp_path), head, 1.5) as played:
+            assert len(_keys(played.directory)) == KEYS
 
 
 async def test_the_stall_watchdog_counts_log_reads_and_fragment_fetches_as_progress() -> None:
