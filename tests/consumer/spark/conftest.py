@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from broker.testing.broker import BrokerProcess
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +32,15 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+def pausable_broker(etcd_endpoint: str, spool: Path, name: str) -> BrokerProcess:
+    """A broker of one test's own, under its own etcd root, with a lease that outlives a
+    SIGSTOP of several seconds: pausing the shared test brokers (4 s leases) could expire
+    their membership and fail later tests. Use it as a context manager."""
+    return BrokerProcess(
+        etcd_endpoint,
+        root=f"/test-{name}/{os.getpid()}",
+        spool_dir=spool,
+        extra_args=["--lease-ttl", "60"],
+    )

@@ -29,6 +29,7 @@ from message.mapping import MappingFunc
 from message.publisher import Publisher
 from message.uuid import Flags
 from tests.conftest import session_broker
+from tests.consumer.spark.conftest import pausable_broker
 from tests.message.notes import JSON, Note
 
 CSV = "text/csv"
@@ -267,12 +268,7 @@ def test_a_read_that_makes_no_progress_fails_after_the_broker_timeout(
     import signal
     import time
 
-    private = BrokerProcess(
-        etcd_server.endpoint,
-        root=f"/test-journals-stall/{os.getpid()}",
-        spool_dir=tmp_path / "spool",
-        extra_args=["--lease-ttl", "60"],
-    )
+    private = pausable_broker(etcd_server.endpoint, tmp_path / "spool", "journals-stall")
     with private:
         endpoint = private.endpoint
         store = f"file://{tmp_path}/"

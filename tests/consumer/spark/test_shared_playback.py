@@ -34,6 +34,7 @@ from consumer.spark.resolve import ShardPlan
 from consumer.spark.shared_playback import shared_played_shard, shared_root, snapshot_name
 from recoverylog.hints import hints_to_json
 from stores.rocksdb.store import RocksDBStore
+from tests.consumer.spark.conftest import pausable_broker
 
 KEYS = 300
 
@@ -243,12 +244,7 @@ def test_a_playback_that_reads_nothing_fails_after_the_broker_timeout(
 
     # A broker of this test's own (its own etcd root, a lease outliving the pause): stopping
     # it cannot disturb the module's broker, whose 4 s lease would expire.
-    private = BrokerProcess(
-        etcd_server.endpoint,
-        root=f"/test-stall/{os.getpid()}",
-        spool_dir=tmp_path / "private-spool",
-        extra_args=["--lease-ttl", "60"],
-    )
+    private = pausable_broker(etcd_server.endpoint, tmp_path / "private-spool", "stall")
     with private:
         plan, head = asyncio.run(_recorded_shard(private, tmp_path / "private", "stall/log"))
         assert private.proc is not None
