@@ -309,28 +309,31 @@ def rocksdb_batches(
     stop = _successor(key_prefix)
     count = split[1]
     raw_checkpoint: bytes | None = None
+    if scanner is None or count > 1:
+        # Split points need rocksdict (the SST files' metadata), which reads the checkpoint.
+        raw_checkpoint, bounds = _open_for_export(played, start, stop, split)
+        if bounds is None:
+            return
+        start, stop = bounds
     stream: native.ScanStream | None = None
-    if scanner is not None and count == 1:
-        # One scanner reads the checkpoint, then the keys: one open of the database.
+    if scanner is not None:
         try:
+            # With one split, the scanner reads the checkpoint first: one open of the database.
             stream = native.ScanStream(
                 played.directory,
                 start,
                 stop,
                 batch_rows=batch_size,
-                get=CHECKPOINT_KEY,
+                get=CHECKPOINT_KEY if count == 1 else None,
                 binary=scanner,
             )
         except native.ScanError as err:
             _scan_failed(shard, err, strict)
-            scanner = None
-        else:
-            raw_checkpoint = stream.got
-    if stream is None:
-        raw_checkpoint, bounds = _open_for_export(played, start, stop, split)
-        if bounds is None:
-            return
-        start, stop = bounds
+        if count == 1:
+            if stream is not None:
+                raw_checkpoint = stream.got
+            else:
+                raw_checkpoint, _ = _open_for_export(played, start, stop, split)
     try:
         checkpoint = pb.Checkpoint()
         if raw_checkpoint is not None:
@@ -338,8 +341,8 @@ def rocksdb_batches(
         builder = _BatchBuilder(schema, shard, checkpoint, checkpoint_mode)
         cut = len(key_prefix)
         pairs: Iterator[tuple[pa.Array | list[bytes], pa.Array | list[bytes]]]
-        if scanner is not None:
-            pairs = _scanned_pairs(played, stream, scanner, start, stop, batch_size, strict=strict)
+        if stream is not None:
+            pairs = _scanned_pairs(played, stream, start, stop, batch_size, strict=strict)
         else:
             pairs = _rocksdict_pairs(played, start, stop, batch_size)
         for keys, values in pairs:
@@ -420,34 +423,26 @@ def _open_for_export(
 
 def _scanned_pairs(
     played: PlayedShard,
-    stream: ScanStream | None,
-    scanner: Path,
+    stream: ScanStream,
     start: bytes,
     stop: bytes | None,
     batch_size: int,
     *,
     strict: bool,
 ) -> Iterator[tuple[pa.Array | list[bytes], pa.Array | list[bytes]]]:
-    """[`start`, `stop`) through the native scanner (`stream`, a `ScanStream` of that range
-    already started, or None to start one); through rocksdict if the scanner cannot open
-    the database or fails before its first batch (unless `strict`)."""
+    """[`start`, `stop`) from `stream` (a scan of that range); through rocksdict if the
+    scanner fails before its first batch (unless `strict`)."""
     from stores.rocksdb import scan as native
 
-    shard = played.plan.shard
     try:
-        if stream is None:
-            stream = native.ScanStream(
-                played.directory, start, stop, batch_rows=batch_size, binary=scanner
-            )
         yield from stream
     except native.ScanUnavailable as err:
-        _scan_failed(shard, err, strict)
+        _scan_failed(played.plan.shard, err, strict)
         yield from _rocksdict_pairs(played, start, stop, batch_size)
     except native.ScanError as err:
-        raise ExportError(f"shard {shard!r}: {err}") from err
+        raise ExportError(f"shard {played.plan.shard!r}: {err}") from err
     finally:
-        if stream is not None:
-            stream.close()
+        stream.close()
 
 
 def _rocksdict_pairs(
