@@ -102,7 +102,6 @@ _META_NAMES = ("journal", "begin", "end", "uuid", "producer", "clock", "flags")
 _PREFIX = "message_"
 _NODE_MASK = (1 << 48) - 1
 _ACK = int(Flags.ACK_TXN)
-_T = typing.TypeVar("_T")
 _KNOWN_OPTIONS = frozenset(
     {
         "broker",
@@ -349,31 +348,20 @@ async def resolve_journals_async(opts: JournalsOptions) -> list[JournalPlan]:
         return plans
 
 
-async def _bounded(call: typing.Awaitable[_T], opts: JournalsOptions) -> _T:
-    """`call`, within option ``broker_timeout`` (a `TimeoutError` past it; 0: no bound)."""
-    if opts.broker_timeout <= 0:
-        return await call
-    task = asyncio.ensure_future(call)
-    done, _ = await asyncio.wait({task}, timeout=opts.broker_timeout)
-    if not done:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        raise TimeoutError
-    return task.result()
-
-
 def resolve_journals(opts: JournalsOptions) -> list[JournalPlan]:
     """`resolve_journals_async` run on a new event loop (Spark calls us synchronously).
     Broker failures are raised as JournalsSourceError, in one line."""
-    try:
-        return asyncio.run(_bounded(resolve_journals_async(opts), opts))
-    except TimeoutError:
-        raise JournalsSourceError(
+    from consumer.spark.stall import within
+
+    def late() -> Exception:
+        return JournalsSourceError(
             f"listing journals of selector {opts.selector!r}: no answer from broker(s) "
             f"{','.join(opts.brokers)} within {opts.broker_timeout:g}s: are they reachable? "
             "(options broker, broker_timeout)"
-        ) from None
+        )
+
+    try:
+        return asyncio.run(within(resolve_journals_async(opts), opts.broker_timeout, late))
     except grpc.aio.AioRpcError as err:
         raise JournalsSourceError(
             f"listing journals of selector {opts.selector!r} at broker(s) "

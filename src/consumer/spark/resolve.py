@@ -230,16 +230,16 @@ async def plan_splits(opts: ShardsOptions) -> list[ShardSplit]:
 async def _bounded(call: Awaitable[T], opts: ShardsOptions, plan: ShardPlan) -> T:
     """`call` (the empty append learning `plan`'s log's write head), raising
     `BrokersUnresponsive` if it takes over option ``broker_timeout``."""
-    if opts.broker_timeout <= 0:
-        return await call
-    try:
-        return await asyncio.wait_for(call, opts.broker_timeout)
-    except TimeoutError:
-        raise BrokersUnresponsive(
+    from consumer.spark.stall import within
+
+    def late() -> Exception:
+        return BrokersUnresponsive(
             f"shard {plan.shard!r}: no broker of {', '.join(opts.brokers)} answered within "
             f"{opts.broker_timeout:g}s (learning the write head of recovery log {plan.log!r}): "
             "are they reachable? (options broker, broker_timeout)"
-        ) from None
+        )
+
+    return await within(call, opts.broker_timeout, late)
 
 
 def plan_splits_sync(opts: ShardsOptions) -> list[ShardSplit]:

@@ -11,13 +11,16 @@ whole before its first byte is returned, and must not look like a stall.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from broker.client.metrics import CLIENT
 
-__all__ = ["client_progress", "watch"]
+__all__ = ["client_progress", "watch", "within"]
+
+T = TypeVar("T")
 
 
 def client_progress() -> tuple[int, int]:
@@ -47,3 +50,18 @@ async def watch(
             seen, since = current, now
         elif not pending.done() and now - since >= timeout:
             raise stalled()
+
+
+async def within(call: Awaitable[T], timeout: float, late: Callable[[], Exception]) -> T:
+    """`call`'s result, or `late()` raised (the call cancelled) if it takes over `timeout`
+    seconds; 0: no bound. (Errors of the call itself, a `TimeoutError` too, pass through.)"""
+    if timeout <= 0:
+        return await call
+    task = asyncio.ensure_future(call)
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise late()
+    return task.result()
