@@ -23,6 +23,21 @@ def default_suffix(hostname: str | None = None) -> str:
     return name[:MAX_SUFFIX_LENGTH]
 
 
+def check_process_id(
+    parser: argparse.ArgumentParser, zone: str, suffix: str, env_names: str
+) -> None:
+    """Exits through `parser` (status 2) if --zone/--suffix (environment variables
+    `env_names`) do not make a valid ProcessSpec.ID."""
+    from broker.protocol import protocol_pb2 as pb
+    from broker.protocol.errors import ValidationError
+    from broker.protocol.validation import validate_process_id
+
+    try:
+        validate_process_id(pb.ProcessSpec.ID(zone=zone, suffix=suffix))
+    except ValidationError as err:
+        parser.error(f"--zone/--suffix ({env_names}): {err}")
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     """Everything a broker process needs; defaults run on one machine."""
@@ -147,14 +162,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         p.error("--lease-ttl must be at least 2 seconds")
     if not 0 <= a.http_port <= 65535:
         p.error(f"--http-port must be a port number (0: no HTTP), not {a.http_port}")
-    from broker.protocol import protocol_pb2 as pb
-    from broker.protocol.errors import ValidationError
-    from broker.protocol.validation import validate_process_id
-
-    try:
-        validate_process_id(pb.ProcessSpec.ID(zone=a.zone, suffix=a.suffix))
-    except ValidationError as err:
-        p.error(f"--zone/--suffix (BROKER_ZONE/BROKER_ID): {err}")
+    check_process_id(p, a.zone, a.suffix, "BROKER_ZONE/BROKER_ID")
     return BrokerConfig(
         etcd=a.etcd,
         root=a.root.rstrip("/"),

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.config import default_suffix, http_host
+from broker.config import check_process_id, default_suffix, http_host
 
 
 @dataclass(frozen=True)
@@ -159,14 +159,7 @@ def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
         p.error(f"--lease-ttl must be at least 2 seconds, not {a.lease_ttl}")
     if not 0 <= a.fusefs_prestart <= 64:
         p.error(f"--fusefs-prestart must be within 0..64, not {a.fusefs_prestart}")
-    from broker.protocol import protocol_pb2 as bpb
-    from broker.protocol.errors import ValidationError
-    from broker.protocol.validation import validate_process_id
-
-    try:
-        validate_process_id(bpb.ProcessSpec.ID(zone=a.zone, suffix=a.suffix))
-    except ValidationError as err:
-        p.error(f"--zone/--suffix (CONSUMER_ZONE/CONSUMER_ID): {err}")
+    check_process_id(p, a.zone, a.suffix, "CONSUMER_ZONE/CONSUMER_ID")
     return ConsumerConfig(
         app=a.app,
         etcd=a.etcd,
