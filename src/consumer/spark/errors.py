@@ -12,6 +12,7 @@ __all__ = [
     "InvalidOption",
     "MissingHints",
     "NoShardsMatched",
+    "SharedPlaybackFailed",
     "ShardNotFound",
     "WrongStoreKind",
 ]
@@ -64,3 +65,16 @@ class WrongStoreKind(ExportError):
 class BrokersUnresponsive(ExportError):
     """No broker answered (planning), or a playback read nothing, for option
     ``broker_timeout`` seconds: the brokers are unreachable, or option ``broker`` is wrong."""
+
+
+class SharedPlaybackFailed(ExportError):
+    """Another task of this host failed to play the snapshot this task was waiting for
+    (shared playback): this task fails with that error rather than playing it again."""
+
+    def __init__(self, shard: str, log: str, error: str) -> None:
+        super().__init__(
+            f"shard {shard!r}: the shared playback of recovery log {log} failed in another "
+            f"task on this host: {error}"
+        )
+        self.shard = shard
+        self.error = error

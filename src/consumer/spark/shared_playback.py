@@ -33,8 +33,14 @@ lock's path (else it opens the new one), so two tasks never hold "exclusive" loc
 files of one name. Directories left by tasks that were killed (their locks end with their
 processes), and the remains of interrupted removals, are removed by the next task to acquire
 any snapshot on the host, once nobody holds their lock; a partial playback (no
-``played.json``) is played over. A playback that fails is tried again by each waiting task in
-turn (each then fails with its error).
+``played.json``) is played over.
+
+A playback that fails leaves ``<name>.failed`` (its time, the boot and the error): every task
+that was already looking for that snapshot when it failed fails at once with
+`SharedPlaybackFailed`, naming the error, instead of playing it again in turn (with an
+unreachable broker, each would wait ``broker_timeout`` once more). A task that comes later
+plays again (Spark's task retries, a new query). Failure records older than an hour are
+swept.
 
 Rejected: keeping snapshots for a while after their last reader, for the next wave of tasks
 or the next query (a played store can be as large as the shard, left on a host for nobody to
@@ -59,7 +65,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from consumer.spark.errors import ExportError
+from consumer.spark.errors import ExportError, SharedPlaybackFailed
 from consumer.spark.playback import PlayedShard, play, run_playback
 from consumer.spark.resolve import ShardPlan
 
@@ -69,6 +75,8 @@ log = logging.getLogger(__name__)
 
 _SHARED_DIR = "gazette-shard-export-shared"
 _META = "played.json"
+_FAILED = ".failed"
+_FAILED_KEPT = 3600.0  # Seconds a failure record is kept (`_sweep`).
 _TRASH = ".trash-"
 _STORE = "store"
 
@@ -109,13 +117,14 @@ def shared_played_shard(
 ) -> Iterator[PlayedShard]:
     """Like `playback.played_shard`, but the snapshot is played once for every task of the
     host that reads it at the same time (see the module docs)."""
+    since = time.time()  # A playback that fails from now on fails this task too.
     root = shared_root(tmpdir)
     name = snapshot_name(plan, end_offset)
     _sweep(root, keep=name)
     lock = _LockFile(root / f"{name}.lock")
     try:
         lock.lock(fcntl.LOCK_SH)
-        yield _acquire(lock, root / name, plan, brokers, end_offset, stall_timeout)
+        yield _acquire(lock, root / name, plan, brokers, end_offset, stall_timeout, since)
     finally:
         try:
             if lock.fd >= 0:
@@ -178,14 +187,19 @@ def _acquire(
     brokers: Sequence[str],
     end_offset: int,
     stall_timeout: float,
+    since: float,
 ) -> PlayedShard:
     """The snapshot played into `directory`, with `lock` (held shared) held shared on
-    return."""
+    return. Raises `SharedPlaybackFailed` if a playback of it failed at or after `since`."""
+    failed = directory.parent / f"{directory.name}{_FAILED}"
     while True:
         # Held shared here: the snapshot cannot be removed while we look.
         played = _load(directory, plan)
         if played is not None:
             return played
+        failure = _failure(failed, since)
+        if failure is not None:
+            raise SharedPlaybackFailed(plan.shard, plan.log, failure)
         # Only a task that can take the lock exclusively at once plays: waiting for it would
         # deadlock with a task that holds it shared and waits for us (or make us wait until
         # every reader of the snapshot is done). Converting drops the shared lock first.
@@ -204,7 +218,9 @@ def _acquire(
                 tmp = directory / f"{_META}.tmp"
                 tmp.write_text(json.dumps(meta))
                 tmp.rename(directory / _META)
-            except BaseException:
+            except BaseException as err:
+                # Recorded before the lock is released: the tasks waiting for it see it.
+                _record_failure(failed, err)
                 _remove_directory(directory)
                 raise
             log.info(
@@ -229,6 +245,32 @@ def _load(directory: Path, plan: ShardPlan) -> PlayedShard | None:
         return None
     links = {str(k): int(v) for k, v in meta["links"].items()}
     return PlayedShard(plan, directory / _STORE, links, int(meta["write_head"]), 0.0)
+
+
+def _record_failure(path: Path, err: BaseException) -> None:
+    """Record in `path` that a playback failed with `err`, now (best effort: a task that
+    cannot write it fails alone, and the others play again)."""
+    record = {"time": time.time(), "boot": _boot_id(), "error": f"{type(err).__name__}: {err}"}
+    tmp = path.with_name(f"{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        tmp.write_text(json.dumps(record))
+        tmp.rename(path)
+    except OSError as write_err:
+        log.warning("cannot record a failed shared playback in %s: %s", path, write_err)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _failure(path: Path, since: float) -> str | None:
+    """The error of a playback recorded as failed in `path` at or after `since` (this boot),
+    else None."""
+    try:
+        record = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    if record.get("boot") != _boot_id() or float(record.get("time", 0.0)) < since:
+        return None
+    return str(record.get("error", "unknown error"))
 
 
 def _boot_id() -> str:
@@ -263,6 +305,11 @@ def _sweep(root: Path, keep: str) -> None:
     remains of removals that were interrupted."""
     for trash in root.glob(f"{_TRASH}*"):
         shutil.rmtree(trash, ignore_errors=True)
+    now = time.time()
+    for record in root.glob(f"*{_FAILED}*"):
+        with contextlib.suppress(OSError):
+            if now - record.stat().st_mtime > _FAILED_KEPT:
+                record.unlink()
     for path in root.glob("*.lock"):
         name = path.name[: -len(".lock")]
         if name == keep:

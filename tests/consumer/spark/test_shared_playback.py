@@ -97,6 +97,10 @@ def _keys(directory: Path) -> list[bytes]:
         db.close()
 
 
+def _names(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in shared_root(str(tmp_path)).iterdir())
+
+
 def test_concurrent_tasks_share_one_playback(
     recorded: Any, broker: BrokerProcess, tmp_path: Path, plays: list[str]
 ) -> None:
@@ -204,7 +208,8 @@ def test_a_failed_playback_leaves_nothing_and_the_next_task_plays(
     with pytest.raises(Exception, match="no-such"):
         with shared_played_shard(missing, [broker.endpoint], str(tmp_path), head):
             pytest.fail("played a log that does not exist")
-    assert list(shared_root(str(tmp_path)).iterdir()) == []
+    # Only the failure's record (for the tasks that were waiting) is left.
+    assert _names(tmp_path) == [f"{snapshot_name(missing, head)}.failed"]
 
     # A partial playback left by a killed player (no played.json) is played over.
     name = snapshot_name(plan, head)
@@ -213,7 +218,67 @@ def test_a_failed_playback_leaves_nothing_and_the_next_task_plays(
     with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head) as played:
         assert len(_keys(played.directory)) == KEYS
     assert plays == ["shard-a", "shard-a"]
-    assert list(shared_root(str(tmp_path)).iterdir()) == []
+    assert _names(tmp_path) == [f"{snapshot_name(missing, head)}.failed"]
+
+
+def test_tasks_waiting_for_a_failed_playback_fail_with_its_error_at_once(
+    recorded: Any, broker: BrokerProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tasks waiting for a shared playback that fails do not each play it again in turn
+    (with an unreachable broker, one `broker_timeout` after another): they fail with its
+    error. A task that comes after the failure plays again."""
+    import time
+
+    from consumer.spark.errors import BrokersUnresponsive, SharedPlaybackFailed
+
+    plan, head = recorded
+    plays: list[float] = []
+    real = playback.play
+
+    async def failing(*args: Any) -> Any:
+        plays.append(time.monotonic())
+        await asyncio.sleep(1.0)  # Meanwhile the other tasks look, and wait.
+        raise BrokersUnresponsive("no broker answered (a test's)")
+
+    monkeypatch.setattr(shared, "play", failing)
+    tasks = 3
+    errors: list[BaseException] = []
+    ended: list[float] = []
+
+    def task() -> None:
+        try:
+            with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head):
+                pytest.fail("a failed playback yielded a snapshot")
+        except BaseException as err:
+            errors.append(err)
+        ended.append(time.monotonic())
+
+    threads = [threading.Thread(target=task) for _ in range(tasks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(plays) == 1, "each waiting task played the failed snapshot again"
+    assert [type(e) for e in errors].count(BrokersUnresponsive) == 1
+    waiting = [e for e in errors if isinstance(e, SharedPlaybackFailed)]
+    assert len(waiting) == tasks - 1
+    for err in waiting:
+        assert "shard 'shard-a'" in str(err)
+        assert "BrokersUnresponsive: no broker answered (a test's)" in str(err)
+    assert max(ended) - plays[0] < 1.0 + 5.0  # Once, not one failure after another.
+    assert _names(tmp_path) == [f"{snapshot_name(plan, head)}.failed"]
+
+    # Later, the same snapshot is played again (a task retry, the next query).
+    monkeypatch.setattr(shared, "play", real)
+    with shared_played_shard(plan, [broker.endpoint], str(tmp_path), head) as played:
+        assert len(_keys(played.directory)) == KEYS
+
+    # Failure records are swept once old.
+    record = shared_root(str(tmp_path)) / f"{snapshot_name(plan, head)}.failed"
+    old = time.time() - 2 * shared._FAILED_KEPT
+    os.utime(record, (old, old))
+    shared._sweep(shared_root(str(tmp_path)), keep="")
+    assert _names(tmp_path) == []
 
 
 def test_a_playback_that_reads_nothing_fails_after_the_broker_timeout(
@@ -255,7 +320,7 @@ def test_a_playback_that_reads_nothing_fails_after_the_broker_timeout(
                     pytest.fail("played from a stopped broker")
         finally:
             os.kill(private.proc.pid, signal.SIGCONT)
-        assert list(shared_root(str(tmp_path)).iterdir()) == []
+        assert _names(tmp_path) == [f"{snapshot_name(plan, head)}.failed"]
         with shared_played_shard(plan, [private.endpoint], str(tmp_path), head, 1.5) as played:
             assert len(_keys(played.directory)) == KEYS
 
