@@ -2,7 +2,7 @@
 
 The VFS callbacks of SQLite are synchronous and run in the store's SQLite thread; the
 `Recorder` lives on an asyncio event loop. The bridge queues operations (create, truncate,
-write, unlink) in the order SQLite performs them, coalescing contiguous writes to one file,
+write, rename, unlink) in the order SQLite performs them, coalescing contiguous writes to one file,
 and hands them to the loop in batches with ``call_soon_threadsafe`` (FIFO: the log receives
 them in the same order). `sync` hands over the batch and, if asked to, blocks the SQLite
 thread until a Recorder barrier behind it resolves: everything recorded so far is then
@@ -20,7 +20,7 @@ import concurrent.futures
 import threading
 from typing import Any
 
-from recoverylog.op_batch import CREATE, TRUNCATE, UNLINK, WRITE, Op, apply_ops
+from recoverylog.op_batch import CREATE, RENAME, TRUNCATE, UNLINK, WRITE, Op, apply_ops
 from recoverylog.recorder import Recorder
 
 __all__ = ["RecorderBridge", "RecordingFailed"]
@@ -90,6 +90,10 @@ class RecorderBridge:
     def unlink(self, path: str) -> None:
         """Recorded file `path` was removed."""
         self._push((UNLINK, path, 0, b""))
+
+    def rename(self, src: str, dst: str) -> None:
+        """Recorded file `src` was renamed to `dst` (which did not exist)."""
+        self._push((RENAME, src, 0, dst.encode()))
 
     def write(self, path: str, offset: int, data: bytes) -> None:
         """`data` was written at `offset` of recorded file `path`."""

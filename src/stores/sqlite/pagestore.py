@@ -19,6 +19,14 @@ bytes for a write. Kinds: `WRITE` (bytes at offset) and `SIZE` (truncate or exte
 to `offset` bytes). A log cut anywhere (a crash) leaves a prefix of the records: a torn
 record can only end a page file, and is dropped, as a write which did not happen (also in an
 older generation: the recovery after the crash dropped it, and later files build on that).
+
+*WAL generations* (``<db>.pages/<generation>.wal``): in WAL mode the store's own checkpoints
+copy WAL frames, already recorded in the WAL, into the database; those copies are not
+recorded again (`PageStore.note_backfill`). The WAL's Fnode then stays live instead: when
+SQLite resets or deletes the WAL it is renamed to a WAL generation (`PageStore.keep_wal`),
+unless a base recorded since holds everything (no backfill skipped since the base). Rebuild
+applies a WAL generation's committed frames in order (`_apply_wal`), as SQLite's checkpoint
+did. Each page is thus recorded once (in the WAL) rather than twice.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from __future__ import annotations
 import os
 import posixpath
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -35,6 +43,7 @@ __all__ = [
     "PAGES_SUFFIX",
     "RECORD",
     "SIZE",
+    "WAL_SUFFIX",
     "WRITE",
     "CorruptPageFile",
     "FileSink",
@@ -43,11 +52,15 @@ __all__ = [
     "encode_size",
     "encode_write_header",
     "generation_of",
+    "generation_path",
+    "is_wal_generation",
     "live_generations",
     "rebuild",
 ]
 
 PAGES_SUFFIX = ".pages"
+WAL_SUFFIX = ".wal"
+"""Suffix of a WAL generation's name (a kept WAL, not page records)."""
 RECORD = struct.Struct("<BQI")
 WRITE = 1
 SIZE = 2
@@ -71,17 +84,26 @@ def encode_size(size: int) -> bytes:
     return RECORD.pack(SIZE, size, 0)
 
 
-def generation_path(db: str, generation: int) -> str:
-    """Recorded path (relative to the store directory) of `db`'s page file `generation`."""
-    return f"{db}{PAGES_SUFFIX}/{generation:016d}"
+def generation_path(db: str, generation: int, wal: bool = False) -> str:
+    """Recorded path (relative to the store directory) of `db`'s page file `generation`
+    (`wal`: of its WAL generation)."""
+    return f"{db}{PAGES_SUFFIX}/{generation:016d}{WAL_SUFFIX if wal else ''}"
 
 
 def generation_of(db: str, path: str) -> int | None:
-    """The generation of `path` if it is a page file of `db` (both relative), else None."""
+    """The generation of `path` if it is a page file or WAL generation of `db` (both
+    relative), else None."""
     head, name = posixpath.split(path)
+    if name.endswith(WAL_SUFFIX):
+        name = name[: -len(WAL_SUFFIX)]
     if head != db + PAGES_SUFFIX or len(name) != 16 or not name.isdigit():
         return None
     return int(name)
+
+
+def is_wal_generation(path: str | Path) -> bool:
+    """Whether page-store file `path` is a WAL generation (else page records)."""
+    return str(path).endswith(WAL_SUFFIX)
 
 
 def live_generations(db: str, paths: Iterable[str]) -> list[int]:
@@ -114,18 +136,25 @@ def _complete_length(path: Path) -> int:
 
 
 def rebuild(sources: Sequence[Path], target: Path) -> RebuildStats:
-    """Write `target` (replacing it) by applying the page files `sources` in order.
+    """Write `target` (replacing it) by applying the page files `sources` in order (WAL
+    generations, named ``*.wal``, by their committed frames: `_apply_wal`).
 
     A torn record ending a file is dropped, in any file: a crash tears only the tail of the
     file being written, the recovery after it dropped that record, and generations written
     since were built on the database without it; dropping it again rebuilds the same state.
-    Raises `CorruptPageFile` for an unknown record kind.
+    Raises `CorruptPageFile` for an unknown record kind, or a WAL generation which is not a
+    WAL.
     """
     records = bytes_read = 0
     torn = False
     fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         for src in sources:
+            if is_wal_generation(src):
+                frames, n = _apply_wal(src, fd)
+                records += frames
+                bytes_read += n
+                continue
             end = src.stat().st_size
             complete = _complete_length(src)
             if complete < end:
@@ -159,6 +188,57 @@ def rebuild(sources: Sequence[Path], target: Path) -> RebuildStats:
     return RebuildStats(len(sources), records, bytes_read, size, torn)
 
 
+_WAL_HEADER = struct.Struct(">IIIIIIII")
+_WAL_FRAME = struct.Struct(">IIIIII")
+_WAL_MAGICS = (0x377F0682, 0x377F0683)
+
+
+def _apply_wal(src: Path, fd: int) -> tuple[int, int]:
+    """Apply the committed frames of WAL `src` to database file `fd`, in order, as a SQLite
+    checkpoint does: each commit frame's transaction is written, and the file is then cut to
+    its size in pages. Frames after the last commit frame (a transaction that was never
+    committed, or rolled back) are ignored; so are frames of another salt (left from an
+    earlier use of the file, as SQLite does). Frame checksums are not verified: a WAL
+    generation is complete by construction (it is renamed after all its writes were
+    recorded) and the log's fragments carry SHA1 sums. Returns (frames applied, bytes read).
+    """
+    with open(src, "rb", buffering=1 << 20) as f:
+        head = f.read(_WAL_HEADER.size)
+        if len(head) < _WAL_HEADER.size:
+            if not head:
+                return 0, 0  # An empty WAL: nothing was written to it.
+            raise CorruptPageFile(src, 0, "WAL generation shorter than a WAL header")
+        magic, _version, page_size, _seq, salt1, salt2, _c1, _c2 = _WAL_HEADER.unpack(head)
+        if magic not in _WAL_MAGICS:
+            raise CorruptPageFile(src, 0, f"not a WAL (magic {magic:#x})")
+        if page_size == 1:
+            page_size = 65536
+        if page_size < 512 or page_size > 65536 or page_size & (page_size - 1):
+            raise CorruptPageFile(src, 0, f"WAL page size {page_size}")
+        frame = _WAL_FRAME.size + page_size
+
+        def frames() -> Iterator[tuple[int, int, bytes]]:
+            """(page number, commit size, page) of each frame of this WAL's salt, in order."""
+            f.seek(_WAL_HEADER.size)
+            while len(buf := f.read(frame)) == frame:
+                pgno, commit, s1, s2, _, _ = _WAL_FRAME.unpack_from(buf)
+                if (s1, s2) != (salt1, salt2) or pgno == 0:
+                    return
+                yield pgno, commit, buf[_WAL_FRAME.size :]
+
+        # First the extent of the committed frames, then those frames: a transaction is
+        # applied only once its commit frame is known to be there.
+        committed = 0
+        for n, (_, commit, _) in enumerate(frames(), 1):
+            if commit:
+                committed = n
+        for _, (pgno, commit, page) in zip(range(committed), frames(), strict=False):
+            os.pwrite(fd, page, (pgno - 1) * page_size)
+            if commit:
+                os.ftruncate(fd, commit * page_size)
+    return committed, _WAL_HEADER.size + committed * frame
+
+
 class FileSink(Protocol):
     """Where a PageStore records its page files (a `RecorderBridge`)."""
 
@@ -168,13 +248,16 @@ class FileSink(Protocol):
 
     def unlink(self, path: str) -> None: ...
 
+    def rename(self, src: str, dst: str) -> None: ...
+
 
 class PageStore:
     """Records the writes of one main database file as page files (module docs).
 
     Driven synchronously by the VFS file of the database, from the thread running SQLite.
     `live` are the (generation, size) of page files already in the log (after playback), the
-    first being treated as the base of the next compaction.
+    first being treated as the base of the next compaction; `wal_generations` those of them
+    which are WAL generations.
     """
 
     def __init__(
@@ -183,6 +266,7 @@ class PageStore:
         db: str,
         live: Sequence[tuple[int, int]] = (),
         *,
+        wal_generations: Iterable[int] = (),
         compaction_factor: float = 1.5,
         min_compaction_bytes: int = 1 << 20,
         roll_bytes: int = 64 << 10,
@@ -193,6 +277,7 @@ class PageStore:
         self.min_compaction_bytes = min_compaction_bytes
         self.roll_bytes = roll_bytes
         self.generations = [g for g, _ in live]
+        self.wal_generations = set(wal_generations) & set(self.generations)
         self._next_gen = (self.generations[-1] + 1) if self.generations else 1
         self._cur: str | None = None
         self._cur_size = 0
@@ -200,6 +285,16 @@ class PageStore:
         """Bytes of page files recorded since the base (the first live generation)."""
         self.compactions = 0
         self.bytes_recorded = 0
+        self.wal_bytes_kept = 0
+        self.wal_size = 0
+        """Recorded size of the database's WAL (kept up to date by the WAL's VFS file)."""
+        self.backfill_skipped = bool(live)
+        """Whether database writes copied from the WAL were left unrecorded since the base
+        (so the WAL must be kept when it is reset). After playback, assumed (one WAL kept
+        for nothing at worst)."""
+
+    def _path(self, generation: int) -> str:
+        return generation_path(self.db, generation, generation in self.wal_generations)
 
     def _open(self) -> str:
         if self._cur is None:
@@ -227,25 +322,53 @@ class PageStore:
         """Record that the database file was truncated (or extended) to `size` bytes."""
         self._append(encode_size(size))
 
+    def note_backfill(self) -> None:
+        """A write of WAL frames into the database (a checkpoint of the store's) was left
+        unrecorded: the WAL holds it, and must stay live until a base does (`keep_wal`)."""
+        self.backfill_skipped = True
+
+    def keep_wal(self, wal: str, size: int) -> bool:
+        """SQLite resets or deletes WAL `wal` (recorded, `size` bytes), all of whose frames
+        are in the database by then. If checkpoint writes were left unrecorded since the
+        base, rename it to a new WAL generation (the caller records the WAL's next Fnode) and
+        return True; else return False (the base holds its frames: it may die)."""
+        if not self.backfill_skipped or size <= _WAL_HEADER.size:
+            return False
+        self._cur = None  # Later page records go to a later generation than this WAL.
+        gen = self._next_gen
+        self._next_gen += 1
+        self.generations.append(gen)
+        self.wal_generations.add(gen)
+        self.sink.rename(wal, generation_path(self.db, gen, wal=True))
+        self.delta_bytes += size
+        self.wal_bytes_kept += size
+        return True
+
     @property
     def has_base(self) -> bool:
         return bool(self.generations)
 
-    def synced(self, db_size: int, read: Callable[[int, int], bytes]) -> None:
-        """The database file was synced at `db_size` bytes: roll or compact as due.
+    def synced(self, db_size: int, read: Callable[[int, int], bytes]) -> bool:
+        """The database file was synced at `db_size` bytes: roll or compact as due. Returns
+        whether it compacted.
 
         `read(offset, n)` reads the local database file (for a compaction).
         """
         threshold = max(self.min_compaction_bytes, self.compaction_factor * db_size)
-        if self.delta_bytes >= threshold:
+        # A WAL whose checkpoint copies were skipped counts already: it is kept at its reset
+        # (after this sync) unless this compacts.
+        pending = self.wal_size if self.backfill_skipped else 0
+        if self.delta_bytes + pending >= threshold:
             self.compact(db_size, read)
-        elif self._cur is not None and self._cur_size >= self.roll_bytes:
+            return True
+        if self._cur is not None and self._cur_size >= self.roll_bytes:
             self._cur = None
+        return False
 
     def compact(self, db_size: int, read: Callable[[int, int], bytes]) -> None:
         """Record the whole database (`db_size` bytes, read with `read`) as a new base
         generation, then unlink every older page file."""
-        old = [generation_path(self.db, g) for g in self.generations]
+        old = [self._path(g) for g in self.generations]
         self._cur = None
         self._open()
         self._append(encode_size(db_size))
@@ -260,6 +383,8 @@ class PageStore:
         for path in old:
             self.sink.unlink(path)
         self.generations = [base]
+        self.wal_generations.clear()
         self._cur = None  # The base is closed: later writes go to a new delta file.
         self.delta_bytes = 0
+        self.backfill_skipped = False  # The base was read after every write so far.
         self.compactions += 1

@@ -36,7 +36,13 @@ from recoverylog.author import new_author
 from recoverylog.player import TAIL, Player
 from recoverylog.recorder import Recorder
 from stores.sqlite.bridge import RecorderBridge
-from stores.sqlite.pagestore import PAGES_SUFFIX, PageStore, generation_of, rebuild
+from stores.sqlite.pagestore import (
+    PAGES_SUFFIX,
+    PageStore,
+    generation_of,
+    is_wal_generation,
+    rebuild,
+)
 from stores.sqlite.vfs import RecordingVFS
 
 __all__ = [
@@ -71,9 +77,10 @@ class StoreClosed(RuntimeError):
     """The store was closed or destroyed."""
 
 
-def _played_page_files(links: dict[str, int]) -> dict[str, list[int]]:
-    """Database (relative path) -> live page-file generations, from recorded `links`."""
-    out: dict[str, list[int]] = {}
+def _played_page_files(links: dict[str, int]) -> dict[str, list[tuple[int, str]]]:
+    """Database (relative path) -> its live page files (generation, relative path) in
+    generation order, from recorded `links`."""
+    out: dict[str, list[tuple[int, str]]] = {}
     for link in links:
         rel = link.lstrip("/")
         head = os.path.dirname(rel)
@@ -81,21 +88,25 @@ def _played_page_files(links: dict[str, int]) -> dict[str, list[int]]:
             db = head[: -len(PAGES_SUFFIX)]
             gen = generation_of(db, rel)
             if gen is not None:
-                out.setdefault(db, []).append(gen)
+                out.setdefault(db, []).append((gen, rel))
     for gens in out.values():
         gens.sort()
     return out
 
 
-def rebuild_played(directory: Path, links: dict[str, int]) -> dict[str, list[tuple[int, int]]]:
+def rebuild_played(
+    directory: Path, links: dict[str, int]
+) -> dict[str, list[tuple[int, int, bool]]]:
     """Rebuild every database of played `directory` from its page files (then removed from
-    local disk), given the recorded `links` of the played FSM; returns the (generation, size)
-    of each database's page files."""
+    local disk), given the recorded `links` of the played FSM; returns the (generation, size,
+    is a WAL generation) of each database's page files."""
     played = _played_page_files(links)
-    out: dict[str, list[tuple[int, int]]] = {}
-    for db, gens in played.items():
+    out: dict[str, list[tuple[int, int, bool]]] = {}
+    for db, page_files in played.items():
         pages = directory / (db + PAGES_SUFFIX)
-        files = [pages / f"{g:016d}" for g in gens]
+        gens = [g for g, _ in page_files]
+        wal = [is_wal_generation(rel) for _, rel in page_files]
+        files = [directory / rel for _, rel in page_files]
         if all(f.exists() for f in files):
             sizes = [f.stat().st_size for f in files]
             stats = rebuild(files, directory / db)
@@ -115,7 +126,7 @@ def rebuild_played(directory: Path, links: dict[str, int]) -> dict[str, list[tup
             # Reopened in place: the local database is current; page-file sizes only steer
             # the next compaction.
             sizes = [0] * len(gens)
-        out[db] = list(zip(gens, sizes, strict=True))
+        out[db] = list(zip(gens, sizes, wal, strict=True))
     return out
 
 
@@ -230,10 +241,17 @@ class SQLiteStore:
         if conn.execute("PRAGMA synchronous").fetchall()[0][0] != 2:
             raise apsw.SQLError("synchronous=FULL is required by the recording VFS")
         if journal_mode == "wal":
+            vfs = self.vfs
 
             def wal_hook(conn: apsw.Connection, dbname: str, pages: int) -> int:
                 if pages >= wal_checkpoint_pages:
-                    conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_TRUNCATE)
+                    # The checkpoint copies WAL frames (recorded) into the database: those
+                    # writes are not recorded again; the WAL is kept instead (vfs.py).
+                    vfs.backfilling = True
+                    try:
+                        conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_TRUNCATE)
+                    finally:
+                        vfs.backfilling = False
                 return apsw.SQLITE_OK
 
             conn.set_wal_hook(wal_hook)
@@ -261,6 +279,7 @@ class SQLiteStore:
             "barriers": self._bridge.barriers,
             "bytes_recorded": self._bridge.bytes_recorded,
             "page_bytes": sum(p.bytes_recorded for p in stores),
+            "wal_bytes_kept": sum(p.wal_bytes_kept for p in stores),
             "compactions": sum(p.compactions for p in stores),
         }
 

@@ -4,10 +4,13 @@ Files are opened through SQLite's default VFS on local disk, and SQLite reads th
 is recorded depends on the file:
 
 - Main databases (``SQLITE_OPEN_MAIN_DB``): every write and truncation is recorded into the
-  database's `PageStore`, never as a file.
+  database's `PageStore`, never as a file, except while the store's own WAL checkpoint runs
+  (`RecordingVFS.backfilling`): those writes copy WAL frames, which the WAL already recorded.
 - Rollback journals, super-journals and WALs: recorded as files, write by write. When SQLite
   resets one for reuse (truncation to zero, the zeroed header of ``journal_mode=PERSIST``, the
-  header of a restarted WAL) it becomes a new Fnode, so the old content turns into dead log.
+  header of a restarted WAL) it becomes a new Fnode, so the old content turns into dead log;
+  a WAL whose checkpoint copies were not recorded is renamed to a WAL generation of the page
+  store instead (`PageStore.keep_wal`), also when SQLite deletes it.
 - Temporary files, sub-journals and anything outside the store directory: not recorded.
 
 ``xSync`` is the flush signal: it hands every queued operation to the Recorder and (with
@@ -35,6 +38,9 @@ LOG_FILE_FLAGS = (
 )
 """Open flags of the files recorded directly, as files."""
 
+WAL_NAME_SUFFIX = "-wal"
+"""SQLite names the WAL of database ``x`` ``x-wal``."""
+
 
 def _filename(name: str | apsw.URIFilename) -> str:
     return name.filename() if isinstance(name, apsw.URIFilename) else name
@@ -44,8 +50,9 @@ class RecordingVFS(apsw.VFS):
     """A VFS named `name` whose files under `directory` are recorded through `bridge`.
 
     `recorded` are the paths (relative to `directory`) already recorded as files, and
-    `page_files` the (generation, size) of each database's live page files (after playback).
-    SQLite must use the VFS from one thread at a time (one connection).
+    `page_files` the (generation, size, is a WAL generation) of each database's live page
+    files (after playback). SQLite must use the VFS from one thread at a time (one
+    connection).
     """
 
     def __init__(
@@ -55,7 +62,7 @@ class RecordingVFS(apsw.VFS):
         bridge: RecorderBridge,
         *,
         recorded: set[str],
-        page_files: Mapping[str, Sequence[tuple[int, int]]],
+        page_files: Mapping[str, Sequence[tuple[int, int, bool]]],
         sync_waits: bool = True,
         compaction_factor: float = 1.5,
         min_compaction_bytes: int = 1 << 20,
@@ -69,6 +76,9 @@ class RecordingVFS(apsw.VFS):
         self._page_files = dict(page_files)
         self._compaction = (compaction_factor, min_compaction_bytes)
         self.page_stores: dict[str, PageStore] = {}
+        self.backfilling = False
+        """Set by the store while its WAL checkpoint runs: main-database writes then copy WAL
+        frames, and are not recorded (`PageStore.note_backfill`)."""
 
     def relative(self, filename: str) -> str | None:
         """`filename` relative to the store directory, or None if it is outside."""
@@ -82,10 +92,12 @@ class RecordingVFS(apsw.VFS):
         store = self.page_stores.get(db)
         if store is None:
             factor, minimum = self._compaction
+            live = self._page_files.get(db, ())
             store = PageStore(
                 self.bridge,
                 db,
-                self._page_files.get(db, ()),
+                [(gen, size) for gen, size, _ in live],
+                wal_generations=[gen for gen, _, wal in live if wal],
                 compaction_factor=factor,
                 min_compaction_bytes=minimum,
             )
@@ -105,13 +117,27 @@ class RecordingVFS(apsw.VFS):
             return LogFile(self, name, flags, rel, wal=bool(inflags & apsw.SQLITE_OPEN_WAL))
         return apsw.VFSFile("", name, flags)
 
+    def wal_page_store(self, rel: str) -> PageStore | None:
+        """The page store of the database whose WAL is `rel`, if it is one's."""
+        if not rel.endswith(WAL_NAME_SUFFIX):
+            return None
+        return self.page_stores.get(rel[: -len(WAL_NAME_SUFFIX)])
+
     def xDelete(self, filename: str, syncdir: bool) -> None:
-        super().xDelete(filename, syncdir)
         rel = self.relative(filename)
+        size = 0
+        if rel is not None and rel in self.recorded:
+            try:
+                size = os.stat(filename).st_size
+            except FileNotFoundError:
+                pass
+        super().xDelete(filename, syncdir)
         if rel is not None and rel in self.recorded:
             self.recorded.discard(rel)
             try:
-                self.bridge.unlink(rel)
+                pages = self.wal_page_store(rel)
+                if pages is None or not pages.keep_wal(rel, size):
+                    self.bridge.unlink(rel)
                 # Deleting a rollback journal commits its transaction (journal_mode=DELETE),
                 # and SQLite syncs nothing after it: this is that transaction's flush signal.
                 self.bridge.sync(self.sync_waits)
@@ -140,15 +166,23 @@ class MainDBFile(apsw.VFSFile):
 
     def xWrite(self, data: bytes, offset: int) -> None:
         super().xWrite(data, offset)
-        self._pages.write(offset, data)
+        if self._vfs.backfilling:
+            self._pages.note_backfill()
+        else:
+            self._pages.write(offset, data)
 
     def xTruncate(self, newsize: int) -> None:
         super().xTruncate(newsize)
-        self._pages.truncate(newsize)
+        if self._vfs.backfilling:
+            self._pages.note_backfill()
+        else:
+            self._pages.truncate(newsize)
 
     def xSync(self, flags: int) -> None:
         try:
-            self._pages.synced(self.xFileSize(), self._read)
+            compacted = self._pages.synced(self.xFileSize(), self._read)
+            if self._vfs.backfilling and not compacted:
+                return  # Nothing was recorded: the WAL's commits were synced already.
             self._bridge.sync(self._vfs.sync_waits)
         except RecordingFailed as err:
             raise apsw.IOError(str(err)) from err
@@ -177,6 +211,7 @@ class LogFile(apsw.VFSFile):
         self._bridge = vfs.bridge
         self._rel = rel
         self._wal = wal
+        self._pages = vfs.wal_page_store(rel) if wal else None
         size = self.xFileSize()
         self._size = size  # Recorded size, which may lag the local one after a reset.
         if rel not in vfs.recorded:
@@ -193,22 +228,37 @@ class LogFile(apsw.VFSFile):
     def xWrite(self, data: bytes, offset: int) -> None:
         super().xWrite(data, offset)
         if offset == 0 and self._size > 0 and self._is_reset(data):
-            self._bridge.truncate(self._rel)
-            self._size = 0
+            self._reset()
         self._bridge.write(self._rel, offset, data)
         self._size = max(self._size, offset + len(data))
+        if self._pages is not None:
+            self._pages.wal_size = self._size
 
     def xTruncate(self, newsize: int) -> None:
         super().xTruncate(newsize)
         if newsize >= self._size:
             if newsize > self._size:
                 self._bridge.write(self._rel, self._size, bytes(newsize - self._size))
+        elif newsize == 0:
+            self._reset()
         else:
             # The log cannot shrink a file: record a new Fnode holding the kept prefix.
             self._bridge.truncate(self._rel)
-            if newsize:
-                self._bridge.write(self._rel, 0, self.xRead(newsize, 0))
+            self._bridge.write(self._rel, 0, self.xRead(newsize, 0))
         self._size = newsize
+        if self._pages is not None:
+            self._pages.wal_size = newsize
+
+    def _reset(self) -> None:
+        """SQLite starts the file over: record a new Fnode at its path. The old one dies,
+        unless it is a WAL the page store keeps (renamed to a WAL generation)."""
+        if self._pages is not None and self._pages.keep_wal(self._rel, self._size):
+            self._bridge.create(self._rel)
+        else:
+            self._bridge.truncate(self._rel)
+        self._size = 0
+        if self._pages is not None:
+            self._pages.wal_size = 0
 
     def xSync(self, flags: int) -> None:
         try:

@@ -76,7 +76,14 @@ def _apply(conn: apsw.Connection, ops: list[Op]) -> None:
 async def main(endpoint: str, log: str, directory: Path, journal_mode: str, seed: int) -> None:
     async with JournalClient(endpoint) as client, AppendService(client) as svc:
         store = await recover(
-            client, svc, log, directory, journal_mode=journal_mode, min_compaction_bytes=512 << 10
+            client,
+            svc,
+            log,
+            directory,
+            journal_mode=journal_mode,
+            min_compaction_bytes=512 << 10,
+            # Frequent checkpoints (WAL mode): WALs kept as WAL generations, and compactions.
+            wal_checkpoint_pages=50,
         )
         cp = await store.restore_checkpoint()
         t = counter(cp)

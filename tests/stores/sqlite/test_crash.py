@@ -17,6 +17,7 @@ import pytest
 from broker.client import JournalClient
 from broker.testing.broker import BrokerProcess
 from consumer.protocol import pb
+from stores.sqlite.pagestore import is_wal_generation
 from stores.sqlite.store import rebuild_played
 from tests.stores.sqlite.crash_writer import checkpoint, counter, model
 from tests.stores.sqlite.support import (
@@ -96,6 +97,7 @@ async def _crash_trials(
     log = await make_log(f"crash-{mode}")
     rnd = random.Random(seed)
     newest_acked = 0
+    wal_generations = 0  # Trials whose playback rebuilt the database from kept WALs.
     for trial in range(trials):
         recovered, acked = await _trial(
             broker.endpoint, log, tmp_path / f"writer-{trial}", mode, seed, rnd
@@ -106,6 +108,7 @@ async def _crash_trials(
 
         target = tmp_path / f"verify-{trial}"
         _, fsm = await play(client, log, target)
+        wal_generations += any(is_wal_generation(p) for p in fsm.links)
         if not rebuild_played(target, dict(fsm.links)):
             assert newest_acked == 0  # Killed before the database was first recorded.
             continue
@@ -123,6 +126,8 @@ async def _crash_trials(
         kv = {r[1]: r[2] for r in rows if r[0] == "kv"}
         assert kv == model(seed, t), f"trial {trial}: data differs from checkpoint {t}"
         print(f"trial {trial}: recovered={recovered} acked={acked} checkpoint={t}")
+    if mode == "wal":
+        assert wal_generations > 0, "no trial played a database back from kept WALs"
 
 
 @pytest.mark.parametrize("mode", ["wal", "delete"])

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import random
+import shutil
+import struct
 from pathlib import Path
 
+import apsw
 import pytest
 
 from stores.sqlite.pagestore import (
     RECORD,
     CorruptPageFile,
     PageStore,
+    encode_size,
     encode_write_header,
     generation_of,
     generation_path,
+    is_wal_generation,
     rebuild,
 )
 
@@ -36,6 +41,10 @@ class DirSink:
     def unlink(self, path: str) -> None:
         (self.root / path).unlink()
 
+    def rename(self, src: str, dst: str) -> None:
+        (self.root / dst).parent.mkdir(parents=True, exist_ok=True)
+        (self.root / src).rename(self.root / dst)
+
 
 def _files(root: Path, db: str) -> list[Path]:
     return sorted((root / f"{db}.pages").iterdir())
@@ -46,6 +55,10 @@ def test_generation_paths() -> None:
     assert generation_of("a/b.db", "a/b.db.pages/0000000000000007") == 7
     assert generation_of("a/b.db", "a/c.db.pages/0000000000000007") is None
     assert generation_of("a/b.db", "a/b.db.pages/7") is None
+    wal = generation_path("a/b.db", 8, wal=True)
+    assert wal == "a/b.db.pages/0000000000000008.wal"
+    assert generation_of("a/b.db", wal) == 8 and is_wal_generation(wal)
+    assert not is_wal_generation(generation_path("a/b.db", 8))
 
 
 def test_random_writes_rebuild_exactly_through_rolls_and_compactions(tmp_path: Path) -> None:
@@ -109,3 +122,96 @@ def test_unknown_record_kind_is_corruption(tmp_path: Path) -> None:
     bad.write_bytes(b"\xff" * RECORD.size + good.read_bytes())
     with pytest.raises(CorruptPageFile):
         rebuild([good, bad], tmp_path / "out.db")
+
+
+def _wal_database(tmp: Path) -> tuple[Path, Path, Path]:
+    """A WAL-mode database whose WAL holds committed transactions (one of which shrinks the
+    database) and was never checkpointed: (database as before the WAL, its WAL, the
+    database after a full checkpoint)."""
+    db = tmp / "w.db"
+    conn = apsw.Connection(str(db))
+    conn.execute("PRAGMA journal_mode=WAL; PRAGMA wal_autocheckpoint=0;")
+    conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    before = tmp / "before.db"
+    shutil.copy(db, before)
+    rnd = random.Random(7)
+    for i in range(30):
+        rows = [(rnd.randrange(500), rnd.randbytes(rnd.randrange(10, 3000))) for _ in range(40)]
+        conn.executemany("INSERT OR REPLACE INTO t VALUES (?, ?)", rows)
+        if i == 20:
+            conn.execute("DELETE FROM t WHERE k % 3 = 0")
+    conn.execute("DELETE FROM t WHERE k > 100")
+    conn.execute("VACUUM")  # The last commit shrinks the database.
+    wal = tmp / "0000000000000002.wal"
+    shutil.copy(tmp / "w.db-wal", wal)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return before, wal, db
+
+
+def test_a_wal_generation_rebuilds_what_a_checkpoint_writes(tmp_path: Path) -> None:
+    before, wal, after = _wal_database(tmp_path)
+    base = tmp_path / "0000000000000001"
+    data = before.read_bytes()
+    base.write_bytes(encode_size(len(data)) + encode_write_header(0, len(data)) + data)
+    stats = rebuild([base, wal], tmp_path / "out.db")
+    assert (tmp_path / "out.db").read_bytes() == after.read_bytes()
+    assert stats.size == after.stat().st_size < wal.stat().st_size
+    assert stats.records > 1
+
+    # Frames after the last commit frame (an uncommitted or rolled-back transaction), and
+    # frames of another salt (an earlier use of the file), are not applied.
+    header = wal.read_bytes()[:32]
+    page_size = struct.unpack(">I", header[8:12])[0]
+    salts = header[16:24]
+    uncommitted = struct.pack(">II", 2, 0) + salts + b"\0" * 8 + b"\xee" * page_size
+    stale = struct.pack(">II", 3, 9) + b"\x01" * 8 + b"\0" * 8 + b"\xdd" * page_size
+    for tail in (uncommitted, stale + uncommitted):
+        extended = tmp_path / "0000000000000003.wal"
+        extended.write_bytes(wal.read_bytes() + tail)
+        rebuild([base, extended], tmp_path / "again.db")
+        assert (tmp_path / "again.db").read_bytes() == after.read_bytes()
+
+    empty = tmp_path / "0000000000000004.wal"
+    empty.write_bytes(b"")
+    rebuild([base, wal, empty], tmp_path / "empty.db")
+    assert (tmp_path / "empty.db").read_bytes() == after.read_bytes()
+
+    not_a_wal = tmp_path / "0000000000000005.wal"
+    not_a_wal.write_bytes(b"\x12" * 64)
+    with pytest.raises(CorruptPageFile, match="not a WAL"):
+        rebuild([base, not_a_wal], tmp_path / "bad.db")
+
+
+def test_a_wal_is_kept_only_while_checkpoint_writes_went_unrecorded(tmp_path: Path) -> None:
+    sink = DirSink(tmp_path)
+    pages = PageStore(sink, "db", compaction_factor=1.5, min_compaction_bytes=0)
+    pages.write(0, b"A" * 100)
+    wal = "db-wal"
+    sink.create(wal)
+    sink.write(wal, 0, b"W" * 1000)
+
+    # No checkpoint copy skipped: the WAL may die (its writes were recorded as pages).
+    assert not pages.keep_wal(wal, 1000)
+    pages.note_backfill()
+    assert pages.keep_wal(wal, 1000)
+    kept = generation_path("db", 2, wal=True)
+    assert (tmp_path / kept).read_bytes() == b"W" * 1000 and not (tmp_path / wal).exists()
+    assert pages.generations == [1, 2] and pages.delta_bytes > 1000
+    # Later page records go to a later generation than the WAL.
+    pages.write(0, b"B" * 100)
+    assert pages.generations == [1, 2, 3]
+
+    # A compaction (a base read after every write so far) removes WAL generations too, and
+    # a WAL reset after it may die.
+    pages.wal_size = 500
+    assert pages.synced(100, lambda offset, n: b"C" * n)
+    assert pages.generations == [4] and not (tmp_path / kept).exists()
+    assert not pages.keep_wal(wal, 500)
+
+    # The WAL of a checkpoint whose copies were skipped counts toward the compaction
+    # threshold before it is kept.
+    pages.note_backfill()
+    pages.wal_size = 10_000
+    assert pages.synced(100, lambda offset, n: b"D" * n)

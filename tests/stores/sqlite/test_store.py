@@ -18,6 +18,7 @@ from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.player import TAIL, Player
 from recoverylog.recorder import RecorderFenced
 from stores.sqlite import SQLiteStore, recover
+from stores.sqlite.pagestore import is_wal_generation
 from stores.sqlite.store import rebuild_played
 from tests.stores.checkpoints import labeled, rich
 from tests.stores.sqlite.support import (
@@ -242,3 +243,69 @@ async def test_from_recovered(
         ]
     finally:
         third.destroy()
+
+
+def _wal_generations(links: dict[str, int]) -> list[str]:
+    return sorted(p for p in links if is_wal_generation(p))
+
+
+async def test_wal_checkpoints_keep_the_wal_instead_of_recording_pages_again(
+    client: JournalClient, service: AppendService, make_log: MakeLog, tmp_path: Path
+) -> None:
+    """In WAL mode the store's checkpoints copy WAL frames into the database without
+    recording them again: each WAL is kept as a WAL generation until a base holds its
+    frames; playback rebuilds the database from them, and a recovered store goes on from
+    there (its compaction removes them)."""
+    log = await make_log()
+    rec = await new_recorder(service, log, tmp_path / "primary", A)
+    # Checkpoints every 64 WAL pages; no compaction within the first workload.
+    store = await SQLiteStore.open(
+        rec, journal_mode="wal", wal_checkpoint_pages=64, min_compaction_bytes=64 << 20
+    )
+    await _workload(store, seed=4, txns=20, rows=100)
+    stats = store.stats()
+    db_size = (tmp_path / "primary" / "primary.db").stat().st_size
+    assert stats["compactions"] == 0
+    assert stats["wal_bytes_kept"] > db_size  # Several checkpointed WALs, kept.
+    # Only the database's first pages (written before WAL mode) were recorded as page records:
+    # before this change, each checkpoint recorded every page it copied.
+    assert stats["page_bytes"] < 64 << 10
+    expected = await store.run(lambda c: list(c.execute("SELECT k, v FROM kv ORDER BY k")))
+    hints = await rec.build_hints()
+    kept = _wal_generations(dict(rec.fsm.links))
+    assert len(kept) >= 3
+
+    for name, h in (("cold", None), ("hinted", hints)):
+        target = tmp_path / name
+        _, fsm = await play(client, log, target, h)
+        assert _wal_generations(dict(fsm.links)) == kept
+        rebuild_played(target, dict(fsm.links))
+        assert integrity(target / "primary.db") == "ok"
+        assert [r[1:] for r in dump(target / "primary.db") if r[0] == "kv"] == expected
+    await store.close()
+
+    # A recovered store rebuilds from the WAL generations, and its first compaction removes
+    # them from the log's live files.
+    second = await recover(
+        client,
+        service,
+        log,
+        tmp_path / "second",
+        author=B,
+        journal_mode="wal",
+        wal_checkpoint_pages=64,
+        min_compaction_bytes=256 << 10,
+    )
+    assert await second.run(lambda c: list(c.execute("SELECT k, v FROM kv ORDER BY k"))) == (
+        expected
+    )
+    await _workload(second, seed=5, txns=10, rows=100)
+    assert second.stats()["compactions"] > 0
+    expected = await second.run(lambda c: list(c.execute("SELECT k, v FROM kv ORDER BY k")))
+    links = dict(second.recorder.fsm.links)
+    assert not set(kept) & set(links)  # Removed by a compaction since.
+    await second.close()
+    _, fsm = await play(client, log, tmp_path / "third")
+    rebuild_played(tmp_path / "third", dict(fsm.links))
+    assert integrity(tmp_path / "third" / "primary.db") == "ok"
+    assert [r[1:] for r in dump(tmp_path / "third" / "primary.db") if r[0] == "kv"] == expected
