@@ -159,8 +159,10 @@ def measure(
             st = store.stats()
             say(
                 f"  {name} run {run}: {side} (sync_waits={waits}): {s:.2f} s, "
-                f"database {db_size / MiB:.1f} MiB, log {log_bytes / MiB:.1f} MiB, "
-                f"barriers {st['barriers']}, compactions {st['compactions']}"
+                f"database {db_size / MiB:.1f} MiB, log {log_bytes / MiB:.1f} MiB "
+                f"(page records {st['page_bytes'] / MiB:.1f} MiB, WALs kept "
+                f"{st['wal_bytes_kept'] / MiB:.1f} MiB), barriers {st['barriers']}, "
+                f"compactions {st['compactions']}"
             )
     best = {k: min(v) for k, v in figures.items()}
     return {
@@ -173,6 +175,8 @@ def measure(
         "native_normal_s": round(best["normal"], 3),
         "database_mib": round(db_size / MiB, 1),
         "log_mib": round(log_bytes / MiB, 1),
+        "page_records_mib": round(st["page_bytes"] / MiB, 1),
+        "wal_kept_mib": round(st["wal_bytes_kept"] / MiB, 1),
     }
 
 
