@@ -197,10 +197,18 @@ def _apply_wal(src: Path, fd: int) -> tuple[int, int]:
     """Apply the committed frames of WAL `src` to database file `fd`, in order, as a SQLite
     checkpoint does: each commit frame's transaction is written, and the file is then cut to
     its size in pages. Frames after the last commit frame (a transaction that was never
-    committed, or rolled back) are ignored; so are frames of another salt (left from an
-    earlier use of the file, as SQLite does). Frame checksums are not verified: a WAL
-    generation is complete by construction (it is renamed after all its writes were
-    recorded) and the log's fragments carry SHA1 sums. Returns (frames applied, bytes read).
+    committed, or rolled back) are ignored; reading stops at the first frame of another salt
+    (left from an earlier use of the file, or zeroed: see below). Returns (frames applied,
+    bytes read).
+
+    Frame checksums are not verified (in Python they would cost ~20 s per GB). SQLite stops
+    at the first frame whose checksum does not follow; stopping at the last commit frame
+    instead gives the same result because frames past a break in the checksum chain are the
+    uncommitted tail of a transaction a crash cut (a WAL kept after a recovery keeps that
+    tail, overwritten from its start by later transactions), and such a tail holds no commit
+    frame with this WAL's salts: a transaction's commit frame is its last frame, and frames
+    SQLite overwrites in place carry zeroed salts until it rewrites their checksums at
+    commit. The log's fragments carry SHA1 sums against corruption in transit or storage.
     """
     with open(src, "rb", buffering=1 << 20) as f:
         head = f.read(_WAL_HEADER.size)
@@ -211,8 +219,6 @@ def _apply_wal(src: Path, fd: int) -> tuple[int, int]:
         magic, _version, page_size, _seq, salt1, salt2, _c1, _c2 = _WAL_HEADER.unpack(head)
         if magic not in _WAL_MAGICS:
             raise CorruptPageFile(src, 0, f"not a WAL (magic {magic:#x})")
-        if page_size == 1:
-            page_size = 65536
         if page_size < 512 or page_size > 65536 or page_size & (page_size - 1):
             raise CorruptPageFile(src, 0, f"WAL page size {page_size}")
         frame = _WAL_FRAME.size + page_size
@@ -342,6 +348,10 @@ class PageStore:
         self.sink.rename(wal, generation_path(self.db, gen, wal=True))
         self.delta_bytes += size
         self.wal_bytes_kept += size
+        # The copies skipped so far are of frames in this WAL generation: the next WAL is
+        # kept only if a checkpoint of the store's copies from it too.
+        self.backfill_skipped = False
+        self.wal_size = 0
         return True
 
     @property

@@ -138,6 +138,8 @@ class RecordingVFS(apsw.VFS):
                 pages = self.wal_page_store(rel)
                 if pages is None or not pages.keep_wal(rel, size):
                     self.bridge.unlink(rel)
+                if pages is not None:
+                    pages.wal_size = 0
                 # Deleting a rollback journal commits its transaction (journal_mode=DELETE),
                 # and SQLite syncs nothing after it: this is that transaction's flush signal.
                 self.bridge.sync(self.sync_waits)

@@ -282,7 +282,18 @@ async def test_wal_checkpoints_keep_the_wal_instead_of_recording_pages_again(
         rebuild_played(target, dict(fsm.links))
         assert integrity(target / "primary.db") == "ok"
         assert [r[1:] for r in dump(target / "primary.db") if r[0] == "kv"] == expected
+    # A last small transaction stays in the WAL (under 64 pages: no checkpoint of the
+    # store's); closing checkpoints it (SQLite's own checkpoint: its copies are recorded) and
+    # deletes it: not kept.
+    await store.transact(_upsert, [(-1, b"last")])
+    await store.start_commit(None, labeled("last"), [])
+    expected = await store.run(lambda c: list(c.execute("SELECT k, v FROM kv ORDER BY k")))
+    assert (tmp_path / "primary" / "primary.db-wal").stat().st_size > 0
     await store.close()
+    _, fsm = await play(client, log, tmp_path / "closed")
+    assert _wal_generations(dict(fsm.links)) == kept
+    rebuild_played(tmp_path / "closed", dict(fsm.links))
+    assert [r[1:] for r in dump(tmp_path / "closed" / "primary.db") if r[0] == "kv"] == expected
 
     # A recovered store rebuilds from the WAL generations, and its first compaction removes
     # them from the log's live files.
