@@ -241,20 +241,8 @@ class SQLiteStore:
         if conn.execute("PRAGMA synchronous").fetchall()[0][0] != 2:
             raise apsw.SQLError("synchronous=FULL is required by the recording VFS")
         if journal_mode == "wal":
-            vfs = self.vfs
-
-            def wal_hook(conn: apsw.Connection, dbname: str, pages: int) -> int:
-                if pages >= wal_checkpoint_pages:
-                    # The checkpoint copies WAL frames (recorded) into the database: those
-                    # writes are not recorded again; the WAL is kept instead (vfs.py).
-                    vfs.backfilling = True
-                    try:
-                        conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_TRUNCATE)
-                    finally:
-                        vfs.backfilling = False
-                return apsw.SQLITE_OK
-
-            conn.set_wal_hook(wal_hook)
+            # Its checkpoints' copies of WAL frames are not recorded again: the WAL is kept.
+            conn.set_wal_hook(self.vfs.wal_hook(wal_checkpoint_pages))
         conn.execute(_CHECKPOINT_DDL)
         self._bridge.sync()
 

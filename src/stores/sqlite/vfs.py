@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import apsw
@@ -79,6 +79,22 @@ class RecordingVFS(apsw.VFS):
         self.backfilling = False
         """Set by the store while its WAL checkpoint runs: main-database writes then copy WAL
         frames, and are not recorded (`PageStore.note_backfill`)."""
+
+    def wal_hook(self, checkpoint_pages: int) -> Callable[[apsw.Connection, str, int], int]:
+        """A WAL hook (``Connection.set_wal_hook``) which checkpoints a database's WAL, and
+        truncates it, once it holds `checkpoint_pages` pages, its copies not recorded
+        (`backfilling`). It replaces SQLite's auto-checkpoint, whose copies would be."""
+
+        def hook(conn: apsw.Connection, dbname: str, pages: int) -> int:
+            if pages >= checkpoint_pages:
+                self.backfilling = True
+                try:
+                    conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_TRUNCATE)
+                finally:
+                    self.backfilling = False
+            return apsw.SQLITE_OK
+
+        return hook
 
     def relative(self, filename: str) -> str | None:
         """`filename` relative to the store directory, or None if it is outside."""

@@ -143,18 +143,7 @@ class Writer:
         self.conn.execute("PRAGMA cache_size=8").fetchall()  # Large transactions spill.
         self.conn.execute("PRAGMA synchronous=FULL").fetchall()
         assert self.conn.execute("PRAGMA journal_mode=WAL").fetchall() == [("wal",)]
-        vfs = self.vfs
-
-        def hook(conn: apsw.Connection, name: str, pages: int) -> int:
-            if pages >= checkpoint_pages:  # As SQLiteStore's WAL hook.
-                vfs.backfilling = True
-                try:
-                    conn.wal_checkpoint(name, apsw.SQLITE_CHECKPOINT_TRUNCATE)
-                finally:
-                    vfs.backfilling = False
-            return apsw.SQLITE_OK
-
-        self.conn.set_wal_hook(hook)
+        self.conn.set_wal_hook(self.vfs.wal_hook(checkpoint_pages))  # As SQLiteStore does.
         self.conn.execute("CREATE TABLE IF NOT EXISTS t (k INTEGER PRIMARY KEY, v BLOB)")
         self.states: list[tuple[int, str]] = [(len(oplog.ops), _table(self.conn))]
 
