@@ -335,9 +335,10 @@ class PageStore:
 
     def keep_wal(self, wal: str, size: int) -> bool:
         """SQLite resets or deletes WAL `wal` (recorded, `size` bytes), all of whose frames
-        are in the database by then. If checkpoint writes were left unrecorded since the
-        base, rename it to a new WAL generation (the caller records the WAL's next Fnode) and
-        return True; else return False (the base holds its frames: it may die)."""
+        are in the database by then. If checkpoint copies of its frames were left unrecorded
+        (since the base and the last WAL kept), rename it to a new WAL generation (the caller
+        records the WAL's next Fnode) and return True; else return False (the base or page
+        records hold its frames: it may die)."""
         if not self.backfill_skipped or size <= _WAL_HEADER.size:
             return False
         self._cur = None  # Later page records go to a later generation than this WAL.
