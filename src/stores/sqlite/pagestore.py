@@ -293,7 +293,7 @@ class PageStore:
         self.bytes_recorded = 0
         self.wal_bytes_kept = 0
         self.wal_size = 0
-        """Recorded size of the database's WAL (kept up to date by the WAL's VFS file)."""
+        """Recorded size of the database's WAL (kept up to date by the VFS)."""
         self.backfill_skipped = bool(live)
         """Whether database writes copied from the WAL were left unrecorded since the base
         (so the WAL must be kept when it is reset). After playback, assumed (one WAL kept
@@ -352,7 +352,6 @@ class PageStore:
         # The copies skipped so far are of frames in this WAL generation: the next WAL is
         # kept only if a checkpoint of the store's copies from it too.
         self.backfill_skipped = False
-        self.wal_size = 0
         return True
 
     @property

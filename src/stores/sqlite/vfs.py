@@ -231,12 +231,24 @@ class LogFile(apsw.VFSFile):
         self._wal = wal
         self._pages = vfs.wal_page_store(rel) if wal else None
         size = self.xFileSize()
-        self._size = size  # Recorded size, which may lag the local one after a reset.
+        self._size = size
         if rel not in vfs.recorded:
             vfs.recorded.add(rel)
             self._bridge.create(rel)
             if size:  # A file left unrecorded (not by this VFS): record its content.
                 self._bridge.write(rel, 0, self.xRead(size, 0))
+
+    @property
+    def _size(self) -> int:
+        """The recorded size, which may lag the local one after a reset (a WAL's is also
+        its page store's `wal_size`)."""
+        return self._recorded_size
+
+    @_size.setter
+    def _size(self, size: int) -> None:
+        self._recorded_size = size
+        if self._pages is not None:
+            self._pages.wal_size = size
 
     def _is_reset(self, data: bytes) -> bool:
         if self._wal:
@@ -249,8 +261,6 @@ class LogFile(apsw.VFSFile):
             self._reset()
         self._bridge.write(self._rel, offset, data)
         self._size = max(self._size, offset + len(data))
-        if self._pages is not None:
-            self._pages.wal_size = self._size
 
     def xTruncate(self, newsize: int) -> None:
         super().xTruncate(newsize)
@@ -264,8 +274,6 @@ class LogFile(apsw.VFSFile):
             self._bridge.truncate(self._rel)
             self._bridge.write(self._rel, 0, self.xRead(newsize, 0))
         self._size = newsize
-        if self._pages is not None:
-            self._pages.wal_size = newsize
 
     def _reset(self) -> None:
         """SQLite starts the file over: record a new Fnode at its path. The old one dies,
@@ -275,8 +283,6 @@ class LogFile(apsw.VFSFile):
         else:
             self._bridge.truncate(self._rel)
         self._size = 0
-        if self._pages is not None:
-            self._pages.wal_size = 0
 
     def xSync(self, flags: int) -> None:
         try:
