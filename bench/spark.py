@@ -20,6 +20,10 @@ log, as a running consumer leaves them. Then, in one local[2] Spark session:
    (each task plays the log into a directory of its own, as before shared playback).
    Keys are read by the native scanner (``rocksdb_scan=native``, `stores.rocksdb.scan`);
    `ratio_agg_rocksdict`: the every-column aggregation reading them through rocksdict.
+   `ratio_agg_python_source`: the same aggregation over the exported Parquet read by pyarrow
+   inside a trivial Python data source (`parquet_source`): the floor of Spark's Python data
+   source path for these rows, with no playback or store; `ratio_agg_over_python_source`
+   is the export's time over it.
 3. Playback alone (the `consumer.spark.playback` step each task does, outside Spark):
    `playback_s`, and the export's read rate without it, `rows_per_s_after_playback`.
 
@@ -207,6 +211,51 @@ def session() -> Any:
     return spark
 
 
+def parquet_source() -> Any:
+    """A Python data source that yields the Arrow batches of a Parquet directory's files (one
+    partition per file, read by pyarrow in the task): the same rows as an export, through the
+    same Python data source path but with no playback or store behind it. Its time over
+    Spark's own Parquet reader is the floor of that path (`ratio_agg_python_source`)."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class File(InputPartition):
+        def __init__(self, path: str) -> None:
+            super().__init__(path)
+            self.path = path
+
+    class Reader(DataSourceReader):
+        def __init__(self, directory: str, schema: Any) -> None:
+            self.directory = directory
+            self.schema = schema
+
+        def partitions(self) -> list[File]:
+            files = sorted(Path(self.directory).glob("part-*.parquet"))
+            return [File(str(f)) for f in files]
+
+        def read(self, partition: Any) -> Any:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            arrow = to_arrow_schema(self.schema, timezone="UTC")
+            table = pq.read_table(partition.path)
+            for batch in table.to_batches(max_chunksize=65536):
+                yield pa.RecordBatch.from_arrays(batch.columns, schema=arrow)
+
+    class Source(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench-parquet-python"
+
+        def schema(self) -> str:
+            return "shard STRING, checkpoint BINARY, key BINARY, value BINARY"
+
+        def reader(self, schema: Any) -> Reader:
+            return Reader(self.options["path"], schema)
+
+    return Source
+
+
 def timed(fn: Any) -> tuple[float, Any]:
     t0 = time.perf_counter()
     out = fn()
@@ -240,6 +289,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         import consumer.spark
 
         consumer.spark.register(spark)
+        spark.dataSource.register(parquet_source())
 
         if args.splits:
             options["splits"] = args.splits
@@ -249,6 +299,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             for k, v in {**options, **extra}.items():
                 reader = reader.option(k, v)
             return reader.load()
+
+        def python_source(path: Path) -> Any:
+            return spark.read.format("bench-parquet-python").option("path", str(path)).load()
 
         def agg(df: Any) -> Any:
             """Every column read: the rows, as an export reads them."""
@@ -289,10 +342,11 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         alternative_s: list[float] = []
         private_s: list[float] = []
         rocksdict_s: list[float] = []
+        python_source_s: list[float] = []
         rows = None
         for r in range(args.repeat):
-            for p in (exported, again):
-                shutil.rmtree(p, ignore_errors=True)
+            for done in (exported, again):
+                shutil.rmtree(done, ignore_errors=True)
             t, _ = timed(lambda: source().write.parquet(str(exported)))
             export_s.append(t)
             t, _ = timed(lambda: spark.read.parquet(str(exported)).write.parquet(str(again)))
@@ -316,6 +370,11 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             t, got_rocksdict = timed(lambda: agg(source(rocksdb_scan="rocksdict")))
             rocksdict_s.append(t)
             assert got_rocksdict == want, (got_rocksdict, want)
+            if r == 0:
+                agg(python_source(exported))  # Its planner's worker starts: untimed.
+            t, got_python = timed(lambda: agg(python_source(exported)))
+            python_source_s.append(t)
+            assert got_python == want, (got_python, want)
             rows = got["rows"]
             say(
                 f"run {r + 1}: write export {export_s[-1]:.2f}s vs parquet {parquet_s[-1]:.2f}s; "
@@ -324,6 +383,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 + f"; agg export as {alternative} partition(s) {alternative_s[-1]:.2f}s"
                 + f"; agg export, a playback per task {private_s[-1]:.2f}s"
                 + f"; agg export through rocksdict {rocksdict_s[-1]:.2f}s"
+                + f"; agg of the Parquet through a Python source {python_source_s[-1]:.2f}s"
             )
         journals: dict[str, Any] = {}
         if args.messages:
@@ -376,6 +436,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "ratio_agg_alternative": round(min(alternative_s) / ap, 3),
         "ratio_agg_private_playback": round(min(private_s) / ap, 3),
         "ratio_agg_rocksdict": round(min(rocksdict_s) / ap, 3),
+        "ratio_agg_python_source": round(min(python_source_s) / ap, 3),
+        "ratio_agg_over_python_source": round(ae / min(python_source_s), 3),
         "export_rows_per_s": round(rows / ae),
         "parquet_rows_per_s": round(rows / ap),
         "playback_s": round(play_s, 3),
