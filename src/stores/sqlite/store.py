@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 import shutil
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -402,6 +403,31 @@ class SQLiteStore:
                 log.warning("closing destroyed store dir=%s err=%r", self.directory, err)
         self._shutdown()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __del__(self) -> None:
+        """An open store being collected: warn, and leave it as a crash would. Closing its
+        connection here (the collecting thread is often the loop's) cannot wait for the
+        log, so nothing more is recorded: the log keeps the last commit."""
+        if self._closed or self._conn is None:
+            return
+        warnings.warn(
+            f"SQLiteStore {self.directory} was not closed: its changes since the last "
+            "commit are not recorded (as after a crash); call close() or destroy()",
+            ResourceWarning,
+            stacklevel=1,
+            source=self,
+        )
+        self._closed = True
+        self._bridge.discard()
+        conn, self._conn = self._conn, None
+        try:
+            conn.close(True)
+        except apsw.Error as err:
+            log.warning("closing a dropped store dir=%s err=%r", self.directory, err)
+        self._thread.shutdown(wait=False)
+        if self._vfs is not None:
+            self._vfs.unregister()
+            self._vfs = None
 
 
 def _select_checkpoint(conn: apsw.Connection) -> bytes:

@@ -320,3 +320,41 @@ async def test_wal_checkpoints_keep_the_wal_instead_of_recording_pages_again(
     rebuild_played(tmp_path / "third", dict(fsm.links))
     assert integrity(tmp_path / "third" / "primary.db") == "ok"
     assert [r[1:] for r in dump(tmp_path / "third" / "primary.db") if r[0] == "kv"] == expected
+
+
+async def test_a_store_dropped_without_close_warns_and_is_left_as_a_crash_leaves_it(
+    client: JournalClient, service: AppendService, make_log: MakeLog, tmp_path: Path
+) -> None:
+    """Garbage collection of an open store (on the loop's thread, where the connection's
+    closing checkpoint cannot wait for the log) warns once, clearly, and records nothing
+    more: the log holds the last commit, as after a crash."""
+    import gc
+    import sys
+    import warnings
+
+    log = await make_log()
+    store = await SQLiteStore.open(await new_recorder(service, log, tmp_path / "a", A))
+    await store.transact(_schema)
+    await store.transact(_upsert, [(1, b"one")])
+    await store.start_commit(None, labeled("cp-1"), [])
+    await store.transact(_upsert, [(2, b"two")])  # Never committed.
+    rec = store.recorder
+    unraisable: list[object] = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del store
+            gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert unraisable == []
+    messages = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert len(messages) == 1 and "was not closed" in messages[0], messages
+    await rec.barrier()
+    _, fsm = await play(client, log, tmp_path / "played")
+    rebuild_played(tmp_path / "played", dict(fsm.links))
+    assert integrity(tmp_path / "played" / "primary.db") == "ok"
+    assert [r[1:] for r in dump(tmp_path / "played" / "primary.db") if r[0] == "kv"] == [
+        (1, b"one")
+    ]
