@@ -164,6 +164,14 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="partition keys under 'lines' framing are base64-encoded",
     )
+    p.add_argument(
+        "--retry-for",
+        type=_retry_for,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up once an append has kept failing (unreachable brokers, no primary) for "
+        "this long (default %(default)gs; 'forever' retries without end)",
+    )
 
     p = cmd("fragments", "list fragments of journals", cmd_fragments, selector=True)
     p.add_argument("--from", dest="from_time", default="", help="persisted at or after")
@@ -187,6 +195,18 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
 
 
 # --- helpers ----------------------------------------------------------------------------
+
+
+def _retry_for(text: str) -> float | None:
+    if text == "forever":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # Also refuses NaN.
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0 or 'forever'")
+    return seconds
 
 
 def _selector(text: str) -> pb.LabelSelector:
@@ -575,6 +595,9 @@ ModuloMapping / RendezvousMapping do (the same keys map to the same journals as 
 gazctl). --base64 decodes line keys from base64 first. With direct, each record is preceded
 by the name of its journal, which must be one of the selected journals.
 
+Unreachable brokers and journals without a primary are retried with backoff, for at most
+--retry-for seconds per append (default 60): then the command fails, naming the last error.
+
   gazctl journals append -l name=my/journal -i ./fizzbuzz
   printf 'S2V5MQ==\\n{"msg": 1}\\n' | gazctl journals append -l topic=t -f lines -m modulo --base64
 """
@@ -731,7 +754,7 @@ async def cmd_append(args: argparse.Namespace, io: Streams) -> int:
         if args.framing == "none":
             journal = await _resolve_append_journal(client, args)
             req = pb.AppendRequest(journal=journal)
-            resp = await append(client, req, _input_chunks(args, io))
+            resp = await append(client, req, _input_chunks(args, io), retry_for=args.retry_for)
             io.err(
                 f"appended {resp.commit.end - resp.commit.begin} bytes to {journal} "
                 f"[{resp.commit.begin}, {resp.commit.end})"
@@ -749,7 +772,7 @@ async def cmd_append(args: argparse.Namespace, io: Streams) -> int:
         touched: dict[str, AsyncAppend] = {}
         async with (
             PolledList(client, selector, 30.0) as listing,
-            AppendService(client) as svc,
+            AppendService(client, retry_for=args.retry_for) as svc,
         ):
             if not listing.journals:
                 raise GazctlError(f"no journals match {format_label_selector(selector)!r}")

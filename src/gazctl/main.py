@@ -27,6 +27,7 @@ from typing import IO, Protocol
 import grpc
 import grpc.aio
 
+from broker.client.appender import AppendRetriesExhausted
 from broker.client.errors import BrokerError
 from broker.fragment.store import FragmentStoreError
 from broker.protocol.errors import ValidationError
@@ -123,7 +124,13 @@ def run(argv: Sequence[str] | None = None, io: Streams | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 1
-    except (BrokerError, ValidationError, FragmentStoreError, GazctlError) as err:
+    except (
+        AppendRetriesExhausted,
+        BrokerError,
+        ValidationError,
+        FragmentStoreError,
+        GazctlError,
+    ) as err:
         io.err(f"gazctl: error: {err}")
     except grpc.aio.AioRpcError as err:
         io.err(f"gazctl: error: {_describe_rpc_error(err, args)}")

@@ -10,6 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from .conftest import Gazctl
@@ -299,6 +300,34 @@ def test_errors_are_one_line(gazctl: Gazctl, tmp_path: Path) -> None:
     assert r.rc == 1 and "Replication" in r.err and "gz/bad/journal" in r.err
     r = gazctl("journals", "list", broker="127.0.0.1:1")
     assert r.rc == 1 and "unavailable" in r.err and r.err.count("\n") == 1
+
+
+def test_append_gives_up_on_unreachable_brokers(
+    gazctl: Gazctl, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An append no broker takes fails after --retry-for (default 60 s) with one line naming
+    the error, rather than retrying for ever."""
+    t0 = time.monotonic()
+    r = gazctl(
+        "journals",
+        "append",
+        "--journal",
+        "a/b",
+        "--retry-for",
+        "0.5",
+        stdin=b"x\n",
+        broker="127.0.0.1:1",
+    )
+    assert r.rc == 1 and time.monotonic() - t0 < 5
+    assert (
+        r.err.startswith("gazctl: error: append to a/b kept failing for ")
+        and "UNAVAILABLE" in r.err
+    )
+    assert r.err.count("\n") == 1
+    with pytest.raises(SystemExit) as exited:
+        gazctl("journals", "append", "--journal", "a/b", "--retry-for", "-1")
+    assert exited.value.code == 2
+    assert "'-1' is not a number of seconds >= 0 or 'forever'" in capsys.readouterr().err
 
 
 def test_entry_point_module(gazctl_broker) -> None:  # type: ignore[no-untyped-def]

@@ -22,7 +22,12 @@ from broker.client.append_service import (
     AsyncAppend,
     DependencyFailed,
 )
-from broker.client.appender import Appender, append, is_retryable_append_error
+from broker.client.appender import (
+    Appender,
+    AppendRetriesExhausted,
+    append,
+    is_retryable_append_error,
+)
 from broker.client.errors import (
     BrokerError,
     EtcdTransactionFailed,
@@ -66,6 +71,7 @@ __all__ = [
     "AppendAborted",
     "AppendService",
     "Appender",
+    "AppendRetriesExhausted",
     "AsyncAppend",
     "BrokerError",
     "DependencyFailed",

@@ -36,7 +36,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
-from broker.client.appender import CHUNK_SIZE, Appender, is_retryable_append_error
+from broker.client.appender import (
+    CHUNK_SIZE,
+    Appender,
+    RetryWindow,
+    is_retryable_append_error,
+)
+from broker.client.errors import describe_error
 from broker.client.journal_client import JournalClient
 from broker.client.retry_reader import backoff
 from broker.protocol import protocol_pb2 as pb
@@ -258,6 +264,11 @@ class AppendService:
 
     Use as ``async with AppendService(client) as svc`` (or call `close()`).
     `rpc_count` counts Append RPCs attempted, `appends_committed` appends acknowledged.
+
+    An RPC failing with a retryable error (an unreachable broker, a routing status) is
+    retried with backoff: for ever by default (a journal's appends wait for its brokers), or,
+    with `retry_for` seconds, until its attempts have failed for that long; its appends then
+    fail with `AppendRetriesExhausted` (the journal's later appends go on trying).
     """
 
     def __init__(
@@ -266,9 +277,13 @@ class AppendService:
         *,
         backoff_fn: Callable[[int], float] = backoff,
         max_batch_bytes: int = MAX_BATCH_BYTES,
+        retry_for: float | None = None,
     ) -> None:
+        if retry_for is not None and retry_for < 0:
+            raise ValueError(f"retry_for must be >= 0 seconds or None (got {retry_for})")
         self.client = client
         self._backoff = backoff_fn
+        self._retry_for = retry_for
         self._max_batch = max_batch_bytes
         self._queues: dict[str, deque[AsyncAppend]] = {}
         self._released_log: list[AsyncAppend] | None = None
@@ -394,6 +409,7 @@ class AppendService:
 
     async def _send(self, batch: list[AsyncAppend]) -> None:
         head = batch[0]
+        window = RetryWindow(head.journal, self._retry_for)
         attempt = 0
         while True:
             self.rpc_count += 1
@@ -416,18 +432,23 @@ class AppendService:
                 resp = await appender.close()
             except Exception as err:
                 await appender.abort()
-                if not is_retryable_append_error(err):
+                try:
+                    if not is_retryable_append_error(err):
+                        raise
+                    # Raises once the retry window is over.
+                    delay = window.failed(err, attempt, self._backoff(attempt))
+                except Exception as final:
                     for a in batch:
-                        a._fail(err)
+                        a._fail(final)
                     return
                 (log.debug if attempt == 0 else log.warning)(
                     "append failed (will retry) journal=%s appends=%d attempt=%d err=%s",
                     head.journal,
                     len(batch),
                     attempt,
-                    err,
+                    describe_error(err),
                 )
-                await asyncio.sleep(self._backoff(attempt))
+                await asyncio.sleep(delay)
                 attempt += 1
                 continue
             except BaseException:

@@ -25,6 +25,7 @@ import grpc.aio
 from broker.client.errors import (
     ROUTING_STATUSES,
     BrokerError,
+    describe_error,
     error_for_status,
     is_transient_rpc_error,
 )
@@ -36,13 +37,55 @@ from broker.protocol import protocol_pb2 as pb
 if TYPE_CHECKING:
     AppendCall = grpc.aio.StreamUnaryCall[pb.AppendRequest, pb.AppendResponse]
 
-__all__ = ["Appender", "append", "CHUNK_SIZE", "is_retryable_append_error"]
+__all__ = [
+    "Appender",
+    "AppendRetriesExhausted",
+    "append",
+    "CHUNK_SIZE",
+    "is_retryable_append_error",
+    "RetryWindow",
+]
 
 log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 256 << 10
 """Largest content chunk sent in one AppendRequest message. Measured on loopback: 256 KiB
 messages move ~3x the bytes/s of 1 MiB messages through grpc.aio (docs/broker.md)."""
+
+
+class AppendRetriesExhausted(Exception):
+    """An append kept failing with retryable errors (unreachable brokers, routing statuses)
+    for longer than its ``retry_for``. `__cause__` is the last error."""
+
+
+class RetryWindow:
+    """How long an append may keep failing before it gives up: ``retry_for`` seconds from
+    its first failure (None: never give up)."""
+
+    def __init__(self, journal: str, retry_for: float | None) -> None:
+        if retry_for is not None and retry_for < 0:
+            raise ValueError(f"retry_for must be >= 0 seconds or None (got {retry_for})")
+        self.journal = journal
+        self.retry_for = retry_for
+        self._first: float | None = None
+
+    def failed(self, err: BaseException, attempt: int, backoff: float) -> float:
+        """Note failed `attempt` (from 0), to be retried after `backoff` seconds: return the
+        seconds to wait instead (the rest of the window, if shorter: a last attempt is made
+        when it ends), or raise `AppendRetriesExhausted` if the window is over."""
+        now = asyncio.get_running_loop().time()
+        if self._first is None:
+            self._first = now
+        if self.retry_for is None:
+            return backoff
+        left = self._first + self.retry_for - now
+        if left <= 0:
+            raise AppendRetriesExhausted(
+                f"append to {self.journal} kept failing for {now - self._first:.1f}s "
+                f"({attempt + 1} attempts; retry_for={self.retry_for:g}s): "
+                f"{describe_error(err)}"
+            ) from err
+        return min(backoff, left)
 
 
 class Appender:
@@ -236,15 +279,19 @@ async def append(
     content: bytes | AsyncIterable[bytes] = b"",
     *,
     backoff_fn: Callable[[int], float] = backoff,
+    retry_for: float | None = None,
 ) -> pb.AppendResponse:
     """Append `content` to `request.journal` as one transaction; return the broker response.
 
     Transport errors and routing statuses are retried with backoff (an AsyncIterable is
-    first consumed into a spool file so it can be replayed); other statuses raise their
-    `BrokerError`. A retry after a failure that struck while the commit was in flight may
-    duplicate the content (at-least-once). If `append` is cancelled, the in-flight attempt is
+    first consumed into a spool file so it can be replayed): for ever, or with `retry_for`
+    seconds until attempts have failed for that long, then `AppendRetriesExhausted` is
+    raised from the last error. Other statuses raise their `BrokerError`. A retry after a
+    failure that struck while the commit was in flight may duplicate the content
+    (at-least-once). If `append` is cancelled, the in-flight attempt is
     aborted and may or may not have committed if its commit message was already sent.
     """
+    window = RetryWindow(request.journal, retry_for)
     spooled: IO[bytes] | None = None
     if not isinstance(content, bytes | bytearray | memoryview):
         spooled = await _spool(content)
@@ -264,13 +311,14 @@ async def append(
                 await appender.abort()
                 if not is_retryable_append_error(err):
                     raise
+                delay = window.failed(err, attempt, backoff_fn(attempt))
                 log.warning(
                     "append failed (will retry) journal=%s attempt=%d err=%s",
                     request.journal,
                     attempt,
-                    err,
+                    describe_error(err),
                 )
-            await asyncio.sleep(backoff_fn(attempt))
+            await asyncio.sleep(delay)
             attempt += 1
     finally:
         if spooled is not None:

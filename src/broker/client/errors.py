@@ -36,6 +36,7 @@ __all__ = [
     "Suspended",
     "FragmentStoreUnhealthy",
     "OffsetJump",
+    "describe_error",
     "error_for_status",
     "status_name",
     "is_transient_rpc_error",
@@ -236,6 +237,14 @@ _TRANSIENT_CODES = frozenset(
         grpc.StatusCode.DEADLINE_EXCEEDED,
     }
 )
+
+
+def describe_error(err: BaseException) -> str:
+    """`err` in one line: a gRPC error as its status code and details (not its multi-line
+    repr), anything else as its message (or its type's name)."""
+    if isinstance(err, grpc.aio.AioRpcError):
+        return f"{err.code().name}: {err.details()}"
+    return str(err) or type(err).__name__
 
 
 def is_transient_rpc_error(err: BaseException) -> bool:

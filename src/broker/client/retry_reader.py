@@ -29,6 +29,7 @@ from broker.client.errors import (
     JournalNotFound,
     OffsetJump,
     OffsetNotYetAvailable,
+    describe_error,
     is_transient_rpc_error,
 )
 from broker.client.journal_client import JournalClient
@@ -196,7 +197,7 @@ class RetryReader:
                 self.journal,
                 self.reader.offset,
                 attempt,
-                _describe(err),
+                describe_error(err),
             )
             self._restart()
             await asyncio.sleep(self._backoff(attempt))
@@ -242,9 +243,3 @@ class RetryReader:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
-
-
-def _describe(err: BaseException) -> str:
-    if isinstance(err, grpc.aio.AioRpcError):
-        return f"{err.code().name}: {err.details()}"
-    return str(err) or type(err).__name__

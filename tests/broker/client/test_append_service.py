@@ -11,7 +11,9 @@ import pytest
 
 from broker.client import (
     AppendAborted,
+    AppendRetriesExhausted,
     AppendService,
+    BrokerError,
     DependencyFailed,
     JournalClient,
     RegisterMismatch,
@@ -203,3 +205,48 @@ async def test_service_retries_transient_failures() -> None:
             assert await a.done() == ok
         assert svc.rpc_count == 3
         assert [m.content for m in fb.journal.calls["Append"][-1]] == [b"", b"hi", b""]
+
+
+async def test_retry_for_bounds_how_long_an_append_keeps_failing() -> None:
+    """With `retry_for`, an append whose attempts keep failing with retryable errors fails
+    once they have for that long (a last attempt at the window's end), naming the last error;
+    the journal's next append is tried afresh and lands. Without it, retries go on."""
+    no_primary = pb.AppendResponse(status=pb.NO_JOURNAL_PRIMARY_BROKER)
+    ok = pb.AppendResponse(status=pb.OK, commit=pb.Fragment(journal="fake/j", begin=0, end=2))
+    loop = asyncio.get_running_loop()
+    async with FakeBroker() as fb, JournalClient(fb.endpoint) as client:
+        fb.journal.script("Append", *[no_primary] * 50)
+        async with AppendService(client, backoff_fn=lambda _: 0.2, retry_for=0.5) as svc:
+            t0 = loop.time()
+            a = svc.start_append(pb.AppendRequest(journal="fake/j"))
+            a.write(b"hi")
+            a.release()
+            with pytest.raises(AppendRetriesExhausted, match="fake/j kept failing") as info:
+                await a.done()
+            took = loop.time() - t0
+            assert 0.5 <= took < 2.0, took
+            assert isinstance(info.value.__cause__, BrokerError)
+            assert "NO_JOURNAL_PRIMARY_BROKER" in str(info.value)
+            # Attempts at 0, 0.2, 0.4, and a last one when the window ends at 0.5.
+            assert svc.rpc_count == 4
+            fb.journal.scripts["Append"].clear()
+            fb.journal.script("Append", ok)
+            b = svc.start_append(pb.AppendRequest(journal="fake/j"))
+            b.write(b"hi")
+            b.release()
+            assert await b.done() == ok
+
+        fb.journal.script("Append", *[grpc.StatusCode.UNAVAILABLE] * 50)
+        async with AppendService(client, backoff_fn=lambda _: 0.05) as svc:
+            c = svc.start_append(pb.AppendRequest(journal="fake/j"))
+            c.write(b"hi")
+            c.release()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(c.done()), 1.0)
+            assert svc.rpc_count > 5  # Still retrying.
+            fb.journal.scripts["Append"].clear()
+            fb.journal.script("Append", ok)
+            assert await c.done() == ok
+
+    with pytest.raises(ValueError, match="retry_for"):
+        AppendService(client, retry_for=-1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -9,6 +10,7 @@ import pytest
 
 from broker.client import (
     Appender,
+    AppendRetriesExhausted,
     JournalClient,
     OffsetNotYetAvailable,
     RegisterMismatch,
@@ -128,6 +130,29 @@ async def test_append_retries_routing_and_transport_errors() -> None:
         # Parameters first, then content, then the empty commit message.
         assert [m.journal for m in calls[-1]] == ["fake/j", "", ""]
         assert [m.content for m in calls[-1]] == [b"", b"abc", b""]
+
+
+async def test_append_retry_for_gives_up_with_the_last_error() -> None:
+    loop = asyncio.get_running_loop()
+    async with FakeBroker() as fb, JournalClient(fb.endpoint) as client:
+        fb.journal.script("Append", *[grpc.StatusCode.UNAVAILABLE] * 20)
+        t0 = loop.time()
+        with pytest.raises(AppendRetriesExhausted) as exc:
+            await append(
+                client,
+                pb.AppendRequest(journal="fake/j"),
+                b"abc",
+                backoff_fn=lambda _: 1.0,
+                retry_for=0.3,
+            )
+        # The second attempt is made when the window ends (not after the full backoff), and
+        # fails it.
+        assert len(fb.journal.calls["Append"]) == 2
+        assert 0.3 <= loop.time() - t0 < 0.9
+        assert isinstance(exc.value.__cause__, grpc.aio.AioRpcError)
+        # One line: the status and its details, not the error's multi-line repr.
+        assert "UNAVAILABLE: scripted UNAVAILABLE" in str(exc.value)
+        assert "\n" not in str(exc.value)
 
 
 async def test_append_does_not_retry_other_statuses() -> None:
