@@ -555,6 +555,13 @@ class Recorder:
         if self._uncommitted > max_uncommitted:
             await self.barrier()
 
+    def abandon(self, reason: str) -> None:
+        """Stop recording at once, as if an append had failed with `reason`: appends not yet
+        committed are dropped, and every later call raises `RecorderBroken`. For an owner
+        that can no longer keep its files and the log in step (a store dropped without
+        closing): its directory must not be recorded from again. Call on the loop's thread."""
+        self._break(RuntimeError(reason))
+
     async def close(self) -> None:
         """Wait until everything recorded is committed; later calls raise RuntimeError.
 

@@ -77,6 +77,11 @@ class RecorderBridge:
     def recorder(self) -> Recorder:
         return self._rec
 
+    @property
+    def discarded(self) -> bool:
+        """Whether `discard` was called: nothing more is recorded."""
+        return self._discard
+
     # -- Called from the SQLite thread ------------------------------------------------------
 
     def create(self, path: str) -> None:

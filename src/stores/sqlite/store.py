@@ -405,29 +405,52 @@ class SQLiteStore:
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def __del__(self) -> None:
-        """An open store being collected: warn, and leave it as a crash would. Closing its
-        connection here (the collecting thread is often the loop's) cannot wait for the
-        log, so nothing more is recorded: the log keeps the last commit."""
+        """An open store being collected: leave its files as a crash would, stop its
+        recorder, and warn. Its connection is closed here, on whichever thread collects the
+        store (often the loop's), so it cannot wait for the log: nothing more is recorded,
+        and the log keeps the last commit. The closing connection does not checkpoint (a
+        WAL stays as the log has it), and the recorder is abandoned, so that the directory,
+        now ahead of the log, is never recorded from again: the shard's next primary plays
+        the log back."""
         if self._closed or self._conn is None:
             return
-        warnings.warn(
-            f"SQLiteStore {self.directory} was not closed: its changes since the last "
-            "commit are not recorded (as after a crash); call close() or destroy()",
-            ResourceWarning,
-            stacklevel=1,
-            source=self,
-        )
         self._closed = True
-        self._bridge.discard()
-        conn, self._conn = self._conn, None
         try:
-            conn.close(True)
-        except apsw.Error as err:
-            log.warning("closing a dropped store dir=%s err=%r", self.directory, err)
-        self._thread.shutdown(wait=False)
-        if self._vfs is not None:
-            self._vfs.unregister()
-            self._vfs = None
+            self._bridge.discard()
+            self._abandon_recorder()
+            conn, self._conn = self._conn, None
+            try:
+                conn.config(apsw.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1)
+                conn.close(True)
+            except apsw.Error as err:
+                log.warning("closing a dropped store dir=%s err=%r", self.directory, err)
+            self._thread.shutdown(wait=False)
+            if self._vfs is not None:
+                self._vfs.unregister()
+                self._vfs = None
+        finally:  # Last: warnings may be errors.
+            warnings.warn(
+                f"SQLiteStore {self.directory} was not closed: its changes since the last "
+                "commit are not recorded (as after a crash), and its recorder is stopped; "
+                "call close() or destroy()",
+                ResourceWarning,
+                stacklevel=1,
+                source=self,
+            )
+
+    def _abandon_recorder(self) -> None:
+        reason = f"the SQLiteStore of {self.directory} was dropped without close()"
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self.recorder.abandon(reason)
+            return
+        try:
+            self._loop.call_soon_threadsafe(self.recorder.abandon, reason)
+        except RuntimeError:  # The loop is closed: nothing records any more.
+            pass
 
 
 def _select_checkpoint(conn: apsw.Connection) -> bytes:

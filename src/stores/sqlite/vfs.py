@@ -197,6 +197,8 @@ class MainDBFile(apsw.VFSFile):
             self._pages.truncate(newsize)
 
     def xSync(self, flags: int) -> None:
+        if self._bridge.discarded:
+            return  # The store is being dropped: no compaction for a log nobody records to.
         try:
             compacted = self._pages.synced(self.xFileSize(), self._read)
             if self._vfs.backfilling and not compacted:

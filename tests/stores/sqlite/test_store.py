@@ -322,23 +322,31 @@ async def test_wal_checkpoints_keep_the_wal_instead_of_recording_pages_again(
     assert [r[1:] for r in dump(tmp_path / "third" / "primary.db") if r[0] == "kv"] == expected
 
 
+@pytest.mark.parametrize("journal_mode", ["wal", "delete"])
 async def test_a_store_dropped_without_close_warns_and_is_left_as_a_crash_leaves_it(
-    client: JournalClient, service: AppendService, make_log: MakeLog, tmp_path: Path
+    client: JournalClient,
+    service: AppendService,
+    make_log: MakeLog,
+    tmp_path: Path,
+    journal_mode: str,
 ) -> None:
     """Garbage collection of an open store (on the loop's thread, where the connection's
     closing checkpoint cannot wait for the log) warns once, clearly, and records nothing
-    more: the log holds the last commit, as after a crash."""
+    more: the log holds the last commit, as after a crash. Its files are not checkpointed,
+    and its recorder is stopped, so that the directory (ahead of the log by the uncommitted
+    transaction) cannot be recorded from again."""
     import gc
     import sys
     import warnings
 
     log = await make_log()
-    store = await SQLiteStore.open(await new_recorder(service, log, tmp_path / "a", A))
+    directory = tmp_path / "a"
+    rec = await new_recorder(service, log, directory, A)
+    store = await SQLiteStore.open(rec, journal_mode=journal_mode)
     await store.transact(_schema)
-    await store.transact(_upsert, [(1, b"one")])
+    await store.transact(_upsert, [(i, b"x" * 200) for i in range(200)])
     await store.start_commit(None, labeled("cp-1"), [])
-    await store.transact(_upsert, [(2, b"two")])  # Never committed.
-    rec = store.recorder
+    await store.transact(_upsert, [(1000 + i, b"y" * 200) for i in range(100)])  # Not committed.
     unraisable: list[object] = []
     hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
     try:
@@ -351,10 +359,46 @@ async def test_a_store_dropped_without_close_warns_and_is_left_as_a_crash_leaves
     assert unraisable == []
     messages = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert len(messages) == 1 and "was not closed" in messages[0], messages
-    await rec.barrier()
+    if journal_mode == "wal":
+        assert (directory / "primary.db-wal").stat().st_size > 0  # Not checkpointed away.
+    assert rec.error is not None and "dropped without close()" in str(rec.error)
+
+    # The directory in place cannot be recorded from again: the first commit fails.
+    with pytest.raises(Exception, match="dropped without close"):  # noqa: PT011
+        again = await SQLiteStore.open(rec, journal_mode=journal_mode)
+        try:
+            await again.transact(_upsert, [(5000, b"z")])
+            await again.start_commit(None, labeled("cp-2"), [])
+        finally:
+            again.destroy()
+
     _, fsm = await play(client, log, tmp_path / "played")
     rebuild_played(tmp_path / "played", dict(fsm.links))
     assert integrity(tmp_path / "played" / "primary.db") == "ok"
-    assert [r[1:] for r in dump(tmp_path / "played" / "primary.db") if r[0] == "kv"] == [
-        (1, b"one")
-    ]
+    rows = [r[1:] for r in dump(tmp_path / "played" / "primary.db") if r[0] == "kv"]
+    assert rows == [(i, b"x" * 200) for i in range(200)]
+
+
+async def test_a_dropped_store_is_cleaned_up_when_warnings_are_errors(
+    service: AppendService, make_log: MakeLog, tmp_path: Path
+) -> None:
+    import gc
+    import sys
+    import warnings
+
+    rec = await new_recorder(service, await make_log(), tmp_path / "a", A)
+    store = await SQLiteStore.open(rec)
+    await store.transact(_schema)
+    await store.start_commit(None, labeled("cp-1"), [])
+    unraisable: list[sys.UnraisableHookArgs] = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            del store
+            gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    # Only the warning, raised as an error once the cleanup was done.
+    assert [u.exc_type for u in unraisable] == [ResourceWarning]
+    assert rec.error is not None
