@@ -777,7 +777,8 @@ async def cmd_append(args: argparse.Namespace, io: Streams) -> int:
             if not listing.journals:
                 raise GazctlError(f"no journals match {format_label_selector(selector)!r}")
             mapping = _append_mapping(mapping_name, lambda: listing.journals)
-            batcher = JournalBatcher(svc)
+            # Chained: once a journal's append fails, none after it lands (no hole).
+            batcher = JournalBatcher(svc, chain=True)
             in_flight: deque[AsyncAppend] = deque()
 
             def process(final: bool) -> None:

@@ -138,6 +138,10 @@ class JournalBatcher:
     seconds after the first of them opened), at `max_batch_bytes`, or on `flush()`. Raises
     ValueError for a negative `linger`. Also used by ``gazctl journals append`` for records
     that carry no UUID.
+
+    With `chain`, each batch of a journal depends on the journal's previous batch: once one
+    fails (e.g. its retries ran out), the journal's later batches fail with
+    `DependencyFailed` without being sent, so that none lands after one that did not.
     """
 
     def __init__(
@@ -145,6 +149,8 @@ class JournalBatcher:
         append_service: AppendService,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         linger: float = 0.0,
+        *,
+        chain: bool = False,
     ) -> None:
         if not linger >= 0:
             raise ValueError(f"linger must be >= 0 seconds, not {linger!r}")
@@ -154,6 +160,8 @@ class JournalBatcher:
         """Seconds a batch stays open after it opened (0: until the task yields)."""
         self.batches: dict[str, Batch] = {}
         self._requests: dict[str, pb.AppendRequest] = {}
+        # With `chain`: each journal's last released batch, the next one's dependency.
+        self._last: dict[str, AsyncAppend] | None = {} if chain else None
         self._released: deque[AsyncAppend] = deque()
         self._flush_handle: asyncio.Handle | None = None
         # The first failure among released appends dropped from `_released` before a
@@ -168,7 +176,9 @@ class JournalBatcher:
         req = self._requests.get(journal)
         if req is None:
             req = self._requests[journal] = pb.AppendRequest(journal=journal)
-        batch = self.batches[journal] = Batch(self.append_service.start_append(req))
+        prev = self._last.get(journal) if self._last is not None else None
+        deps = () if prev is None else (prev,)
+        batch = self.batches[journal] = Batch(self.append_service.start_append(req, deps))
         if self._flush_handle is None:
             loop = asyncio.get_running_loop()
             if self.linger:
@@ -195,6 +205,8 @@ class JournalBatcher:
         aa.write(bytes(batch.buf))
         self._prune_released()
         self._released.append(aa)
+        if self._last is not None:
+            self._last[journal] = aa
         aa.release()
 
     def _prune_released(self) -> None:

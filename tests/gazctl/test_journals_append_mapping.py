@@ -148,3 +148,35 @@ def test_append_argument_errors(gazctl: Gazctl, prefix: str, tmp_path: Path) -> 
     assert r.rc == 1 and "partition key but no record" in r.err
     r = gazctl("journals", "append", "-l", "name=no/such/journal", "-f", "lines", stdin=b"x\n")
     assert r.rc == 1 and "no journals match" in r.err
+
+
+async def test_lines_append_that_gives_up_lands_nothing_after_it() -> None:
+    """A journal whose append gives up (--retry-for) gets none of the later records: they
+    are chained on it, not appended out of order into a hole; and the command fails within
+    about one window, not one per queued batch."""
+    import asyncio
+    import io
+    import time
+
+    from gazctl.main import Streams, run
+    from tests.broker.client.fake_broker import FakeBroker
+
+    async with FakeBroker() as fb:
+        spec = pb.JournalSpec(name="a/b", replication=1)
+        listing = [pb.ListResponse(status=pb.OK, journals=[pb.ListResponse.Journal(spec=spec)])]
+        fb.journal.script("List", *[listing] * 100)
+        refused = pb.AppendResponse(status=pb.NO_JOURNAL_PRIMARY_BROKER)
+        ok = pb.AppendResponse(status=pb.OK, commit=pb.Fragment(journal="a/b", begin=0, end=1))
+        fb.journal.script("Append", *[refused] * 6, *[ok] * 100)
+        lines = b"".join(b"line-%07d\n" % i for i in range(300_000))  # Several batches.
+        streams = Streams(stdin=io.BytesIO(lines), stdout=io.BytesIO(), stderr=io.StringIO())
+        argv = ["journals", "append", "--journal", "a/b", "-f", "lines", "--retry-for", "1"]
+        t0 = time.monotonic()
+        rc = await asyncio.to_thread(run, [*argv, "--broker", fb.endpoint], streams)
+        took = time.monotonic() - t0
+    assert isinstance(streams.stderr, io.StringIO)
+    err = streams.stderr.getvalue()
+    assert rc == 1 and "append to a/b kept failing" in err, err
+    calls = fb.journal.calls["Append"]
+    assert len(calls) == 6, len(calls)  # The first batch's attempts, and nothing after.
+    assert took < 4, took

@@ -14,8 +14,10 @@ queue of its journal. One dispatcher task per journal with queued appends drains
   or asyncio futures) has completed. If a dependency failed, the append fails with
   `DependencyFailed` and is never sent.
 - Retries: transport errors and routing statuses (NOT_JOURNAL_PRIMARY_BROKER, ...) are retried
-  with backoff, indefinitely. RegisterMismatch, WrongAppendOffset, NotAllowed, JournalNotFound
-  and other statuses fail the batch's appends with that error; the queue then moves on.
+  with backoff, indefinitely unless `retry_for` bounds it (then `AppendRetriesExhausted`).
+  RegisterMismatch, WrongAppendOffset, NotAllowed, JournalNotFound and other statuses fail
+  the batch's appends with that error. Either way the queue then moves on: appends that must
+  not land after one that failed depend on it (as the Recorder's and the Publisher's do).
   A retry after a failure during commit may duplicate content (at-least-once), as with any
   Gazette client.
 
@@ -279,7 +281,7 @@ class AppendService:
         max_batch_bytes: int = MAX_BATCH_BYTES,
         retry_for: float | None = None,
     ) -> None:
-        if retry_for is not None and retry_for < 0:
+        if retry_for is not None and not retry_for >= 0:
             raise ValueError(f"retry_for must be >= 0 seconds or None (got {retry_for})")
         self.client = client
         self._backoff = backoff_fn

@@ -60,10 +60,11 @@ class AppendRetriesExhausted(Exception):
 
 class RetryWindow:
     """How long an append may keep failing before it gives up: ``retry_for`` seconds from
-    its first failure (None: never give up)."""
+    its first failure (None: never give up). The window is checked between attempts: an
+    attempt itself is not cut short (a large append may stream for long)."""
 
     def __init__(self, journal: str, retry_for: float | None) -> None:
-        if retry_for is not None and retry_for < 0:
+        if retry_for is not None and not retry_for >= 0:  # Also refuses NaN.
             raise ValueError(f"retry_for must be >= 0 seconds or None (got {retry_for})")
         self.journal = journal
         self.retry_for = retry_for
@@ -82,7 +83,7 @@ class RetryWindow:
         if left <= 0:
             raise AppendRetriesExhausted(
                 f"append to {self.journal} kept failing for {now - self._first:.1f}s "
-                f"({attempt + 1} attempts; retry_for={self.retry_for:g}s): "
+                f"({attempt + 1} attempt{'s' if attempt else ''}; retry_for={self.retry_for:g}s): "
                 f"{describe_error(err)}"
             ) from err
         return min(backoff, left)

@@ -248,5 +248,6 @@ async def test_retry_for_bounds_how_long_an_append_keeps_failing() -> None:
             fb.journal.script("Append", ok)
             assert await c.done() == ok
 
-    with pytest.raises(ValueError, match="retry_for"):
-        AppendService(client, retry_for=-1)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="retry_for"):
+            AppendService(client, retry_for=bad)
