@@ -99,9 +99,7 @@ class ProducedCounter:
         log.info("producer replay journal=%s begin=%d end=%d", journal, begin, end)
         return read_journal_range(shard.journal_client, journal, begin, end, self.new_message)
 
-    def read_through(
-        self, shard: Shard, store: JSONFileStore, args: ResolveArgs
-    ) -> dict[str, int]:
+    def read_through(self, shard: Shard, store: JSONFileStore, args: ResolveArgs) -> dict[str, int]:
         journal = self.input_of(shard)
         unknown = sorted(set(args.read_through) - {journal})
         if unknown:
