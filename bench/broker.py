@@ -232,8 +232,10 @@ def main() -> None:
         say(f"native sequential write of {native_total // MiB} MiB (fdatasync) ...")
         native_w, native_w_min, native_w_max = native_write_mbps(tmpdir, native_total)
         native_r = native_read_mbps(tmpdir)
-        say(f"  native write: median {native_w:.0f} MB/s (min {native_w_min:.0f}, "
-            f"max {native_w_max:.0f}); read (page cache): {native_r:.0f} MB/s")
+        say(
+            f"  native write: median {native_w:.0f} MB/s (min {native_w_min:.0f}, "
+            f"max {native_w_max:.0f}); read (page cache): {native_r:.0f} MB/s"
+        )
         with EtcdServer() as etcd:
             b = BrokerProcess(etcd.endpoint, spool_dir=tmpdir / "spool")
             b.start()
