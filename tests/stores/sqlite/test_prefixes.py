@@ -39,6 +39,8 @@ class OpLog:
     def __init__(self) -> None:
         self.ops: list[Op] = []
 
+    discarded = False  # As a bridge of a store still recording.
+
     def create(self, path: str) -> None:
         self.ops.append(("create", path))
 
