@@ -43,6 +43,7 @@ check-protos: venv
 
 lint: venv
 	$(VENV)/bin/ruff check src tests bench tools
+	$(VENV)/bin/ruff format --check src tests bench tools examples
 
 typecheck: venv
 	$(VENV)/bin/mypy
