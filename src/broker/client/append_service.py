@@ -281,11 +281,9 @@ class AppendService:
         max_batch_bytes: int = MAX_BATCH_BYTES,
         retry_for: float | None = None,
     ) -> None:
-        if retry_for is not None and not retry_for >= 0:
-            raise ValueError(f"retry_for must be >= 0 seconds or None (got {retry_for})")
         self.client = client
         self._backoff = backoff_fn
-        self._retry_for = retry_for
+        self._retry_for = RetryWindow.checked(retry_for)
         self._max_batch = max_batch_bytes
         self._queues: dict[str, deque[AsyncAppend]] = {}
         self._released_log: list[AsyncAppend] | None = None

@@ -64,11 +64,16 @@ class RetryWindow:
     attempt itself is not cut short (a large append may stream for long)."""
 
     def __init__(self, journal: str, retry_for: float | None) -> None:
+        self.journal = journal
+        self.retry_for = self.checked(retry_for)
+        self._first: float | None = None
+
+    @staticmethod
+    def checked(retry_for: float | None) -> float | None:
+        """`retry_for`, or ValueError if it is not None nor a number of seconds >= 0."""
         if retry_for is not None and not retry_for >= 0:  # Also refuses NaN.
             raise ValueError(f"retry_for must be >= 0 seconds or None (got {retry_for})")
-        self.journal = journal
-        self.retry_for = retry_for
-        self._first: float | None = None
+        return retry_for
 
     def failed(self, err: BaseException, attempt: int, backoff: float) -> float:
         """Note failed `attempt` (from 0), to be retried after `backoff` seconds: return the

@@ -385,8 +385,8 @@ class SQLiteStore:
         self._conn = None
         self._bridge.sync()
 
-    def _shutdown(self) -> None:
-        self._thread.shutdown(wait=True)
+    def _shutdown(self, wait: bool = True) -> None:
+        self._thread.shutdown(wait=wait)
         if self._vfs is not None:
             self._vfs.unregister()
             self._vfs = None
@@ -424,10 +424,7 @@ class SQLiteStore:
                 conn.close(True)
             except apsw.Error as err:
                 log.warning("closing a dropped store dir=%s err=%r", self.directory, err)
-            self._thread.shutdown(wait=False)
-            if self._vfs is not None:
-                self._vfs.unregister()
-                self._vfs = None
+            self._shutdown(wait=False)
         finally:  # Last: warnings may be errors.
             warnings.warn(
                 f"SQLiteStore {self.directory} was not closed: its changes since the last "

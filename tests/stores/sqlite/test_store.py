@@ -4,7 +4,10 @@ from a RecoveredLog as the consumer runtime does."""
 
 from __future__ import annotations
 
+import gc
 import random
+import sys
+import warnings
 from pathlib import Path
 
 import apsw
@@ -335,10 +338,6 @@ async def test_a_store_dropped_without_close_warns_and_is_left_as_a_crash_leaves
     more: the log holds the last commit, as after a crash. Its files are not checkpointed,
     and its recorder is stopped, so that the directory (ahead of the log by the uncommitted
     transaction) cannot be recorded from again."""
-    import gc
-    import sys
-    import warnings
-
     log = await make_log()
     directory = tmp_path / "a"
     rec = await new_recorder(service, log, directory, A)
@@ -382,10 +381,6 @@ async def test_a_store_dropped_without_close_warns_and_is_left_as_a_crash_leaves
 async def test_a_dropped_store_is_cleaned_up_when_warnings_are_errors(
     service: AppendService, make_log: MakeLog, tmp_path: Path
 ) -> None:
-    import gc
-    import sys
-    import warnings
-
     rec = await new_recorder(service, await make_log(), tmp_path / "a", A)
     store = await SQLiteStore.open(rec)
     await store.transact(_schema)
