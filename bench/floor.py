@@ -1,0 +1,434 @@
+"""Floor benchmark: what shipping each commit's bytes over Python gRPC costs a store, with
+every component of ours removed.
+
+The stores' targets (SQLite <= 1.25x native, RocksDB <= 1.5x) are ratios against an embedded
+database on local disk. This bench measures, in the same run and on the same workloads as
+`bench/sqlite.py` and `bench/rocksdb.py`, what the cheapest possible recording costs:
+
+- native: the database alone (apsw WAL ``synchronous=FULL``; rocksdict ``sync=True`` writes).
+- awaited: each commit's new WAL bytes (captured by a pass-through APSW VFS; for RocksDB read
+  back from the WAL files) are sent as one bare grpc.aio client-streaming call shaped like a
+  Gazette Append (a request message, the content in 256 KiB messages, an empty commit
+  message), and the call is awaited before the next transaction.
+- inproc: the same calls from the same process, the next transaction running (in a thread)
+  while the previous call is in flight.
+- shipper: the bytes are handed over a unix socket to a second process that makes the calls,
+  up to `--inflight` commits in flight (the most favourable process layout for 2 cores).
+
+The server is a bare grpc.aio servicer in its own process doing only what Gazette's append
+protocol requires of any broker: two SHA1 sums of every byte (the spool's and the commit's)
+and a write to a file. No Recorder, AppendService, broker, FUSE or page store takes part, so
+each ratio is a floor for a store recording through Python gRPC on this machine.
+
+Prints progress on stderr, then one JSON line of ratios (best of `--runs`). `--quick` runs in
+under a minute.
+"""
+
+from __future__ import annotations
+
+import os.path
+import sys
+
+# This script shares its name with no package, but keep its directory off the import path.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+import argparse
+import asyncio
+import hashlib
+import importlib.util
+import json
+import socket
+import struct
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import apsw
+import grpc
+from grpc import aio
+
+from broker.testing.process import free_port
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+CHUNK = 256 << 10  # Content message size, as the client's appends.
+REQUEST = b"R" * 40  # Stands for the Append's first message (journal and parameters).
+_METHOD = "/floor.Floor/Append"
+_END = 0xFFFFFFFF  # Shipper frame length that ends the stream.
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _sibling(name: str) -> ModuleType:
+    """Another bench script of this directory, as a module (for its workload)."""
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{name}", os.path.join(_HERE, f"{name}.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+# -- The bare server ----------------------------------------------------------------------------
+
+
+async def serve(addr: str, path: str) -> None:
+    """A servicer doing what the append protocol requires of any broker, and nothing else."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    spool = hashlib.sha1()
+
+    async def append(requests: Any, _context: Any) -> bytes:
+        commit = hashlib.sha1()
+        n = 0
+        first = True
+        async for msg in requests:
+            if first or not msg:  # The request message, or the empty commit message.
+                first = False
+                continue
+            spool.update(msg)
+            commit.update(msg)
+            os.write(fd, msg)
+            n += len(msg)
+        return n.to_bytes(8, "little") + commit.digest()
+
+    server = aio.server(options=[("grpc.max_receive_message_length", 64 << 20)])
+    handler = grpc.stream_unary_rpc_method_handler(append, _identity, _identity)
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler("floor.Floor", {"Append": handler})]
+    )
+    server.add_insecure_port(addr)
+    await server.start()
+    print("ready", flush=True)
+    await server.wait_for_termination()
+
+
+class Link:
+    """Bare Append-shaped calls to the server."""
+
+    def __init__(self, addr: str) -> None:
+        self.channel = aio.insecure_channel(addr)
+        self._call = self.channel.stream_unary(_METHOD, _identity, _identity)
+
+    async def append(self, data: bytes) -> bytes:
+        call = self._call()
+        await call.write(REQUEST)
+        for i in range(0, len(data), CHUNK):
+            await call.write(data[i : i + CHUNK])
+        await call.write(b"")
+        await call.done_writing()
+        return bytes(await call)
+
+
+# -- The shipper process ------------------------------------------------------------------------
+
+
+async def ship(fd: int, addr: str, inflight: int) -> None:
+    """Read length-prefixed commits from socket `fd` and append each, one call at a time and in
+    order (as a journal's appends go), acknowledging each with one byte. Commits received
+    while a call is in flight wait for it (the writer bounds them to `inflight`)."""
+    link = Link(addr)
+    await link.append(b"warm-up")
+    sock = socket.socket(fileno=fd)
+    sock.setblocking(False)
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=inflight)
+
+    async def send() -> None:
+        while (data := await queue.get()) is not None:
+            await link.append(data)
+            writer.write(b"A")
+
+    sender = asyncio.create_task(send())
+    while True:
+        (n,) = struct.unpack("<I", await reader.readexactly(4))
+        if n == _END:
+            break
+        await queue.put(await reader.readexactly(n))
+    await queue.put(None)
+    await sender
+    writer.write(b"Z")
+    await writer.drain()
+
+
+class Shipper:
+    """The writer's end of a shipper process."""
+
+    def __init__(self, addr: str, inflight: int) -> None:
+        self.sock, theirs = socket.socketpair()
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--ship", str(theirs.fileno()), addr, str(inflight)],
+            pass_fds=[theirs.fileno()],
+        )
+        theirs.close()
+        self.inflight = inflight
+        self.pending = 0
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(struct.pack("<I", len(data)) + data)
+        self.pending += 1
+        while self.pending > self.inflight:
+            self._acks()
+
+    def drain(self) -> None:
+        while self.pending:
+            self._acks()
+
+    def _acks(self) -> None:
+        got = self.sock.recv(4096)
+        if not got:
+            raise RuntimeError("the shipper process ended")
+        self.pending -= len(got)
+
+    def close(self) -> float:
+        """End the shipper; return its CPU seconds."""
+        self.drain()
+        self.sock.sendall(struct.pack("<I", _END))
+        while self.sock.recv(1) != b"Z":
+            pass
+        cpu = cpu_seconds(self.proc.pid)
+        self.proc.wait(timeout=30)
+        self.sock.close()
+        return cpu
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    fields = open(f"/proc/{pid or os.getpid()}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- Workloads ------------------------------------------------------------------------------------
+
+
+class CapturingVFS(apsw.VFS):
+    """The default VFS, keeping a copy of every write to a WAL file."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, "")
+        self.name = name
+        self.captured: list[bytes] = []
+
+    def xOpen(self, name: Any, flags: Any) -> apsw.VFSFile:
+        return _CapturingFile(self, name, flags)
+
+    def take(self) -> bytes:
+        out = b"".join(self.captured)
+        self.captured.clear()
+        return out
+
+
+class _CapturingFile(apsw.VFSFile):
+    def __init__(self, vfs: CapturingVFS, name: Any, flags: Any) -> None:
+        super().__init__("", name, flags)
+        filename = name.filename() if hasattr(name, "filename") else str(name)
+        self._sink = vfs.captured if filename.endswith("-wal") else None
+
+    def xWrite(self, data: bytes, offset: int) -> None:
+        super().xWrite(data, offset)
+        if self._sink is not None:
+            self._sink.append(bytes(data))
+
+
+class SQLiteWork:
+    """bench/sqlite.py's consumer-like workload: a transaction's bytes are its WAL writes."""
+
+    def __init__(self, txns: int) -> None:
+        self.b = _sibling("sqlite")
+        self.batches = self.b.consumer_batches(txns, 1000)
+
+    def open(self, directory: Path, capture: bool) -> Callable[[int], bytes]:
+        vfs = CapturingVFS(f"floor-{directory.name}") if capture else None
+        if vfs is None:
+            conn = apsw.Connection(str(directory / "db"))
+        else:
+            conn = apsw.Connection(str(directory / "db"), vfs=vfs.name)
+        conn.execute("PRAGMA cache_size = -65536")
+        conn.execute("PRAGMA journal_mode = wal")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute(self.b.SCHEMA)
+        if vfs:
+            vfs.take()
+
+        def txn(i: int) -> bytes:
+            conn.execute("BEGIN")
+            self.b.apply_batch(conn, self.batches[i])
+            conn.execute("COMMIT")
+            return vfs.take() if vfs else b""
+
+        txn.keep = (conn, vfs)  # type: ignore[attr-defined]
+        return txn
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class RocksWork:
+    """bench/rocksdb.py's write phase: a transaction's bytes are what its WAL files grew by."""
+
+    def __init__(self, puts: int) -> None:
+        self.b = _sibling("rocksdb")
+        self.batches, _ = self.b.workload(puts, 1000, 1)
+
+    def open(self, directory: Path, capture: bool) -> Callable[[int], bytes]:
+        from rocksdict import Rdict, WriteBatch, WriteOptions
+
+        from stores.rocksdb.store import CHECKPOINT_KEY, recorded_options
+
+        db = Rdict(str(directory), recorded_options())
+        sync = WriteOptions()
+        sync.sync = True
+        sizes: dict[str, int] = {}
+
+        def grown() -> bytes:
+            out = []
+            for name in sorted(os.listdir(directory)):
+                if name.endswith(".log"):
+                    with open(directory / name, "rb") as f:
+                        f.seek(sizes.get(name, 0))
+                        out.append(f.read())
+                        sizes[name] = f.tell()
+            return b"".join(out)
+
+        def txn(i: int) -> bytes:
+            wb = WriteBatch(raw_mode=True)
+            for k in self.batches[i]:
+                wb.put(self.b.key(k), self.b.VALUE)
+            wb.put(CHECKPOINT_KEY, self.b.checkpoint("write", i).SerializeToString())
+            db.write(wb, sync)
+            return grown() if capture else b""
+
+        txn.keep = db  # type: ignore[attr-defined]
+        return txn
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+async def run(
+    mode: str, work: SQLiteWork | RocksWork, directory: Path, addr: str, inflight: int
+) -> tuple[float, int]:
+    """Time `work` in `mode`; returns (seconds, bytes shipped)."""
+    directory.mkdir()
+    txn = work.open(directory, capture=mode != "native")
+    shipped = 0
+    link = Link(addr) if mode in ("awaited", "inproc") else None
+    shipper = Shipper(addr, inflight) if mode == "shipper" else None
+    if link is not None:
+        await link.append(b"warm-up")
+    t0 = time.perf_counter()
+    if mode == "native":
+        for i in range(len(work)):
+            txn(i)
+    elif mode == "awaited":
+        assert link is not None
+        for i in range(len(work)):
+            data = txn(i)
+            shipped += len(data)
+            await link.append(data)
+    elif mode == "inproc":
+        assert link is not None
+        pending: asyncio.Task[bytes] | None = None
+        for i in range(len(work)):
+            data = await asyncio.to_thread(txn, i)
+            shipped += len(data)
+            if pending is not None:
+                await pending
+            pending = asyncio.create_task(link.append(data))
+        if pending is not None:
+            await pending
+    else:
+        assert shipper is not None
+        for i in range(len(work)):
+            data = txn(i)
+            shipped += len(data)
+            shipper.send(data)
+        shipper.drain()
+    elapsed = time.perf_counter() - t0
+    if link is not None:
+        await link.channel.close()
+    if shipper is not None:
+        shipper.close()
+    return elapsed, shipped
+
+
+def measure(
+    name: str,
+    work: SQLiteWork | RocksWork,
+    modes: tuple[str, ...],
+    tmp: Path,
+    addr: str,
+    runs: int,
+    inflight: int,
+) -> dict[str, float]:
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    for r in range(runs):
+        for mode in modes:
+            s, shipped = asyncio.run(run(mode, work, tmp / f"{name}-{mode}-{r}", addr, inflight))
+            times[mode].append(s)
+            say(f"  {name} run {r}: {mode}: {s:.3f} s, {shipped / (1 << 20):.1f} MiB shipped")
+    best = {m: min(v) for m, v in times.items()}
+    out = {f"{name}_native_s": round(best["native"], 3)}
+    for mode in modes[1:]:
+        out[f"{name}_ratio_{mode}"] = round(best[mode] / best["native"], 3)
+    return out
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        asyncio.run(serve(sys.argv[2], sys.argv[3]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--ship":
+        asyncio.run(ship(int(sys.argv[2]), sys.argv[3], int(sys.argv[4])))
+        return
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="small run (< 1 minute)")
+    parser.add_argument("--runs", type=int, default=0, help="alternating runs of each mode")
+    parser.add_argument("--inflight", type=int, default=2, help="commits in flight (shipper)")
+    args = parser.parse_args()
+    runs = args.runs or (2 if args.quick else 3)
+    txns = 200 if args.quick else 400
+    puts = 100_000 if args.quick else 200_000
+    with tempfile.TemporaryDirectory(prefix="bench-floor-", dir="/var/tmp") as t:
+        tmp = Path(t)
+        addr = f"127.0.0.1:{free_port()}"  # TCP on loopback, as the stores reach their broker.
+        server = subprocess.Popen(
+            [sys.executable, __file__, "--serve", addr, str(tmp / "spool")], stdout=subprocess.PIPE
+        )
+        try:
+            assert server.stdout is not None
+            if server.stdout.readline().strip() != b"ready":
+                raise SystemExit("the bare server did not start")
+            say(
+                f"sqlite: {txns} transactions of 1000 rows; rocksdb: {puts} puts in batches "
+                f"of 1000; {runs} runs"
+            )
+            modes = ("native", "awaited", "inproc", "shipper")
+            result: dict[str, Any] = {"bench": "floor"}
+            result |= measure("sqlite", SQLiteWork(txns), modes, tmp, addr, runs, args.inflight)
+            result |= measure("rocksdb", RocksWork(puts), modes, tmp, addr, runs, args.inflight)
+        finally:
+            server.kill()
+            server.wait()
+    result |= {
+        "sqlite_target": 1.25,
+        "rocksdb_target": 1.5,
+        "inflight": args.inflight,
+        "runs": runs,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
