@@ -9,19 +9,21 @@ database on local disk. This bench measures, in the same run and on the same wor
 - awaited: each commit's new WAL bytes (captured by a pass-through APSW VFS; for RocksDB read
   back from the WAL files) are sent as one bare grpc.aio client-streaming call shaped like a
   Gazette Append (a request message, the content in 256 KiB messages, an empty commit
-  message), and the call is awaited before the next transaction.
+  message), and the call is awaited before the next transaction. Nothing is synced locally:
+  as in the stores, a commit is made durable by the log.
 - inproc: the same calls from the same process, the next transaction running (in a thread)
   while the previous call is in flight.
 - shipper: the bytes are handed over a unix socket to a second process that makes the calls,
-  up to `--inflight` commits in flight (the most favourable process layout for 2 cores).
+  one call at a time and in order, with up to `--inflight` commits queued (the most favourable
+  process layout for 2 cores; the shipper's start-up is not timed).
 
-The server is a bare grpc.aio servicer in its own process doing only what Gazette's append
-protocol requires of any broker: two SHA1 sums of every byte (the spool's and the commit's)
-and a write to a file. No Recorder, AppendService, broker, FUSE or page store takes part, so
+The server is a bare grpc.aio servicer in its own process doing only the per-byte work our
+broker does for an append: two SHA1 sums of every byte (the spool's and the commit's) and a
+write to a file. No Recorder, AppendService, broker, FUSE or page store takes part, so
 each ratio is a floor for a store recording through Python gRPC on this machine.
 
-Prints progress on stderr, then one JSON line of ratios (best of `--runs`). `--quick` runs in
-under a minute.
+Prints progress on stderr, then one JSON line: per mode, the median over `--runs` of its time
+over the native time of the same run, and their range. `--quick` runs in under a minute.
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ import asyncio
 import hashlib
 import importlib.util
 import json
+import select
 import socket
+import statistics
 import struct
 import subprocess
 import tempfile
@@ -59,6 +63,8 @@ CHUNK = 256 << 10  # Content message size, as the client's appends.
 REQUEST = b"R" * 40  # Stands for the Append's first message (journal and parameters).
 _METHOD = "/floor.Floor/Append"
 _END = 0xFFFFFFFF  # Shipper frame length that ends the stream.
+_READY, _ACK, _DONE = b"R", b"A", b"Z"  # What the shipper says.
+_TIMEOUT = 60.0  # Longest wait for the shipper or the server.
 
 
 def say(msg: str) -> None:
@@ -136,33 +142,44 @@ class Link:
 async def ship(fd: int, addr: str, inflight: int) -> None:
     """Read length-prefixed commits from socket `fd` and append each, one call at a time and in
     order (as a journal's appends go), acknowledging each with one byte. Commits received
-    while a call is in flight wait for it (the writer bounds them to `inflight`)."""
+    while a call is in flight queue behind it (the writer bounds them to `inflight`). Says
+    ``R`` once warmed up; a failed call ends the process (the writer then sees EOF)."""
     link = Link(addr)
     await link.append(b"warm-up")
     sock = socket.socket(fileno=fd)
     sock.setblocking(False)
     reader, writer = await asyncio.open_unix_connection(sock=sock)
+    writer.write(_READY)
     queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=inflight)
 
     async def send() -> None:
         while (data := await queue.get()) is not None:
             await link.append(data)
-            writer.write(b"A")
+            writer.write(_ACK)
+
+    async def receive() -> None:
+        while True:
+            (n,) = struct.unpack("<I", await reader.readexactly(4))
+            if n == _END:
+                break
+            await queue.put(await reader.readexactly(n))
+        await queue.put(None)
 
     sender = asyncio.create_task(send())
-    while True:
-        (n,) = struct.unpack("<I", await reader.readexactly(4))
-        if n == _END:
-            break
-        await queue.put(await reader.readexactly(n))
-    await queue.put(None)
+    receiver = asyncio.create_task(receive())
+    done, _ = await asyncio.wait([sender, receiver], return_when=asyncio.FIRST_EXCEPTION)
+    for task in done:
+        if task.exception() is not None:
+            say(f"shipper failed: {task.exception()!r}")
+            os._exit(1)
     await sender
-    writer.write(b"Z")
+    writer.write(_DONE)
     await writer.drain()
 
 
 class Shipper:
-    """The writer's end of a shipper process."""
+    """The writer's end of a shipper process. Returns once the process is ready (started and
+    warmed up), so that its start-up is not timed."""
 
     def __init__(self, addr: str, inflight: int) -> None:
         self.sock, theirs = socket.socketpair()
@@ -171,8 +188,14 @@ class Shipper:
             pass_fds=[theirs.fileno()],
         )
         theirs.close()
+        self.sock.settimeout(_TIMEOUT)  # A stuck shipper fails the bench, never hangs it.
         self.inflight = inflight
         self.pending = 0
+        try:
+            self._expect(_READY)
+        except BaseException:
+            self.kill()
+            raise
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(struct.pack("<I", len(data)) + data)
@@ -187,31 +210,37 @@ class Shipper:
     def _acks(self) -> None:
         got = self.sock.recv(4096)
         if not got:
-            raise RuntimeError("the shipper process ended")
+            raise RuntimeError(f"the shipper process ended (exit status {self.proc.poll()})")
+        if got.strip(_ACK):
+            raise RuntimeError(f"unexpected bytes from the shipper: {got[:16]!r}")
         self.pending -= len(got)
 
-    def close(self) -> float:
-        """End the shipper; return its CPU seconds."""
+    def _expect(self, what: bytes) -> None:
+        got = self.sock.recv(1)
+        if got != what:
+            raise RuntimeError(f"the shipper said {got!r}, not {what!r}")
+
+    def close(self) -> None:
+        """Ship what is pending, then end the shipper."""
         self.drain()
         self.sock.sendall(struct.pack("<I", _END))
-        while self.sock.recv(1) != b"Z":
-            pass
-        cpu = cpu_seconds(self.proc.pid)
-        self.proc.wait(timeout=30)
+        self._expect(_DONE)
+        self.proc.wait(timeout=_TIMEOUT)
         self.sock.close()
-        return cpu
 
-
-def cpu_seconds(pid: int | None = None) -> float:
-    fields = open(f"/proc/{pid or os.getpid()}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.sock.close()
 
 
 # -- Workloads ------------------------------------------------------------------------------------
 
 
 class CapturingVFS(apsw.VFS):
-    """The default VFS, keeping a copy of every write to a WAL file."""
+    """The default VFS, keeping a copy of every write to a WAL file and syncing nothing: a
+    recorded store's commits are made durable by the log, not by a local fsync (the
+    SQLite store's VFS never syncs local files)."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name, "")
@@ -238,6 +267,12 @@ class _CapturingFile(apsw.VFSFile):
         if self._sink is not None:
             self._sink.append(bytes(data))
 
+    def xSync(self, flags: int) -> None:
+        pass
+
+
+Txn = Callable[[int], bytes]
+
 
 class SQLiteWork:
     """bench/sqlite.py's consumer-like workload: a transaction's bytes are its WAL writes."""
@@ -246,7 +281,8 @@ class SQLiteWork:
         self.b = _sibling("sqlite")
         self.batches = self.b.consumer_batches(txns, 1000)
 
-    def open(self, directory: Path, capture: bool) -> Callable[[int], bytes]:
+    def open(self, directory: Path, capture: bool) -> tuple[Txn, Callable[[], None]]:
+        """(run transaction i and return the WAL bytes it wrote, close)."""
         vfs = CapturingVFS(f"floor-{directory.name}") if capture else None
         if vfs is None:
             conn = apsw.Connection(str(directory / "db"))
@@ -265,8 +301,12 @@ class SQLiteWork:
             conn.execute("COMMIT")
             return vfs.take() if vfs else b""
 
-        txn.keep = (conn, vfs)  # type: ignore[attr-defined]
-        return txn
+        def close() -> None:
+            conn.close()
+            if vfs is not None:
+                vfs.unregister()
+
+        return txn, close
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -279,21 +319,26 @@ class RocksWork:
         self.b = _sibling("rocksdb")
         self.batches, _ = self.b.workload(puts, 1000, 1)
 
-    def open(self, directory: Path, capture: bool) -> Callable[[int], bytes]:
+    def open(self, directory: Path, capture: bool) -> tuple[Txn, Callable[[], None]]:
+        """(run transaction i and return what the WAL files grew by, close)."""
         from rocksdict import Rdict, WriteBatch, WriteOptions
 
         from stores.rocksdb.store import CHECKPOINT_KEY, recorded_options
 
         db = Rdict(str(directory), recorded_options())
         sync = WriteOptions()
-        sync.sync = True
+        sync.sync = not capture  # Recorded, a commit is made durable by the log instead.
         sizes: dict[str, int] = {}
 
         def grown() -> bytes:
             out = []
             for name in sorted(os.listdir(directory)):
                 if name.endswith(".log"):
-                    with open(directory / name, "rb") as f:
+                    try:
+                        f = open(directory / name, "rb")  # noqa: SIM115
+                    except FileNotFoundError:
+                        continue  # Deleted since the listing (its memtable was flushed).
+                    with f:
                         f.seek(sizes.get(name, 0))
                         out.append(f.read())
                         sizes[name] = f.tell()
@@ -307,8 +352,7 @@ class RocksWork:
             db.write(wb, sync)
             return grown() if capture else b""
 
-        txn.keep = db  # type: ignore[attr-defined]
-        return txn
+        return txn, db.close
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -319,12 +363,31 @@ async def run(
 ) -> tuple[float, int]:
     """Time `work` in `mode`; returns (seconds, bytes shipped)."""
     directory.mkdir()
-    txn = work.open(directory, capture=mode != "native")
-    shipped = 0
+    txn, close = work.open(directory, capture=mode != "native")
     link = Link(addr) if mode in ("awaited", "inproc") else None
-    shipper = Shipper(addr, inflight) if mode == "shipper" else None
-    if link is not None:
-        await link.append(b"warm-up")
+    shipper: Shipper | None = None
+    try:
+        if link is not None:
+            await link.append(b"warm-up")
+        if mode == "shipper":
+            shipper = Shipper(addr, inflight)
+        elapsed, shipped = await _timed(mode, work, txn, link, shipper)
+        if shipper is not None:
+            shipper.close()
+            shipper = None
+    finally:
+        if shipper is not None:
+            shipper.kill()
+        if link is not None:
+            await link.channel.close()
+        close()
+    return elapsed, shipped
+
+
+async def _timed(
+    mode: str, work: SQLiteWork | RocksWork, txn: Txn, link: Link | None, shipper: Shipper | None
+) -> tuple[float, int]:
+    shipped = 0
     t0 = time.perf_counter()
     if mode == "native":
         for i in range(len(work)):
@@ -353,12 +416,7 @@ async def run(
             shipped += len(data)
             shipper.send(data)
         shipper.drain()
-    elapsed = time.perf_counter() - t0
-    if link is not None:
-        await link.channel.close()
-    if shipper is not None:
-        shipper.close()
-    return elapsed, shipped
+    return time.perf_counter() - t0, shipped
 
 
 def measure(
@@ -370,16 +428,28 @@ def measure(
     runs: int,
     inflight: int,
 ) -> dict[str, float]:
-    times: dict[str, list[float]] = {m: [] for m in modes}
+    """Each run times every mode once, native first; a mode's ratio is paired with the native
+    time of its own run. Returns the median ratio of each mode and their range."""
+    ratios: dict[str, list[float]] = {m: [] for m in modes[1:]}
+    natives = []
     for r in range(runs):
+        native = 0.0
         for mode in modes:
             s, shipped = asyncio.run(run(mode, work, tmp / f"{name}-{mode}-{r}", addr, inflight))
-            times[mode].append(s)
-            say(f"  {name} run {r}: {mode}: {s:.3f} s, {shipped / (1 << 20):.1f} MiB shipped")
-    best = {m: min(v) for m, v in times.items()}
-    out = {f"{name}_native_s": round(best["native"], 3)}
-    for mode in modes[1:]:
-        out[f"{name}_ratio_{mode}"] = round(best[mode] / best["native"], 3)
+            if mode == "native":
+                native = s
+                natives.append(s)
+                say(f"  {name} run {r}: native: {s:.3f} s")
+                continue
+            ratios[mode].append(s / native)
+            say(
+                f"  {name} run {r}: {mode}: {s:.3f} s = {s / native:.2f}x, "
+                f"{shipped / (1 << 20):.1f} MiB shipped"
+            )
+    out: dict[str, Any] = {f"{name}_native_s": round(statistics.median(natives), 3)}
+    for mode, rs in ratios.items():
+        out[f"{name}_ratio_{mode}"] = round(statistics.median(rs), 3)
+        out[f"{name}_ratio_{mode}_range"] = [round(min(rs), 3), round(max(rs), 3)]
     return out
 
 
@@ -395,11 +465,13 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="small run (< 1 minute)")
     parser.add_argument("--runs", type=int, default=0, help="alternating runs of each mode")
-    parser.add_argument("--inflight", type=int, default=2, help="commits in flight (shipper)")
+    parser.add_argument(
+        "--inflight", type=int, default=2, help="commits queued for the shipper (one in flight)"
+    )
     args = parser.parse_args()
-    runs = args.runs or (2 if args.quick else 3)
-    txns = 200 if args.quick else 400
-    puts = 100_000 if args.quick else 200_000
+    runs = args.runs or 3
+    txns = 200 if args.quick else 1000  # As bench/sqlite.py.
+    puts = 200_000 if args.quick else 1_000_000  # As bench/rocksdb.py's write phase.
     with tempfile.TemporaryDirectory(prefix="bench-floor-", dir="/var/tmp") as t:
         tmp = Path(t)
         addr = f"127.0.0.1:{free_port()}"  # TCP on loopback, as the stores reach their broker.
@@ -408,7 +480,8 @@ def main() -> None:
         )
         try:
             assert server.stdout is not None
-            if server.stdout.readline().strip() != b"ready":
+            ready, _, _ = select.select([server.stdout], [], [], _TIMEOUT)
+            if not ready or server.stdout.readline().strip() != b"ready":
                 raise SystemExit("the bare server did not start")
             say(
                 f"sqlite: {txns} transactions of 1000 rows; rocksdb: {puts} puts in batches "
