@@ -46,6 +46,7 @@ from broker.client import (
     name_selector,
     watch_journals,
 )
+from broker.client.appender import RetryWindow
 from broker.client.errors import BrokerError
 from broker.fragment.store import store_for_url
 from broker.protocol import protocol_pb2 as pb
@@ -201,12 +202,11 @@ def _retry_for(text: str) -> float | None:
     if text == "forever":
         return None
     try:
-        seconds = float(text)
+        return RetryWindow.checked(float(text))
     except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:  # Also refuses NaN.
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0 or 'forever'")
-    return seconds
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds >= 0 or 'forever'"
+        ) from None
 
 
 def _selector(text: str) -> pb.LabelSelector:
