@@ -428,21 +428,18 @@ class HeldAppends:
         self.counts: dict[str, int] = {}
         self.done: list[tuple[str, int]] = []
 
-    def endpoint_for(self, journal: str, primary: bool = False) -> str:
-        return "held"
+    def stub_for(self, journal: str, primary: bool = False) -> Any:
+        return self
 
-    def append_call(self, _target: str) -> Any:
-        return self.Append
-
-    def Append(self, _request: Any) -> Any:  # noqa: N802 - the gRPC method.
+    def Append(self, _request: Any) -> Any:  # noqa: N802 - the gRPC stub's method.
         client = self
 
         class Call:
             def __init__(self) -> None:
                 self.msgs: list[bpb.AppendRequest] = []
 
-            async def write(self, msg: bytes) -> None:  # A serialized AppendRequest.
-                self.msgs.append(bpb.AppendRequest.FromString(msg))
+            async def write(self, msg: bpb.AppendRequest) -> None:
+                self.msgs.append(msg)
 
             async def done_writing(self) -> None:
                 pass
