@@ -417,20 +417,18 @@ class AppendService:
             try:
                 # Many small appends travel in few messages: a message per append would cost
                 # a gRPC write (tens of microseconds of CPU each side) per append.
-                # (`Appender.write` copies what it is given into its message before it
-                # returns, so `pending` is reused without another copy.)
                 pending = bytearray()
                 for a in batch:
                     for chunk in a._chunks():
                         if pending and len(pending) + len(chunk) > CHUNK_SIZE:
-                            await appender.write(pending)
+                            await appender.write(bytes(pending))
                             pending.clear()
                         if not pending and len(chunk) == CHUNK_SIZE:
                             await appender.write(chunk)  # a full chunk: no copy
                         else:
                             pending += chunk
                 if pending:
-                    await appender.write(pending)
+                    await appender.write(bytes(pending))
                 resp = await appender.close()
             except Exception as err:
                 await appender.abort()

@@ -27,12 +27,7 @@ if TYPE_CHECKING:
 else:
     JournalStub = pb_grpc.JournalStub
 
-__all__ = ["APPEND_METHOD", "JournalClient", "JournalStub", "MAX_MESSAGE_SIZE", "RawAppend"]
-
-APPEND_METHOD = "/protocol.Journal/Append"
-
-RawAppend = grpc.aio.StreamUnaryMultiCallable[bytes, pb.AppendResponse]
-"""An Append method whose requests are serialized ``AppendRequest`` messages (bytes)."""
+__all__ = ["JournalClient", "JournalStub", "MAX_MESSAGE_SIZE"]
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +68,6 @@ class JournalClient:
         self.routes = route_cache if route_cache is not None else RouteCache()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, JournalStub] = {}
-        self._append_calls: dict[str, RawAppend] = {}
         self._closed = False
         self._default = 0
 
@@ -103,19 +97,6 @@ class JournalClient:
             st = pb_grpc.JournalStub(self.channel(target))
             self._stubs[target] = st
         return st
-
-    def append_call(self, target: str) -> RawAppend:
-        """The ``protocol.Journal/Append`` method on `target`, taking requests already
-        serialized (`Appender` encodes its messages itself: a content message is its bytes
-        behind a three-to-six-byte prefix, which saves a protobuf message per chunk)."""
-        target = endpoint_to_target(target)
-        call = self._append_calls.get(target)
-        if call is None:
-            call = self.channel(target).stream_unary(
-                APPEND_METHOD, None, pb.AppendResponse.FromString
-            )
-            self._append_calls[target] = call
-        return call
 
     def endpoint_for(self, journal: str, *, primary: bool = True) -> str:
         """The target an RPC of `journal` should be dispatched to.

@@ -18,7 +18,6 @@ from broker.client import (
     WrongAppendOffset,
     append,
 )
-from broker.client.appender import CHUNK_SIZE, content_message
 from broker.protocol import protocol_pb2 as pb
 
 from .conftest import MakeJournal
@@ -77,41 +76,6 @@ async def test_large_append_is_chunked(client: JournalClient, make_journal: Make
     resp = await append(client, pb.AppendRequest(journal=spec.name), data)
     assert resp.commit.end == len(data)
     assert await read_all(client, spec.name) == data
-
-
-def test_content_message_is_protobufs_encoding() -> None:
-    # Golden bytes: AppendRequest.content is field 4, length-delimited (key 0x22), its
-    # length a varint.
-    assert content_message(b"abc") == b"\x22\x03abc"
-    assert content_message(bytes(200)) == b"\x22\xc8\x01" + bytes(200)
-    assert content_message(b"") == b""  # The empty (commit) message.
-    for n in (1, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152):
-        data = bytes(range(256)) * (n // 256) + bytes(n % 256)
-        expected = pb.AppendRequest(content=data).SerializeToString()
-        assert content_message(data) == expected
-        assert content_message(memoryview(data)) == expected
-
-
-async def test_appender_messages_as_the_broker_parses_them() -> None:
-    ok = pb.AppendResponse(status=pb.OK, commit=pb.Fragment(journal="fake/j", begin=0, end=9))
-    request = pb.AppendRequest(
-        journal="fake/j",
-        offset=7,
-        check_registers=pb.LabelSelector(include=pb.LabelSet(labels=[pb.Label(name="a")])),
-    )
-    data = bytearray(bytes(range(256)) * (CHUNK_SIZE // 256 * 2 + 3))  # Two chunks and a bit.
-    async with FakeBroker() as fb, JournalClient(fb.endpoint) as client:
-        fb.journal.script("Append", ok)
-        a = Appender(client, request)
-        await a.write(memoryview(data)[:10])
-        await a.write(memoryview(data)[10:])
-        assert await a.close() == ok
-        (msgs,) = fb.journal.calls["Append"]
-    assert msgs[0] == request
-    assert [m.journal for m in msgs[1:]] == [""] * (len(msgs) - 1)
-    assert [len(m.content) for m in msgs[1:]] == [10, CHUNK_SIZE, CHUNK_SIZE, 758, 0]
-    assert b"".join(m.content for m in msgs) == data
-    assert a.written == len(data)
 
 
 async def test_append_from_async_iterable(client: JournalClient, make_journal: MakeJournal) -> None:
