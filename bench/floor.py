@@ -16,6 +16,13 @@ database on local disk. This bench measures, in the same run and on the same wor
 - shipper: the bytes are handed over a unix socket to a second process that makes the calls,
   one call at a time and in order, with up to `--inflight` commits queued (the most favourable
   process layout for 2 cores; the shipper's start-up is not timed).
+- consumer, consumer_shipper: as inproc and shipper, under a Gazette consumer's rule for
+  transactions: transaction i's work (the SQLite statements; the RocksDB WriteBatch) runs
+  while commit i-1 is in flight, but transaction i commits (locally, then to the log) only
+  once commit i-1 is in the log. inproc and shipper let the next transaction commit locally
+  while the previous commit is still in flight, which a consumer's store may not do: its
+  checkpoint, written in the same local transaction, is only known once the consumer starts
+  the commit, after the previous one completed.
 
 The server is a bare grpc.aio servicer in its own process doing only the per-byte work our
 broker does for an append: two SHA1 sums of every byte (the spool's and the commit's) and a
@@ -274,6 +281,21 @@ class _CapturingFile(apsw.VFSFile):
 Txn = Callable[[int], bytes]
 
 
+class Opened:
+    """An open workload: `work(i)` does transaction i's work (no commit), `commit(i)` commits it
+    and returns the bytes it added to the WAL (empty natively); `close()` closes."""
+
+    def __init__(self, work: Callable[[int], None], commit: Txn, close: Callable[[], None]) -> None:
+        self.work = work
+        self.commit = commit
+        self.close = close
+
+    def txn(self, i: int) -> bytes:
+        """Transaction i, work and commit."""
+        self.work(i)
+        return self.commit(i)
+
+
 class SQLiteWork:
     """bench/sqlite.py's consumer-like workload: a transaction's bytes are its WAL writes."""
 
@@ -281,8 +303,7 @@ class SQLiteWork:
         self.b = _sibling("sqlite")
         self.batches = self.b.consumer_batches(txns, 1000)
 
-    def open(self, directory: Path, capture: bool) -> tuple[Txn, Callable[[], None]]:
-        """(run transaction i and return the WAL bytes it wrote, close)."""
+    def open(self, directory: Path, capture: bool) -> Opened:
         vfs = CapturingVFS(f"floor-{directory.name}") if capture else None
         if vfs is None:
             conn = apsw.Connection(str(directory / "db"))
@@ -295,9 +316,11 @@ class SQLiteWork:
         if vfs:
             vfs.take()
 
-        def txn(i: int) -> bytes:
+        def work(i: int) -> None:
             conn.execute("BEGIN")
             self.b.apply_batch(conn, self.batches[i])
+
+        def commit(i: int) -> bytes:
             conn.execute("COMMIT")
             return vfs.take() if vfs else b""
 
@@ -306,7 +329,7 @@ class SQLiteWork:
             if vfs is not None:
                 vfs.unregister()
 
-        return txn, close
+        return Opened(work, commit, close)
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -319,8 +342,7 @@ class RocksWork:
         self.b = _sibling("rocksdb")
         self.batches, _ = self.b.workload(puts, 1000, 1)
 
-    def open(self, directory: Path, capture: bool) -> tuple[Txn, Callable[[], None]]:
-        """(run transaction i and return what the WAL files grew by, close)."""
+    def open(self, directory: Path, capture: bool) -> Opened:
         from rocksdict import Rdict, WriteBatch, WriteOptions
 
         from stores.rocksdb.store import CHECKPOINT_KEY, recorded_options
@@ -344,15 +366,21 @@ class RocksWork:
                         sizes[name] = f.tell()
             return b"".join(out)
 
-        def txn(i: int) -> bytes:
+        batch: list[Any] = []
+
+        def work(i: int) -> None:
             wb = WriteBatch(raw_mode=True)
             for k in self.batches[i]:
                 wb.put(self.b.key(k), self.b.VALUE)
+            batch[:] = [wb]
+
+        def commit(i: int) -> bytes:
+            (wb,) = batch
             wb.put(CHECKPOINT_KEY, self.b.checkpoint("write", i).SerializeToString())
             db.write(wb, sync)
             return grown() if capture else b""
 
-        return txn, db.close
+        return Opened(work, commit, db.close)
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -363,15 +391,15 @@ async def run(
 ) -> tuple[float, int]:
     """Time `work` in `mode`; returns (seconds, bytes shipped)."""
     directory.mkdir()
-    txn, close = work.open(directory, capture=mode != "native")
-    link = Link(addr) if mode in ("awaited", "inproc") else None
+    db = work.open(directory, capture=mode != "native")
+    link = Link(addr) if mode in ("awaited", "inproc", "consumer") else None
     shipper: Shipper | None = None
     try:
         if link is not None:
             await link.append(b"warm-up")
-        if mode == "shipper":
+        if mode in ("shipper", "consumer_shipper"):
             shipper = Shipper(addr, inflight)
-        elapsed, shipped = await _timed(mode, work, txn, link, shipper)
+        elapsed, shipped = await _timed(mode, len(work), db, link, shipper)
         if shipper is not None:
             shipper.close()
             shipper = None
@@ -380,39 +408,62 @@ async def run(
             shipper.kill()
         if link is not None:
             await link.channel.close()
-        close()
+        db.close()
     return elapsed, shipped
 
 
 async def _timed(
-    mode: str, work: SQLiteWork | RocksWork, txn: Txn, link: Link | None, shipper: Shipper | None
+    mode: str, n: int, db: Opened, link: Link | None, shipper: Shipper | None
 ) -> tuple[float, int]:
     shipped = 0
     t0 = time.perf_counter()
     if mode == "native":
-        for i in range(len(work)):
-            txn(i)
+        for i in range(n):
+            db.txn(i)
     elif mode == "awaited":
         assert link is not None
-        for i in range(len(work)):
-            data = txn(i)
+        for i in range(n):
+            data = db.txn(i)
             shipped += len(data)
             await link.append(data)
     elif mode == "inproc":
         assert link is not None
         pending: asyncio.Task[bytes] | None = None
-        for i in range(len(work)):
-            data = await asyncio.to_thread(txn, i)
+        for i in range(n):
+            data = await asyncio.to_thread(db.txn, i)
             shipped += len(data)
             if pending is not None:
                 await pending
             pending = asyncio.create_task(link.append(data))
         if pending is not None:
             await pending
+    elif mode == "consumer":
+        # A consumer's rule: transaction i's work runs while commit i-1 is in flight, but it
+        # commits (locally, then to the log) only once commit i-1 is in the log.
+        assert link is not None
+        pending = None
+        for i in range(n):
+            await asyncio.to_thread(db.work, i)
+            if pending is not None:
+                await pending
+            data = await asyncio.to_thread(db.commit, i)
+            shipped += len(data)
+            pending = asyncio.create_task(link.append(data))
+        if pending is not None:
+            await pending
+    elif mode == "consumer_shipper":
+        assert shipper is not None
+        for i in range(n):
+            db.work(i)
+            shipper.drain()  # Commit i-1 is in the log.
+            data = db.commit(i)
+            shipped += len(data)
+            shipper.send(data)
+        shipper.drain()
     else:
         assert shipper is not None
-        for i in range(len(work)):
-            data = txn(i)
+        for i in range(n):
+            data = db.txn(i)
             shipped += len(data)
             shipper.send(data)
         shipper.drain()
@@ -487,7 +538,7 @@ def main() -> None:
                 f"sqlite: {txns} transactions of 1000 rows; rocksdb: {puts} puts in batches "
                 f"of 1000; {runs} runs"
             )
-            modes = ("native", "awaited", "inproc", "shipper")
+            modes = ("native", "awaited", "inproc", "shipper", "consumer", "consumer_shipper")
             result: dict[str, Any] = {"bench": "floor"}
             result |= measure("sqlite", SQLiteWork(txns), modes, tmp, addr, runs, args.inflight)
             result |= measure("rocksdb", RocksWork(puts), modes, tmp, addr, runs, args.inflight)
