@@ -8,6 +8,14 @@ then committing. Both sides use WAL mode and the same page cache size.
   returns) and ``synchronous=NORMAL`` (durable at checkpoints only).
 - store: `SQLiteStore` recording to a real broker; each transaction is `transact` +
   `start_commit`, timed until its commit is in the recovery log (as durable as native FULL).
+  ``ratio``: each commit awaited by SQLite's syncs (`sync_waits`); ``ratio_pipelined``: as a
+  consumer, the next transaction runs while the previous one commits, and starts committing
+  once that commit is in the log.
+- adaptive: as pipelined, but a transaction keeps taking batches until its predecessor's
+  commit is in the log (a consumer's transaction keeps consuming while the previous one
+  commits; Gazette does not fix transaction sizes). ``ratio_adaptive`` is against native FULL
+  with one transaction per batch, ``ratio_adaptive_matched`` against native FULL with the
+  same transactions as the store made (``adaptive_batches_per_commit``).
 
 Prints progress, then one JSON line whose ``ratio`` is store time / native FULL time (the
 equally durable baseline), target <= 1.25; ``ratio_vs_normal`` is against native NORMAL.
@@ -27,6 +35,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -86,17 +95,24 @@ def apply_batch(conn: apsw.Connection, batch: Batch) -> None:
     )
 
 
-def native(directory: Path, work: list[Batch], synchronous: str) -> float:
+def native(
+    directory: Path, work: list[Batch], synchronous: str, sizes: list[int] | None = None
+) -> float:
+    """Native apsw, one transaction per batch, or per `sizes[j]` consecutive batches."""
     directory.mkdir(parents=True)
     conn = apsw.Connection(str(directory / "native.db"))
     conn.execute("PRAGMA cache_size = -65536")
     conn.execute("PRAGMA journal_mode = wal")
     conn.execute(f"PRAGMA synchronous = {synchronous}")
     conn.execute(SCHEMA)
+    groups = sizes or [1] * len(work)
     t0 = time.perf_counter()
-    for batch in work:
+    i = 0
+    for size in groups:
         conn.execute("BEGIN")
-        apply_batch(conn, batch)
+        for batch in work[i : i + size]:
+            apply_batch(conn, batch)
+        i += size
         conn.execute("COMMIT")
     elapsed = time.perf_counter() - t0
     conn.close()
@@ -109,8 +125,18 @@ def checkpoint(i: int) -> cpb.Checkpoint:
 
 
 async def recorded(
-    endpoint: str, fragments: Path, directory: Path, work: list[Batch], sync_waits: bool
-) -> tuple[float, SQLiteStore, int]:
+    endpoint: str,
+    fragments: Path,
+    directory: Path,
+    work: list[Batch],
+    sync_waits: bool,
+    adaptive: bool = False,
+) -> tuple[float, SQLiteStore, int, list[int]]:
+    """The store's time for `work`, the store, its log's size, and the batches per commit.
+
+    Each transaction takes one batch, or (`adaptive`) takes batches until its predecessor's
+    commit is in the log, as a consumer's transaction keeps consuming while the previous one
+    commits (docs/recording-floor.md)."""
     async with JournalClient(endpoint) as client, AppendService(client) as svc:
         frag = pb.JournalSpec.Fragment(
             length=256 * MiB, compression_codec=pb.NONE, refresh_interval=Duration(seconds=600)
@@ -127,51 +153,85 @@ async def recorded(
         # As a consumer: the next transaction runs while the previous one commits, and a
         # transaction starts committing once its predecessor's commit completed.
         pending: asyncio.Future[None] | None = None
-        for i, batch in enumerate(work):
-            await store.transact(apply_batch, batch)
+        sizes: list[int] = []
+        i = 0
+        while i < len(work):
+            size = 0
+            while i < len(work):
+                await store.transact(apply_batch, work[i])
+                i += 1
+                size += 1
+                if not adaptive or pending is None or pending.done():
+                    break
             if pending is not None:
                 await pending
-            pending = store.start_commit(None, checkpoint(i), [])
+            pending = store.start_commit(None, checkpoint(i - 1), [])
+            sizes.append(size)
         if pending is not None:
             await pending
         elapsed = time.perf_counter() - t0
         log_bytes = rec.write_head
         await store.close()
-        return elapsed, store, log_bytes
+        return elapsed, store, log_bytes, sizes
 
 
 def measure(
     tmpdir: Path, endpoint: str, name: str, work: list[Batch], runs: int
 ) -> dict[str, float]:
-    figures: dict[str, list[float]] = {"full": [], "normal": [], "store": [], "pipelined": []}
+    figures: dict[str, list[float]] = {
+        "full": [],
+        "normal": [],
+        "store": [],
+        "pipelined": [],
+        "adaptive": [],
+        "matched": [],
+    }
+    per_commit: list[float] = []
     for run in range(runs):
         for sync in ("full", "normal"):
             s = native(tmpdir / f"{name}-native-{sync}-{run}", work, sync)
             figures[sync].append(s)
             say(f"  {name} run {run}: native {sync}: {s:.2f} s")
-        for side, waits in (("store", True), ("pipelined", False)):
+        for side, waits, adaptive in (
+            ("store", True, False),
+            ("pipelined", False, False),
+            ("adaptive", False, True),
+        ):
             directory = tmpdir / f"{name}-{side}-{run}"
-            s, store, log_bytes = asyncio.run(
-                recorded(endpoint, tmpdir / "fragments", directory, work, waits)
+            s, store, log_bytes, sizes = asyncio.run(
+                recorded(endpoint, tmpdir / "fragments", directory, work, waits, adaptive)
             )
             figures[side].append(s)
             db_size = os.path.getsize(store.path)
             st = store.stats()
             say(
                 f"  {name} run {run}: {side} (sync_waits={waits}): {s:.2f} s, "
-                f"database {db_size / MiB:.1f} MiB, log {log_bytes / MiB:.1f} MiB "
-                f"(page records {st['page_bytes'] / MiB:.1f} MiB, WALs kept "
-                f"{st['wal_bytes_kept'] / MiB:.1f} MiB), barriers {st['barriers']}, "
+                f"{len(sizes)} commits, database {db_size / MiB:.1f} MiB, log "
+                f"{log_bytes / MiB:.1f} MiB (page records {st['page_bytes'] / MiB:.1f} MiB, "
+                f"WALs kept {st['wal_bytes_kept'] / MiB:.1f} MiB), barriers {st['barriers']}, "
                 f"compactions {st['compactions']}"
             )
+            if side == "pipelined":
+                stats = (db_size, log_bytes, st)
+            if adaptive:
+                per_commit.append(len(work) / len(sizes))
+                m = native(tmpdir / f"{name}-native-matched-{run}", work, "full", sizes)
+                figures["matched"].append(m)
+                say(f"  {name} run {run}: native full, the same transactions: {m:.2f} s")
     best = {k: min(v) for k, v in figures.items()}
+    db_size, log_bytes, st = stats
     return {
         "ratio": round(best["store"] / best["full"], 3),
         "ratio_pipelined": round(best["pipelined"] / best["full"], 3),
+        "ratio_adaptive": round(best["adaptive"] / best["full"], 3),
+        "ratio_adaptive_matched": round(best["adaptive"] / best["matched"], 3),
+        "adaptive_batches_per_commit": round(statistics.median(per_commit), 2),
         "ratio_vs_normal": round(best["store"] / best["normal"], 3),
         "store_s": round(best["store"], 3),
         "pipelined_s": round(best["pipelined"], 3),
+        "adaptive_s": round(best["adaptive"], 3),
         "native_full_s": round(best["full"], 3),
+        "native_matched_s": round(best["matched"], 3),
         "native_normal_s": round(best["normal"], 3),
         "database_mib": round(db_size / MiB, 1),
         "log_mib": round(log_bytes / MiB, 1),
