@@ -120,15 +120,8 @@ def native(
     return {"write_s": t1 - t0, "mixed_s": t2 - t1}
 
 
-async def store(
-    endpoint: str,
-    tmp: Path,
-    write: list[list[int]],
-    mixed: list[list[tuple[int, int]]],
-    inflight: int = 0,
-) -> dict[str, Any]:
-    """The workloads through a `RocksDBStore`, with at most `inflight` commits pending while
-    the next transaction works (0: each commit awaited before the next transaction)."""
+async def open_store(endpoint: str, tmp: Path) -> RocksDBStore:
+    """A new store recording to a new recovery log (fragments under `tmp`)."""
     async with JournalClient(endpoint) as client:
         frag = pb.JournalSpec.Fragment(
             length=256 * MiB, compression_codec=pb.NONE, refresh_interval=Duration(seconds=600)
@@ -138,7 +131,19 @@ async def store(
         spec = pb.JournalSpec(name=log, replication=1, fragment=frag)
         spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")
         await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
-    s = await RocksDBStore.open(endpoint, log, tmp / f"store-{time.monotonic_ns()}")
+    return await RocksDBStore.open(endpoint, log, tmp / f"store-{time.monotonic_ns()}")
+
+
+async def store(
+    endpoint: str,
+    tmp: Path,
+    write: list[list[int]],
+    mixed: list[list[tuple[int, int]]],
+    inflight: int = 0,
+) -> dict[str, Any]:
+    """The workloads through a `RocksDBStore`, with at most `inflight` commits pending while
+    the next transaction works (0: each commit awaited before the next transaction)."""
+    s = await open_store(endpoint, tmp)
     pending: collections.deque[Awaitable[None]] = collections.deque()
 
     async def commit(phase: str, n: int) -> None:
@@ -185,16 +190,7 @@ async def store_adaptive(
     """The write phase as a consumer makes it: a transaction takes batches until its
     predecessor's commit is in the log (at least one), then commits; returns the time and
     the batches per commit."""
-    async with JournalClient(endpoint) as client:
-        frag = pb.JournalSpec.Fragment(
-            length=256 * MiB, compression_codec=pb.NONE, refresh_interval=Duration(seconds=600)
-        )
-        frag.stores.append(f"file://{tmp / 'fragments'}/")
-        log = f"bench/rocksdb-{os.getpid()}-{time.monotonic_ns()}"
-        spec = pb.JournalSpec(name=log, replication=1, fragment=frag)
-        spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")
-        await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
-    s = await RocksDBStore.open(endpoint, log, tmp / f"store-{time.monotonic_ns()}")
+    s = await open_store(endpoint, tmp)
     sizes: list[int] = []
     try:
         t0 = time.perf_counter()
