@@ -59,6 +59,9 @@ class BrokerConfig:
     http_port: int = 0
     """Port of the HTTP server (``/healthz``, ``/debug/metrics``) on the host of `listen`;
     0: none."""
+    direct_port: int = 0
+    """Port of the direct-append listener (the Append RPC over a plain TCP stream, for our
+    clients; docs/direct-appends.md) on the host of `listen`; 0: a free port; -1: none."""
 
     @property
     def endpoint(self) -> str:
@@ -157,11 +160,23 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         help="serve HTTP (/healthz, Prometheus /debug/metrics) on this port of the host of "
         "--listen; 0 (the default) serves none [BROKER_HTTP_PORT]",
     )
+    p.add_argument(
+        "--direct-port",
+        type=int,
+        default=_env("BROKER_DIRECT_PORT", str(d.direct_port)),
+        help="serve direct appends (Append over a plain TCP stream, which our clients use "
+        "instead of gRPC) on this port of the host of --listen; 0 (the default): a free "
+        "port, which clients discover over gRPC; -1: none [BROKER_DIRECT_PORT]",
+    )
     a = p.parse_args(argv)
     if a.lease_ttl < 2:
         p.error("--lease-ttl must be at least 2 seconds")
     if not 0 <= a.http_port <= 65535:
         p.error(f"--http-port must be a port number (0: no HTTP), not {a.http_port}")
+    if not -1 <= a.direct_port <= 65535:
+        p.error(
+            f"--direct-port must be a port number (0: any free port, -1: none), not {a.direct_port}"
+        )
     check_process_id(p, a.zone, a.suffix, "BROKER_ZONE/BROKER_ID")
     return BrokerConfig(
         etcd=a.etcd,
@@ -179,4 +194,5 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         drain_timeout=a.drain_timeout,
         log_level=a.log_level,
         http_port=a.http_port,
+        direct_port=a.direct_port,
     )

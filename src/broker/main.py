@@ -12,6 +12,7 @@ import grpc
 
 from broker.broker import Broker, BrokerStartupError
 from broker.config import BrokerConfig, http_host, parse_args
+from broker.direct import DirectAppendServer, port_handler
 from broker.http_api import BrokerHTTP
 from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.service import JournalService
@@ -45,14 +46,27 @@ async def serve(cfg: BrokerConfig) -> None:
 async def _serve(cfg: BrokerConfig, broker: Broker, http: BrokerHTTP | None) -> None:
     await broker.start()
     server = grpc.aio.server(options=GRPC_OPTIONS)
-    pb_grpc.add_JournalServicer_to_server(JournalService(broker), server)
+    service = JournalService(broker)
+    pb_grpc.add_JournalServicer_to_server(service, server)
+    direct: DirectAppendServer | None = None
     try:
+        if cfg.direct_port >= 0:
+            direct = DirectAppendServer(service, http_host(cfg.listen), cfg.direct_port)
+            try:
+                await direct.start()
+            except OSError as err:
+                raise BrokerStartupError(
+                    f"direct appends: {err.strerror} (--direct-port / BROKER_DIRECT_PORT)"
+                ) from err
+            server.add_generic_rpc_handlers([port_handler(direct.port)])
         try:
             server.add_insecure_port(cfg.listen)
         except RuntimeError as err:
             raise BrokerStartupError(f"cannot listen on {cfg.listen}: {err}") from err
         await server.start()
     except BaseException:
+        if direct is not None:
+            await direct.close()
         await broker.shutdown()  # Registered already: release the member's lease at once.
         raise
     if http is not None:
@@ -63,6 +77,8 @@ async def _serve(cfg: BrokerConfig, broker: Broker, http: BrokerHTTP | None) -> 
         loop.add_signal_handler(sig, stop.set)
     # The harness and operators wait for this line.
     served = f" http=http://{http.host}:{http.port}" if http is not None else ""
+    if direct is not None:
+        served += f" direct={direct.port}"
     print(f"broker ready endpoint={cfg.endpoint} id={cfg.zone}#{cfg.suffix}{served}", flush=True)
     log.info(
         "serving endpoint=%s etcd=%s root=%s spool_dir=%s",
@@ -81,6 +97,8 @@ async def _serve(cfg: BrokerConfig, broker: Broker, http: BrokerHTTP | None) -> 
         # Graceful exit: keep serving (and proxying) while the allocator moves our journals.
         await broker.drain(cfg.drain_timeout)
     broker.end_streams()
+    if direct is not None:
+        await direct.close()
     await server.stop(grace=5)
     background.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -50,3 +50,15 @@ def test_an_explicit_suffix_is_validated_not_changed(
     with pytest.raises(SystemExit):
         broker_args(["--suffix", "ab"])
     assert "Suffix" in capsys.readouterr().err
+
+
+def test_direct_port_defaults_to_a_free_port_and_is_checked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert broker_args([]).direct_port == 0
+    assert broker_args(["--direct-port", "-1"]).direct_port == -1
+    monkeypatch.setenv("BROKER_DIRECT_PORT", "9123")
+    assert broker_args([]).direct_port == 9123
+    with pytest.raises(SystemExit):
+        broker_args(["--direct-port", "70000"])
+    assert "--direct-port must be a port number" in capsys.readouterr().err

@@ -428,10 +428,7 @@ class HeldAppends:
         self.counts: dict[str, int] = {}
         self.done: list[tuple[str, int]] = []
 
-    def stub_for(self, journal: str, primary: bool = False) -> Any:
-        return self
-
-    def Append(self, _request: Any) -> Any:  # noqa: N802 - the gRPC stub's method.
+    async def append_call(self, journal: str) -> Any:
         client = self
 
         class Call:

@@ -35,7 +35,9 @@ from broker.client.retry_reader import backoff
 from broker.protocol import protocol_pb2 as pb
 
 if TYPE_CHECKING:
-    AppendCall = grpc.aio.StreamUnaryCall[pb.AppendRequest, pb.AppendResponse]
+    from broker.client.direct import DirectAppendCall
+
+    AppendCall = grpc.aio.StreamUnaryCall[pb.AppendRequest, pb.AppendResponse] | DirectAppendCall
 
 __all__ = [
     "Appender",
@@ -118,8 +120,7 @@ class Appender:
         if self._finished:
             raise RuntimeError("Appender is already closed or aborted")
         if self._call is None:
-            stub = self.client.stub_for(self.request.journal, primary=True)
-            self._call = stub.Append(None)
+            self._call = await self.client.append_call(self.request.journal)
             await self._send(self.request)
         return self._call
 

@@ -12,18 +12,22 @@ closed by `close()`.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
 
+from broker.client.direct import DirectAppendCall, DirectAppends
 from broker.client.route_cache import RouteCache, endpoint_to_target, pick_endpoint
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
     from broker.protocol.protocol_pb2_grpc import JournalAsyncStub as JournalStub
+
+    AppendCall = grpc.aio.StreamUnaryCall[pb.AppendRequest, pb.AppendResponse]
 else:
     JournalStub = pb_grpc.JournalStub
 
@@ -48,7 +52,9 @@ class JournalClient:
 
     `endpoints` is a target (``127.0.0.1:8080`` or ``http://host:8080``) or a sequence of them;
     the first is the default endpoint. `zone` is the client's availability zone, used to prefer
-    same-zone replicas for reads.
+    same-zone replicas for reads. With `direct_appends` (the default; environment
+    ``GAZETTE_DIRECT_APPENDS=0`` turns it off), appends to our brokers go over their
+    direct-append port rather than gRPC (docs/direct-appends.md).
     """
 
     def __init__(
@@ -57,6 +63,7 @@ class JournalClient:
         *,
         zone: str = "",
         route_cache: RouteCache | None = None,
+        direct_appends: bool | None = None,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [endpoints]
@@ -70,6 +77,9 @@ class JournalClient:
         self._stubs: dict[str, JournalStub] = {}
         self._closed = False
         self._default = 0
+        if direct_appends is None:
+            direct_appends = os.environ.get("GAZETTE_DIRECT_APPENDS", "1") not in ("0", "false")
+        self._direct = DirectAppends(self.channel) if direct_appends else None
 
     @property
     def default_endpoint(self) -> str:
@@ -116,6 +126,21 @@ class JournalClient:
         """A stub dialing `endpoint_for(journal, primary=primary)`."""
         return self.stub(self.endpoint_for(journal, primary=primary))
 
+    @property
+    def direct(self) -> DirectAppends | None:
+        """The client's direct-append connections (None if direct appends are off)."""
+        return self._direct
+
+    async def append_call(self, journal: str) -> AppendCall | DirectAppendCall:
+        """Start an Append of `journal` at its primary (as `endpoint_for`): a direct append
+        if that broker offers them, else a gRPC call. Write the request messages to it."""
+        target = self.endpoint_for(journal, primary=True)
+        if self._direct is not None:
+            call = await self._direct.call(target)
+            if call is not None:
+                return call
+        return self.stub(target).Append(None)
+
     def update_route(self, journal: str, header: pb.Header | None) -> None:
         """Remember the route of `journal` carried by a response `header` (if any)."""
         if header is not None and header.HasField("route"):
@@ -131,6 +156,8 @@ class JournalClient:
         """Close every channel. In-flight RPCs are cancelled (after `grace` seconds, if
         given). Idempotent."""
         self._closed = True
+        if self._direct is not None:
+            self._direct.close()
         channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
         for ch in channels:
             await ch.close(grace)

@@ -1,0 +1,259 @@
+"""Direct appends, client side: Append calls over a plain TCP stream to our brokers.
+
+`DirectAppends` asks a broker (once, over gRPC) for the port of its direct-append listener,
+keeps idle connections to it, and hands out `DirectAppendCall`s, which the `Appender` drives
+exactly as a gRPC `StreamUnaryCall`: `write` each AppendRequest, `done_writing`, then await
+the AppendResponse. Failures surface as `grpc.aio.AioRpcError` with the status a gRPC call
+would have had (UNAVAILABLE for a lost connection), so retries and error handling are the
+same for both transports. A broker without the listener (upstream's, or one started with
+``--direct-port -1``) answers UNIMPLEMENTED, and its appends go over gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Generator
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol.direct import (
+    END,
+    ERROR,
+    HEADER,
+    MAGIC,
+    MAX_FRAME,
+    REQUEST,
+    RESPONSE,
+    SERVICE_METHOD,
+    DirectProtocolError,
+    decode_error,
+)
+
+__all__ = ["DirectAppendCall", "DirectAppends", "host_of", "rpc_error"]
+
+log = logging.getLogger(__name__)
+
+DISCOVERY_TIMEOUT = 5.0
+"""Seconds to wait for a broker to answer its direct-append port."""
+CONNECT_TIMEOUT = 5.0
+"""Seconds to wait for a direct-append connection."""
+RETRY_AFTER = 10.0
+"""Seconds a broker's appends go over gRPC after its direct-append port could not be
+reached or discovered (it may have restarted on another port, or a firewall is in the way)."""
+STREAM_LIMIT = 1 << 20
+
+
+def host_of(target: str) -> str | None:
+    """The host of a ``host:port`` gRPC target (None for other target forms)."""
+    if "://" in target or target.startswith("unix:") or ":" not in target:
+        return None
+    host = target.rsplit(":", 1)[0].strip("[]")
+    return host or None
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """The error a gRPC call would raise with status `code`."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, None)
+
+
+def _unavailable(target: str, what: str) -> grpc.aio.AioRpcError:
+    return rpc_error(grpc.StatusCode.UNAVAILABLE, f"direct append to {target}: {what}")
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    def usable(self) -> bool:
+        return not self.reader.at_eof() and not self.writer.is_closing()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class DirectAppendCall:
+    """One append on a direct connection, shaped as the `grpc.aio.StreamUnaryCall` of
+    ``Journal.Append`` as far as the `Appender` uses it."""
+
+    def __init__(self, owner: DirectAppends, target: str, conn: _Connection) -> None:
+        self._owner = owner
+        self._target = target
+        self._conn: _Connection | None = conn
+        self._ended = False
+        self._answer = asyncio.ensure_future(self._read_answer(conn.reader))
+
+    async def _read_answer(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+        try:
+            kind, n = HEADER.unpack(await reader.readexactly(HEADER.size))
+            if n > MAX_FRAME or kind not in (RESPONSE, ERROR):
+                raise DirectProtocolError(f"unexpected frame {kind!r} of {n} bytes")
+            return kind, await reader.readexactly(n) if n else b""
+        except (asyncio.IncompleteReadError, ConnectionError) as err:
+            raise _unavailable(self._target, f"connection lost ({err!r})") from None
+        except DirectProtocolError as err:
+            raise _unavailable(self._target, str(err)) from None
+
+    async def _send(self, *parts: bytes) -> None:
+        conn = self._conn
+        if conn is None:
+            raise _unavailable(self._target, "the call was cancelled")
+        if self._answer.done():
+            # The broker answered before the stream's end (a refusal): stop writing; the
+            # Appender then awaits the call for the answer.
+            raise asyncio.InvalidStateError("the broker answered the append already")
+        try:
+            for part in parts:
+                conn.writer.write(part)
+            await conn.writer.drain()
+        except ConnectionError as err:
+            raise _unavailable(self._target, f"connection lost ({err!r})") from None
+
+    async def write(self, msg: pb.AppendRequest) -> None:
+        payload = msg.SerializeToString()
+        await self._send(HEADER.pack(REQUEST, len(payload)), payload)
+
+    async def done_writing(self) -> None:
+        if not self._ended:
+            self._ended = True
+            await self._send(HEADER.pack(END, 0))
+
+    def __await__(self) -> Generator[Any, None, pb.AppendResponse]:
+        return self._result().__await__()
+
+    async def _result(self) -> pb.AppendResponse:
+        if self._answer.cancelled():
+            raise rpc_error(
+                grpc.StatusCode.CANCELLED, f"direct append to {self._target} was cancelled"
+            )
+        try:
+            kind, payload = await self._answer
+        except BaseException:
+            self.cancel()
+            raise
+        conn = self._conn
+        if conn is not None and not self._ended:
+            # Answered early: end the stream, so that the broker reads up to the next append.
+            self._ended = True
+            with contextlib.suppress(ConnectionError):
+                conn.writer.write(HEADER.pack(END, 0))
+        self._conn = None
+        if conn is not None:
+            self._owner.release(self._target, conn)
+        if kind == ERROR:
+            code, details = decode_error(payload)
+            raise rpc_error(code, details)
+        return pb.AppendResponse.FromString(payload)
+
+    def cancel(self) -> bool:
+        """End the call: its connection is closed, so the broker rolls back an append whose
+        stream had not ended. Does nothing once the call is answered."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return False
+        self._answer.cancel()
+        conn.close()
+        return True
+
+
+class DirectAppends:
+    """Direct-append connections of a `JournalClient`, per gRPC target."""
+
+    def __init__(self, channel: Callable[[str], grpc.aio.Channel]) -> None:
+        self._channel = channel
+        self._ports: dict[str, int] = {}
+        self._off_until: dict[str, float] = {}
+        self._idle: dict[str, list[_Connection]] = {}
+        self._closed = False
+        self.answered = 0
+        """Direct appends answered by a broker (whatever their status)."""
+
+    async def call(self, target: str) -> DirectAppendCall | None:
+        """A direct append to `target`'s broker; None if it is not to be reached so (then
+        append over gRPC)."""
+        conn = self._take(target)
+        if conn is None:
+            conn = await self._dial(target)
+            if conn is None:
+                return None
+        return DirectAppendCall(self, target, conn)
+
+    def release(self, target: str, conn: _Connection) -> None:
+        """Keep `conn` for the next append to `target` (an append was answered on it)."""
+        self.answered += 1
+        if self._closed or not conn.usable():
+            conn.close()
+            return
+        self._idle.setdefault(target, []).append(conn)
+
+    def idle(self, target: str) -> int:
+        """Idle connections kept to `target`."""
+        return len(self._idle.get(target, ()))
+
+    def close(self) -> None:
+        """Close the idle connections; later calls go over gRPC."""
+        self._closed = True
+        idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                conn.close()
+
+    def _take(self, target: str) -> _Connection | None:
+        conns = self._idle.get(target)
+        while conns:
+            conn = conns.pop()
+            if conn.usable():
+                return conn
+            conn.close()
+        return None
+
+    async def _dial(self, target: str) -> _Connection | None:
+        if self._closed or time.monotonic() < self._off_until.get(target, 0.0):
+            return None
+        host = host_of(target)
+        if host is None:
+            return None
+        port = self._ports.get(target)
+        if port is None:
+            port = await self._discover(target)
+            if port is None:
+                return None
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
+        except (OSError, TimeoutError) as err:
+            log.info(
+                "direct appends to %s unreachable on port %d (%r): appending over gRPC for %.0f s",
+                target,
+                port,
+                err,
+                RETRY_AFTER,
+            )
+            self._ports.pop(target, None)
+            self._off_until[target] = time.monotonic() + RETRY_AFTER
+            return None
+        writer.write(MAGIC)
+        return _Connection(reader, writer)
+
+    async def _discover(self, target: str) -> int | None:
+        method = self._channel(target).unary_unary(SERVICE_METHOD, None, None)
+        try:
+            answer = await method(b"", timeout=DISCOVERY_TIMEOUT)
+            port = int(answer)
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                log.debug("broker %s has no direct appends: appending over gRPC", target)
+                self._off_until[target] = float("inf")
+            return None  # Otherwise (unreachable...): this append goes over gRPC.
+        except ValueError:
+            log.warning("broker %s answered no port for direct appends: %r", target, answer)
+            self._off_until[target] = float("inf")
+            return None
+        self._ports[target] = port
+        return port

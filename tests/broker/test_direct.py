@@ -1,0 +1,305 @@
+"""Direct appends: the Append RPC over a plain TCP stream, against a real broker process.
+
+Each direct append must be answered as the same append over gRPC would be (the broker runs
+the same handler), roll back whenever its stream does not end with the commit message, and
+leave its connection ready for the next append.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from broker.client import Appender, JournalClient
+from broker.client.errors import JournalNotFound
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pb_grpc
+from broker.protocol.direct import (
+    END,
+    ERROR,
+    HEADER,
+    MAGIC,
+    REQUEST,
+    RESPONSE,
+    SERVICE_METHOD,
+    decode_error,
+)
+from broker.protocol.sha1sum import sha1sum_from_digest
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+from tests.broker.conftest import MakeJournal, append, read_all
+
+Answer = tuple[bytes, pb.AppendResponse | tuple[grpc.StatusCode, str]]
+
+
+async def direct_port(broker: BrokerProcess) -> int:
+    async with grpc.aio.insecure_channel(broker.endpoint) as channel:
+        return int(await channel.unary_unary(SERVICE_METHOD)(b"", timeout=5))
+
+
+class Raw:
+    """A direct-append connection speaking the framing by hand."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, broker: BrokerProcess, magic: bytes = MAGIC) -> Raw:
+        reader, writer = await asyncio.open_connection("127.0.0.1", await direct_port(broker))
+        writer.write(magic)
+        return cls(reader, writer)
+
+    def send(self, *msgs: pb.AppendRequest, end: bool = True) -> None:
+        for msg in msgs:
+            payload = msg.SerializeToString()
+            self.writer.write(HEADER.pack(REQUEST, len(payload)) + payload)
+        if end:
+            self.writer.write(HEADER.pack(END, 0))
+
+    async def answer(self) -> Answer:
+        kind, n = HEADER.unpack(await asyncio.wait_for(self.reader.readexactly(HEADER.size), 10))
+        payload = await self.reader.readexactly(n)
+        if kind == RESPONSE:
+            return kind, pb.AppendResponse.FromString(payload)
+        assert kind == ERROR, kind
+        return kind, decode_error(payload)
+
+    async def append(self, *msgs: pb.AppendRequest, end: bool = True) -> Answer:
+        self.send(*msgs, end=end)
+        return await self.answer()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def committed(journal: str, *chunks: bytes) -> list[pb.AppendRequest]:
+    return (
+        [pb.AppendRequest(journal=journal)]
+        + [pb.AppendRequest(content=c) for c in chunks]
+        + [pb.AppendRequest()]
+    )
+
+
+async def test_client_appends_go_direct_and_reuse_the_connection(
+    broker: BrokerProcess, stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal("direct")
+    body = os.urandom(700_000)  # Three content messages.
+    async with JournalClient(broker.endpoint) as client:
+        assert client.direct is not None
+        for i in range(2):
+            async with Appender(client, pb.AppendRequest(journal=spec.name)) as app:
+                await app.write(body)
+            assert app.response is not None
+            assert app.response.commit.begin == i * len(body)
+            assert app.response.commit.end == (i + 1) * len(body)
+            assert app.response.commit.sum == sha1sum_from_digest(hashlib.sha1(body).digest())
+            target = client.endpoint_for(spec.name)
+            assert client.direct.answered == i + 1
+            assert client.direct.idle(target) == 1  # One connection, kept for the next append.
+    content, _ = await read_all(stub, spec.name)
+    assert content == body + body
+
+
+def _owner(value: str) -> pb.LabelSet:
+    return pb.LabelSet(labels=[pb.Label(name="owner", value=value)])
+
+
+async def test_direct_answers_are_grpc_answers(
+    broker: BrokerProcess, stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal("same")
+    cases: list[tuple[dict[str, object], int]] = [
+        ({}, pb.OK),
+        ({"offset": 1}, pb.WRONG_APPEND_OFFSET),
+        (
+            {
+                "check_registers": pb.LabelSelector(include=_owner("me")),
+                "union_registers": _owner("me"),
+            },
+            pb.OK,
+        ),
+        ({"check_registers": pb.LabelSelector(include=_owner("other"))}, pb.REGISTER_MISMATCH),
+        ({"journal": "tests/no-such-journal"}, pb.JOURNAL_NOT_FOUND),
+    ]
+    raw = await Raw.open(broker)
+    try:
+        for params, status in cases:
+            request = pb.AppendRequest(journal=spec.name)
+            for name, value in params.items():
+                if isinstance(value, str | int):
+                    setattr(request, name, value)
+                else:
+                    getattr(request, name).CopyFrom(value)
+            kind, got = await raw.append(
+                request, pb.AppendRequest(content=b"abc"), pb.AppendRequest()
+            )
+            assert kind == RESPONSE and isinstance(got, pb.AppendResponse)
+            want = await append(stub, request.journal, b"abc", **_fields(request))
+            assert (got.status, want.status) == (status, status), params
+            assert got.registers == want.registers
+            assert got.header.process_id == want.header.process_id
+            if status == pb.OK:  # The same append twice, one after the other.
+                assert got.commit.end - got.commit.begin == 3
+                assert want.commit.begin == got.commit.end
+                assert got.commit.sum == sha1sum_from_digest(hashlib.sha1(b"abc").digest())
+    finally:
+        raw.close()
+    assert (await read_all(stub, spec.name))[0] == b"abc" * 4
+
+
+def _fields(request: pb.AppendRequest) -> dict[str, object]:
+    """The parameters of `request` other than its journal, for the gRPC helper."""
+    return {f.name: v for f, v in request.ListFields() if f.name != "journal"}
+
+
+async def test_invalid_request_fails_as_over_grpc(
+    broker: BrokerProcess, stub: pb_grpc.JournalStub
+) -> None:
+    msgs = committed("tests//bad name", b"x")
+    raw = await Raw.open(broker)
+    try:
+        kind, got = await raw.append(*msgs)
+        with pytest.raises(grpc.aio.AioRpcError) as want:
+            await append(stub, "tests//bad name", b"x")
+        assert kind == ERROR
+        assert got == (want.value.code(), want.value.details())
+        assert want.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # The connection carries the next append.
+        kind, resp = await raw.append(pb.AppendRequest(journal="tests/none-such"))
+        assert kind == RESPONSE and isinstance(resp, pb.AppendResponse)
+        assert resp.status == pb.JOURNAL_NOT_FOUND
+    finally:
+        raw.close()
+
+
+async def test_stream_ended_without_commit_rolls_back(
+    broker: BrokerProcess, stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal("abort")
+    raw = await Raw.open(broker)
+    try:
+        kind, got = await raw.append(
+            pb.AppendRequest(journal=spec.name), pb.AppendRequest(content=b"never")
+        )
+        assert kind == ERROR
+        assert got[0] == grpc.StatusCode.ABORTED  # type: ignore[index]
+        assert "without the empty commit message" in got[1]  # type: ignore[index]
+        kind, resp = await raw.append(*committed(spec.name, b"kept"))
+        assert kind == RESPONSE
+        assert isinstance(resp, pb.AppendResponse)
+        assert (resp.status, resp.commit.begin, resp.commit.end) == (pb.OK, 0, 4)
+    finally:
+        raw.close()
+    assert (await read_all(stub, spec.name))[0] == b"kept"
+
+
+async def test_lost_connection_rolls_back(
+    broker: BrokerProcess, stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal("lost")
+    raw = await Raw.open(broker)
+    raw.send(
+        pb.AppendRequest(journal=spec.name), pb.AppendRequest(content=b"x" * 100_000), end=False
+    )
+    await raw.writer.drain()
+    await asyncio.sleep(0.2)  # The broker is inside the append.
+    raw.writer.transport.abort()
+    resp = await append(stub, spec.name, b"after")
+    assert (resp.status, resp.commit.begin, resp.commit.end) == (pb.OK, 0, 5)
+    assert (await read_all(stub, spec.name))[0] == b"after"
+
+
+async def test_refusal_before_the_content_keeps_the_connection(
+    broker: BrokerProcess, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal("refused")
+    async with JournalClient(broker.endpoint) as client:
+        assert client.direct is not None
+        app = Appender(client, pb.AppendRequest(journal="tests/no-such-journal"))
+        with pytest.raises(JournalNotFound):
+            for _ in range(20):  # The broker answers after the first message.
+                await app.write(b"c" * 300_000)
+            await app.close()
+        async with Appender(client, pb.AppendRequest(journal=spec.name)) as ok:
+            await ok.write(b"fine")
+        assert ok.response is not None and ok.response.commit.end == 4
+        assert client.direct.answered == 2
+        assert client.direct.idle(client.endpoint_for(spec.name)) == 1
+
+
+async def test_not_a_direct_client_is_refused(broker: BrokerProcess) -> None:
+    raw = await Raw.open(broker, magic=b"GET / HTTP/1.1\r\n")
+    try:
+        kind, got = await raw.answer()
+        assert kind == ERROR
+        assert got[0] == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[index]
+        assert "not a direct-append client" in got[1]  # type: ignore[index]
+        assert await raw.reader.read() == b""  # Then closed.
+    finally:
+        raw.close()
+
+
+async def test_unknown_frame_is_refused(broker: BrokerProcess) -> None:
+    raw = await Raw.open(broker)
+    try:
+        raw.writer.write(HEADER.pack(b"Q", 3) + b"abc")
+        kind, got = await raw.answer()
+        assert kind == ERROR
+        assert got[0] == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[index]
+        assert await raw.reader.read() == b""
+    finally:
+        raw.close()
+
+
+@pytest.fixture(scope="module")
+def grpc_only_broker(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(
+        etcd_server.endpoint,
+        root=f"/test/{os.getpid()}/grpc-only",
+        spool_dir=tmp_path_factory.mktemp("spool-grpc-only"),
+        extra_args=["--direct-port", "-1"],
+    )
+    with proc:
+        yield proc
+
+
+async def test_broker_without_direct_appends_is_appended_to_over_grpc(
+    grpc_only_broker: BrokerProcess, tmp_path: Path
+) -> None:
+    from tests.broker.conftest import journal_spec
+
+    spec = journal_spec("tests/grpc-only", f"file://{tmp_path}/")
+    async with JournalClient(grpc_only_broker.endpoint) as client:
+        resp = await client.stub().Apply(
+            pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)])
+        )
+        assert resp.status == pb.OK
+        for _ in range(2):
+            async with Appender(client, pb.AppendRequest(journal=spec.name)) as app:
+                await app.write(b"over grpc")
+        assert app.response is not None and app.response.commit.end == 18
+        assert client.direct is not None and client.direct.answered == 0
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await direct_port(grpc_only_broker)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_direct_appends_can_be_turned_off(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal("off")
+    monkeypatch.setenv("GAZETTE_DIRECT_APPENDS", "0")
+    async with JournalClient(broker.endpoint) as client:
+        assert client.direct is None
+        async with Appender(client, pb.AppendRequest(journal=spec.name)) as app:
+            await app.write(b"grpc")
+        assert app.response is not None and app.response.commit.end == 4
