@@ -40,7 +40,7 @@ Answer = tuple[bytes, pb.AppendResponse | tuple[grpc.StatusCode, str]]
 
 async def direct_port(broker: BrokerProcess) -> int:
     async with grpc.aio.insecure_channel(broker.endpoint) as channel:
-        return int(await channel.unary_unary(SERVICE_METHOD)(b"", timeout=5))
+        return int(await channel.unary_unary(SERVICE_METHOD, None, None)(b"", timeout=5))
 
 
 class Raw:
@@ -141,7 +141,7 @@ async def test_direct_answers_are_grpc_answers(
                 request, pb.AppendRequest(content=b"abc"), pb.AppendRequest()
             )
             assert kind == RESPONSE and isinstance(got, pb.AppendResponse)
-            want = await append(stub, request.journal, b"abc", **_fields(request))
+            want = await append(stub, request.journal, b"abc", **_fields(request))  # type: ignore[arg-type]
             assert (got.status, want.status) == (status, status), params
             assert got.registers == want.registers
             assert got.header.process_id == want.header.process_id

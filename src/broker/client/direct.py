@@ -41,11 +41,13 @@ log = logging.getLogger(__name__)
 
 DISCOVERY_TIMEOUT = 5.0
 """Seconds to wait for a broker to answer its direct-append port."""
-CONNECT_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 2.0
 """Seconds to wait for a direct-append connection."""
 RETRY_AFTER = 10.0
 """Seconds a broker's appends go over gRPC after its direct-append port could not be
-reached or discovered (it may have restarted on another port, or a firewall is in the way)."""
+reached (it may have restarted on another port, or a firewall is in the way); doubled at
+each failure in a row, up to `RETRY_AFTER_MAX`."""
+RETRY_AFTER_MAX = 600.0
 STREAM_LIMIT = 1 << 20
 
 
@@ -169,6 +171,7 @@ class DirectAppends:
         self._channel = channel
         self._ports: dict[str, int] = {}
         self._off_until: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
         self._idle: dict[str, list[_Connection]] = {}
         self._closed = False
         self.answered = 0
@@ -228,16 +231,20 @@ class DirectAppends:
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
         except (OSError, TimeoutError) as err:
-            log.info(
+            failures = self._failures.get(target, 0)
+            self._failures[target] = failures + 1
+            off = min(RETRY_AFTER * 2**failures, RETRY_AFTER_MAX)
+            log.warning(
                 "direct appends to %s unreachable on port %d (%r): appending over gRPC for %.0f s",
                 target,
                 port,
                 err,
-                RETRY_AFTER,
+                off,
             )
-            self._ports.pop(target, None)
-            self._off_until[target] = time.monotonic() + RETRY_AFTER
+            self._ports.pop(target, None)  # Asked again next time: it may have moved.
+            self._off_until[target] = time.monotonic() + off
             return None
+        self._failures.pop(target, None)
         writer.write(MAGIC)
         return _Connection(reader, writer)
 
