@@ -27,7 +27,9 @@ database on local disk. This bench measures, in the same run and on the same wor
 The server is a bare grpc.aio servicer in its own process doing only the per-byte work our
 broker does for an append: two SHA1 sums of every byte (the spool's and the commit's) and a
 write to a file. No Recorder, AppendService, broker, FUSE or page store takes part, so
-each ratio is a floor for a store recording through Python gRPC on this machine.
+each ratio is a floor for a store recording through Python gRPC on this machine. With
+`--transport tcp`, the calls are frames on a plain TCP stream instead, as our brokers'
+direct-append port takes them (docs/direct-appends.md): the floor without gRPC.
 
 Prints progress on stderr, then one JSON line: per mode, the median over `--runs` of its time
 over the native time of the same run, and their range. `--quick` runs in under a minute.
@@ -126,12 +128,77 @@ async def serve(addr: str, path: str) -> None:
     await server.wait_for_termination()
 
 
+async def serve_tcp(host: str, port: int, path: str) -> None:
+    """The same work as `serve`, over direct-append-like frames on a plain TCP stream (a
+    u32 length, then a message; length 0 commits)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    spool = hashlib.sha1()
+
+    async def conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                (n,) = struct.unpack("<I", await reader.readexactly(4))
+            except asyncio.IncompleteReadError:
+                return
+            await reader.readexactly(n)  # The request message.
+            commit = hashlib.sha1()
+            total = 0
+            while (n := struct.unpack("<I", await reader.readexactly(4))[0]) != 0:
+                msg = await reader.readexactly(n)
+                spool.update(msg)
+                commit.update(msg)
+                os.write(fd, msg)
+                total += n
+            writer.write(total.to_bytes(8, "little") + commit.digest())
+
+    server = await asyncio.start_server(conn, host, port, limit=1 << 20)
+    print("ready", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+class TcpLink:
+    """Append-shaped calls to `serve_tcp`, one at a time on one connection."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            self.conn[1].close()
+
+    async def append(self, data: bytes) -> bytes:
+        if self.conn is None:
+            self.conn = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+        reader, writer = self.conn
+        writer.write(struct.pack("<I", len(REQUEST)) + REQUEST)
+        for i in range(0, len(data), CHUNK):
+            chunk = data[i : i + CHUNK]
+            writer.write(struct.pack("<I", len(chunk)))
+            writer.write(chunk)
+        writer.write(struct.pack("<I", 0))
+        await writer.drain()
+        return await reader.readexactly(28)
+
+
+def link(addr: str) -> Link | TcpLink:
+    """A link to the server at `addr`: ``tcp://host:port`` for `serve_tcp`, else gRPC."""
+    if addr.startswith("tcp://"):
+        host, port = addr.removeprefix("tcp://").rsplit(":", 1)
+        return TcpLink(host, int(port))
+    return Link(addr)
+
+
 class Link:
     """Bare Append-shaped calls to the server."""
 
     def __init__(self, addr: str) -> None:
         self.channel = aio.insecure_channel(addr)
         self._call = self.channel.stream_unary(_METHOD, _identity, _identity)
+
+    async def close(self) -> None:
+        await self.channel.close()
 
     async def append(self, data: bytes) -> bytes:
         call = self._call()
@@ -151,8 +218,8 @@ async def ship(fd: int, addr: str, inflight: int) -> None:
     order (as a journal's appends go), acknowledging each with one byte. Commits received
     while a call is in flight queue behind it (the writer bounds them to `inflight`). Says
     ``R`` once warmed up; a failed call ends the process (the writer then sees EOF)."""
-    link = Link(addr)
-    await link.append(b"warm-up")
+    to = link(addr)
+    await to.append(b"warm-up")
     sock = socket.socket(fileno=fd)
     sock.setblocking(False)
     reader, writer = await asyncio.open_unix_connection(sock=sock)
@@ -161,7 +228,7 @@ async def ship(fd: int, addr: str, inflight: int) -> None:
 
     async def send() -> None:
         while (data := await queue.get()) is not None:
-            await link.append(data)
+            await to.append(data)
             writer.write(_ACK)
 
     async def receive() -> None:
@@ -392,28 +459,28 @@ async def run(
     """Time `work` in `mode`; returns (seconds, bytes shipped)."""
     directory.mkdir()
     db = work.open(directory, capture=mode != "native")
-    link = Link(addr) if mode in ("awaited", "inproc", "consumer") else None
+    to = link(addr) if mode in ("awaited", "inproc", "consumer") else None
     shipper: Shipper | None = None
     try:
-        if link is not None:
-            await link.append(b"warm-up")
+        if to is not None:
+            await to.append(b"warm-up")
         if mode in ("shipper", "consumer_shipper"):
             shipper = Shipper(addr, inflight)
-        elapsed, shipped = await _timed(mode, len(work), db, link, shipper)
+        elapsed, shipped = await _timed(mode, len(work), db, to, shipper)
         if shipper is not None:
             shipper.close()
             shipper = None
     finally:
         if shipper is not None:
             shipper.kill()
-        if link is not None:
-            await link.channel.close()
+        if to is not None:
+            await to.close()
         db.close()
     return elapsed, shipped
 
 
 async def _timed(
-    mode: str, n: int, db: Opened, link: Link | None, shipper: Shipper | None
+    mode: str, n: int, db: Opened, link: Link | TcpLink | None, shipper: Shipper | None
 ) -> tuple[float, int]:
     shipped = 0
     t0 = time.perf_counter()
@@ -506,6 +573,10 @@ def measure(
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        if sys.argv[2].startswith("tcp://"):
+            host, port = sys.argv[2].removeprefix("tcp://").rsplit(":", 1)
+            asyncio.run(serve_tcp(host, int(port), sys.argv[3]))
+            return
         asyncio.run(serve(sys.argv[2], sys.argv[3]))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--ship":
@@ -519,6 +590,13 @@ def main() -> None:
     parser.add_argument(
         "--inflight", type=int, default=2, help="commits queued for the shipper (one in flight)"
     )
+    parser.add_argument(
+        "--transport",
+        choices=("grpc", "tcp"),
+        default="grpc",
+        help="how commits reach the server: bare grpc.aio calls, or frames on a plain TCP "
+        "stream as the brokers' direct-append port (docs/direct-appends.md)",
+    )
     args = parser.parse_args()
     runs = args.runs or 3
     txns = 200 if args.quick else 1000  # As bench/sqlite.py.
@@ -526,6 +604,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-floor-", dir="/var/tmp") as t:
         tmp = Path(t)
         addr = f"127.0.0.1:{free_port()}"  # TCP on loopback, as the stores reach their broker.
+        if args.transport == "tcp":
+            addr = f"tcp://{addr}"
         server = subprocess.Popen(
             [sys.executable, __file__, "--serve", addr, str(tmp / "spool")], stdout=subprocess.PIPE
         )
@@ -549,6 +629,7 @@ def main() -> None:
         "sqlite_target": 1.25,
         "rocksdb_target": 1.5,
         "inflight": args.inflight,
+        "transport": args.transport,
         "runs": runs,
     }
     print(json.dumps(result))
