@@ -303,3 +303,20 @@ async def test_direct_appends_can_be_turned_off(
         async with Appender(client, pb.AppendRequest(journal=spec.name)) as app:
             await app.write(b"grpc")
         assert app.response is not None and app.response.commit.end == 4
+
+
+async def test_closing_the_client_cancels_appends_in_flight(
+    broker: BrokerProcess, stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal("closed")
+    client = JournalClient(broker.endpoint)
+    app = Appender(client, pb.AppendRequest(journal=spec.name))
+    await app.write(b"never committed")
+    assert client.direct is not None and len(client.direct.active) == 1
+    await client.close()
+    assert not client.direct.active
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await app.close()
+    assert err.value.code() == grpc.StatusCode.CANCELLED
+    resp = await append(stub, spec.name, b"next")
+    assert (resp.status, resp.commit.begin) == (pb.OK, 0)  # Rolled back.

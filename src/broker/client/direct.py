@@ -89,7 +89,9 @@ class DirectAppendCall:
         self._target = target
         self._conn: _Connection | None = conn
         self._ended = False
+        self._cancelled = False
         self._answer = asyncio.ensure_future(self._read_answer(conn.reader))
+        owner.active.add(self)
 
     async def _read_answer(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
         try:
@@ -130,7 +132,7 @@ class DirectAppendCall:
         return self._result().__await__()
 
     async def _result(self) -> pb.AppendResponse:
-        if self._answer.cancelled():
+        if self._cancelled:
             raise rpc_error(
                 grpc.StatusCode.CANCELLED, f"direct append to {self._target} was cancelled"
             )
@@ -146,6 +148,7 @@ class DirectAppendCall:
             with contextlib.suppress(ConnectionError):
                 conn.writer.write(HEADER.pack(END, 0))
         self._conn = None
+        self._owner.active.discard(self)
         if conn is not None:
             self._owner.release(self._target, conn)
         if kind == ERROR:
@@ -157,8 +160,10 @@ class DirectAppendCall:
         """End the call: its connection is closed, so the broker rolls back an append whose
         stream had not ended. Does nothing once the call is answered."""
         conn, self._conn = self._conn, None
+        self._owner.active.discard(self)
         if conn is None:
             return False
+        self._cancelled = True
         self._answer.cancel()
         conn.close()
         return True
@@ -172,6 +177,8 @@ class DirectAppends:
         self._ports: dict[str, int] = {}
         self._off_until: dict[str, float] = {}
         self._failures: dict[str, int] = {}
+        self.active: set[DirectAppendCall] = set()
+        """Calls not yet answered nor cancelled."""
         self._idle: dict[str, list[_Connection]] = {}
         self._closed = False
         self.answered = 0
@@ -200,8 +207,11 @@ class DirectAppends:
         return len(self._idle.get(target, ()))
 
     def close(self) -> None:
-        """Close the idle connections; later calls go over gRPC."""
+        """Cancel the calls in flight (as closing a gRPC channel does) and close the idle
+        connections; later calls go over gRPC."""
         self._closed = True
+        for call in list(self.active):
+            call.cancel()
         idle, self._idle = self._idle, {}
         for conns in idle.values():
             for conn in conns:
