@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -53,34 +54,83 @@ class _Context:
         raise _Aborted(code, details)
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+Frame = tuple[bytes, bytes]
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> Frame:
     kind, n = HEADER.unpack(await reader.readexactly(HEADER.size))
     if n > MAX_FRAME:
         raise DirectProtocolError(f"a frame of {n} bytes (at most {MAX_FRAME})")
     return kind, await reader.readexactly(n) if n else b""
 
 
+class _Frames:
+    """The one reader of a connection. It reads whole frames into a small queue, so that no
+    frame is ever split between readers (a stall timeout or a proxying gRPC call abandons
+    a `get`, never a read), and it sees the client leave at once: `on_lost` runs then."""
+
+    def __init__(self, reader: asyncio.StreamReader, on_lost: Callable[[], None]) -> None:
+        self._queue: asyncio.Queue[Frame | BaseException] = asyncio.Queue(maxsize=2)
+        self._on_lost = on_lost
+        self.task = asyncio.create_task(self._run(reader))
+
+    async def _run(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                await self._queue.put(await _read_frame(reader))
+        except (asyncio.IncompleteReadError, ConnectionError, DirectProtocolError) as err:
+            if not isinstance(err, DirectProtocolError):
+                self._on_lost()
+            await self._queue.put(err)
+
+    async def get(self) -> Frame:
+        """The next frame; raises what ended the connection (again, at every later call)."""
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._queue.put_nowait(item)
+            raise item
+        return item
+
+
 class _Requests:
     """The AppendRequest messages of one append, as the handler iterates a gRPC stream:
     StopAsyncIteration at the client's `END`."""
 
-    def __init__(self, reader: asyncio.StreamReader, first: tuple[bytes, bytes]) -> None:
-        self.reader = reader
-        self.first: tuple[bytes, bytes] | None = first
+    def __init__(self, frames: _Frames, first: Frame) -> None:
+        self.frames = frames
+        self.first: Frame | None = first
         self.ended = False
+        self.detached = False
+        self._taking: asyncio.Task[Frame] | None = None
 
     def __aiter__(self) -> _Requests:
         return self
 
+    async def _take(self) -> Frame:
+        frame = await self.frames.get()
+        if frame[0] == END:
+            self.ended = True  # Set as the frame is taken: `skip_rest` never waits for it.
+        return frame
+
     async def __anext__(self) -> pb.AppendRequest:
-        if self.ended:
+        if self.ended or self.detached:
             raise StopAsyncIteration
         if self.first is not None:
             (kind, payload), self.first = self.first, None
+            if kind == END:
+                self.ended = True
         else:
-            kind, payload = await _read_frame(self.reader)
+            self._taking = asyncio.ensure_future(self._take())
+            try:
+                kind, payload = await self._taking
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self.detached and (task is None or not task.cancelling()):
+                    raise StopAsyncIteration from None
+                raise
+            finally:
+                self._taking = None
         if kind == END:
-            self.ended = True
             raise StopAsyncIteration
         if kind != REQUEST:
             raise DirectProtocolError(f"unexpected frame kind {kind!r} in an append")
@@ -89,16 +139,21 @@ class _Requests:
         except Exception as err:  # noqa: BLE001 - protobuf's DecodeError varies by backend
             raise DirectProtocolError(f"a malformed AppendRequest: {err}") from None
 
+    def detach(self) -> None:
+        """The handler has answered. A reader it left behind (a proxying gRPC call's task)
+        gets StopAsyncIteration; the frames are `skip_rest`'s."""
+        self.detached = True
+        if self._taking is not None:
+            self._taking.cancel()
+
     async def skip_rest(self, timeout: float) -> bool:
-        """Read and drop what the client still sends of an append already answered, up to
-        its `END`. False if the connection ended, broke the framing or stalled instead."""
+        """Drop what the client still sends of an append already answered, up to its `END`.
+        False if the connection ended, broke the framing or stalled instead."""
         try:
             async with asyncio.timeout(timeout):
                 while not self.ended:
-                    kind, _ = await _read_frame(self.reader)
-                    if kind == END:
-                        self.ended = True
-                    elif kind != REQUEST:
+                    kind, _ = await self._take()
+                    if kind not in (REQUEST, END):
                         return False
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, DirectProtocolError):
             return False
@@ -136,49 +191,89 @@ class DirectAppendServer:
             await self._server.wait_closed()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._conns.add(task)
-        peer = writer.get_extra_info("peername")
+        conn = _Conn(self.service, reader, writer)
+        assert conn.task is not None
+        self._conns.add(conn.task)
         try:
-            await self._serve(reader, writer)
-        except (asyncio.IncompleteReadError, ConnectionError) as err:
+            await conn.serve()
+        finally:
+            self._conns.discard(conn.task)
+
+
+class _Conn:
+    """One client connection: its appends, one at a time."""
+
+    def __init__(
+        self, service: JournalService, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.service = service
+        self.reader = reader
+        self.writer = writer
+        self.task = asyncio.current_task()
+        self.appending = False  # Between an append's first frame and its answer.
+        self.lost = False
+
+    def _on_lost(self) -> None:
+        """The client left: an append it has not been answered is cancelled (rolled back),
+        as gRPC cancels a handler whose client went away."""
+        self.lost = True
+        if self.appending and self.task is not None:
+            self.task.cancel()
+
+    def _answer(self, out: bytes) -> None:
+        self.appending = False
+        self.writer.write(out)
+
+    async def serve(self) -> None:
+        peer = self.writer.get_extra_info("peername")
+        frames: _Frames | None = None
+        try:
+            timeout = self.service.b.cfg.chunk_timeout
+            async with asyncio.timeout(timeout):
+                magic = await self.reader.readexactly(len(MAGIC))
+            if magic != MAGIC:
+                raise DirectProtocolError(f"not a direct-append client (it began with {magic!r})")
+            frames = _Frames(self.reader, self._on_lost)
+            await self._appends(frames, timeout)
+        except asyncio.CancelledError:
+            if not self.lost:
+                raise
+            log.debug("direct append client %s left during an append: rolled back", peer)
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as err:
             log.debug("direct append connection from %s ended: %r", peer, err)
         except DirectProtocolError as err:
             log.warning("direct append connection from %s: %s", peer, err)
-            with contextlib.suppress(ConnectionError):
-                writer.write(frame(ERROR, encode_error(grpc.StatusCode.INVALID_ARGUMENT, str(err))))
+            if self.appending or frames is None:
+                self._answer(frame(ERROR, encode_error(grpc.StatusCode.INVALID_ARGUMENT, str(err))))
         except Exception:
             log.exception("direct append connection from %s failed", peer)
-            with contextlib.suppress(ConnectionError):
-                writer.write(frame(ERROR, encode_error(grpc.StatusCode.UNKNOWN, "broker error")))
+            if self.appending:
+                self._answer(frame(ERROR, encode_error(grpc.StatusCode.UNKNOWN, "broker error")))
         finally:
-            self._conns.discard(task)
-            writer.close()
+            if frames is not None:
+                frames.task.cancel()
+            self.writer.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        timeout = self.service.b.cfg.chunk_timeout
-        async with asyncio.timeout(timeout):
-            magic = await reader.readexactly(len(MAGIC))
-        if magic != MAGIC:
-            raise DirectProtocolError(f"not a direct-append client (it began with {magic!r})")
+    async def _appends(self, frames: _Frames, timeout: float) -> None:
         context = _Context()
         while True:
             try:
-                first = await _read_frame(reader)  # An idle connection waits here.
+                first = await frames.get()  # An idle connection waits here.
             except asyncio.IncompleteReadError as err:
                 if not err.partial:
                     return  # Closed between appends.
                 raise
-            requests = _Requests(reader, first)
+            self.appending = True
+            requests = _Requests(frames, first)
             try:
                 resp: pb.AppendResponse = await self.service.Append(requests, context)
             except _Aborted as err:
                 out = frame(ERROR, encode_error(err.code, err.details))
             else:
                 out = frame(RESPONSE, resp.SerializeToString())
-            writer.write(out)
-            await writer.drain()
+            requests.detach()
+            self._answer(out)
+            await self.writer.drain()
             if not await requests.skip_rest(timeout):
                 return
 

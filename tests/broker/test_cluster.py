@@ -29,6 +29,7 @@ from broker.testing.cluster import BrokerCluster
 from broker.testing.etcd import EtcdServer
 
 from .conftest import append, read_all
+from .test_direct import RESPONSE, Raw, committed
 
 _names = itertools.count()
 
@@ -151,6 +152,36 @@ async def test_non_primary_brokers_proxy(cluster: Cluster) -> None:
         ):
             assert resp_.status == pb.NOT_JOURNAL_BROKER
             break
+
+
+async def test_direct_appends_through_another_broker_stay_in_step(cluster: Cluster) -> None:
+    """A proxied direct append that the primary refuses before its content ends leaves the
+    connection ready for the next append, whose answer is its own."""
+    async with stubs(cluster) as st:
+        s = spec(f"cluster/direct-proxy-{next(_names)}", cluster.store, replication=1)
+        await create(st[0], s)
+        r = await wait_route(st[0], s.name, 1)
+        primary = primary_suffix(r)
+        other = next(i for i, b in enumerate(cluster.brokers) if b.suffix != primary)
+        raw = await Raw.open(cluster.brokers[other])
+        expected = b""
+        try:
+            for i in range(10):
+                content = [pb.AppendRequest(content=b"r" * 200_000)] * 3
+                kind, got = await raw.append(
+                    pb.AppendRequest(journal=s.name, offset=1 << 40), *content, pb.AppendRequest()
+                )
+                assert kind == RESPONSE and isinstance(got, pb.AppendResponse), got
+                assert got.status == pb.WRONG_APPEND_OFFSET
+                body = f"ok {i}\n".encode()
+                kind, got = await raw.append(*committed(s.name, body))
+                assert kind == RESPONSE and isinstance(got, pb.AppendResponse), got
+                assert (got.status, got.header.process_id.suffix) == (pb.OK, primary)
+                assert (got.commit.begin, got.commit.end) == (len(expected), len(expected + body))
+                expected += body
+        finally:
+            raw.close()
+        assert (await read_all(st[other], s.name))[0] == expected
 
 
 async def test_insufficient_brokers(cluster: Cluster) -> None:

@@ -211,7 +211,7 @@ async def test_lost_connection_rolls_back(
     await raw.writer.drain()
     await asyncio.sleep(0.2)  # The broker is inside the append.
     raw.writer.transport.abort()
-    resp = await append(stub, spec.name, b"after")
+    resp = await asyncio.wait_for(append(stub, spec.name, b"after"), 5)
     assert (resp.status, resp.commit.begin, resp.commit.end) == (pb.OK, 0, 5)
     assert (await read_all(stub, spec.name))[0] == b"after"
 
@@ -227,11 +227,14 @@ async def test_refusal_before_the_content_keeps_the_connection(
             for _ in range(20):  # The broker answers after the first message.
                 await app.write(b"c" * 300_000)
             await app.close()
+        target = client.endpoint_for(spec.name)
+        assert client.direct.idle(target) == 1  # The refused append's connection, kept.
+        kept = client.direct._idle[target][0]
         async with Appender(client, pb.AppendRequest(journal=spec.name)) as ok:
             await ok.write(b"fine")
         assert ok.response is not None and ok.response.commit.end == 4
         assert client.direct.answered == 2
-        assert client.direct.idle(client.endpoint_for(spec.name)) == 1
+        assert client.direct._idle[target] == [kept]
 
 
 async def test_not_a_direct_client_is_refused(broker: BrokerProcess) -> None:
@@ -318,5 +321,34 @@ async def test_closing_the_client_cancels_appends_in_flight(
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await app.close()
     assert err.value.code() == grpc.StatusCode.CANCELLED
-    resp = await append(stub, spec.name, b"next")
+    resp = await asyncio.wait_for(append(stub, spec.name, b"next"), 5)
     assert (resp.status, resp.commit.begin) == (pb.OK, 0)  # Rolled back.
+
+
+async def test_a_client_gone_before_its_answer_is_rolled_back(
+    broker: BrokerProcess, stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
+    """As over gRPC, an append whose client left is cancelled, even if its whole stream had
+    arrived: here it waits for the journal, which another append holds."""
+    spec = await make_journal("gone")
+    holder = await Raw.open(broker)
+    quitter = await Raw.open(broker)
+    try:
+        holder.send(
+            pb.AppendRequest(journal=spec.name), pb.AppendRequest(content=b"first"), end=False
+        )
+        await asyncio.sleep(0.3)  # The holder's append has the journal.
+        quitter.send(*committed(spec.name, b"quitter"))
+        await quitter.writer.drain()
+        await asyncio.sleep(0.3)  # The quitter's append waits for the journal...
+        quitter.writer.transport.abort()  # ...when its client leaves.
+        await asyncio.sleep(0.3)
+        kind, resp = await holder.append(pb.AppendRequest())
+        assert kind == RESPONSE and isinstance(resp, pb.AppendResponse)
+        assert (resp.status, resp.commit.begin, resp.commit.end) == (pb.OK, 0, 5)
+        last = await asyncio.wait_for(append(stub, spec.name, b"!"), 5)
+        assert (last.commit.begin, last.commit.end) == (5, 6)
+    finally:
+        holder.close()
+        quitter.close()
+    assert (await read_all(stub, spec.name))[0] == b"first!"

@@ -104,11 +104,11 @@ class DirectAppendCall:
         except DirectProtocolError as err:
             raise _unavailable(self._target, str(err)) from None
 
-    async def _send(self, *parts: bytes) -> None:
+    async def _send(self, *parts: bytes, answered_ok: bool = False) -> None:
         conn = self._conn
         if conn is None:
             raise _unavailable(self._target, "the call was cancelled")
-        if self._answer.done():
+        if self._answer.done() and not answered_ok:
             # The broker answered before the stream's end (a refusal): stop writing; the
             # Appender then awaits the call for the answer.
             raise asyncio.InvalidStateError("the broker answered the append already")
@@ -124,9 +124,10 @@ class DirectAppendCall:
         await self._send(HEADER.pack(REQUEST, len(payload)), payload)
 
     async def done_writing(self) -> None:
+        """End the stream (whether or not the broker has answered already, as gRPC's)."""
         if not self._ended:
             self._ended = True
-            await self._send(HEADER.pack(END, 0))
+            await self._send(HEADER.pack(END, 0), answered_ok=True)
 
     def __await__(self) -> Generator[Any, None, pb.AppendResponse]:
         return self._result().__await__()
@@ -191,6 +192,9 @@ class DirectAppends:
         if conn is None:
             conn = await self._dial(target)
             if conn is None:
+                return None
+            if self._closed:  # Closed while dialling.
+                conn.close()
                 return None
         return DirectAppendCall(self, target, conn)
 
