@@ -8,7 +8,6 @@ differs. `broker.protocol.direct` describes the framing; docs/direct-appends.md 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -78,9 +77,9 @@ class _Frames:
         try:
             while True:
                 await self._queue.put(await _read_frame(reader))
-        except (asyncio.IncompleteReadError, ConnectionError, DirectProtocolError) as err:
+        except Exception as err:  # noqa: BLE001 - any failure to read ends the connection
             if not isinstance(err, DirectProtocolError):
-                self._on_lost()
+                self._on_lost()  # EOF, a reset, a timed-out or unreachable peer...
             await self._queue.put(err)
 
     async def get(self) -> Frame:
@@ -169,6 +168,7 @@ class DirectAppendServer:
         self.port = port
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
+        self._closing = False
 
     async def start(self) -> None:
         """Listen. Raises OSError if the port cannot be bound."""
@@ -180,22 +180,29 @@ class DirectAppendServer:
     async def close(self) -> None:
         """Stop listening and end every connection; an append in progress is rolled back
         (as a cancelled gRPC Append), and its client sees the connection fail."""
+        self._closing = True
         if self._server is not None:
             self._server.close()
-        for task in list(self._conns):
+        tasks = list(self._conns)
+        for task in tasks:
             task.cancel()
-        for task in list(self._conns):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closing:  # Accepted as the listener closed.
+            writer.close()
+            return
         conn = _Conn(self.service, reader, writer)
         assert conn.task is not None
         self._conns.add(conn.task)
         try:
             await conn.serve()
+        except asyncio.CancelledError:
+            if not self._closing:
+                raise
+            # Ended by close(): a normal end (asyncio would log a cancelled callback).
         finally:
             self._conns.discard(conn.task)
 
@@ -239,7 +246,7 @@ class _Conn:
             if not self.lost:
                 raise
             log.debug("direct append client %s left during an append: rolled back", peer)
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as err:
+        except (asyncio.IncompleteReadError, OSError, TimeoutError) as err:
             log.debug("direct append connection from %s ended: %r", peer, err)
         except DirectProtocolError as err:
             log.warning("direct append connection from %s: %s", peer, err)

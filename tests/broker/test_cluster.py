@@ -131,13 +131,21 @@ async def test_replicated_appends_are_identical_on_every_replica(cluster: Cluste
             assert content == sent, f"replica b{i} differs"
 
 
+async def unreplicated(
+    cluster: Cluster, stub: pb_grpc.JournalStub, prefix: str
+) -> tuple[pb.JournalSpec, str, int]:
+    """A new journal of one replica: its spec, its primary's suffix, and the index of a broker
+    that is not its primary."""
+    s = spec(f"cluster/{prefix}-{next(_names)}", cluster.store, replication=1)
+    await create(stub, s)
+    primary = primary_suffix(await wait_route(stub, s.name, 1))
+    other = next(i for i, b in enumerate(cluster.brokers) if b.suffix != primary)
+    return s, primary, other
+
+
 async def test_non_primary_brokers_proxy(cluster: Cluster) -> None:
     async with stubs(cluster) as st:
-        s = spec(f"cluster/proxy-{next(_names)}", cluster.store, replication=1)
-        await create(st[0], s)
-        r = await wait_route(st[0], s.name, 1)
-        primary = primary_suffix(r)
-        other = next(i for i, b in enumerate(cluster.brokers) if b.suffix != primary)
+        s, primary, other = await unreplicated(cluster, st[0], "proxy")
         resp = await append(st[other], s.name, b"via a proxy\n")
         assert resp.status == pb.OK
         assert resp.header.process_id.suffix == primary  # answered by the primary
@@ -158,11 +166,7 @@ async def test_direct_appends_through_another_broker_stay_in_step(cluster: Clust
     """A proxied direct append that the primary refuses before its content ends leaves the
     connection ready for the next append, whose answer is its own."""
     async with stubs(cluster) as st:
-        s = spec(f"cluster/direct-proxy-{next(_names)}", cluster.store, replication=1)
-        await create(st[0], s)
-        r = await wait_route(st[0], s.name, 1)
-        primary = primary_suffix(r)
-        other = next(i for i, b in enumerate(cluster.brokers) if b.suffix != primary)
+        s, primary, other = await unreplicated(cluster, st[0], "direct-proxy")
         raw = await Raw.open(cluster.brokers[other])
         expected = b""
         try:

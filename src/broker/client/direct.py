@@ -90,6 +90,7 @@ class DirectAppendCall:
         self._conn: _Connection | None = conn
         self._ended = False
         self._cancelled = False
+        self._outcome: pb.AppendResponse | BaseException | None = None
         self._answer = asyncio.ensure_future(self._read_answer(conn.reader))
         owner.active.add(self)
 
@@ -133,15 +134,27 @@ class DirectAppendCall:
         return self._result().__await__()
 
     async def _result(self) -> pb.AppendResponse:
+        if self._outcome is None:
+            self._outcome = await self._settle()
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        return self._outcome
+
+    async def _settle(self) -> pb.AppendResponse | BaseException:
+        """The call's outcome, once: every later await gives the same."""
         if self._cancelled:
-            raise rpc_error(
-                grpc.StatusCode.CANCELLED, f"direct append to {self._target} was cancelled"
-            )
+            return asyncio.CancelledError()  # As a cancelled gRPC call's.
         try:
             kind, payload = await self._answer
-        except BaseException:
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                self.cancel()  # Our caller is cancelled: so is the call.
+                raise
+            return asyncio.CancelledError()  # The call was cancelled (its client closed).
+        except Exception as err:  # noqa: BLE001 - the outcome, kept for every await
             self.cancel()
-            raise
+            return err
         conn = self._conn
         if conn is not None and not self._ended:
             # Answered early: end the stream, so that the broker reads up to the next append.
@@ -151,10 +164,11 @@ class DirectAppendCall:
         self._conn = None
         self._owner.active.discard(self)
         if conn is not None:
-            self._owner.release(self._target, conn)
+            # After an error the broker may close the connection: do not keep it.
+            self._owner.release(self._target, conn, reusable=kind == RESPONSE)
         if kind == ERROR:
             code, details = decode_error(payload)
-            raise rpc_error(code, details)
+            return rpc_error(code, details)
         return pb.AppendResponse.FromString(payload)
 
     def cancel(self) -> bool:
@@ -198,10 +212,11 @@ class DirectAppends:
                 return None
         return DirectAppendCall(self, target, conn)
 
-    def release(self, target: str, conn: _Connection) -> None:
-        """Keep `conn` for the next append to `target` (an append was answered on it)."""
+    def release(self, target: str, conn: _Connection, *, reusable: bool = True) -> None:
+        """Keep `conn` for the next append to `target` (an append was answered on it), if
+        `reusable`."""
         self.answered += 1
-        if self._closed or not conn.usable():
+        if self._closed or not reusable or not conn.usable():
             conn.close()
             return
         self._idle.setdefault(target, []).append(conn)
@@ -245,22 +260,21 @@ class DirectAppends:
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
         except (OSError, TimeoutError) as err:
-            failures = self._failures.get(target, 0)
-            self._failures[target] = failures + 1
-            off = min(RETRY_AFTER * 2**failures, RETRY_AFTER_MAX)
-            log.warning(
-                "direct appends to %s unreachable on port %d (%r): appending over gRPC for %.0f s",
-                target,
-                port,
-                err,
-                off,
-            )
+            self._back_off(target, f"unreachable on port {port} ({err!r})")
             self._ports.pop(target, None)  # Asked again next time: it may have moved.
-            self._off_until[target] = time.monotonic() + off
             return None
         self._failures.pop(target, None)
         writer.write(MAGIC)
         return _Connection(reader, writer)
+
+    def _back_off(self, target: str, why: str) -> None:
+        """Append to `target` over gRPC for a while: 10 s, doubling at each failure in a row
+        up to 10 min."""
+        failures = self._failures.get(target, 0)
+        self._failures[target] = failures + 1
+        off = min(RETRY_AFTER * 2**failures, RETRY_AFTER_MAX)
+        log.warning("direct appends to %s %s: appending over gRPC for %.0f s", target, why, off)
+        self._off_until[target] = time.monotonic() + off
 
     async def _discover(self, target: str) -> int | None:
         method = self._channel(target).unary_unary(SERVICE_METHOD, None, None)
@@ -271,7 +285,9 @@ class DirectAppends:
             if err.code() == grpc.StatusCode.UNIMPLEMENTED:
                 log.debug("broker %s has no direct appends: appending over gRPC", target)
                 self._off_until[target] = float("inf")
-            return None  # Otherwise (unreachable...): this append goes over gRPC.
+            else:  # Down or hung: not asked again at every append.
+                self._back_off(target, f"did not answer its port ({err.code().name})")
+            return None
         except ValueError:
             log.warning("broker %s answered no port for direct appends: %r", target, answer)
             self._off_until[target] = float("inf")
