@@ -18,15 +18,14 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.direct import (
     END,
     ERROR,
-    HEADER,
     MAGIC,
-    MAX_FRAME,
     REQUEST,
     RESPONSE,
     SERVICE_METHOD,
     DirectProtocolError,
     encode_error,
     frame,
+    read_frame,
 )
 from broker.service import JournalService
 
@@ -56,13 +55,6 @@ class _Context:
 Frame = tuple[bytes, bytes]
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> Frame:
-    kind, n = HEADER.unpack(await reader.readexactly(HEADER.size))
-    if n > MAX_FRAME:
-        raise DirectProtocolError(f"a frame of {n} bytes (at most {MAX_FRAME})")
-    return kind, await reader.readexactly(n) if n else b""
-
-
 class _Frames:
     """The one reader of a connection. It reads whole frames into a small queue, so that no
     frame is ever split between readers (a stall timeout or a proxying gRPC call abandons
@@ -76,7 +68,7 @@ class _Frames:
     async def _run(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                await self._queue.put(await _read_frame(reader))
+                await self._queue.put(await read_frame(reader))
         except Exception as err:  # noqa: BLE001 - any failure to read ends the connection
             if not isinstance(err, DirectProtocolError):
                 self._on_lost()  # EOF, a reset, a timed-out or unreachable peer...

@@ -27,12 +27,12 @@ from broker.protocol.direct import (
     ERROR,
     HEADER,
     MAGIC,
-    MAX_FRAME,
     REQUEST,
     RESPONSE,
     SERVICE_METHOD,
     DirectProtocolError,
     decode_error,
+    read_frame,
 )
 
 __all__ = ["DirectAppendCall", "DirectAppends", "host_of", "rpc_error"]
@@ -96,10 +96,10 @@ class DirectAppendCall:
 
     async def _read_answer(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
         try:
-            kind, n = HEADER.unpack(await reader.readexactly(HEADER.size))
-            if n > MAX_FRAME or kind not in (RESPONSE, ERROR):
-                raise DirectProtocolError(f"unexpected frame {kind!r} of {n} bytes")
-            return kind, await reader.readexactly(n) if n else b""
+            kind, payload = await read_frame(reader)
+            if kind not in (RESPONSE, ERROR):
+                raise DirectProtocolError(f"unexpected frame {kind!r} of {len(payload)} bytes")
+            return kind, payload
         except (asyncio.IncompleteReadError, ConnectionError) as err:
             raise _unavailable(self._target, f"connection lost ({err!r})") from None
         except DirectProtocolError as err:

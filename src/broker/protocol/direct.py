@@ -19,6 +19,7 @@ endian), then the payload.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 
 import grpc
@@ -36,6 +37,7 @@ __all__ = [
     "decode_error",
     "encode_error",
     "frame",
+    "read_frame",
 ]
 
 MAGIC = b"GZPYDA1\n"
@@ -64,6 +66,15 @@ class DirectProtocolError(Exception):
 def frame(kind: bytes, payload: bytes = b"") -> bytes:
     """One frame of `kind` carrying `payload`."""
     return HEADER.pack(kind, len(payload)) + payload
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """The next frame's kind and payload. Raises DirectProtocolError for a payload over
+    `MAX_FRAME` (unread), asyncio.IncompleteReadError if the stream ends first."""
+    kind, n = HEADER.unpack(await reader.readexactly(HEADER.size))
+    if n > MAX_FRAME:
+        raise DirectProtocolError(f"a frame of {n} bytes (at most {MAX_FRAME})")
+    return kind, await reader.readexactly(n) if n else b""
 
 
 def encode_error(code: grpc.StatusCode, details: str) -> bytes:
