@@ -16,13 +16,23 @@ commits: every operation queued before the call is then in the log. Once recordi
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 from typing import Any
 
 import trio
 
-from recoverylog.op_batch import CREATE, LINK, RENAME, TRUNCATE, UNLINK, WRITE, Op, apply_ops
+from broker.protocol import protocol_pb2 as pb
+from recoverylog.op_batch import (
+    CREATE,
+    LINK,
+    RENAME,
+    TRUNCATE,
+    UNLINK,
+    Op,
+    WriteRun,
+    apply_ops,
+    from_thread,
+)
 from recoverylog.recorder import Recorder
 
 __all__ = ["RecordingFailed", "RecordingLink"]
@@ -48,9 +58,7 @@ class RecordingLink:
         self._loop = loop
         self._ops: list[Op] = []
         self._queued = 0
-        self._wpath: str | None = None
-        self._woff = 0
-        self._wbuf = bytearray()
+        self._run = WriteRun()  # The open (coalescing) write.
         self._error: BaseException | None = None
         self._unsynced = 0
         self.ops = 0
@@ -90,10 +98,12 @@ class RecordingLink:
     def write(self, path: str, offset: int, data: bytes) -> None:
         if not data:
             return
-        if not (self._wpath == path and self._woff + len(self._wbuf) == offset):
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        if not self._run.continues(path, offset):
             self._seal()
-            self._wpath, self._woff = path, offset
-        self._wbuf += data
+            self._run.start(path, offset)
+        self._run.add(data)
         self._queued += len(data)
         if self._queued >= HAND_OVER_BYTES:
             self.hand_over()
@@ -122,9 +132,7 @@ class RecordingLink:
         self._unsynced = 0
         token = trio.lowlevel.current_trio_token()
         done = trio.Event()
-        cfut: concurrent.futures.Future[int] = asyncio.run_coroutine_threadsafe(
-            self._barrier(), self._loop
-        )
+        cfut = from_thread(self._loop, self._barrier)
 
         def wake(_: Any) -> None:
             try:
@@ -135,7 +143,7 @@ class RecordingLink:
         cfut.add_done_callback(wake)
         await done.wait()
         try:
-            head = cfut.result()
+            head = int(cfut.result().commit.end)
         except BaseException as err:
             if self._error is None:
                 self._error = err
@@ -149,11 +157,10 @@ class RecordingLink:
         self.ops += 1
 
     def _seal(self) -> None:
-        if self._wpath is not None:
-            self._ops.append((WRITE, self._wpath, self._woff, bytes(self._wbuf)))
+        op = self._run.seal()
+        if op is not None:
+            self._ops.append(op)
             self.ops += 1
-            self._wpath = None
-            self._wbuf = bytearray()
 
     # -- Loop thread -------------------------------------------------------------------------
 
@@ -167,8 +174,7 @@ class RecordingLink:
             log.error("recording failed log=%s err=%r", rec.log, err)
             self._error = err
 
-    async def _barrier(self) -> int:
+    def _barrier(self) -> asyncio.Future[pb.AppendResponse]:
         if self._error is not None:
             raise self._error
-        resp = await self._rec.barrier()
-        return int(resp.commit.end)
+        return self._rec.barrier()

@@ -416,19 +416,20 @@ class AppendService:
             appender = Appender(self.client, head.request)
             try:
                 # Many small appends travel in few messages: a message per append would cost
-                # a gRPC write (tens of microseconds of CPU each side) per append.
-                pending = bytearray()
+                # a gRPC write (tens of microseconds of CPU each side) per append. A message
+                # is handed over as the appends' buffers (a direct append frames them as
+                # they are; gRPC joins them).
+                parts: list[bytes] = []
+                size = 0
                 for a in batch:
                     for chunk in a._chunks():
-                        if pending and len(pending) + len(chunk) > CHUNK_SIZE:
-                            await appender.write(bytes(pending))
-                            pending.clear()
-                        if not pending and len(chunk) == CHUNK_SIZE:
-                            await appender.write(chunk)  # a full chunk: no copy
-                        else:
-                            pending += chunk
-                if pending:
-                    await appender.write(bytes(pending))
+                        if parts and size + len(chunk) > CHUNK_SIZE:
+                            await appender.write_message(parts)
+                            parts, size = [], 0
+                        parts.append(chunk)
+                        size += len(chunk)
+                if parts:
+                    await appender.write_message(parts)
                 resp = await appender.close()
             except Exception as err:
                 await appender.abort()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
-from collections.abc import AsyncIterable, Callable
+from collections.abc import AsyncIterable, Callable, Sequence
 from typing import IO, TYPE_CHECKING
 
 import grpc
@@ -124,10 +124,18 @@ class Appender:
             await self._send(self.request)
         return self._call
 
-    async def _send(self, msg: pb.AppendRequest) -> None:
-        assert self._call is not None
+    async def _send(self, msg: pb.AppendRequest | Sequence[bytes]) -> None:
+        """Write one message: an AppendRequest, or the parts of a content message (a direct
+        call frames them as they are; gRPC needs them joined)."""
+        call = self._call
+        assert call is not None
         try:
-            await self._call.write(msg)
+            if isinstance(msg, pb.AppendRequest):
+                await call.write(msg)
+            elif hasattr(call, "write_content"):
+                await call.write_content(msg)
+            else:
+                await call.write(pb.AppendRequest(content=b"".join(msg)))
         except Exception as err:  # noqa: BLE001 - gRPC raises several types here
             # The broker may have finished the RPC already (e.g. it refused the append with
             # INSUFFICIENT_JOURNAL_BROKERS while we were still writing; gRPC then fails the
@@ -151,14 +159,32 @@ class Appender:
         try:
             await self._start()
             if len(data) <= CHUNK_SIZE and isinstance(data, bytes):
-                await self._send(pb.AppendRequest(content=data))  # one message, no copy
+                await self._send([data])  # one message, no copy
                 self.written += len(data)
                 return
             view = memoryview(data)
             for i in range(0, len(view), CHUNK_SIZE):
                 chunk = bytes(view[i : i + CHUNK_SIZE])
-                await self._send(pb.AppendRequest(content=chunk))
+                await self._send([chunk])
                 self.written += len(chunk)
+        except BaseException:
+            self._cancel()
+            raise
+
+    async def write_message(self, parts: Sequence[bytes]) -> None:
+        """Stream the concatenation of `parts` (at most `CHUNK_SIZE` bytes) as one content
+        message, as `write` would. Over a direct append the parts are framed as they are,
+        without a joined copy (`AppendService` hands over each append's buffers this way).
+        """
+        if sum(len(p) for p in parts) > CHUNK_SIZE:
+            raise ValueError(f"a content message holds at most {CHUNK_SIZE} bytes")
+        parts = [p for p in parts if p]
+        if not parts:
+            return  # An empty message would mean "commit".
+        try:
+            await self._start()
+            await self._send(parts)
+            self.written += sum(len(p) for p in parts)
         except BaseException:
             self._cancel()
             raise

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import grpc
@@ -31,6 +31,7 @@ from broker.protocol.direct import (
     RESPONSE,
     SERVICE_METHOD,
     DirectProtocolError,
+    content_frame_header,
     decode_error,
     read_frame,
 )
@@ -89,6 +90,9 @@ class DirectAppendCall:
         self._target = target
         self._conn: _Connection | None = conn
         self._ended = False
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        self._started = False  # A message was written.
         self._cancelled = False
         self._outcome: pb.AppendResponse | BaseException | None = None
         self._answer = asyncio.ensure_future(self._read_answer(conn.reader))
@@ -105,7 +109,11 @@ class DirectAppendCall:
         except DirectProtocolError as err:
             raise _unavailable(self._target, str(err)) from None
 
-    async def _send(self, *parts: bytes, answered_ok: bool = False) -> None:
+    async def _send(self, *parts: bytes, answered_ok: bool = False, hold: bool = False) -> None:
+        """Write `parts` (with any held before them), or with `hold` keep them for the next
+        write while fewer than `_SMALL` bytes are held: small frames then travel with the
+        next content or the stream's end, in one socket write rather than a write (and a
+        wake-up of the broker) each."""
         conn = self._conn
         if conn is None:
             raise _unavailable(self._target, "the call was cancelled")
@@ -113,8 +121,15 @@ class DirectAppendCall:
             # The broker answered before the stream's end (a refusal): stop writing; the
             # Appender then awaits the call for the answer.
             raise asyncio.InvalidStateError("the broker answered the append already")
+        size = sum(len(p) for p in parts)
+        if hold and self._held_bytes + size < _SMALL:
+            self._held.extend(parts)
+            self._held_bytes += size
+            return
+        if self._held:
+            parts, self._held, self._held_bytes = (*self._held, *parts), [], 0
         try:
-            for part in parts:
+            for part in _coalesced(parts):
                 conn.writer.write(part)
             await conn.writer.drain()
         except ConnectionError as err:
@@ -122,7 +137,19 @@ class DirectAppendCall:
 
     async def write(self, msg: pb.AppendRequest) -> None:
         payload = msg.SerializeToString()
-        await self._send(HEADER.pack(REQUEST, len(payload)), payload)
+        # The request (the stream's first message) waits for the first content, and the
+        # commit message (empty) for the end; content goes out as it comes.
+        hold = not payload or not self._started
+        self._started = True
+        await self._send(HEADER.pack(REQUEST, len(payload)), payload, hold=hold)
+
+    async def write_content(self, parts: Sequence[bytes]) -> None:
+        """Write one AppendRequest carrying the concatenation of `parts` as its content,
+        framed around the parts as they are: the same bytes as ``write`` of that message,
+        without joining or serializing a copy of them."""
+        total = sum(len(p) for p in parts)
+        self._started = True
+        await self._send(content_frame_header(total), *parts)
 
     async def done_writing(self) -> None:
         """End the stream (whether or not the broker has answered already, as gRPC's)."""
@@ -182,6 +209,27 @@ class DirectAppendCall:
         self._answer.cancel()
         conn.close()
         return True
+
+
+_SMALL = 16 << 10
+
+
+def _coalesced(parts: Sequence[bytes]) -> list[bytes]:
+    """`parts` with runs of small ones joined: a socket write each for large parts (no
+    copy), few writes for many small ones."""
+    out: list[bytes] = []
+    run: list[bytes] = []
+    for part in parts:
+        if len(part) < _SMALL:
+            run.append(part)
+            continue
+        if run:
+            out.append(b"".join(run))
+            run = []
+        out.append(part)
+    if run:
+        out.append(b"".join(run))
+    return out
 
 
 class DirectAppends:

@@ -34,6 +34,7 @@ __all__ = [
     "RESPONSE",
     "SERVICE_METHOD",
     "DirectProtocolError",
+    "content_frame_header",
     "decode_error",
     "encode_error",
     "frame",
@@ -66,6 +67,23 @@ class DirectProtocolError(Exception):
 def frame(kind: bytes, payload: bytes = b"") -> bytes:
     """One frame of `kind` carrying `payload`."""
     return HEADER.pack(kind, len(payload)) + payload
+
+
+_CONTENT_TAG = b"\x22"  # AppendRequest.content: field 4, length-delimited.
+
+
+def content_frame_header(length: int) -> bytes:
+    """The bytes preceding `length` bytes of content in the `REQUEST` frame of an
+    AppendRequest which carries only that content (what ``AppendRequest(content=...)``
+    serializes to): a client writes this, then the content as it is, without building and
+    serializing a message around a copy of it."""
+    varint = bytearray()
+    n = length
+    while n >= 0x80:
+        varint.append((n & 0x7F) | 0x80)
+        n >>= 7
+    varint.append(n)
+    return HEADER.pack(REQUEST, len(_CONTENT_TAG) + len(varint) + length) + _CONTENT_TAG + varint
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:

@@ -17,10 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 from typing import Any
 
-from recoverylog.op_batch import CREATE, RENAME, TRUNCATE, UNLINK, WRITE, Op, apply_ops
+from broker.protocol import protocol_pb2 as pb
+from recoverylog.op_batch import (
+    CREATE,
+    RENAME,
+    TRUNCATE,
+    UNLINK,
+    Op,
+    WriteRun,
+    apply_ops,
+    from_thread,
+)
 from recoverylog.recorder import Recorder
 
 __all__ = ["RecorderBridge", "RecordingFailed"]
@@ -62,10 +73,7 @@ class RecorderBridge:
         self._waits: set[concurrent.futures.Future[Any]] = set()
         self._waits_lock = threading.Lock()
         self._queued = 0
-        # The open (coalescing) write: path, offset, buffer.
-        self._wpath: str | None = None
-        self._woff = 0
-        self._wbuf = bytearray()
+        self._run = WriteRun()  # The open (coalescing) write.
         self._unsynced = 0
         self._dirty = False  # Ops were handed over since the last barrier resolved.
         self._error: BaseException | None = None
@@ -104,12 +112,12 @@ class RecorderBridge:
         """`data` was written at `offset` of recorded file `path`."""
         if not data:
             return
-        if not (self._wpath == path and self._woff + len(self._wbuf) == offset):
-            # Not contiguous with the run being buffered: seal it, start a new run. (_seal
-            # replaces the buffer, so it must be looked up again after.)
+        if not isinstance(data, bytes):
+            data = bytes(data)  # SQLite may reuse its buffer.
+        if not self._run.continues(path, offset):
             self._seal()
-            self._wpath, self._woff = path, offset
-        self._wbuf += data
+            self._run.start(path, offset)
+        self._run.add(data)
         self._queued += len(data)
         if self._queued >= self.flush_bytes:
             self.flush()
@@ -144,7 +152,7 @@ class RecorderBridge:
             raise RuntimeError("RecorderBridge.sync would block the event loop it waits on")
         ops = self._take()
         self._dirty = False
-        fut = asyncio.run_coroutine_threadsafe(self._apply_and_barrier(ops), self._loop)
+        fut = from_thread(self._loop, functools.partial(self._apply_and_barrier, ops))
         try:
             self.wait(fut)
         except BaseException as err:
@@ -177,8 +185,7 @@ class RecorderBridge:
             for fut in self._waits:
                 fut.cancel()
         self._ops.clear()
-        self._wpath = None
-        self._wbuf = bytearray()
+        self._run.clear()
 
     # -- Internals ---------------------------------------------------------------------------
 
@@ -193,10 +200,9 @@ class RecorderBridge:
         self._ops.append(op)
 
     def _seal(self) -> None:
-        if self._wpath is not None:
-            self._ops.append((WRITE, self._wpath, self._woff, bytes(self._wbuf)))
-            self._wpath = None
-            self._wbuf = bytearray()
+        op = self._run.seal()
+        if op is not None:
+            self._ops.append(op)
 
     def _take(self) -> list[Op]:
         ops, self._ops = self._ops, []
@@ -224,8 +230,8 @@ class RecorderBridge:
         except BaseException as err:  # The Recorder is broken, or the VFS has a bug.
             self._error = err
 
-    async def _apply_and_barrier(self, ops: list[Op]) -> None:
+    def _apply_and_barrier(self, ops: list[Op]) -> asyncio.Future[pb.AppendResponse]:
         self._apply(ops)
         if self._error is not None:
             raise self._error
-        await self._rec.barrier()
+        return self._rec.barrier()
