@@ -159,7 +159,7 @@ class DirectAppendServer:
         self.host = host
         self.port = port
         self._server: asyncio.Server | None = None
-        self._conns: set[asyncio.Task[None]] = set()
+        self._conns: dict[asyncio.Task[None], _Conn] = {}
         self._closing = False
 
     async def start(self) -> None:
@@ -169,13 +169,30 @@ class DirectAppendServer:
         )
         self.port = self._server.sockets[0].getsockname()[1]
 
-    async def close(self) -> None:
-        """Stop listening and end every connection; an append in progress is rolled back
-        (as a cancelled gRPC Append), and its client sees the connection fail."""
+    async def close(self, grace: float | None = None) -> None:
+        """Stop listening and end every connection.
+
+        With `grace` (seconds), as gRPC's ``server.stop(grace)``: idle connections end at
+        once, and each append in progress may finish and be answered within `grace`; its
+        connection then ends. An append still in progress after that (or at once, without
+        `grace`) is rolled back, as a cancelled gRPC Append, and its client sees the
+        connection fail (and retries it).
+        """
         self._closing = True
         if self._server is not None:
             self._server.close()
         tasks = list(self._conns)
+        if grace and tasks:
+            for conn in self._conns.values():
+                conn.drain()
+            _, tasks_left = await asyncio.wait(tasks, timeout=grace)
+            if tasks_left:
+                log.warning(
+                    "direct appends still in progress after %gs: rolled back count=%d",
+                    grace,
+                    len(tasks_left),
+                )
+            tasks = list(tasks_left)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -188,7 +205,7 @@ class DirectAppendServer:
             return
         conn = _Conn(self.service, reader, writer)
         assert conn.task is not None
-        self._conns.add(conn.task)
+        self._conns[conn.task] = conn
         try:
             await conn.serve()
         except asyncio.CancelledError:
@@ -196,7 +213,7 @@ class DirectAppendServer:
                 raise
             # Ended by close(): a normal end (asyncio would log a cancelled callback).
         finally:
-            self._conns.discard(conn.task)
+            self._conns.pop(conn.task, None)
 
 
 class _Conn:
@@ -211,12 +228,21 @@ class _Conn:
         self.task = asyncio.current_task()
         self.appending = False  # Between an append's first frame and its answer.
         self.lost = False
+        self.busy = False  # Between an append's first frame and the end of its stream.
+        self.draining = False  # The listener is closing: end after the current append.
 
     def _on_lost(self) -> None:
         """The client left: an append it has not been answered is cancelled (rolled back),
         as gRPC cancels a handler whose client went away."""
         self.lost = True
         if self.appending and self.task is not None:
+            self.task.cancel()
+
+    def drain(self) -> None:
+        """End the connection once the append in progress is answered and its stream read
+        to its end (at once if idle)."""
+        self.draining = True
+        if not self.busy and self.task is not None:
             self.task.cancel()
 
     def _answer(self, out: bytes) -> None:
@@ -262,7 +288,7 @@ class _Conn:
                 if not err.partial:
                     return  # Closed between appends.
                 raise
-            self.appending = True
+            self.appending = self.busy = True
             requests = _Requests(frames, first)
             try:
                 resp: pb.AppendResponse = await self.service.Append(requests, context)
@@ -273,8 +299,11 @@ class _Conn:
             requests.detach()
             self._answer(out)
             await self.writer.drain()
-            if not await requests.skip_rest(timeout):
+            # Read up to the stream's end even when draining: closing with unread bytes
+            # would reset the connection, and the client could lose the answer.
+            if not await requests.skip_rest(timeout) or self.draining:
                 return
+            self.busy = False
 
 
 def port_handler(port: int) -> grpc.GenericRpcHandler:  # type: ignore[type-arg]

@@ -24,6 +24,8 @@ GRPC_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.so_reuseport", 0),
 ]
+STOP_GRACE = 5.0
+"""Seconds appends in progress get to finish once the broker stops serving."""
 
 
 async def serve(cfg: BrokerConfig) -> None:
@@ -97,9 +99,11 @@ async def _serve(cfg: BrokerConfig, broker: Broker, http: BrokerHTTP | None) -> 
         # Graceful exit: keep serving (and proxying) while the allocator moves our journals.
         await broker.drain(cfg.drain_timeout)
     broker.end_streams()
+    # Appends in progress get the same grace on both transports, at the same time.
+    stopping = [server.stop(grace=STOP_GRACE)]
     if direct is not None:
-        await direct.close()
-    await server.stop(grace=5)
+        stopping.append(direct.close(grace=STOP_GRACE))
+    await asyncio.gather(*stopping)
     background.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await background

@@ -414,3 +414,50 @@ async def test_closing_the_listener_ends_every_connection_quietly(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     idle_w.close()
     busy_w.close()
+
+
+async def test_closing_with_grace_lets_an_append_in_progress_finish() -> None:
+    service = _HeldService()
+    server = DirectAppendServer(service, "127.0.0.1")  # type: ignore[arg-type]
+    await server.start()
+    idle_r, idle_w = await asyncio.open_connection("127.0.0.1", server.port)
+    busy_r, busy_w = await asyncio.open_connection("127.0.0.1", server.port)
+    idle_w.write(MAGIC)
+    payload = pb.AppendRequest(journal="a/b").SerializeToString()
+    busy_w.write(MAGIC + HEADER.pack(REQUEST, len(payload)) + payload)
+    await asyncio.wait_for(service.started.wait(), 5)
+    closing = asyncio.ensure_future(server.close(grace=5))
+    # The idle connection ends at once; the append in progress goes on.
+    assert await asyncio.wait_for(idle_r.read(), 5) == b""
+    await asyncio.sleep(0.1)
+    assert not closing.done()
+    with pytest.raises(OSError):  # No new connections.
+        await asyncio.open_connection("127.0.0.1", server.port)
+    service.release.set()
+    busy_w.write(HEADER.pack(END, 0))
+    kind, n = HEADER.unpack(await asyncio.wait_for(busy_r.readexactly(HEADER.size), 5))
+    assert kind == RESPONSE
+    assert pb.AppendResponse.FromString(await busy_r.readexactly(n)).commit.journal == "a/b"
+    await asyncio.wait_for(closing, 5)  # Done once the append was answered...
+    assert await asyncio.wait_for(busy_r.read(), 5) == b""  # ...and its connection ended.
+    assert service.cancelled == 0
+    idle_w.close()
+    busy_w.close()
+
+
+async def test_an_append_outlasting_the_grace_is_rolled_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    service = _HeldService()
+    server = DirectAppendServer(service, "127.0.0.1")  # type: ignore[arg-type]
+    await server.start()
+    busy_r, busy_w = await asyncio.open_connection("127.0.0.1", server.port)
+    payload = pb.AppendRequest(journal="a/b").SerializeToString()
+    busy_w.write(MAGIC + HEADER.pack(REQUEST, len(payload)) + payload)
+    await asyncio.wait_for(service.started.wait(), 5)
+    with caplog.at_level(logging.WARNING):
+        await asyncio.wait_for(server.close(grace=0.3), 5)
+    assert service.cancelled == 1
+    assert await asyncio.wait_for(busy_r.read(), 5) == b""
+    assert any("still in progress" in r.getMessage() for r in caplog.records)
+    busy_w.close()
