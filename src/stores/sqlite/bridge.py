@@ -131,6 +131,21 @@ class RecorderBridge:
             return
         self._hand_over()
 
+    def defer(self) -> None:
+        """Hand queued operations to the loop, to be committed with the next barrier: unlike
+        `flush`, a later waited `sync` does not wait for them unless other operations were
+        queued since (it still waits if `max_unsynced` bytes are in flight).
+
+        For operations no commit depends on, such as a checkpoint's: the log keeps
+        operations in order, so a crash before they are committed plays back an earlier,
+        equally valid state, and the next commit's barrier covers them.
+        """
+        self._seal()
+        if self._unsynced + self._queued >= self.max_unsynced:
+            self.sync()
+            return
+        self._hand_over(dirty=False)
+
     def sync(self, wait: bool = True) -> None:
         """Hand queued operations to the loop; with `wait`, return once everything recorded
         so far is committed to the log.
@@ -211,10 +226,10 @@ class RecorderBridge:
         self._queued = 0
         return ops
 
-    def _hand_over(self) -> None:
+    def _hand_over(self, dirty: bool = True) -> None:
         self.check()
         if self._ops and not self._discard:
-            self._dirty = True
+            self._dirty = self._dirty or dirty
             self._loop.call_soon_threadsafe(self._apply, self._take())
         else:
             self._ops.clear()

@@ -63,6 +63,9 @@ class OpLog:
     def flush(self) -> None:
         pass
 
+    def defer(self) -> None:
+        pass
+
 
 @dataclass
 class Files:

@@ -4,6 +4,7 @@ from a RecoveredLog as the consumer runtime does."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import random
 import sys
@@ -325,6 +326,40 @@ async def test_wal_checkpoints_keep_the_wal_instead_of_recording_pages_again(
     assert [r[1:] for r in dump(tmp_path / "third" / "primary.db") if r[0] == "kv"] == expected
 
 
+async def test_each_commit_waits_for_one_barrier_checkpoints_included(
+    client: JournalClient, service: AppendService, make_log: MakeLog, tmp_path: Path
+) -> None:
+    """A commit waits for the log once: not again for a restarted WAL's header (the files
+    are sequential) nor for its checkpoint's operations, which go with the next commit's
+    barrier and play back either way."""
+    log = await make_log()
+    rec = await new_recorder(service, log, tmp_path / "primary", A)
+    store = await SQLiteStore.open(rec, journal_mode="wal", wal_checkpoint_pages=32)
+    await store.transact(_schema)
+    await store.start_commit(None, labeled("schema"), [])
+    rnd = random.Random(7)
+    for t in range(24):
+        before = store.stats()["barriers"]
+        rows = [(rnd.randrange(2000), rnd.randbytes(300)) for _ in range(60)]
+        await store.transact(_upsert, rows)
+        await store.start_commit(None, labeled(f"cp-{t}"), [])
+        assert store.stats()["barriers"] - before == 1, f"commit {t}"
+    assert store.stats()["wal_bytes_kept"] > 0  # Checkpoints happened (WALs kept).
+    expected = await store.run(lambda c: list(c.execute("SELECT k, v FROM kv ORDER BY k")))
+    _, fsm = await play(client, log, tmp_path / "played")
+    rebuild_played(tmp_path / "played", dict(fsm.links))
+    assert integrity(tmp_path / "played" / "primary.db") == "ok"
+    assert [r[1:] for r in dump(tmp_path / "played" / "primary.db") if r[0] == "kv"] == expected
+    await store.close()
+
+
+async def _executor_let_go(store: SQLiteStore) -> None:
+    """Wait until the store's SQLite thread holds no reference to it: a call's result wakes
+    the loop before the thread drops the call (which references the store), so `del store`
+    could otherwise leave it alive for a moment."""
+    await asyncio.wrap_future(store._thread.submit(int))
+
+
 @pytest.mark.parametrize("journal_mode", ["wal", "delete"])
 async def test_a_store_dropped_without_close_warns_and_is_left_as_a_crash_leaves_it(
     client: JournalClient,
@@ -346,6 +381,7 @@ async def test_a_store_dropped_without_close_warns_and_is_left_as_a_crash_leaves
     await store.transact(_upsert, [(i, b"x" * 200) for i in range(200)])
     await store.start_commit(None, labeled("cp-1"), [])
     await store.transact(_upsert, [(1000 + i, b"y" * 200) for i in range(100)])  # Not committed.
+    await _executor_let_go(store)
     unraisable: list[object] = []
     hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
     try:
@@ -385,6 +421,7 @@ async def test_a_dropped_store_is_cleaned_up_when_warnings_are_errors(
     store = await SQLiteStore.open(rec)
     await store.transact(_schema)
     await store.start_commit(None, labeled("cp-1"), [])
+    await _executor_let_go(store)
     unraisable: list[sys.UnraisableHookArgs] = []
     hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
     try:
