@@ -182,20 +182,29 @@ class DirectAppendServer:
         if self._server is not None:
             self._server.close()
         tasks = list(self._conns)
-        if grace and tasks:
-            for conn in self._conns.values():
-                conn.drain()
-            _, tasks_left = await asyncio.wait(tasks, timeout=grace)
-            if tasks_left:
-                log.warning(
-                    "direct appends still in progress after %gs: rolled back count=%d",
-                    grace,
-                    len(tasks_left),
-                )
-            tasks = list(tasks_left)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            if grace and tasks:
+                for conn in self._conns.values():
+                    conn.drain()
+                _, left = await asyncio.wait(tasks, timeout=grace)
+                tasks = list(left)
+                cut = [c for t, c in self._conns.items() if t in left and c.appending]
+                if cut:
+                    log.warning(
+                        "direct appends still in progress after %gs: rolled back count=%d",
+                        grace,
+                        len(cut),
+                    )
+                if len(cut) < len(tasks):  # Answered, but their clients sent no END since.
+                    log.info(
+                        "direct append connections still open after %gs: closed count=%d",
+                        grace,
+                        len(tasks) - len(cut),
+                    )
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 

@@ -129,13 +129,14 @@ class Appender:
         call frames them as they are; gRPC needs them joined)."""
         call = self._call
         assert call is not None
+        if isinstance(msg, pb.AppendRequest):
+            write = call.write(msg)
+        elif hasattr(call, "write_content"):
+            write = call.write_content(msg)
+        else:
+            write = call.write(pb.AppendRequest(content=b"".join(msg)))
         try:
-            if isinstance(msg, pb.AppendRequest):
-                await call.write(msg)
-            elif hasattr(call, "write_content"):
-                await call.write_content(msg)
-            else:
-                await call.write(pb.AppendRequest(content=b"".join(msg)))
+            await write
         except Exception as err:  # noqa: BLE001 - gRPC raises several types here
             # The broker may have finished the RPC already (e.g. it refused the append with
             # INSUFFICIENT_JOURNAL_BROKERS while we were still writing; gRPC then fails the
@@ -148,7 +149,7 @@ class Appender:
             ) from None
 
     async def write(self, data: bytes) -> None:
-        """Stream `data` to the broker (in chunks of at most 1 MiB). Not yet committed.
+        """Stream `data` to the broker (in chunks of at most `CHUNK_SIZE`). Not yet committed.
 
         Raises a `BrokerError` if the broker has already refused the append, or
         `grpc.aio.AioRpcError` on transport failure; the Appender is then finished. If `write`
@@ -176,6 +177,9 @@ class Appender:
         message, as `write` would. Over a direct append the parts are framed as they are,
         without a joined copy (`AppendService` hands over each append's buffers this way).
         """
+        # As bytes: a memoryview's len() counts items, and the transport may keep a
+        # reference to a buffer the caller reuses.
+        parts = [p if type(p) is bytes else bytes(p) for p in parts]
         if sum(len(p) for p in parts) > CHUNK_SIZE:
             raise ValueError(f"a content message holds at most {CHUNK_SIZE} bytes")
         parts = [p for p in parts if p]

@@ -144,10 +144,12 @@ class DirectAppendCall:
         await self._send(HEADER.pack(REQUEST, len(payload)), payload, hold=hold)
 
     async def write_content(self, parts: Sequence[bytes]) -> None:
-        """Write one AppendRequest carrying the concatenation of `parts` as its content,
-        framed around the parts as they are: the same bytes as ``write`` of that message,
-        without joining or serializing a copy of them."""
+        """Write one AppendRequest carrying the concatenation of `parts` (bytes) as its
+        content, framed around the parts as they are: the same bytes as ``write`` of that
+        message, without joining or serializing a copy of them."""
         total = sum(len(p) for p in parts)
+        if not total:
+            raise ValueError("an empty content message would commit the append")
         self._started = True
         await self._send(content_frame_header(total), *parts)
 

@@ -78,6 +78,9 @@ class RecorderBridge:
         self._dirty = False  # Ops were handed over since the last barrier resolved.
         self._error: BaseException | None = None
         self._discard = False
+        self.deferring = False
+        """Set while the store checkpoints: what is handed over meanwhile (also by `flush`)
+        is deferred (see `defer`)."""
         self.barriers = 0
         self.bytes_recorded = 0
 
@@ -125,11 +128,7 @@ class RecorderBridge:
     def flush(self) -> None:
         """Hand queued operations to the loop without waiting for them to commit (but wait
         for a barrier if `max_unsynced` bytes are in flight)."""
-        self._seal()
-        if self._unsynced + self._queued >= self.max_unsynced:
-            self.sync()
-            return
-        self._hand_over()
+        self._flush(dirty=not self.deferring)
 
     def defer(self) -> None:
         """Hand queued operations to the loop, to be committed with the next barrier: unlike
@@ -140,11 +139,14 @@ class RecorderBridge:
         operations in order, so a crash before they are committed plays back an earlier,
         equally valid state, and the next commit's barrier covers them.
         """
+        self._flush(dirty=False)
+
+    def _flush(self, dirty: bool) -> None:
         self._seal()
         if self._unsynced + self._queued >= self.max_unsynced:
             self.sync()
             return
-        self._hand_over(dirty=False)
+        self._hand_over(dirty)
 
     def sync(self, wait: bool = True) -> None:
         """Hand queued operations to the loop; with `wait`, return once everything recorded

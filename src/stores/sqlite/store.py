@@ -202,6 +202,7 @@ class SQLiteStore:
             recorded=recorded,
             page_files=page_files,
             sync_waits=sync_waits,
+            sequential=journal_mode == "wal",
             compaction_factor=compaction_factor,
             min_compaction_bytes=min_compaction_bytes,
         )

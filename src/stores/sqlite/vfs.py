@@ -64,6 +64,7 @@ class RecordingVFS(apsw.VFS):
         recorded: set[str],
         page_files: Mapping[str, Sequence[tuple[int, int, bool]]],
         sync_waits: bool = True,
+        sequential: bool = False,
         compaction_factor: float = 1.5,
         min_compaction_bytes: int = 1 << 20,
     ) -> None:
@@ -73,6 +74,9 @@ class RecordingVFS(apsw.VFS):
         self.bridge = bridge
         self.recorded = recorded
         self.sync_waits = sync_waits
+        self.sequential = sequential
+        """Whether the main databases report ``SQLITE_IOCAP_SEQUENTIAL`` (in WAL mode: see
+        `MainDBFile.xDeviceCharacteristics`)."""
         self._page_files = dict(page_files)
         self._compaction = (compaction_factor, min_compaction_bytes)
         self.page_stores: dict[str, PageStore] = {}
@@ -87,11 +91,11 @@ class RecordingVFS(apsw.VFS):
 
         def hook(conn: apsw.Connection, dbname: str, pages: int) -> int:
             if pages >= checkpoint_pages:
-                self.backfilling = True
+                self.backfilling = self.bridge.deferring = True
                 try:
                     conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_TRUNCATE)
                 finally:
-                    self.backfilling = False
+                    self.backfilling = self.bridge.deferring = False
                 # The commit was synced before the hook ran, and no commit depends on the
                 # checkpoint's operations (a compaction, the WAL's reset): they go with the
                 # next commit's barrier rather than wait for one of their own.
@@ -188,9 +192,12 @@ class MainDBFile(apsw.VFSFile):
 
     def xDeviceCharacteristics(self) -> int:
         # The recorded files are written in order: a crash plays back a prefix of the log's
-        # operations, never a later write without an earlier one. SQLite then skips the
-        # syncs that only order writes (e.g. of a restarted WAL's header before its frames).
-        return int(super().xDeviceCharacteristics()) | apsw.SQLITE_IOCAP_SEQUENTIAL
+        # operations, never a later write without an earlier one. In WAL mode SQLite then
+        # skips the sync that only orders a restarted WAL's header before its frames. Not
+        # claimed for rollback journals: there it also changes how the pager syncs its
+        # journal, which was not analysed.
+        flags = int(super().xDeviceCharacteristics())
+        return flags | apsw.SQLITE_IOCAP_SEQUENTIAL if self._vfs.sequential else flags
 
     def xWrite(self, data: bytes, offset: int) -> None:
         super().xWrite(data, offset)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
 from collections.abc import AsyncIterator
 
@@ -18,7 +19,9 @@ from broker.client import (
     WrongAppendOffset,
     append,
 )
+from broker.client.appender import CHUNK_SIZE
 from broker.protocol import protocol_pb2 as pb
+from broker.testing.broker import BrokerProcess
 
 from .conftest import MakeJournal
 from .fake_broker import FakeBroker
@@ -68,6 +71,29 @@ async def test_aborted_appender_leaves_no_bytes(
     resp = await append(client, pb.AppendRequest(journal=spec.name), b"kept\n")
     assert (resp.commit.begin, resp.commit.end) == (0, 5)
     assert await read_all(client, spec.name) == b"kept\n"
+
+
+@pytest.mark.parametrize("direct", [True, False])
+async def test_a_message_of_parts_of_any_buffer_kind(
+    client_broker: BrokerProcess, make_journal: MakeJournal, direct: bool
+) -> None:
+    spec = await make_journal()
+    words = array.array("I", range(5000))  # A memoryview of it counts 4-byte items.
+    reused = bytearray(b"r" * 20_000)
+    parts = [b"head|", b"", memoryview(words), reused, bytes(30_000)]
+    expect = b"".join(bytes(p) for p in parts)
+    async with JournalClient(client_broker.endpoint, direct_appends=direct) as c:
+        assert (c.direct is not None) == direct
+        a = Appender(c, pb.AppendRequest(journal=spec.name))
+        await a.write_message(parts)
+        reused[:] = b"x" * len(reused)  # The caller reuses its buffer once the call returns.
+        resp = await a.close()
+        assert a.written == len(expect) == resp.commit.end
+        assert await read_all(c, spec.name) == expect
+        with pytest.raises(ValueError, match="at most"):
+            await Appender(c, pb.AppendRequest(journal=spec.name)).write_message(
+                [bytes(CHUNK_SIZE), b"1"]
+            )
 
 
 async def test_large_append_is_chunked(client: JournalClient, make_journal: MakeJournal) -> None:

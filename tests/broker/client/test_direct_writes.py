@@ -20,7 +20,7 @@ def test_content_frame_header_is_the_serialized_message_prefix(length: int) -> N
 
 
 class Sink:
-    """A TCP server keeping every byte received, and how many reads it took."""
+    """A TCP server keeping every byte received."""
 
     def __init__(self) -> None:
         self.data = bytearray()
@@ -102,3 +102,9 @@ async def test_content_after_the_first_goes_out_as_it_comes(
     assert await sink.settled() == first + frame(
         REQUEST, pb.AppendRequest(content=b"second").SerializeToString()
     )
+
+
+async def test_an_empty_content_message_is_refused(call: tuple[DirectAppendCall, Sink]) -> None:
+    c, _ = call
+    with pytest.raises(ValueError, match="would commit"):
+        await c.write_content([b"", b""])

@@ -326,15 +326,27 @@ async def test_wal_checkpoints_keep_the_wal_instead_of_recording_pages_again(
     assert [r[1:] for r in dump(tmp_path / "third" / "primary.db") if r[0] == "kv"] == expected
 
 
+@pytest.mark.parametrize("compacting", [False, True])
 async def test_each_commit_waits_for_one_barrier_checkpoints_included(
-    client: JournalClient, service: AppendService, make_log: MakeLog, tmp_path: Path
+    client: JournalClient,
+    service: AppendService,
+    make_log: MakeLog,
+    tmp_path: Path,
+    compacting: bool,
 ) -> None:
     """A commit waits for the log once: not again for a restarted WAL's header (the files
-    are sequential) nor for its checkpoint's operations, which go with the next commit's
-    barrier and play back either way."""
+    are sequential) nor for its checkpoint's operations (with compactions handed over in
+    pieces, too), which go with the next commit's barrier and play back either way."""
     log = await make_log()
     rec = await new_recorder(service, log, tmp_path / "primary", A)
-    store = await SQLiteStore.open(rec, journal_mode="wal", wal_checkpoint_pages=32)
+    store = await SQLiteStore.open(
+        rec,
+        journal_mode="wal",
+        wal_checkpoint_pages=32,
+        min_compaction_bytes=(64 << 10) if compacting else (64 << 20),
+    )
+    if compacting:
+        store.bridge.flush_bytes = 16 << 10  # Hand a compaction over in several pieces.
     await store.transact(_schema)
     await store.start_commit(None, labeled("schema"), [])
     rnd = random.Random(7)
@@ -345,6 +357,7 @@ async def test_each_commit_waits_for_one_barrier_checkpoints_included(
         await store.start_commit(None, labeled(f"cp-{t}"), [])
         assert store.stats()["barriers"] - before == 1, f"commit {t}"
     assert store.stats()["wal_bytes_kept"] > 0  # Checkpoints happened (WALs kept).
+    assert (store.stats()["compactions"] > 0) == compacting
     expected = await store.run(lambda c: list(c.execute("SELECT k, v FROM kv ORDER BY k")))
     _, fsm = await play(client, log, tmp_path / "played")
     rebuild_played(tmp_path / "played", dict(fsm.links))
