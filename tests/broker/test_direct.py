@@ -393,18 +393,27 @@ class _HeldService:
         return pb.AppendResponse(status=pb.OK, commit=pb.Fragment(journal=first.journal))
 
 
-async def test_closing_the_listener_ends_every_connection_quietly(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+async def _held_listener() -> tuple[_HeldService, DirectAppendServer, Conn, Conn]:
+    """A listener over a `_HeldService`, an idle connection and one whose append is held."""
     service = _HeldService()
     server = DirectAppendServer(service, "127.0.0.1")  # type: ignore[arg-type]
     await server.start()
-    idle_r, idle_w = await asyncio.open_connection("127.0.0.1", server.port)
-    busy_r, busy_w = await asyncio.open_connection("127.0.0.1", server.port)
-    idle_w.write(MAGIC)
+    idle = await asyncio.open_connection("127.0.0.1", server.port)
+    busy = await asyncio.open_connection("127.0.0.1", server.port)
+    idle[1].write(MAGIC)
     payload = pb.AppendRequest(journal="a/b").SerializeToString()
-    busy_w.write(MAGIC + HEADER.pack(REQUEST, len(payload)) + payload)
+    busy[1].write(MAGIC + HEADER.pack(REQUEST, len(payload)) + payload)
     await asyncio.wait_for(service.started.wait(), 5)
+    return service, server, idle, busy
+
+
+async def test_closing_the_listener_ends_every_connection_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    service, server, (idle_r, idle_w), (busy_r, busy_w) = await _held_listener()
     with caplog.at_level(logging.DEBUG):
         await asyncio.wait_for(server.close(), 5)
         await asyncio.sleep(0.1)  # Asyncio would log a cancelled callback by now.
@@ -417,15 +426,7 @@ async def test_closing_the_listener_ends_every_connection_quietly(
 
 
 async def test_closing_with_grace_lets_an_append_in_progress_finish() -> None:
-    service = _HeldService()
-    server = DirectAppendServer(service, "127.0.0.1")  # type: ignore[arg-type]
-    await server.start()
-    idle_r, idle_w = await asyncio.open_connection("127.0.0.1", server.port)
-    busy_r, busy_w = await asyncio.open_connection("127.0.0.1", server.port)
-    idle_w.write(MAGIC)
-    payload = pb.AppendRequest(journal="a/b").SerializeToString()
-    busy_w.write(MAGIC + HEADER.pack(REQUEST, len(payload)) + payload)
-    await asyncio.wait_for(service.started.wait(), 5)
+    service, server, (idle_r, idle_w), (busy_r, busy_w) = await _held_listener()
     closing = asyncio.ensure_future(server.close(grace=5))
     # The idle connection ends at once; the append in progress goes on.
     assert await asyncio.wait_for(idle_r.read(), 5) == b""
@@ -453,16 +454,13 @@ async def test_closing_with_grace_lets_an_append_in_progress_finish() -> None:
 async def test_an_append_outlasting_the_grace_is_rolled_back(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    service = _HeldService()
-    server = DirectAppendServer(service, "127.0.0.1")  # type: ignore[arg-type]
-    await server.start()
-    busy_r, busy_w = await asyncio.open_connection("127.0.0.1", server.port)
-    payload = pb.AppendRequest(journal="a/b").SerializeToString()
-    busy_w.write(MAGIC + HEADER.pack(REQUEST, len(payload)) + payload)
-    await asyncio.wait_for(service.started.wait(), 5)
+    service, server, (idle_r, idle_w), (busy_r, busy_w) = await _held_listener()
     with caplog.at_level(logging.WARNING):
         await asyncio.wait_for(server.close(grace=0.3), 5)
     assert service.cancelled == 1
+    assert await asyncio.wait_for(idle_r.read(), 5) == b""
     assert await asyncio.wait_for(busy_r.read(), 5) == b""
-    assert any("still in progress" in r.getMessage() for r in caplog.records)
+    rolled_back = [r.getMessage() for r in caplog.records if "still in progress" in r.getMessage()]
+    assert len(rolled_back) == 1 and "count=1" in rolled_back[0]  # Not the idle one.
+    idle_w.close()
     busy_w.close()
