@@ -121,8 +121,7 @@ class DirectAppendCall:
             # The broker answered before the stream's end (a refusal): stop writing; the
             # Appender then awaits the call for the answer.
             raise asyncio.InvalidStateError("the broker answered the append already")
-        size = sum(len(p) for p in parts)
-        if hold and self._held_bytes + size < _SMALL:
+        if hold and self._held_bytes + (size := sum(len(p) for p in parts)) < _SMALL:
             self._held.extend(parts)
             self._held_bytes += size
             return

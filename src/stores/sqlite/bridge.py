@@ -79,8 +79,7 @@ class RecorderBridge:
         self._error: BaseException | None = None
         self._discard = False
         self.deferring = False
-        """Set while the store checkpoints: what is handed over meanwhile (also by `flush`)
-        is deferred (see `defer`)."""
+        """Set while the store checkpoints: `sync` and `flush` then `defer`."""
         self.barriers = 0
         self.bytes_recorded = 0
 
@@ -144,7 +143,7 @@ class RecorderBridge:
     def _flush(self, dirty: bool) -> None:
         self._seal()
         if self._unsynced + self._queued >= self.max_unsynced:
-            self.sync()
+            self._sync()
             return
         self._hand_over(dirty)
 
@@ -153,8 +152,14 @@ class RecorderBridge:
         so far is committed to the log.
 
         Raises `RecordingFailed` once the Recorder failed, `RuntimeError` if called from the
-        loop's thread with `wait`.
+        loop's thread with `wait`. While `deferring`, this is `defer`.
         """
+        if self.deferring:
+            self.defer()
+        else:
+            self._sync(wait)
+
+    def _sync(self, wait: bool = True) -> None:
         self._seal()
         if self._discard:
             self._ops.clear()

@@ -218,13 +218,9 @@ class MainDBFile(apsw.VFSFile):
             return  # The store is being dropped: no compaction for a log nobody records to.
         try:
             compacted = self._pages.synced(self.xFileSize(), self._read)
-            if self._vfs.backfilling:
-                # The WAL's commits were synced already; a compaction needs no wait (see
-                # `RecorderBridge.defer`).
-                if compacted:
-                    self._bridge.defer()
-                return
-            self._bridge.sync(self._vfs.sync_waits)
+            if self._vfs.backfilling and not compacted:
+                return  # Nothing was recorded: the WAL's commits were synced already.
+            self._bridge.sync(self._vfs.sync_waits)  # Deferred while checkpointing.
         except RecordingFailed as err:
             raise apsw.IOError(str(err)) from err
 
@@ -309,9 +305,6 @@ class LogFile(apsw.VFSFile):
 
     def xSync(self, flags: int) -> None:
         try:
-            if self._vfs.backfilling:
-                self._bridge.defer()  # A checkpoint's: no commit depends on it.
-            else:
-                self._bridge.sync(self._vfs.sync_waits)
+            self._bridge.sync(self._vfs.sync_waits)  # Deferred while checkpointing.
         except RecordingFailed as err:
             raise apsw.IOError(str(err)) from err
