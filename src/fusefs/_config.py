@@ -26,6 +26,9 @@ class MountConfig:
     fence_log: bool | None = None  # Recorder.open's fence_log.
     writeback: bool = True
     parent_pid: int = 0
+    # The directory the parent made for these files (and this configuration): the process
+    # removes it if it outlives the parent, who would have removed it.
+    hand_over_dir: str = ""
 
     def dumps(self) -> str:
         return json.dumps(asdict(self))

@@ -157,6 +157,7 @@ class FuseMount:
                     fence_log=fence_log,
                     writeback=writeback,
                     parent_pid=os.getpid(),
+                    hand_over_dir=str(tmp),
                 )
                 with open(cfg.fsm_in, "wb") as f:
                     f.write(dump_fsm(fsm, 0))
@@ -283,6 +284,11 @@ class FuseMount:
             with contextlib.suppress(BaseException):
                 await self._reader
         force_unmount(self.mountpoint)
+        self.remove_hand_over()
+
+    def remove_hand_over(self) -> None:
+        """Remove the files handed to the process (its configuration and FSMs), as `kill`
+        does, for an owner which ended the process itself."""
         shutil.rmtree(self._tmp, ignore_errors=True)
 
     async def __aenter__(self) -> FuseMount:

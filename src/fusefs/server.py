@@ -25,6 +25,7 @@ import faulthandler
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -252,13 +253,21 @@ class _Server:
                 await self._stop()
 
     async def _signals(self) -> None:
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            # Blocked since the process began (`main`): one which arrived meanwhile is
-            # delivered now, and stops the mount.
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-            async for sig in signals:
-                log.warning("stopping on signal=%s", sig)
-                await self._stop()
+        # The stop signals stay blocked in every thread for the life of the process (`main`
+        # blocked them before any thread began): one thread takes them. A signal delivered
+        # to a thread instead would end the process at once (their default action) in the
+        # moments a handler is not installed, such as while the mount is torn down.
+        token = trio.lowlevel.current_trio_token()
+        threading.Thread(target=self._take_signals, args=(token,), daemon=True).start()
+
+    def _take_signals(self, token: trio.lowlevel.TrioToken) -> None:
+        while True:
+            sig = signal.sigwait(_STOP_SIGNALS)  # One which arrived before is taken now.
+            log.warning("stopping on signal=%s", signal.Signals(sig).name)
+            try:
+                trio.from_thread.run(self._stop, trio_token=token)
+            except trio.RunFinishedError:
+                return
 
     async def _control(self, nursery: trio.Nursery) -> None:
         stream = trio.lowlevel.FdStream(os.dup(0))
@@ -318,14 +327,20 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(0)
     with open(path) as f:
         cfg = MountConfig.loads(f.read())
-    # Until the mount can be stopped cleanly, a stop signal waits (see `_Server._signals`).
+    # A stop signal waits until the mount can be stopped cleanly, then is taken by one thread
+    # (`_Server._signals`).
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     _set_parent_death_signal()
     if cfg.parent_pid and os.getppid() != cfg.parent_pid:
         log.error("parent %d is gone before the mount", cfg.parent_pid)
         sys.exit(1)
     server = _Server(cfg)
-    trio.run(server.run)
+    try:
+        trio.run(server.run)
+    finally:
+        if cfg.hand_over_dir and cfg.parent_pid and os.getppid() != cfg.parent_pid:
+            # Nobody will read the final FSM or remove the hand-over files now.
+            shutil.rmtree(cfg.hand_over_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -5,14 +5,17 @@ fail with an errno, a fenced mount's fsync fails, and no mount outlives its proc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import random
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 
+import fusefs
 from broker.client import JournalClient
 from broker.testing.broker import BrokerProcess
 from fusefs import FuseMount, MountFailed, is_mounted, play_for_mount
@@ -260,6 +263,75 @@ async def test_killed_fusefs_leaves_no_mount(
         await mount.barrier()
     await mount.stop()
     assert not is_mounted(mount.mountpoint)
+
+
+async def test_sigterm_stops_cleanly(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    """SIGTERM stops the process: what was written is committed, the mount is detached, and
+    it exits normally, even when more SIGTERMs arrive while it stops (a parent's death can
+    send two, and an operator may repeat it)."""
+    log = await make_log()
+    root = no_stale_mounts
+    mount = await _mount(client, fuse_broker.endpoint, log, root)
+    await _in_thread(_fsync_write, root / "mnt" / "a", b"kept")
+    while mount.proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(mount.pid, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(mount.proc.wait()), 0.002)
+    assert mount.proc.returncode == 0
+    assert not is_mounted(mount.mountpoint)
+    await mount.stop()
+    await Player(client, log, None, root / "play").play()
+    assert tree(root / "play") == {"a": b"kept"}
+
+
+_PARENT = """
+import asyncio, os, sys
+from broker.client import JournalClient
+from fusefs import FuseMount, play_for_mount
+
+async def main(endpoint: str, log: str, root: str) -> None:
+    async with JournalClient(endpoint) as client:
+        fsm = await play_for_mount(client, log, root + "/backing", 1)
+    mount = await FuseMount.start(endpoint, log, fsm, 1, root + "/backing", root + "/mnt")
+    print(os.path.dirname(mount.config.fsm_in), flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def test_a_mount_outliving_its_parent_cleans_up(
+    fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    """The parent of a mount is SIGKILLed: the fusefs process stops, detaches its mount and
+    removes the hand-over files its parent would have removed."""
+    log = await make_log()
+    src = Path(fusefs.__file__).resolve().parents[1]  # The code under test, for the parent.
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _PARENT,
+        fuse_broker.endpoint,
+        log,
+        str(no_stale_mounts),
+        stdout=asyncio.subprocess.PIPE,
+        env=dict(os.environ, PYTHONPATH=str(src)),
+    )
+    assert parent.stdout is not None
+    hand_over = Path((await asyncio.wait_for(parent.stdout.readline(), 60)).decode().strip())
+    assert (hand_over / "config.json").exists()
+    assert is_mounted(no_stale_mounts / "mnt")
+    parent.kill()
+    await parent.wait()
+    for _ in range(200):
+        if not hand_over.exists() and not is_mounted(no_stale_mounts / "mnt"):
+            break
+        await asyncio.sleep(0.05)
+    assert not is_mounted(no_stale_mounts / "mnt")
+    assert not hand_over.exists()
 
 
 @pytest.mark.parametrize("writeback", [True, False])

@@ -502,6 +502,7 @@ class RocksDBStore:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             _wait_exited(proc.pid)
+        self.mount.remove_hand_over()
         self._exec.shutdown(wait=True)  # A commit in flight fails fast now: let it end.
         self._sync_exec.shutdown(wait=True)
         self._wal.close()

@@ -37,6 +37,7 @@ async def _trial(
 ) -> tuple[int, int, str]:
     """Run a writer and kill it (and/or its fusefs) at a random point; return (recovered,
     last acked, what was killed)."""
+    workdir.mkdir(parents=True, exist_ok=True)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -47,7 +48,8 @@ async def _trial(
         str(seed),
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
-        env=dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}"),
+        # Files the writer's mount leaves behind when both processes die go with `workdir`.
+        env=dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT}", TMPDIR=str(workdir)),
     )
     assert proc.stdout is not None
     recovered, acked, fusefs_pid = -1, -1, 0

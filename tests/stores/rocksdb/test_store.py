@@ -471,6 +471,7 @@ async def test_no_commit_is_acknowledged_once_the_mount_is_detached(
             await store.start_commit(None, labeled("two"), [])
     finally:
         store.destroy()
+    assert not Path(store.mount.config.fsm_in).parent.exists()  # Nothing left in /tmp.
     check = await RocksDBStore.open(fuse_broker.endpoint, log, root / "check")
     try:
         restored = await check.restore_checkpoint(None)
