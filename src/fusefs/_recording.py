@@ -4,9 +4,16 @@ The fusefs process runs pyfuse3 on trio in its main thread and an asyncio event 
 second thread, which hosts the `JournalClient`, `AppendService` and `Recorder`. FUSE handlers
 call the link's plain methods *after* the operation happened on the backing directory and
 before they return to the kernel, without awaiting in between: operations are therefore
-queued in the order the kernel saw them complete. Contiguous writes to one path coalesce.
-Queued operations are handed to the loop with ``call_soon_threadsafe`` (FIFO) once 1 MiB is
-queued, on every `barrier`, and by a periodic `tick` of the server.
+queued in the order the kernel saw them complete. Queued operations are handed to the loop
+with ``call_soon_threadsafe`` (FIFO) after every write, on every `barrier`, and by a periodic
+`tick` of the server.
+
+A write is handed over at once, so that the Recorder appends it while the writer goes on:
+RocksDB writes a batch to its WAL, then inserts it into its memtable (milliseconds), then
+syncs the WAL, and without the kernel's write-back cache the write reaches us at the first
+step. By the sync the write is often committed, and `barrier` then resolves without another
+append (`Recorder.barrier` without ``confirm``): the sync waits for one FUSE round trip, not
+for the log. Writes handed over while an append is in flight still share the next one.
 
 `barrier` hands everything over and resolves (in trio) once a Recorder barrier behind it
 commits: every operation queued before the call is then in the log. Once recording failed
@@ -28,8 +35,8 @@ from recoverylog.op_batch import (
     RENAME,
     TRUNCATE,
     UNLINK,
+    WRITE,
     Op,
-    WriteRun,
     apply_ops,
     from_thread,
 )
@@ -40,7 +47,6 @@ __all__ = ["RecordingFailed", "RecordingLink"]
 log = logging.getLogger(__name__)
 
 
-HAND_OVER_BYTES = 1 << 20
 MAX_UNSYNCED_BYTES = 64 << 20
 """Bytes handed over since the last barrier past which writers wait for one (bounds the
 memory of a writer that never fsyncs while the log is slower than it)."""
@@ -58,7 +64,6 @@ class RecordingLink:
         self._loop = loop
         self._ops: list[Op] = []
         self._queued = 0
-        self._run = WriteRun()  # The open (coalescing) write.
         self._error: BaseException | None = None
         self._unsynced = 0
         self.ops = 0
@@ -96,21 +101,18 @@ class RecordingLink:
         self._push((LINK, src, 0, dst.encode()))
 
     def write(self, path: str, offset: int, data: bytes) -> None:
+        """Queue a write and hand it over at once (module docs)."""
         if not data:
             return
         if not isinstance(data, bytes):
             data = bytes(data)
-        if not self._run.continues(path, offset):
-            self._seal()
-            self._run.start(path, offset)
-        self._run.add(data)
+        self._ops.append((WRITE, path, offset, data))
+        self.ops += 1
         self._queued += len(data)
-        if self._queued >= HAND_OVER_BYTES:
-            self.hand_over()
+        self.hand_over()
 
     def hand_over(self) -> None:
         """Hand queued operations to the loop (without waiting for them to commit)."""
-        self._seal()
         if not self._ops:
             return
         ops, self._ops = self._ops, []
@@ -152,15 +154,8 @@ class RecordingLink:
         return head
 
     def _push(self, op: Op) -> None:
-        self._seal()
         self._ops.append(op)
         self.ops += 1
-
-    def _seal(self) -> None:
-        op = self._run.seal()
-        if op is not None:
-            self._ops.append(op)
-            self.ops += 1
 
     # -- Loop thread -------------------------------------------------------------------------
 
@@ -177,4 +172,4 @@ class RecordingLink:
     def _barrier(self) -> asyncio.Future[pb.AppendResponse]:
         if self._error is not None:
             raise self._error
-        return self._rec.barrier()
+        return self._rec.barrier(confirm=False)

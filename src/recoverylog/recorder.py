@@ -508,20 +508,26 @@ class Recorder:
 
     # -- Barriers and hints --------------------------------------------------------------
 
-    def barrier(self) -> asyncio.Future[pb.AppendResponse]:
+    def barrier(self, *, confirm: bool = True) -> asyncio.Future[pb.AppendResponse]:
         """A future resolving once every op recorded so far is committed to the log.
 
         Its result is the response of an append at least as late as the last op (its
         ``commit.end`` is a write head). With nothing uncommitted, an empty append is issued:
-        it still fails if the log was fenced. The future fails with `RecorderFenced` or
-        `RecorderBroken` if any op recorded before it was not committed. Cancelling it
-        cancels only the wait. Raises `RecorderBroken` at once if already broken.
+        it still fails if the log was fenced since. Without `confirm`, the future then
+        resolves at once instead, with the response of the append which committed the last
+        op: every op is in the log, ahead of any later fence, which is all a file sync needs.
+        The future fails with `RecorderFenced` or `RecorderBroken` if any op recorded before
+        it was not committed. Cancelling it cancels only the wait. Raises `RecorderBroken`
+        at once if already broken.
         """
         self.check()
         fut: asyncio.Future[pb.AppendResponse] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(_mark_retrieved)
         self._release()
         target = self._last
+        if not confirm and target is not None and (resp := target.response) is not None:
+            fut.set_result(resp)
+            return fut
         if target is None or target.is_done():
             deps = [target] if target is not None else []  # In case it failed.
             target = self._svc.start_append(self._request, deps)

@@ -131,3 +131,26 @@ async def test_barrier_cancellation_cancels_only_the_wait(tmp_path: Path) -> Non
             resp = await rec.barrier()
             assert resp.commit.end == rec.write_head == 20
             assert rec.error is None
+
+
+async def test_an_unconfirmed_barrier_appends_only_what_is_uncommitted(tmp_path: Path) -> None:
+    """`barrier(confirm=False)` resolves at once, with no append, once every op recorded is
+    committed; a confirmed barrier issues an empty append then (it fails if fenced since)."""
+    async with (
+        FakeBroker(ok(0, 0), ok(0, 10), ok(10, 10), ok(10, 20)) as fb,
+        JournalClient(fb.endpoint) as client,
+    ):
+        async with AppendService(client) as svc:
+            rec = Recorder(FSM(LOG), 0xA1, tmp_path, svc, LOG)
+            await rec.barrier(confirm=False)  # Nothing appended yet: one append learns.
+            assert len(fb.journal.calls) == 1
+            rec.record_create("a")
+            first = await rec.barrier(confirm=False)
+            assert len(fb.journal.calls) == 2 and first.commit.end == 10
+            again = await rec.barrier(confirm=False)
+            assert len(fb.journal.calls) == 2 and again == first
+            confirmed = await rec.barrier()
+            assert len(fb.journal.calls) == 3 and confirmed.commit.end == 10
+            rec.record_create("b")
+            resp = await rec.barrier(confirm=False)
+            assert len(fb.journal.calls) == 4 and resp.commit.end == rec.write_head == 20
