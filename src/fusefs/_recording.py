@@ -11,9 +11,10 @@ with ``call_soon_threadsafe`` (FIFO) after every write, on every `barrier`, and 
 A write is handed over at once, so that the Recorder appends it while the writer goes on:
 RocksDB writes a batch to its WAL, then inserts it into its memtable (milliseconds), then
 syncs the WAL, and without the kernel's write-back cache the write reaches us at the first
-step. By the sync the write is often committed, and `barrier` then resolves without another
-append (`Recorder.barrier` without ``confirm``): the sync waits for one FUSE round trip, not
-for the log. Writes handed over while an append is in flight still share the next one.
+step. By the sync the write is often committed, and an fsync's barrier then resolves without
+another append (``confirm=False``): the sync waits for one FUSE round trip, not for the log.
+A fenced mount learns of it at its next append rather than at such an fsync. Writes handed
+over while an append is in flight still share the next one.
 
 `barrier` hands everything over and resolves (in trio) once a Recorder barrier behind it
 commits: every operation queued before the call is then in the log. Once recording failed
@@ -23,6 +24,7 @@ commits: every operation queued before the call is then in the log. Once recordi
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any
 
@@ -126,15 +128,16 @@ class RecordingLink:
         """Whether a writer should wait for a `barrier` (see `MAX_UNSYNCED_BYTES`)."""
         return self._unsynced + self._queued > MAX_UNSYNCED_BYTES
 
-    async def barrier(self) -> int:
+    async def barrier(self, *, confirm: bool = True) -> int:
         """Wait until every operation queued so far is committed to the log; return the
-        log's write head then. Raises `RecordingFailed` if it could not be."""
+        log's write head then. Raises `RecordingFailed` if it could not be, or (`confirm`,
+        as `Recorder.barrier`) if the log was fenced since."""
         self.check()
         self.hand_over()
         self._unsynced = 0
         token = trio.lowlevel.current_trio_token()
         done = trio.Event()
-        cfut = from_thread(self._loop, self._barrier)
+        cfut = from_thread(self._loop, functools.partial(self._barrier, confirm))
 
         def wake(_: Any) -> None:
             try:
@@ -169,7 +172,7 @@ class RecordingLink:
             log.error("recording failed log=%s err=%r", rec.log, err)
             self._error = err
 
-    def _barrier(self) -> asyncio.Future[pb.AppendResponse]:
+    def _barrier(self, confirm: bool) -> asyncio.Future[pb.AppendResponse]:
         if self._error is not None:
             raise self._error
-        return self._rec.barrier(confirm=False)
+        return self._rec.barrier(confirm=confirm)

@@ -52,7 +52,8 @@ _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
 _GUARDIAN = r"""
-import subprocess, sys
+import signal, subprocess, sys
+signal.pthread_sigmask(signal.SIG_SETMASK, [])  # Not the stop signals' mask of fusefs.
 mnt = sys.argv[1]
 mount_id = sys.stdin.readline().strip()
 sys.stdin.read()  # Returns at EOF: the fusefs process is gone, however it ended.
@@ -211,7 +212,7 @@ class _Server:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._control, nursery)
                 nursery.start_soon(self._ticker)
-                nursery.start_soon(self._signals)
+                nursery.start_soon(self._signals, nursery)
                 nursery.start_soon(self._fuse_main, nursery)
                 self.reply({"ready": True, "write_head": head, "pid": os.getpid()})
         finally:
@@ -240,8 +241,9 @@ class _Server:
         # and exit.
         threading.Thread(target=_stop_deadline, args=(self.cfg.mountpoint,), daemon=True).start()
         with trio.move_on_after(STOP_BARRIER_TIMEOUT), contextlib.suppress(RecordingFailed):
-            await self.link.barrier()
-        pyfuse3.terminate()
+            await self.link.barrier(confirm=False)
+        if self.mounted:  # (Not once closed: pyfuse3 has no session then.)
+            pyfuse3.terminate()
 
     async def _ticker(self) -> None:
         parent = self.cfg.parent_pid
@@ -252,20 +254,23 @@ class _Server:
                 log.warning("stopping: parent %d is gone", parent)
                 await self._stop()
 
-    async def _signals(self) -> None:
+    async def _signals(self, nursery: trio.Nursery) -> None:
         # The stop signals stay blocked in every thread for the life of the process (`main`
         # blocked them before any thread began): one thread takes them. A signal delivered
         # to a thread instead would end the process at once (their default action) in the
         # moments a handler is not installed, such as while the mount is torn down.
         token = trio.lowlevel.current_trio_token()
-        threading.Thread(target=self._take_signals, args=(token,), daemon=True).start()
+        threading.Thread(target=self._take_signals, args=(token, nursery), daemon=True).start()
 
-    def _take_signals(self, token: trio.lowlevel.TrioToken) -> None:
+    def _take_signals(self, token: trio.lowlevel.TrioToken, nursery: trio.Nursery) -> None:
         while True:
             sig = signal.sigwait(_STOP_SIGNALS)  # One which arrived before is taken now.
             log.warning("stopping on signal=%s", signal.Signals(sig).name)
             try:
-                trio.from_thread.run(self._stop, trio_token=token)
+                # A task of the mount's nursery, as the handlers': it ends with the mount.
+                trio.from_thread.run_sync(nursery.start_soon, self._stop, trio_token=token)
+            except RuntimeError:
+                pass  # The nursery has closed: the mount is stopping already.
             except trio.RunFinishedError:
                 return
 

@@ -513,9 +513,10 @@ class Recorder:
 
         Its result is the response of an append at least as late as the last op (its
         ``commit.end`` is a write head). With nothing uncommitted, an empty append is issued:
-        it still fails if the log was fenced since. Without `confirm`, the future then
-        resolves at once instead, with the response of the append which committed the last
-        op: every op is in the log, ahead of any later fence, which is all a file sync needs.
+        it still fails if the log was fenced since. Without `confirm`, no append is issued
+        once the last op's append has committed: the future resolves with its response (at
+        once, or once the appends before it are seen committed, in order). Every op is then
+        in the log, ahead of any later fence, which is all a file sync needs.
         The future fails with `RecorderFenced` or `RecorderBroken` if any op recorded before
         it was not committed. Cancelling it cancels only the wait. Raises `RecorderBroken`
         at once if already broken.
@@ -526,7 +527,13 @@ class Recorder:
         self._release()
         target = self._last
         if not confirm and target is not None and (resp := target.response) is not None:
-            fut.set_result(resp)
+            if not self._inflight:  # Observed: every earlier append committed too.
+                fut.set_result(resp)
+                return fut
+            # Committed, not yet observed: the commit loop resolves it in order (an earlier
+            # append may yet fail, e.g. one of a group split by another writer's batch).
+            self._waiters.append((target, fut))
+            self._ensure_task()
             return fut
         if target is None or target.is_done():
             deps = [target] if target is not None else []  # In case it failed.
