@@ -65,7 +65,6 @@ class RecordingLink:
         self._rec = recorder
         self._loop = loop
         self._ops: list[Op] = []
-        self._queued = 0
         self._error: BaseException | None = None
         self._unsynced = 0
         self.ops = 0
@@ -110,7 +109,8 @@ class RecordingLink:
             data = bytes(data)
         self._ops.append((WRITE, path, offset, data))
         self.ops += 1
-        self._queued += len(data)
+        self.bytes += len(data)
+        self._unsynced += len(data)
         self.hand_over()
 
     def hand_over(self) -> None:
@@ -118,15 +118,12 @@ class RecordingLink:
         if not self._ops:
             return
         ops, self._ops = self._ops, []
-        self.bytes += self._queued
-        self._unsynced += self._queued
-        self._queued = 0
         self._loop.call_soon_threadsafe(self._apply, ops)
 
     @property
     def must_throttle(self) -> bool:
         """Whether a writer should wait for a `barrier` (see `MAX_UNSYNCED_BYTES`)."""
-        return self._unsynced + self._queued > MAX_UNSYNCED_BYTES
+        return self._unsynced > MAX_UNSYNCED_BYTES
 
     async def barrier(self, *, confirm: bool = True) -> int:
         """Wait until every operation queued so far is committed to the log; return the

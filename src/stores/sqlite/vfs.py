@@ -80,9 +80,13 @@ class RecordingVFS(apsw.VFS):
         self._page_files = dict(page_files)
         self._compaction = (compaction_factor, min_compaction_bytes)
         self.page_stores: dict[str, PageStore] = {}
-        self.backfilling = False
-        """Set by the store while its WAL checkpoint runs: main-database writes then copy WAL
-        frames, and are not recorded (`PageStore.note_backfill`)."""
+
+    @property
+    def backfilling(self) -> bool:
+        """Whether the store's WAL checkpoint runs (the bridge defers its syncs meanwhile):
+        main-database writes then copy WAL frames, and are not recorded
+        (`PageStore.note_backfill`)."""
+        return self.bridge.deferring
 
     def wal_hook(self, checkpoint_pages: int) -> Callable[[apsw.Connection, str, int], int]:
         """A WAL hook (``Connection.set_wal_hook``) which checkpoints a database's WAL, and
@@ -91,11 +95,11 @@ class RecordingVFS(apsw.VFS):
 
         def hook(conn: apsw.Connection, dbname: str, pages: int) -> int:
             if pages >= checkpoint_pages:
-                self.backfilling = self.bridge.deferring = True
+                self.bridge.deferring = True
                 try:
                     conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_TRUNCATE)
                 finally:
-                    self.backfilling = self.bridge.deferring = False
+                    self.bridge.deferring = False
                 # The commit was synced before the hook ran, and no commit depends on the
                 # checkpoint's operations (a compaction, the WAL's reset): they go with the
                 # next commit's barrier rather than wait for one of their own.

@@ -40,6 +40,7 @@ class OpLog:
         self.ops: list[Op] = []
 
     discarded = False  # As a bridge of a store still recording.
+    deferring = False  # Set by the VFS's WAL hook while it checkpoints.
 
     def create(self, path: str) -> None:
         self.ops.append(("create", path))
