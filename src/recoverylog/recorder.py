@@ -668,8 +668,14 @@ class Recorder:
 
     def _release(self) -> None:
         pending, self._pending = self._pending, []
-        for a in pending:
-            self._release_one(a)
+        for i, a in enumerate(pending):
+            try:
+                self._release_one(a)
+            except BaseException:
+                for rest in pending[i + 1 :]:  # Neither released nor left hanging.
+                    if not rest.is_done():
+                        rest.abort(self._error)
+                raise
 
     def _release_one(self, a: AsyncAppend) -> None:
         try:

@@ -11,7 +11,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from broker.client import AppendService, FragmentStoreUnhealthy, JournalClient
+from broker.client import AppendAborted, AppendService, FragmentStoreUnhealthy, JournalClient
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
 from recoverylog.fsm import FSM
@@ -154,3 +154,25 @@ async def test_an_unconfirmed_barrier_appends_only_what_is_uncommitted(tmp_path:
             rec.record_create("b")
             resp = await rec.barrier(confirm=False)
             assert len(fb.journal.calls) == 4 and resp.commit.end == rec.write_head == 20
+
+
+async def test_groups_unreleased_when_the_service_closes_are_aborted(tmp_path: Path) -> None:
+    async with FakeBroker() as fb, JournalClient(fb.endpoint) as client:
+        svc = AppendService(client)
+        rec = Recorder(FSM(LOG), 0xA1, tmp_path, svc, LOG)
+        f = rec.record_create("f")
+        chunk = b"x" * MAX_WRITE_CHUNK
+        for i in range(24):  # 12 MiB: several groups, none released yet.
+            rec.record_write(f, i * len(chunk), chunk)
+        groups = list(rec._pending)
+        assert len(groups) > 1
+        await svc.close()
+        with pytest.raises(RecorderBroken):
+            await rec.barrier()
+        # Every group ended: none is left unreleased with its content and its `done()`
+        # waiting forever.
+        assert all(g.is_done() for g in groups)
+        for g in groups[1:]:
+            with pytest.raises(AppendAborted):
+                await g.done()
+    assert fb.journal.calls == []
