@@ -12,7 +12,8 @@ Control protocol (one JSON object per line): commands on stdin, replies on stdou
 as JSON, once committed; ``{"cmd": "stop", "id": I}`` commits what is recorded,
 unmounts, writes the final FSM (if ``fsm_out``) and replies before the process exits.
 End of stdin (the parent died), SIGTERM (its death signal) and SIGINT also stop the mount,
-without a reply. Logs go to stderr.
+without a reply; before the mount is up, the signals end the set-up and the process exits
+with status 1. Logs go to stderr.
 """
 
 from __future__ import annotations
@@ -86,11 +87,21 @@ def _mount_id(mountpoint: str) -> str:
     return found
 
 
-def _stop_deadline(mountpoint: str) -> None:
+def _stop_deadline(cfg: MountConfig) -> None:
     time.sleep(STOP_DEADLINE)
-    log.error("stop did not complete in %.0fs: detaching %s and exiting", STOP_DEADLINE, mountpoint)
-    subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False)
+    log.error(
+        "stop did not complete in %.0fs: detaching %s and exiting", STOP_DEADLINE, cfg.mountpoint
+    )
+    subprocess.run(["fusermount3", "-u", "-z", cfg.mountpoint], check=False)
+    _remove_orphaned_hand_over(cfg)
     os._exit(3)
+
+
+def _remove_orphaned_hand_over(cfg: MountConfig) -> None:
+    """Once the parent is gone, nobody will read the final FSM or remove the files it handed
+    over (this configuration among them): remove them."""
+    if cfg.hand_over_dir and cfg.parent_pid and os.getppid() != cfg.parent_pid:
+        shutil.rmtree(cfg.hand_over_dir, ignore_errors=True)
 
 
 def _read_line(fd: int) -> str:
@@ -142,6 +153,10 @@ class _Server:
         self.stopping = trio.Event()
         self.stop_reply: int | None = None
         self.mounted = False
+        # Where a stop signal goes: the set-up (cancelled), then the mount's nursery.
+        self.setup: concurrent.futures.Future[Any] | None = None
+        self.nursery: trio.Nursery | None = None
+        self.stop_requested = False
 
     async def _setup(self) -> tuple[RecordingLink, int]:
         # Runs on the asyncio loop.
@@ -194,9 +209,20 @@ class _Server:
             "cpu_s": round(sum(os.times()[:2]), 3),
         }
 
-    async def run(self) -> None:
+    async def run(self) -> bool:
+        """Mount, serve until stopped, unmount. False if stopped before the mount."""
         cfg = self.cfg
-        self.link, head = await _wait(self.lt.submit(self._setup()))
+        token = trio.lowlevel.current_trio_token()
+        threading.Thread(target=self._take_signals, args=(token,), daemon=True).start()
+        self.setup = self.lt.submit(self._setup())
+        try:
+            self.link, head = await _wait(self.setup)
+        except concurrent.futures.CancelledError:
+            # Nothing was recorded. The client is not closed: its AppendService would wait
+            # for the fence's append, which may be what hangs (it dies with the process).
+            log.warning("stopped before the mount (set-up cancelled)")
+            self.lt.stop()
+            return False
         self.ops = RecordingOperations(cfg.backing, self.link, writeback=cfg.writeback)
         options = set(pyfuse3.default_options)
         options.discard("default_permissions")
@@ -210,12 +236,15 @@ class _Server:
         log.info("mounted mountpoint=%s backing=%s log=%s", cfg.mountpoint, cfg.backing, cfg.log)
         try:
             async with trio.open_nursery() as nursery:
+                self.nursery = nursery
                 nursery.start_soon(self._control, nursery)
                 nursery.start_soon(self._ticker)
-                nursery.start_soon(self._signals, nursery)
                 nursery.start_soon(self._fuse_main, nursery)
                 self.reply({"ready": True, "write_head": head, "pid": os.getpid()})
+                if self.stop_requested:  # A signal came between the set-up and here.
+                    nursery.start_soon(self._stop)
         finally:
+            self.nursery = None
             pyfuse3.close(unmount=True)
             self.mounted = False
             log.info("unmounted mountpoint=%s", cfg.mountpoint)
@@ -228,6 +257,7 @@ class _Server:
         if self.stop_reply is not None:
             self.reply({"id": self.stop_reply, **result})
         self.lt.stop()
+        return True
 
     async def _fuse_main(self, nursery: trio.Nursery) -> None:
         await pyfuse3.main(min_tasks=4, max_tasks=64)
@@ -239,7 +269,7 @@ class _Server:
         self.stopping.set()
         # Never leave the mount behind, whatever hangs below: past the deadline, detach it
         # and exit.
-        threading.Thread(target=_stop_deadline, args=(self.cfg.mountpoint,), daemon=True).start()
+        threading.Thread(target=_stop_deadline, args=(self.cfg,), daemon=True).start()
         with trio.move_on_after(STOP_BARRIER_TIMEOUT), contextlib.suppress(RecordingFailed):
             await self.link.barrier(confirm=False)
         if self.mounted:  # (Not once closed: pyfuse3 has no session then.)
@@ -254,25 +284,29 @@ class _Server:
                 log.warning("stopping: parent %d is gone", parent)
                 await self._stop()
 
-    async def _signals(self, nursery: trio.Nursery) -> None:
+    def _take_signals(self, token: trio.lowlevel.TrioToken) -> None:
         # The stop signals stay blocked in every thread for the life of the process (`main`
-        # blocked them before any thread began): one thread takes them. A signal delivered
+        # blocked them before any thread began): this thread takes them. A signal delivered
         # to a thread instead would end the process at once (their default action) in the
         # moments a handler is not installed, such as while the mount is torn down.
-        token = trio.lowlevel.current_trio_token()
-        threading.Thread(target=self._take_signals, args=(token, nursery), daemon=True).start()
-
-    def _take_signals(self, token: trio.lowlevel.TrioToken, nursery: trio.Nursery) -> None:
         while True:
             sig = signal.sigwait(_STOP_SIGNALS)  # One which arrived before is taken now.
             log.warning("stopping on signal=%s", signal.Signals(sig).name)
             try:
-                # A task of the mount's nursery, as the handlers': it ends with the mount.
-                trio.from_thread.run_sync(nursery.start_soon, self._stop, trio_token=token)
-            except RuntimeError:
-                pass  # The nursery has closed: the mount is stopping already.
+                trio.from_thread.run_sync(self._on_stop_signal, trio_token=token)
             except trio.RunFinishedError:
                 return
+
+    def _on_stop_signal(self) -> None:
+        # Runs in trio. Before the mount, the set-up (e.g. Recorder.open retrying an
+        # unreachable broker) is cancelled; once mounted, `_stop` runs as a task of the
+        # mount's nursery, as the handlers do: it ends with the mount.
+        self.stop_requested = True
+        if self.nursery is not None:
+            with contextlib.suppress(RuntimeError):  # The nursery is closing: stopping already.
+                self.nursery.start_soon(self._stop)
+        elif self.setup is not None and not self.mounted:
+            self.setup.cancel()  # (No effect once the set-up is done.)
 
     async def _control(self, nursery: trio.Nursery) -> None:
         stream = trio.lowlevel.FdStream(os.dup(0))
@@ -338,14 +372,14 @@ def main(argv: list[str] | None = None) -> None:
     _set_parent_death_signal()
     if cfg.parent_pid and os.getppid() != cfg.parent_pid:
         log.error("parent %d is gone before the mount", cfg.parent_pid)
+        _remove_orphaned_hand_over(cfg)
         sys.exit(1)
     server = _Server(cfg)
     try:
-        trio.run(server.run)
+        if not trio.run(server.run):
+            sys.exit(1)
     finally:
-        if cfg.hand_over_dir and cfg.parent_pid and os.getppid() != cfg.parent_pid:
-            # Nobody will read the final FSM or remove the hand-over files now.
-            shutil.rmtree(cfg.hand_over_dir, ignore_errors=True)
+        _remove_orphaned_hand_over(cfg)
 
 
 if __name__ == "__main__":

@@ -334,6 +334,80 @@ async def test_a_mount_outliving_its_parent_cleans_up(
     assert not hand_over.exists()
 
 
+_UNREACHABLE_PARENT = """
+import os, subprocess, sys
+from fusefs._config import MountConfig, dump_fsm
+from recoverylog.fsm import FSM
+
+root = sys.argv[1]
+hand_over = root + "/hand-over"
+os.makedirs(hand_over)
+with open(hand_over + "/fsm.in", "wb") as f:
+    f.write(dump_fsm(FSM("unreachable/log"), 0))
+cfg = MountConfig(  # A broker nobody answers at: Recorder.open retries its fence forever.
+    endpoint="127.0.0.1:1", log="unreachable/log2", author=1, backing=root + "/backing",
+    mountpoint=root + "/mnt", fsm_in=hand_over + "/fsm.in", fence_log=True,
+    parent_pid=os.getpid(), hand_over_dir=hand_over,
+)
+with open(hand_over + "/config.json", "w") as f:
+    f.write(cfg.dumps())
+proc = subprocess.Popen(
+    [sys.executable, "-m", "fusefs.server", hand_over + "/config.json"],
+    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+)
+print(proc.pid, flush=True)
+if sys.argv[2] == "signal":
+    print("exit", proc.wait(), flush=True)
+else:
+    proc.wait()
+"""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["signal", "parent_killed"])
+async def test_a_mount_stopped_during_its_set_up_exits(no_stale_mounts: Path, how: str) -> None:
+    """The fusefs process is stopped while its set-up still waits (here, for a broker that
+    never answers): it exits instead of retrying forever, and an orphan removes its
+    hand-over files. Before, the stop signal stayed blocked until the mount was up."""
+    root = no_stale_mounts
+    src = Path(fusefs.__file__).resolve().parents[1]  # The code under test.
+    parent = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _UNREACHABLE_PARENT,
+        str(root),
+        how,
+        stdout=asyncio.subprocess.PIPE,
+        env=dict(os.environ, PYTHONPATH=str(src)),
+    )
+    assert parent.stdout is not None
+    pid = int(await asyncio.wait_for(parent.stdout.readline(), 60))
+    await asyncio.sleep(1.5)  # Well into Recorder.open's retries.
+    assert _pid_alive(pid)
+    if how == "signal":
+        os.kill(pid, signal.SIGTERM)
+        line = await asyncio.wait_for(parent.stdout.readline(), 10)
+        assert line.split() == [b"exit", b"1"]
+        assert (root / "hand-over" / "config.json").exists()  # Its parent's to remove.
+    else:
+        parent.kill()
+        for _ in range(200):
+            if not _pid_alive(pid):
+                break
+            await asyncio.sleep(0.05)
+        assert not _pid_alive(pid)
+        assert not (root / "hand-over").exists()
+    await parent.wait()
+    assert not is_mounted(root / "mnt")
+
+
 @pytest.mark.parametrize("writeback", [True, False])
 async def test_reused_backing_inodes(
     client: JournalClient,
