@@ -26,6 +26,7 @@ import faulthandler
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -97,11 +98,23 @@ def _stop_deadline(cfg: MountConfig) -> None:
     os._exit(3)
 
 
-def _remove_orphaned_hand_over(cfg: MountConfig) -> None:
+def _remove_orphaned_hand_over(cfg: MountConfig, wait: float = 0.0) -> None:
     """Once the parent is gone, nobody will read the final FSM or remove the files it handed
-    over (this configuration among them): remove them."""
-    if cfg.hand_over_dir and cfg.parent_pid and os.getppid() != cfg.parent_pid:
-        shutil.rmtree(cfg.hand_over_dir, ignore_errors=True)
+    over (this configuration among them): remove them. Waits up to `wait` seconds for it to
+    be gone: a parent's death signal comes as its first thread exits, and a quick stop can
+    end before the rest of a SIGKILLed parent has (until then, `getppid()` still names it)."""
+    if not cfg.hand_over_dir or not cfg.parent_pid:
+        return
+    deadline = time.monotonic() + wait
+    while os.getppid() == cfg.parent_pid:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return  # The parent lives: the files are its to remove.
+        # The end of the control pipe, which only the parent writes, is its death too.
+        readable, _, _ = select.select([0], [], [], min(remaining, 0.02))
+        if readable and not os.read(0, 65536):
+            break
+    shutil.rmtree(cfg.hand_over_dir, ignore_errors=True)
 
 
 def _read_line(fd: int) -> str:
@@ -379,7 +392,8 @@ def main(argv: list[str] | None = None) -> None:
         if not trio.run(server.run):
             sys.exit(1)
     finally:
-        _remove_orphaned_hand_over(cfg)
+        # Stopped without the parent's command: by its death, maybe.
+        _remove_orphaned_hand_over(cfg, wait=0 if server.stop_reply is not None else 1.0)
 
 
 if __name__ == "__main__":

@@ -288,26 +288,34 @@ async def test_sigterm_stops_cleanly(
 
 
 _PARENT = """
-import asyncio, os, sys
+import asyncio, os, signal, sys
 from broker.client import JournalClient
 from fusefs import FuseMount, play_for_mount
 
-async def main(endpoint: str, log: str, root: str) -> None:
+async def main(endpoint: str, log: str, root: str, how: str) -> None:
     async with JournalClient(endpoint) as client:
         fsm = await play_for_mount(client, log, root + "/backing", 1)
     mount = await FuseMount.start(endpoint, log, fsm, 1, root + "/backing", root + "/mnt")
     print(os.path.dirname(mount.config.fsm_in), flush=True)
+    if how == "stopped_then_dying":  # As a death signal ahead of the parent's end.
+        await asyncio.sleep(0.5)
+        os.kill(mount.pid, signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        os._exit(0)
     await asyncio.sleep(3600)
 
 asyncio.run(main(*sys.argv[1:]))
 """
 
 
+@pytest.mark.parametrize("how", ["killed", "stopped_then_dying"])
 async def test_a_mount_outliving_its_parent_cleans_up(
-    fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+    fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path, how: str
 ) -> None:
-    """The parent of a mount is SIGKILLed: the fusefs process stops, detaches its mount and
-    removes the hand-over files its parent would have removed."""
+    """The parent of a mount is SIGKILLed, or dies just after the stop signal (as a
+    SIGKILLed parent of many threads does: its death signal comes as its first thread
+    ends): the fusefs process stops, detaches its mount and removes the hand-over files its
+    parent would have removed."""
     log = await make_log()
     src = Path(fusefs.__file__).resolve().parents[1]  # The code under test, for the parent.
     parent = await asyncio.create_subprocess_exec(
@@ -317,6 +325,7 @@ async def test_a_mount_outliving_its_parent_cleans_up(
         fuse_broker.endpoint,
         log,
         str(no_stale_mounts),
+        how,
         stdout=asyncio.subprocess.PIPE,
         env=dict(os.environ, PYTHONPATH=str(src)),
     )
@@ -324,7 +333,8 @@ async def test_a_mount_outliving_its_parent_cleans_up(
     hand_over = Path((await asyncio.wait_for(parent.stdout.readline(), 60)).decode().strip())
     assert (hand_over / "config.json").exists()
     assert is_mounted(no_stale_mounts / "mnt")
-    parent.kill()
+    if how == "killed":
+        parent.kill()
     await parent.wait()
     for _ in range(200):
         if not hand_over.exists() and not is_mounted(no_stale_mounts / "mnt"):
