@@ -174,15 +174,19 @@ async def store(
     try:
         t0 = time.perf_counter()
         for n, ids in enumerate(write):
-            for i in ids:
+            for j, i in enumerate(ids):
                 s.put(key(i), VALUE)
+                if consumer and j % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # As a consumer awaits its next message.
             await commit("write", n)
         while pending:
             await pending.popleft()
         t1 = time.perf_counter()
         hits = 0
         for n, ops in enumerate(mixed):
-            for op, i in ops:
+            for j, (op, i) in enumerate(ops):
+                if consumer and j % YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # As a consumer awaits its next message.
                 if op == 0:
                     hits += s.get(key(i)) is not None
                 else:
