@@ -12,8 +12,10 @@ commit is in the recovery log):
 The store runs each workload three times:
 - each commit awaited before the next transaction begins (``ratio_write``, ``ratio_mixed``);
 - by the consumer's rule, as the consumer runtime commits (``ratio_*_consumer``): the next
-  transaction works while the previous one commits, and starts its commit once that commit
-  is in the log (docs/store-targets.md: the comparison the 1.5x target is read as);
+  transaction works while the previous one commits, yielding to the event loop every
+  `YIELD_EVERY` operations as a consumer awaits its messages, and starts its commit once
+  that commit is in the log (docs/store-targets.md: the comparison the 1.5x target is read
+  as);
 - pipelined, with up to `PIPELINED` commits pending while the next transactions work
   (``ratio_*_pipelined``; looser than a consumer, which would not start a commit before the
   previous one completed; the native side cannot overlap its synced writes, which hold the
@@ -61,7 +63,7 @@ MiB = 1 << 20
 PIPELINED = 2
 """Commits pending while the next transaction works, in the pipelined run."""
 YIELD_EVERY = 50
-"""Puts between yields to the event loop in the adaptive write phase."""
+"""Operations between yields to the event loop in the consumer's-rule and adaptive runs."""
 
 
 def say(msg: str) -> None:
