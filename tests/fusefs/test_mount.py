@@ -287,6 +287,20 @@ async def test_sigterm_stops_cleanly(
     assert tree(root / "play") == {"a": b"kept"}
 
 
+async def _start_parent(script: str, *args: str) -> asyncio.subprocess.Process:
+    """A Python process running `script` with `args`, on the code under test, its stdout
+    piped to us."""
+    src = Path(fusefs.__file__).resolve().parents[1]
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        script,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        env=dict(os.environ, PYTHONPATH=str(src)),
+    )
+
+
 _PARENT = """
 import asyncio, os, signal, sys
 from broker.client import JournalClient
@@ -317,18 +331,7 @@ async def test_a_mount_outliving_its_parent_cleans_up(
     ends): the fusefs process stops, detaches its mount and removes the hand-over files its
     parent would have removed."""
     log = await make_log()
-    src = Path(fusefs.__file__).resolve().parents[1]  # The code under test, for the parent.
-    parent = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        _PARENT,
-        fuse_broker.endpoint,
-        log,
-        str(no_stale_mounts),
-        how,
-        stdout=asyncio.subprocess.PIPE,
-        env=dict(os.environ, PYTHONPATH=str(src)),
-    )
+    parent = await _start_parent(_PARENT, fuse_broker.endpoint, log, str(no_stale_mounts), how)
     assert parent.stdout is not None
     hand_over = Path((await asyncio.wait_for(parent.stdout.readline(), 60)).decode().strip())
     assert (hand_over / "config.json").exists()
@@ -387,16 +390,7 @@ async def test_a_mount_stopped_during_its_set_up_exits(no_stale_mounts: Path, ho
     never answers): it exits instead of retrying forever, and an orphan removes its
     hand-over files. Before, the stop signal stayed blocked until the mount was up."""
     root = no_stale_mounts
-    src = Path(fusefs.__file__).resolve().parents[1]  # The code under test.
-    parent = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        _UNREACHABLE_PARENT,
-        str(root),
-        how,
-        stdout=asyncio.subprocess.PIPE,
-        env=dict(os.environ, PYTHONPATH=str(src)),
-    )
+    parent = await _start_parent(_UNREACHABLE_PARENT, str(root), how)
     assert parent.stdout is not None
     pid = int(await asyncio.wait_for(parent.stdout.readline(), 60))
     await asyncio.sleep(1.5)  # Well into Recorder.open's retries.
