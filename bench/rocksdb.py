@@ -25,10 +25,11 @@ taking batches until its predecessor's commit is in the log (``ratio_write_adapt
 against native's one transaction per batch, ``ratio_write_adaptive_matched`` against native
 with the same transactions, ``adaptive_batches_per_commit``).
 
-Prints progress on stderr, then one JSON line: the ratios are store time / native time
-(target <= 1.5). With `--runs N`, every side and mode runs N times and each time is the best
-of its runs (``ratio_write_adaptive_matched``: the best of the runs' ratios). `--quick` runs
-in under a minute (one run).
+Prints progress on stderr, then one JSON line: the ratios are store time / native time;
+``target`` (1.5) is for ``ratio_write_consumer`` and ``ratio_mixed_consumer``. With
+`--runs N`, every side and mode runs N times and each time is the best of its runs
+(``ratio_write_adaptive_matched``: the best of the runs' ratios). `--quick` runs in under a
+minute (one run).
 """
 
 from __future__ import annotations

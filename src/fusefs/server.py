@@ -101,18 +101,19 @@ def _stop_deadline(cfg: MountConfig) -> None:
 def _remove_orphaned_hand_over(cfg: MountConfig, wait: float = 0.0) -> None:
     """Once the parent is gone, nobody will read the final FSM or remove the files it handed
     over (this configuration among them): remove them. Waits up to `wait` seconds for it to
-    be gone: a parent's death signal comes as its first thread exits, and a quick stop can
-    end before the rest of a SIGKILLed parent has (until then, `getppid()` still names it)."""
+    be gone: the death signal comes as the parent's thread which started this process exits,
+    and the kernel then hands this process to another of the parent's threads, so a quick
+    stop can end before the rest of a SIGKILLed parent has (`getppid()` still names it)."""
     if not cfg.hand_over_dir or not cfg.parent_pid:
         return
     deadline = time.monotonic() + wait
+    control = select.poll()  # The control pipe hangs up once the parent is gone, too.
+    control.register(0, 0)  # (Hang-ups are reported anyway; nothing pending is read.)
     while os.getppid() == cfg.parent_pid:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return  # The parent lives: the files are its to remove.
-        # The end of the control pipe, which only the parent writes, is its death too.
-        readable, _, _ = select.select([0], [], [], min(remaining, 0.02))
-        if readable and not os.read(0, 65536):
+        if any(ev & select.POLLHUP for _, ev in control.poll(min(remaining, 0.02) * 1000)):
             break
     shutil.rmtree(cfg.hand_over_dir, ignore_errors=True)
 
@@ -170,6 +171,8 @@ class _Server:
         self.setup: concurrent.futures.Future[Any] | None = None
         self.nursery: trio.Nursery | None = None
         self.stop_requested = False
+        self.stop_signal: int | None = None  # The first stop signal taken.
+        self.parent_lost = False  # Stopped on seeing the parent gone.
 
     async def _setup(self) -> tuple[RecordingLink, int]:
         # Runs on the asyncio loop.
@@ -231,8 +234,9 @@ class _Server:
         try:
             self.link, head = await _wait(self.setup)
         except concurrent.futures.CancelledError:
-            # Nothing was recorded. The client is not closed: its AppendService would wait
-            # for the fence's append, which may be what hangs (it dies with the process).
+            # Nothing was mounted or written (the fence's append may have landed). The client
+            # is not closed: its AppendService would wait for the fence's append, which may
+            # be what hangs (it dies with the process).
             log.warning("stopped before the mount (set-up cancelled)")
             self.lt.stop()
             return False
@@ -295,6 +299,7 @@ class _Server:
             self.link.hand_over()
             if parent and os.getppid() != parent and not self.stopping.is_set():
                 log.warning("stopping: parent %d is gone", parent)
+                self.parent_lost = True
                 await self._stop()
 
     def _take_signals(self, token: trio.lowlevel.TrioToken) -> None:
@@ -306,15 +311,17 @@ class _Server:
             sig = signal.sigwait(_STOP_SIGNALS)  # One which arrived before is taken now.
             log.warning("stopping on signal=%s", signal.Signals(sig).name)
             try:
-                trio.from_thread.run_sync(self._on_stop_signal, trio_token=token)
+                trio.from_thread.run_sync(self._on_stop_signal, sig, trio_token=token)
             except trio.RunFinishedError:
                 return
 
-    def _on_stop_signal(self) -> None:
+    def _on_stop_signal(self, sig: int) -> None:
         # Runs in trio. Before the mount, the set-up (e.g. Recorder.open retrying an
         # unreachable broker) is cancelled; once mounted, `_stop` runs as a task of the
         # mount's nursery, as the handlers do: it ends with the mount.
         self.stop_requested = True
+        if self.stop_signal is None:
+            self.stop_signal = sig
         if self.nursery is not None:
             with contextlib.suppress(RuntimeError):  # The nursery is closing: stopping already.
                 self.nursery.start_soon(self._stop)
@@ -328,6 +335,7 @@ class _Server:
             data = await stream.receive_some(65536)
             if not data:
                 log.warning("stopping: control channel closed (parent gone)")
+                self.parent_lost = True
                 await self._stop()
                 return
             buf += data
@@ -379,8 +387,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(0)
     with open(path) as f:
         cfg = MountConfig.loads(f.read())
-    # A stop signal waits until the mount can be stopped cleanly, then is taken by one thread
-    # (`_Server._signals`).
+    # From here, a stop signal waits for one thread to take it (`_Server._take_signals`,
+    # started with the set-up): it then cancels the set-up, or stops the mount cleanly.
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     _set_parent_death_signal()
     if cfg.parent_pid and os.getppid() != cfg.parent_pid:
@@ -392,8 +400,10 @@ def main(argv: list[str] | None = None) -> None:
         if not trio.run(server.run):
             sys.exit(1)
     finally:
-        # Stopped without the parent's command: by its death, maybe.
-        _remove_orphaned_hand_over(cfg, wait=0 if server.stop_reply is not None else 1.0)
+        # Stopped by the parent's death signal, or on seeing it gone, not by its command: it
+        # may still be on its way out.
+        dying = server.parent_lost or server.stop_signal == signal.SIGTERM
+        _remove_orphaned_hand_over(cfg, wait=1.0 if dying and server.stop_reply is None else 0)
 
 
 if __name__ == "__main__":

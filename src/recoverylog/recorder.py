@@ -671,7 +671,8 @@ class Recorder:
         for i, a in enumerate(pending):
             try:
                 self._release_one(a)
-            except BaseException:
+            except BaseException as err:
+                self._break(err)  # (Done already if the service was closed.)
                 for rest in pending[i + 1 :]:  # Neither released nor left hanging.
                     if not rest.is_done():
                         rest.abort(self._error)

@@ -314,7 +314,9 @@ async def main(endpoint: str, log: str, root: str, how: str) -> None:
     if how == "stopped_then_dying":  # As a death signal ahead of the parent's end.
         await asyncio.sleep(0.5)
         os.kill(mount.pid, signal.SIGTERM)
-        await asyncio.sleep(0.3)
+        while not os.path.exists(mount.config.fsm_out):  # Its stop is all but done.
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
         os._exit(0)
     await asyncio.sleep(3600)
 
@@ -366,7 +368,7 @@ with open(hand_over + "/config.json", "w") as f:
     f.write(cfg.dumps())
 proc = subprocess.Popen(
     [sys.executable, "-m", "fusefs.server", hand_over + "/config.json"],
-    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(root + "/fusefs.log", "wb"),
 )
 print(proc.pid, flush=True)
 if sys.argv[2] == "signal":
@@ -374,6 +376,12 @@ if sys.argv[2] == "signal":
 else:
     proc.wait()
 """
+
+
+def _blocks_sigterm(pid: int) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigBlk:"))
+    return bool(mask & 1 << (signal.SIGTERM - 1))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -393,12 +401,17 @@ async def test_a_mount_stopped_during_its_set_up_exits(no_stale_mounts: Path, ho
     parent = await _start_parent(_UNREACHABLE_PARENT, str(root), how)
     assert parent.stdout is not None
     pid = int(await asyncio.wait_for(parent.stdout.readline(), 60))
-    await asyncio.sleep(1.5)  # Well into Recorder.open's retries.
+    for _ in range(600):  # Until it blocks the stop signals, its imports done.
+        if _blocks_sigterm(pid):
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # Into Recorder.open's retries.
     assert _pid_alive(pid)
     if how == "signal":
         os.kill(pid, signal.SIGTERM)
         line = await asyncio.wait_for(parent.stdout.readline(), 10)
         assert line.split() == [b"exit", b"1"]
+        assert b"stopped before the mount" in (root / "fusefs.log").read_bytes()
         assert (root / "hand-over" / "config.json").exists()  # Its parent's to remove.
     else:
         parent.kill()

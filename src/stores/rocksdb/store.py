@@ -367,7 +367,7 @@ class RocksDBStore:
         try:
             for f in wait_for:
                 await f
-            if prev_written is not None:
+            if prev_written is not None and not prev_written.done():
                 await asyncio.wait([prev_written])  # (Not cancelled with this commit.)
             self._check()  # A commit failed (or the store closed): write nothing.
             await self._write(batch, overlay)
@@ -391,7 +391,8 @@ class RocksDBStore:
         if prev_commit is not None:
             # Durable, but it counts only if every earlier commit did (a later commit's
             # failure does not undo this one).
-            await asyncio.wait([prev_commit])
+            if not prev_commit.done():
+                await asyncio.wait([prev_commit])
             if prev_commit.cancelled() or prev_commit.exception() is not None:
                 raise StoreFailed("an earlier commit failed") from (
                     None if prev_commit.cancelled() else prev_commit.exception()
