@@ -107,8 +107,7 @@ class RecordingLink:
             return
         if not isinstance(data, bytes):
             data = bytes(data)
-        self._ops.append((WRITE, path, offset, data))
-        self.ops += 1
+        self._push((WRITE, path, offset, data))
         self.bytes += len(data)
         self._unsynced += len(data)
         self.hand_over()

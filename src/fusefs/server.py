@@ -170,7 +170,6 @@ class _Server:
         # Where a stop signal goes: the set-up (cancelled), then the mount's nursery.
         self.setup: concurrent.futures.Future[Any] | None = None
         self.nursery: trio.Nursery | None = None
-        self.stop_requested = False
         self.stop_signal: int | None = None  # The first stop signal taken.
         self.parent_lost = False  # Stopped on seeing the parent gone.
 
@@ -258,7 +257,7 @@ class _Server:
                 nursery.start_soon(self._ticker)
                 nursery.start_soon(self._fuse_main, nursery)
                 self.reply({"ready": True, "write_head": head, "pid": os.getpid()})
-                if self.stop_requested:  # A signal came between the set-up and here.
+                if self.stop_signal is not None:  # One came between the set-up and here.
                     nursery.start_soon(self._stop)
         finally:
             self.nursery = None
@@ -319,7 +318,6 @@ class _Server:
         # Runs in trio. Before the mount, the set-up (e.g. Recorder.open retrying an
         # unreachable broker) is cancelled; once mounted, `_stop` runs as a task of the
         # mount's nursery, as the handlers do: it ends with the mount.
-        self.stop_requested = True
         if self.stop_signal is None:
             self.stop_signal = sig
         if self.nursery is not None:
