@@ -25,6 +25,8 @@ class MountConfig:
     fsm_out: str = ""  # Where to write the final (FSM, write_head) on a clean stop.
     fence_log: bool | None = None  # Recorder.open's fence_log.
     writeback: bool = True
+    # File-name suffixes whose files are opened for writing with direct I/O (FuseMount.start).
+    direct_writes: tuple[str, ...] = ()
     parent_pid: int = 0
     # The directory the parent made for these files (and this configuration): the process
     # removes it if it outlives the parent, who would have removed it.
@@ -35,7 +37,9 @@ class MountConfig:
 
     @classmethod
     def loads(cls, text: str) -> MountConfig:
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        fields["direct_writes"] = tuple(fields.get("direct_writes", ()))  # A JSON list.
+        return cls(**fields)
 
 
 def dump_fsm(fsm: FSM, write_head: int) -> bytes:

@@ -71,9 +71,17 @@ def _set_metadata(target: str | int, attr: Any, fields: Any) -> None:
 
 
 class RecordingOperations(pyfuse3.Operations):
-    def __init__(self, backing: str, link: RecordingLink, *, writeback: bool) -> None:
+    def __init__(
+        self,
+        backing: str,
+        link: RecordingLink,
+        *,
+        writeback: bool,
+        direct_writes: tuple[str, ...] = (),
+    ) -> None:
         super().__init__()
         self.enable_writeback_cache = writeback
+        self._direct_writes = direct_writes
         self._root = os.path.abspath(backing)
         self._root_ino = os.lstat(self._root).st_ino
         self._link = link
@@ -462,7 +470,8 @@ class RecordingOperations(pyfuse3.Operations):
             raise _fuse_error(err) from None
         if trunc and st.st_size:
             self._record_truncate(rel, others)
-        return pyfuse3.FileInfo(fh=cast(Any, self._new_fh(fd, int(inode))), keep_cache=True)
+        fh = self._new_fh(fd, int(inode))
+        return self._file_info(fh, rel, flags)
 
     async def create(
         self, parent_inode: Any, name: Any, mode: Any, flags: int, ctx: Any
@@ -489,7 +498,19 @@ class RecordingOperations(pyfuse3.Operations):
             self._record_truncate(rel, others)
         attr = self._learn(rel)
         fh = self._new_fh(fd, int(attr.st_ino))
-        return pyfuse3.FileInfo(fh=cast(Any, fh), keep_cache=True), attr
+        return self._file_info(fh, rel, flags), attr
+
+    def _file_info(self, fh: int, rel: str, flags: int) -> pyfuse3.FileInfo:
+        """An open file's FileInfo. Its cached pages are kept (nothing else writes the backing
+        files), unless it is opened for writing and named with one of the `direct_writes`
+        suffixes: it then bypasses the page cache (FOPEN_DIRECT_IO), so that each of its
+        writes reaches us as one request. A cached write that does not begin on a page
+        boundary comes as two (the kernel ends a request at a partly written page); a RocksDB
+        WAL's writes seldom do. The kernel drops the pages a direct write covers from the
+        cache of the file's other opens (checked by the tests), so those stay coherent."""
+        writing = flags & (os.O_WRONLY | os.O_RDWR)
+        direct = bool(writing) and bool(self._direct_writes) and rel.endswith(self._direct_writes)
+        return pyfuse3.FileInfo(fh=cast(Any, fh), keep_cache=True, direct_io=direct)
 
     async def read(self, fh: Any, off: int, size: int) -> bytes:
         self.reads += 1

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,7 @@ class FuseMount:
         *,
         fence_log: bool | None = None,
         writeback: bool = True,
+        direct_writes: Sequence[str] = (),
         timeout: float = 30.0,
         log_level: str | None = None,
         prestarted: PrestartedServer | None = None,
@@ -136,6 +138,12 @@ class FuseMount:
         `log_name` as `author`, onwards from `fsm`; return once it is mounted. With
         `prestarted` (still running, of the same `log_level`), that process mounts instead
         of a new one (a new one is started if it cannot be used).
+
+        `writeback`: whether the kernel's write-back cache is on. `direct_writes`: file-name
+        suffixes (e.g. ``(".log",)``) of files whose opens for writing bypass the page cache,
+        so that each write reaches fusefs as one request: for files written in appends and
+        seldom read back, like a database's write-ahead log, written by one open at a time
+        (docs/fusefs.md).
 
         Raises `MountFailed` if the process exits or fails to mount within `timeout`.
         """
@@ -156,6 +164,7 @@ class FuseMount:
                     fsm_out=str(tmp / "fsm.out"),
                     fence_log=fence_log,
                     writeback=writeback,
+                    direct_writes=tuple(direct_writes),
                     parent_pid=os.getpid(),
                     hand_over_dir=str(tmp),
                 )

@@ -239,7 +239,9 @@ class _Server:
             log.warning("stopped before the mount (set-up cancelled)")
             self.lt.stop()
             return False
-        self.ops = RecordingOperations(cfg.backing, self.link, writeback=cfg.writeback)
+        self.ops = RecordingOperations(
+            cfg.backing, self.link, writeback=cfg.writeback, direct_writes=cfg.direct_writes
+        )
         options = set(pyfuse3.default_options)
         options.discard("default_permissions")
         options |= {"fsname=gazette-fusefs", "subtype=gazette"}

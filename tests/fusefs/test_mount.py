@@ -460,6 +460,52 @@ async def test_reused_backing_inodes(
     assert tree(no_stale_mounts / "play") == {"OPTIONS-000199": b"199" * 299}
 
 
+async def test_direct_writes_reach_fusefs_whole(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    """A write beginning inside a page the kernel does not hold reaches fusefs as two
+    requests through the page cache (RocksDB's WAL appends, each after a write that ended
+    mid-page), as one when its file is opened with direct I/O (`direct_writes`, the RocksDB
+    store's WAL files); a reader that cached the file's first page still reads what was
+    written, and the log holds it."""
+    log = await make_log()
+    mount = await _mount(
+        client, fuse_broker.endpoint, log, no_stale_mounts, writeback=False, direct_writes=[".log"]
+    )
+    rnd = random.Random(5)
+    head, body = rnd.randbytes(100), rnd.randbytes(119_000)
+    try:
+        mnt = mount.mountpoint
+
+        async def fuse_writes(name: str, cached_reader: bool) -> tuple[int, bytes]:
+            """The FUSE writes of an unaligned 119,000-byte write to `name` after a 100-byte
+            one, and the first 8 KiB read back (by a reader which read the first page before
+            the write, if `cached_reader`)."""
+            w = os.open(mnt / name, os.O_CREAT | os.O_WRONLY, 0o644)
+            os.write(w, head)
+            r = os.open(mnt / name, os.O_RDONLY)
+            if cached_reader:
+                assert os.pread(r, 4096, 0) == head
+            n0 = (await mount.stats())["writes"]
+            await _in_thread(os.write, w, body)
+            n1 = (await mount.stats())["writes"]
+            read = os.pread(r, 8192, 0)
+            os.fsync(w)
+            os.close(w)
+            os.close(r)
+            return n1 - n0, read
+
+        assert await fuse_writes("000005.sst", cached_reader=False) == (2, (head + body)[:8192])
+        assert await fuse_writes("000004.log", cached_reader=False) == (1, (head + body)[:8192])
+        assert await fuse_writes("000006.log", cached_reader=True) == (1, (head + body)[:8192])
+    finally:
+        assert await mount.stop() is not None
+    await Player(client, log, None, no_stale_mounts / "play").play()
+    assert tree(no_stale_mounts / "play") == {
+        name: head + body for name in ("000004.log", "000005.sst", "000006.log")
+    }
+
+
 async def test_unsynced_writes_are_throttled(
     client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
 ) -> None:

@@ -67,6 +67,10 @@ TABLE_FORMAT_VERSION = 5
 librocksdb (7.8), behind the Spark export's native scanner (`stores.rocksdb.scan`), reads.
 rocksdict (RocksDB 9.8) would write 6, whose only addition is a per-block context checksum."""
 
+WAL_SUFFIXES = (".log",)
+"""RocksDB's WAL files: their writes bypass the mount's page cache (`FuseMount.start`'s
+`direct_writes`), so that a commit's WAL write reaches fusefs as one request, not two."""
+
 _DELETED = object()
 
 
@@ -171,7 +175,8 @@ class RocksDBStore:
         The mount runs without the kernel's write-back cache unless `writeback`: a WAL write
         then reaches fusefs as RocksDB makes it, and is appended to the log while RocksDB
         fills its memtable, so that the commit's sync seldom waits for the log
-        (docs/rocksdb-store.md, "Where a commit's time goes").
+        (docs/rocksdb-store.md, "Where a commit's time goes"). WAL files are written with
+        direct I/O (`WAL_SUFFIXES`).
         """
         self = cls()
         self._loop = asyncio.get_running_loop()
@@ -187,6 +192,7 @@ class RocksDBStore:
             self.backing,
             _beside(self.backing, ".mnt"),
             writeback=writeback,
+            direct_writes=WAL_SUFFIXES,
             log_level=fusefs_log_level,
             prestarted=pool.take(fusefs_log_level) if pool is not None else None,
         )

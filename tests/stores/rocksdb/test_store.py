@@ -91,6 +91,27 @@ async def test_commit_recover_continue(
         await store3.close()
 
 
+async def test_a_commits_wal_write_is_one_fuse_request(
+    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    """A commit's WAL write (~120 KB here) reaches fusefs as one request: WAL files are
+    written with direct I/O (`WAL_SUFFIXES`). Through the page cache, each after the first
+    would come as two, as it begins inside the page where the one before ended."""
+    log = await make_log("rocks")
+    store = await RocksDBStore.open(fuse_broker.endpoint, log, no_stale_mounts / "w")
+    try:
+        writes = (await store.mount.stats())["writes"]
+        for n in range(5):
+            for j in range(1000):
+                store.put(b"\x04%d%04d" % (n, j), b"v" * 100)
+            await store.start_commit(None, labeled(f"cp{n}"), [])
+        assert (await store.mount.stats())["writes"] - writes == 5
+    finally:
+        assert await store.close() is not None
+    await Player(client, log, None, no_stale_mounts / "play").play()
+    assert tree(no_stale_mounts / "play") == tree(no_stale_mounts / "w" / "backing")
+
+
 async def test_wait_for_failure_fails_commit(
     client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
 ) -> None:
