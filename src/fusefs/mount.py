@@ -145,8 +145,16 @@ class FuseMount:
         seldom read back, like a database's write-ahead log, written by one open at a time
         (docs/fusefs.md).
 
-        Raises `MountFailed` if the process exits or fails to mount within `timeout`.
+        Raises `MountFailed` if the process exits or fails to mount within `timeout`, and
+        ValueError for a `direct_writes` that is a string or holds an empty suffix.
         """
+        if isinstance(direct_writes, str) or not all(
+            isinstance(s, str) and s for s in direct_writes
+        ):
+            raise ValueError(
+                f"direct_writes must be non-empty file-name suffixes, such as ('.log',), "
+                f"not {direct_writes!r}"
+            )
         t0 = time.monotonic()
         backing, mountpoint = Path(backing).resolve(), Path(mountpoint).resolve()
         try:

@@ -19,6 +19,7 @@ import fusefs
 from broker.client import JournalClient
 from broker.testing.broker import BrokerProcess
 from fusefs import FuseMount, MountFailed, is_mounted, play_for_mount
+from recoverylog.fsm import FSM
 from recoverylog.player import Player
 from tests.fusefs.support import MakeLog, client, fuse_broker, make_log, no_stale_mounts, tree
 
@@ -460,17 +461,28 @@ async def test_reused_backing_inodes(
     assert tree(no_stale_mounts / "play") == {"OPTIONS-000199": b"199" * 299}
 
 
+@pytest.mark.parametrize("writeback", [False, True])
 async def test_direct_writes_reach_fusefs_whole(
-    client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+    client: JournalClient,
+    fuse_broker: BrokerProcess,
+    make_log: MakeLog,
+    no_stale_mounts: Path,
+    writeback: bool,
 ) -> None:
     """A write beginning inside a page the kernel does not hold reaches fusefs as two
     requests through the page cache (RocksDB's WAL appends, each after a write that ended
     mid-page), as one when its file is opened with direct I/O (`direct_writes`, the RocksDB
     store's WAL files); a reader that cached the file's first page still reads what was
-    written, and the log holds it."""
+    written, and the log holds it. With the write-back cache, cached writes reach fusefs
+    later (their count is not checked), direct ones at once."""
     log = await make_log()
     mount = await _mount(
-        client, fuse_broker.endpoint, log, no_stale_mounts, writeback=False, direct_writes=[".log"]
+        client,
+        fuse_broker.endpoint,
+        log,
+        no_stale_mounts,
+        writeback=writeback,
+        direct_writes=[".log"],
     )
     rnd = random.Random(5)
     head, body = rnd.randbytes(100), rnd.randbytes(119_000)
@@ -482,28 +494,51 @@ async def test_direct_writes_reach_fusefs_whole(
             one, and the first 8 KiB read back (by a reader which read the first page before
             the write, if `cached_reader`)."""
             w = os.open(mnt / name, os.O_CREAT | os.O_WRONLY, 0o644)
-            os.write(w, head)
-            r = os.open(mnt / name, os.O_RDONLY)
-            if cached_reader:
-                assert os.pread(r, 4096, 0) == head
-            n0 = (await mount.stats())["writes"]
-            await _in_thread(os.write, w, body)
-            n1 = (await mount.stats())["writes"]
-            read = os.pread(r, 8192, 0)
-            os.fsync(w)
-            os.close(w)
-            os.close(r)
+            r = -1
+            try:
+                os.write(w, head)
+                r = os.open(mnt / name, os.O_RDONLY)
+                if cached_reader:
+                    assert os.pread(r, 4096, 0) == head
+                n0 = (await mount.stats())["writes"]
+                await _in_thread(os.write, w, body)
+                n1 = (await mount.stats())["writes"]
+                read = os.pread(r, 8192, 0)
+                os.fsync(w)
+            finally:
+                os.close(w)
+                if r >= 0:
+                    os.close(r)
             return n1 - n0, read
 
-        assert await fuse_writes("000005.sst", cached_reader=False) == (2, (head + body)[:8192])
-        assert await fuse_writes("000004.log", cached_reader=False) == (1, (head + body)[:8192])
-        assert await fuse_writes("000006.log", cached_reader=True) == (1, (head + body)[:8192])
+        want = (head + body)[:8192]
+        sst_writes, sst_read = await fuse_writes("000005.sst", cached_reader=False)
+        assert sst_read == want and (writeback or sst_writes == 2)
+        assert await fuse_writes("000004.log", cached_reader=False) == (1, want)
+        assert await fuse_writes("000006.log", cached_reader=True) == (1, want)
     finally:
         assert await mount.stop() is not None
     await Player(client, log, None, no_stale_mounts / "play").play()
     assert tree(no_stale_mounts / "play") == {
         name: head + body for name in ("000004.log", "000005.sst", "000006.log")
     }
+
+
+async def test_direct_writes_must_be_suffixes(no_stale_mounts: Path) -> None:
+    """A bare string (each of its characters a suffix) or an empty suffix (every file) is
+    refused before anything starts."""
+    for bad in (".log", [".log", ""], [b".log"]):
+        with pytest.raises(ValueError, match="direct_writes must be non-empty"):
+            await FuseMount.start(
+                "127.0.0.1:1",
+                "a/log",
+                FSM("a/log"),
+                A,
+                no_stale_mounts / "backing",
+                no_stale_mounts / "mnt",
+                direct_writes=bad,  # type: ignore[arg-type]
+            )
+    assert not (no_stale_mounts / "mnt").exists()
 
 
 async def test_unsynced_writes_are_throttled(

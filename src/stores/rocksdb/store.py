@@ -161,7 +161,7 @@ class RocksDBStore:
         recovered: RecoveredLog,
         *,
         options: Options | None = None,
-        writeback: bool = False,
+        writeback: bool = True,
         fusefs_log_level: str | None = None,
     ) -> RocksDBStore:
         """Open the store of a played-back, handed-off recovery log (module docs).
@@ -173,11 +173,13 @@ class RocksDBStore:
         `options` are adjusted by `recorded_options`. Raises `MountFailed` or rocksdict's
         exception (the mount is then killed).
 
-        The mount runs without the kernel's write-back cache unless `writeback`: a WAL write
-        then reaches fusefs as RocksDB makes it, and is appended to the log while RocksDB
-        fills its memtable, so that the commit's sync seldom waits for the log
-        (docs/rocksdb-store.md, "Where a commit's time goes"). WAL files are written with
-        direct I/O (`WAL_SUFFIXES`).
+        WAL files are written with direct I/O (`WAL_SUFFIXES`): a WAL write reaches fusefs as
+        RocksDB makes it, in one request, and is appended to the log while RocksDB fills its
+        memtable, so that the commit's sync seldom waits for the log (docs/rocksdb-store.md,
+        "Where a commit's time goes"). Other files are written through the kernel's write-back
+        cache, unless not `writeback`: their pages then stay cached, where without it the
+        kernel does not keep the pages a write covers in part (reads of new SSTs then go to
+        fusefs).
         """
         self = cls()
         self._loop = asyncio.get_running_loop()
@@ -225,7 +227,7 @@ class RocksDBStore:
         author: int | None = None,
         hints: rpb.FSMHints | None = None,
         options: Options | None = None,
-        writeback: bool = False,
+        writeback: bool = True,
         fusefs_log_level: str | None = None,
     ) -> RocksDBStore:
         """Recover the store of `log_name` into `workdir` and open it: play the log into
@@ -442,7 +444,6 @@ class RocksDBStore:
             except Exception as err:
                 if not _is_write_stall(err):
                     raise
-            self._check()  # Not retried once the store failed or closed.
             batch = WriteBatch(raw_mode=True)
             for key, value in overlay.items():
                 if value is _DELETED:
@@ -456,6 +457,9 @@ class RocksDBStore:
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, _STALL_PAUSE_MAX)
+            # Not retried once the store failed or began closing (the executor may be
+            # closing the database meanwhile: no write may follow).
+            self._check()
 
     def _sync_through(self, seq: int) -> None:
         """Make commit `seq` durable (in the sync thread): sync the WAL files, unless a sync
@@ -520,7 +524,7 @@ class RocksDBStore:
                 proc.kill()
             _wait_exited(proc.pid)
         self.mount.remove_hand_over()
-        self._exec.shutdown(wait=True)  # A commit in flight fails fast now: let it end.
+        self._exec.shutdown(wait=True)  # A flush or compaction under way: let it end.
         self._sync_exec.shutdown(wait=True)
         self._wal.close()
         with contextlib.suppress(Exception):

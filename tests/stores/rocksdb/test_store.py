@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -419,37 +420,55 @@ async def test_commit_lets_the_event_loop_run_while_the_log_commits(
     """The process's other work (a consumer's event loop: reading, consuming the next
     transaction) goes on while a commit waits for the log: the store fsyncs the WAL itself,
     with the GIL released, rather than writing with RocksDB's sync=True, which holds the GIL
-    for the whole log round trip. The batch's write holds the GIL (rocksdict), so only the
-    sync after it is timed: without the write-back cache (the default) the write carries the
-    WAL's FUSE writes, and with it the kernel throttles a 4 MB write into the page cache to
-    the pace fusefs takes the pages (20-50 ms here)."""
+    for the whole log round trip.
+
+    The broker is paused for `PAUSE` from each commit on, and resumed by another process (a
+    write holding the GIL would stop any timer of this one). The batch's write, which holds
+    the GIL (rocksdict), must not wait for the log; the sync after it must, with the loop
+    ticking meanwhile."""
     log = await make_log("rocks-gil")
+    # Default options: a 64 MiB memtable, so that no flush (whose syncs would wait for the
+    # paused broker too) can stall the writes.
     store = await RocksDBStore.open(
-        fuse_broker.endpoint, log, no_stale_mounts / "w", options=options(), writeback=writeback
+        fuse_broker.endpoint, log, no_stale_mounts / "w", writeback=writeback
     )
     loop = asyncio.get_running_loop()
+    assert fuse_broker.proc is not None
+    pause = 0.4
     try:
         for n in range(3):
-            for j in range(4000):  # ~4 MB: the WAL's fsync takes tens of milliseconds.
+            for j in range(4000):  # ~4 MB.
                 store.put(b"\x01%06d" % j, b"%d" % n * 1000)
-            ticks = 0
-            commit = store.start_commit(None, labeled(f"cp{n}"), [])
-            written = store._last_written
-            assert written is not None
-            t0 = loop.time()
-            while not commit.done():
-                if written.done():
-                    ticks += 1
-                else:
-                    t0 = loop.time()
-                await asyncio.sleep(0.001)
-            took = loop.time() - t0
-            await commit
-            # The sync is the log round trip, with the event loop free: it ticks (at least
-            # once per 10 ms even on a loaded machine).
-            assert ticks >= max(1, took / 0.010), (ticks, took)
+            fuse_broker.pause()
+            resumer = subprocess.Popen(
+                ["sh", "-c", f"sleep {pause}; kill -CONT {fuse_broker.proc.pid}"]
+            )
+            try:
+                t0 = loop.time()
+                commit = store.start_commit(None, labeled(f"cp{n}"), [])
+                written = store._last_written
+                assert written is not None
+                marks: list[float] = []
+                written.add_done_callback(lambda _, m=marks: m.append(loop.time()))
+                ticks = 0
+                while not commit.done():
+                    if written.done():
+                        ticks += 1
+                    await asyncio.sleep(0.001)
+                t_end = loop.time()
+                await commit
+            finally:
+                resumer.wait()
+                fuse_broker.resume()
+            write_took, sync_took = marks[0] - t0, t_end - marks[0]
+            # Written without waiting for the log; then the sync waited for it, and the loop
+            # ran meanwhile (at least once per 10 ms even on a loaded machine).
+            assert write_took < pause / 2, (write_took, sync_took)
+            assert sync_took > pause / 4, (write_took, sync_took)
+            assert ticks >= sync_took / 0.010, (ticks, write_took, sync_took)
         assert await store.restore_checkpoint(None) == labeled("cp2")
     finally:
+        fuse_broker.resume()
         await store.close()
 
 
