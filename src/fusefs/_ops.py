@@ -504,10 +504,11 @@ class RecordingOperations(pyfuse3.Operations):
         """An open file's FileInfo. Its cached pages are kept (nothing else writes the backing
         files), unless it is opened for writing and named with one of the `direct_writes`
         suffixes: it then bypasses the page cache (FOPEN_DIRECT_IO), so that each of its
-        writes reaches us as one request. A cached write that does not begin on a page
-        boundary comes as two (the kernel ends a request at a partly written page); a RocksDB
-        WAL's writes seldom do. The kernel drops the pages a direct write covers from the
-        cache of the file's other opens (checked by the tests), so those stay coherent."""
+        writes reaches us as one request. A cached write beginning inside a page the kernel
+        does not hold whole comes as two (the kernel ends a request at that page), as every
+        RocksDB WAL write after the first does. On this kernel (6.18) a direct write drops the
+        pages it covers from the cache of the file's other opens, so that a reader which
+        cached them reads the new bytes (docs/fusefs.md says what is not covered)."""
         writing = flags & (os.O_WRONLY | os.O_RDWR)
         direct = bool(writing) and bool(self._direct_writes) and rel.endswith(self._direct_writes)
         return pyfuse3.FileInfo(fh=cast(Any, fh), keep_cache=True, direct_io=direct)

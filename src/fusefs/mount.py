@@ -146,7 +146,8 @@ class FuseMount:
         (docs/fusefs.md).
 
         Raises `MountFailed` if the process exits or fails to mount within `timeout`, and
-        ValueError for a `direct_writes` that is a string or holds an empty suffix.
+        ValueError for a `direct_writes` that is a string or holds anything but non-empty
+        strings.
         """
         if isinstance(direct_writes, str) or not all(
             isinstance(s, str) and s for s in direct_writes

@@ -176,10 +176,10 @@ class RocksDBStore:
         WAL files are written with direct I/O (`WAL_SUFFIXES`): a WAL write reaches fusefs as
         RocksDB makes it, in one request, and is appended to the log while RocksDB fills its
         memtable, so that the commit's sync seldom waits for the log (docs/rocksdb-store.md,
-        "Where a commit's time goes"). Other files are written through the kernel's write-back
-        cache, unless not `writeback`: their pages then stay cached, where without it the
-        kernel does not keep the pages a write covers in part (reads of new SSTs then go to
-        fusefs).
+        "Where a commit's time goes"). Other files go through the kernel's write-back cache
+        (unless `writeback` is False): their pages stay cached, whereas without it the kernel
+        does not keep the pages a write covers only in part, and reads of new SSTs go to
+        fusefs.
         """
         self = cls()
         self._loop = asyncio.get_running_loop()
