@@ -510,7 +510,7 @@ class RecordingOperations(pyfuse3.Operations):
         pages it covers from the cache of the file's other opens, so that a reader which
         cached them reads the new bytes (docs/fusefs.md says what is not covered)."""
         writing = flags & (os.O_WRONLY | os.O_RDWR)
-        direct = bool(writing) and bool(self._direct_writes) and rel.endswith(self._direct_writes)
+        direct = bool(writing) and rel.endswith(self._direct_writes)  # False for ().
         return pyfuse3.FileInfo(fh=cast(Any, fh), keep_cache=True, direct_io=direct)
 
     async def read(self, fh: Any, off: int, size: int) -> bytes:

@@ -46,6 +46,12 @@ async def _in_thread(fn: object, *args: object) -> object:
     return await asyncio.to_thread(fn, *args)  # type: ignore[arg-type]
 
 
+async def _played(client: JournalClient, log: str, into: Path) -> dict[str, bytes]:
+    """The tree a whole playback of `log` into `into` leaves."""
+    await Player(client, log, None, into).play()
+    return tree(into)
+
+
 @pytest.mark.parametrize("writeback", [True, False])
 async def test_fsync_is_committed(
     client: JournalClient,
@@ -139,8 +145,7 @@ async def test_clean_stop_plays_back_identically(
         assert result is not None
         assert not is_mounted(mnt)
         played = root / f"play{round_}"
-        await Player(client, log, None, played).play()
-        assert tree(played) == tree(root / "backing")
+        assert await _played(client, log, played) == tree(root / "backing")
         assert len(tree(played)) > 3
 
 
@@ -181,8 +186,7 @@ async def test_file_removed_while_open(
         assert (await mount.stats())["error"] is None
     finally:
         assert await mount.stop() is not None
-    await Player(client, log, None, no_stale_mounts / "play").play()
-    assert tree(no_stale_mounts / "play") == {"kept": b"live"}
+    assert await _played(client, log, no_stale_mounts / "play") == {"kept": b"live"}
 
 
 async def test_unrecordable_ops_fail(
@@ -213,8 +217,7 @@ async def test_unrecordable_ops_fail(
         assert (await mount.stats())["refused"] == 3
     finally:
         assert await mount.stop() is not None
-    await Player(client, log, None, no_stale_mounts / "play").play()
-    assert tree(no_stale_mounts / "play") == {"ok": b"still fine"}
+    assert await _played(client, log, no_stale_mounts / "play") == {"ok": b"still fine"}
 
 
 async def test_fenced_mount_fails_fsync(
@@ -243,8 +246,7 @@ async def test_fenced_mount_fails_fsync(
         assert await _in_thread(after) == errno.EIO
     finally:
         assert await mount.stop() is None  # Recording had failed.
-    await Player(client, log, None, root / "play").play()
-    assert tree(root / "play") == {"a": b"before"}
+    assert await _played(client, log, root / "play") == {"a": b"before"}
 
 
 async def test_killed_fusefs_leaves_no_mount(
@@ -284,8 +286,7 @@ async def test_sigterm_stops_cleanly(
     assert mount.proc.returncode == 0
     assert not is_mounted(mount.mountpoint)
     await mount.stop()
-    await Player(client, log, None, root / "play").play()
-    assert tree(root / "play") == {"a": b"kept"}
+    assert await _played(client, log, root / "play") == {"a": b"kept"}
 
 
 async def _start_parent(script: str, *args: str) -> asyncio.subprocess.Process:
@@ -457,8 +458,7 @@ async def test_reused_backing_inodes(
         assert await _in_thread(work) == []
     finally:
         assert await mount.stop() is not None
-    await Player(client, log, None, no_stale_mounts / "play").play()
-    assert tree(no_stale_mounts / "play") == {"OPTIONS-000199": b"199" * 299}
+    assert await _played(client, log, no_stale_mounts / "play") == {"OPTIONS-000199": b"199" * 299}
 
 
 @pytest.mark.parametrize("writeback", [False, True])
@@ -518,8 +518,7 @@ async def test_direct_writes_reach_fusefs_whole(
         assert await fuse_writes("000006.log", cached_reader=True) == (1, want)
     finally:
         assert await mount.stop() is not None
-    await Player(client, log, None, no_stale_mounts / "play").play()
-    assert tree(no_stale_mounts / "play") == {
+    assert await _played(client, log, no_stale_mounts / "play") == {
         name: head + body for name in ("000004.log", "000005.sst", "000006.log")
     }
 
