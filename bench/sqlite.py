@@ -11,7 +11,8 @@ then committing. Both sides use WAL mode and the same page cache size.
   ``ratio``: each commit awaited by SQLite's syncs (`sync_waits`); ``ratio_pipelined``: as a
   consumer, the next transaction runs while the previous one commits (``sync_waits=False``),
   and starts committing once that commit is in the log: the consumer's rule, the comparison
-  the target is read as (docs/store-targets.md).
+  the target is read as (docs/store-targets.md). ``ratio_pipelined_process``: the same, the
+  store recording through a recorder process of its own (`RemoteRecorder`).
 - adaptive: as pipelined, but a transaction keeps taking batches until its predecessor's
   commit is in the log (a consumer's transaction keeps consuming while the previous one
   commits; Gazette does not fix transaction sizes). ``ratio_adaptive`` is against native FULL
@@ -52,6 +53,7 @@ from broker.testing.etcd import EtcdServer
 from consumer.protocol import pb as cpb
 from recoverylog.fsm import FSM
 from recoverylog.recorder import Recorder
+from recoverylog.remote import RemoteRecorder
 from stores.sqlite import SQLiteStore
 
 MiB = 1 << 20
@@ -133,12 +135,14 @@ async def recorded(
     work: list[Batch],
     sync_waits: bool,
     adaptive: bool = False,
+    process: bool = False,
 ) -> tuple[float, SQLiteStore, int, list[int]]:
     """The store's time for `work`, the store, its log's size, and the batches per commit.
 
     Each transaction takes one batch, or (`adaptive`) takes batches until its predecessor's
     commit is in the log, as a consumer's transaction keeps consuming while the previous one
-    commits (docs/recording-floor.md)."""
+    commits (docs/recording-floor.md). With `process`, the store records through a
+    `RemoteRecorder` (a recorder process of its own)."""
     async with JournalClient(endpoint) as client, AppendService(client) as svc:
         frag = pb.JournalSpec.Fragment(
             length=256 * MiB, compression_codec=pb.NONE, refresh_interval=Duration(seconds=600)
@@ -148,7 +152,11 @@ async def recorded(
         spec = pb.JournalSpec(name=log, replication=1, fragment=frag)
         await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
         directory.mkdir(parents=True)
-        rec = await Recorder.open(FSM(log), 0xBE4C, directory, svc, log)
+        rec: Recorder | RemoteRecorder
+        if process:
+            rec = await RemoteRecorder.start(endpoint, log, FSM(log), 0xBE4C, directory)
+        else:
+            rec = await Recorder.open(FSM(log), 0xBE4C, directory, svc, log)
         store = await SQLiteStore.open(rec, bootstrap_sql=SCHEMA, sync_waits=sync_waits)
         await store.start_commit(None, cpb.Checkpoint(), [])
         t0 = time.perf_counter()
@@ -185,6 +193,7 @@ def measure(
         "normal": [],
         "store": [],
         "pipelined": [],
+        "process": [],
         "adaptive": [],
         "matched": [],
     }
@@ -197,17 +206,27 @@ def measure(
         for side, waits, adaptive in (
             ("store", True, False),
             ("pipelined", False, False),
+            ("process", False, False),
             ("adaptive", False, True),
         ):
             directory = tmpdir / f"{name}-{side}-{run}"
             s, store, log_bytes, sizes = asyncio.run(
-                recorded(endpoint, tmpdir / "fragments", directory, work, waits, adaptive)
+                recorded(
+                    endpoint,
+                    tmpdir / "fragments",
+                    directory,
+                    work,
+                    waits,
+                    adaptive,
+                    process=side == "process",
+                )
             )
             figures[side].append(s)
             db_size = os.path.getsize(store.path)
             st = store.stats()
+            where = ", recorder process" if side == "process" else ""
             say(
-                f"  {name} run {run}: {side} (sync_waits={waits}): {s:.2f} s, "
+                f"  {name} run {run}: {side} (sync_waits={waits}{where}): {s:.2f} s, "
                 f"{len(sizes)} commits, database {db_size / MiB:.1f} MiB, log "
                 f"{log_bytes / MiB:.1f} MiB (page records {st['page_bytes'] / MiB:.1f} MiB, "
                 f"WALs kept {st['wal_bytes_kept'] / MiB:.1f} MiB), barriers {st['barriers']}, "
@@ -225,12 +244,14 @@ def measure(
     return {
         "ratio": round(best["store"] / best["full"], 3),
         "ratio_pipelined": round(best["pipelined"] / best["full"], 3),
+        "ratio_pipelined_process": round(best["process"] / best["full"], 3),
         "ratio_adaptive": round(best["adaptive"] / best["full"], 3),
         "ratio_adaptive_matched": round(best["adaptive"] / best["matched"], 3),
         "adaptive_batches_per_commit": round(statistics.median(per_commit), 2),
         "ratio_vs_normal": round(best["store"] / best["normal"], 3),
         "store_s": round(best["store"], 3),
         "pipelined_s": round(best["pipelined"], 3),
+        "process_s": round(best["process"], 3),
         "adaptive_s": round(best["adaptive"], 3),
         "native_full_s": round(best["full"], 3),
         "native_matched_s": round(best["matched"], 3),

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import pickle
 from dataclasses import asdict, dataclass
 
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.fsm import FSM, FnodeState
+from recoverylog.handover import dump_fsm, load_fsm
 
 __all__ = ["MountConfig", "dump_fsm", "load_fsm"]
 
@@ -40,40 +38,3 @@ class MountConfig:
         fields = json.loads(text)
         fields["direct_writes"] = tuple(fields.get("direct_writes", ()))  # A JSON list.
         return cls(**fields)
-
-
-def dump_fsm(fsm: FSM, write_head: int) -> bytes:
-    """`fsm` (complete: no remaining hints) and a write head, as bytes for `load_fsm`.
-
-    (Protobuf messages of this package do not pickle: their classes' module is the generated
-    module's bare name.)"""
-    if fsm.has_remaining_hints():
-        raise ValueError("an FSM with remaining hints cannot be handed over")
-    state = {
-        "next_seq_no": fsm.next_seq_no,
-        "next_checksum": fsm.next_checksum,
-        "last_log": fsm.last_log,
-        "properties": dict(fsm.properties),
-        "links": dict(fsm.links),
-        "live_nodes": {
-            fnode: (sorted(node.links), [s.SerializeToString() for s in node.segments])
-            for fnode, node in fsm.live_nodes.items()
-        },
-        "write_head": write_head,
-    }
-    return pickle.dumps(state)
-
-
-def load_fsm(data: bytes) -> tuple[FSM, int]:
-    """The (FSM, write head) of `dump_fsm`."""
-    state = pickle.loads(data)
-    fsm = FSM(state["last_log"])
-    fsm.next_seq_no = state["next_seq_no"]
-    fsm.next_checksum = state["next_checksum"]
-    fsm.properties = dict(state["properties"])
-    fsm.links = dict(state["links"])
-    fsm.live_nodes = {
-        fnode: FnodeState(links=set(links), segments=[rpb.Segment.FromString(s) for s in segments])
-        for fnode, (links, segments) in state["live_nodes"].items()
-    }
-    return fsm, int(state["write_head"])

@@ -8,6 +8,9 @@ them in the same order). `sync` hands over the batch and, if asked to, blocks th
 thread until a Recorder barrier behind it resolves: everything recorded so far is then
 committed to the log.
 
+With a `RemoteRecorder` (a Recorder in a process of its own), operations are sent to it
+from the SQLite thread instead, and the loop only waits for its barriers.
+
 Paths are relative to the Recorder's directory. A bridge is used by one SQLite thread at a
 time. It never blocks the loop; the SQLite thread must not be the loop's thread (`sync`
 raises `RuntimeError` there rather than deadlock).
@@ -21,7 +24,6 @@ import functools
 import threading
 from typing import Any
 
-from broker.protocol import protocol_pb2 as pb
 from recoverylog.op_batch import (
     CREATE,
     RENAME,
@@ -33,6 +35,7 @@ from recoverylog.op_batch import (
     from_thread,
 )
 from recoverylog.recorder import Recorder
+from recoverylog.remote import RemoteRecorder, RemoteRecordingFailed
 
 __all__ = ["RecorderBridge", "RecordingFailed"]
 
@@ -56,13 +59,14 @@ class RecorderBridge:
 
     def __init__(
         self,
-        recorder: Recorder,
+        recorder: Recorder | RemoteRecorder,
         loop: asyncio.AbstractEventLoop,
         *,
         flush_bytes: int = 4 << 20,
         max_unsynced: int = 64 << 20,
     ) -> None:
         self._rec = recorder
+        self._remote = recorder if isinstance(recorder, RemoteRecorder) else None
         self._loop = loop
         self._loop_thread = threading.get_ident()
         self.flush_bytes = flush_bytes
@@ -84,7 +88,7 @@ class RecorderBridge:
         self.bytes_recorded = 0
 
     @property
-    def recorder(self) -> Recorder:
+    def recorder(self) -> Recorder | RemoteRecorder:
         return self._rec
 
     @property
@@ -213,6 +217,8 @@ class RecorderBridge:
 
     def check(self) -> None:
         """Raise `RecordingFailed` if the Recorder failed."""
+        if self._error is None and self._remote is not None:
+            self._error = self._remote.error
         err = self._error
         if err is not None:
             raise RecordingFailed(f"recording to {self._rec.log} failed: {err!r}") from err
@@ -237,7 +243,15 @@ class RecorderBridge:
         self.check()
         if self._ops and not self._discard:
             self._dirty = self._dirty or dirty
-            self._loop.call_soon_threadsafe(self._apply, self._take())
+            if self._remote is None:
+                self._loop.call_soon_threadsafe(self._apply, self._take())
+                return
+            try:
+                self._remote.record(self._take())
+            except RemoteRecordingFailed as err:
+                if self._error is None:
+                    self._error = err
+                self.check()
         else:
             self._ops.clear()
 
@@ -247,12 +261,16 @@ class RecorderBridge:
         if self._error is not None or self._discard:
             return
         rec = self._rec
+        assert isinstance(rec, Recorder)
         try:
             apply_ops(rec, ops, exclusive_create=True)
         except BaseException as err:  # The Recorder is broken, or the VFS has a bug.
             self._error = err
 
-    def _apply_and_barrier(self, ops: list[Op]) -> asyncio.Future[pb.AppendResponse]:
+    def _apply_and_barrier(self, ops: list[Op]) -> asyncio.Future[Any]:
+        if self._remote is not None:
+            self._remote.record(ops)
+            return self._remote.barrier()
         self._apply(ops)
         if self._error is not None:
             raise self._error

@@ -36,6 +36,7 @@ from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.author import new_author
 from recoverylog.player import TAIL, Player
 from recoverylog.recorder import Recorder
+from recoverylog.remote import RemoteRecorder
 from stores.sqlite.bridge import RecorderBridge
 from stores.sqlite.pagestore import (
     PAGES_SUFFIX,
@@ -135,7 +136,7 @@ class SQLiteStore:
     """A recorded SQLite store (module docs). Create with `from_recovered` or `open`."""
 
     def __init__(self) -> None:  # Use `from_recovered` or `open`.
-        self.recorder: Recorder
+        self.recorder: Recorder | RemoteRecorder
         self.directory: Path
         self.path: Path
         self._vfs: RecordingVFS | None = None
@@ -148,15 +149,34 @@ class SQLiteStore:
         self._closed = False
 
     @classmethod
-    async def from_recovered(cls, recovered: RecoveredLog, **open_args: Any) -> SQLiteStore:
+    async def from_recovered(
+        cls, recovered: RecoveredLog, *, recorder_process: bool = False, **open_args: Any
+    ) -> SQLiteStore:
         """Open the store in a played-back, handed-off ``recovered.directory``, recording
-        onwards through ``recovered.recorder()``. `open_args` and errors are `open`'s."""
-        return await cls.open(recovered.recorder(), **open_args)
+        onwards through ``recovered.recorder()``, or with `recorder_process` through a
+        `RemoteRecorder` (a recorder in a process of its own: docs/sqlite-store.md).
+        `open_args` and errors are `open`'s; a recorder process which does not start raises
+        `RecorderGone`."""
+        if not recorder_process:
+            return await cls.open(recovered.recorder(), **open_args)
+        remote = await RemoteRecorder.start(
+            recovered.broker_endpoint,
+            recovered.log,
+            recovered.fsm,
+            recovered.author,
+            recovered.directory,
+            write_head=recovered.write_head,
+        )
+        try:
+            return await cls.open(remote, **open_args)
+        except BaseException:
+            remote.kill()
+            raise
 
     @classmethod
     async def open(
         cls,
-        recorder: Recorder,
+        recorder: Recorder | RemoteRecorder,
         *,
         db_name: str = DB_NAME,
         journal_mode: str = "wal",
@@ -167,7 +187,9 @@ class SQLiteStore:
         cache_size_kib: int = 64 << 10,
         wal_checkpoint_pages: int = 1000,
     ) -> SQLiteStore:
-        """Open the store in `recorder`'s directory, recording through `recorder`.
+        """Open the store in `recorder`'s directory, recording through `recorder` (a
+        `Recorder` on the running loop, or a `RemoteRecorder` started on it, which the store
+        then owns: `close` stops it, `destroy` kills it).
 
         The directory is empty (a new store) or was just played back from the recorder's log.
         `bootstrap_sql` runs first (pragmas, tables). ``synchronous=FULL`` is set and checked;
@@ -377,9 +399,13 @@ class SQLiteStore:
         try:
             if self._conn is not None:
                 await self.run(self._close_connection)
+            if isinstance(self.recorder, RemoteRecorder):
+                await self.recorder.close()
         finally:
             self._closed = True
             self._shutdown()
+            if isinstance(self.recorder, RemoteRecorder):
+                self.recorder.kill()
 
     def _close_connection(self, conn: apsw.Connection) -> None:
         conn.close()
@@ -403,6 +429,8 @@ class SQLiteStore:
             except apsw.Error as err:  # Closing checkpoints a WAL; nothing of it matters now.
                 log.warning("closing destroyed store dir=%s err=%r", self.directory, err)
         self._shutdown()
+        if isinstance(self.recorder, RemoteRecorder):
+            self.recorder.kill()
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def __del__(self) -> None:

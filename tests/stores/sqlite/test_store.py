@@ -17,9 +17,6 @@ import pytest
 from broker.client import AppendService, JournalClient
 from broker.testing.broker import BrokerProcess
 from consumer.protocol import pb
-from consumer.store import RecoveredLog
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.player import TAIL, Player
 from recoverylog.recorder import RecorderFenced
 from stores.sqlite import SQLiteStore, recover
 from stores.sqlite.pagestore import is_wal_generation
@@ -33,6 +30,7 @@ from tests.stores.sqlite.support import (
     make_log,
     new_recorder,
     play,
+    recovered_log,
     service,
     store_broker,
 )
@@ -185,24 +183,6 @@ async def test_checkpoint_must_be_a_message(
         await store.close()
 
 
-async def _recovered(
-    client: JournalClient,
-    service: AppendService,
-    endpoint: str,
-    log: str,
-    directory: Path,
-    author: int,
-    hints: rpb.FSMHints | None = None,
-) -> RecoveredLog:
-    """Play `log` into `directory` and hand it off to `author`, as the consumer runtime does."""
-    player = Player(client, log, hints, directory)
-    player.inject_handoff(author)
-    fsm = await player.play(until=TAIL)
-    return RecoveredLog(
-        log, directory, fsm, author, player.write_head, client, service, endpoint, hints
-    )
-
-
 @pytest.mark.parametrize("journal_mode", ["wal", "delete"])
 async def test_from_recovered(
     client: JournalClient,
@@ -214,7 +194,7 @@ async def test_from_recovered(
 ) -> None:
     log, endpoint = await make_log(), store_broker.endpoint
     # A new store, of a log never written to.
-    recovered = await _recovered(client, service, endpoint, log, tmp_path / "a", A)
+    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "a", A)
     first = await SQLiteStore.from_recovered(recovered, journal_mode=journal_mode)
     assert first.directory == tmp_path / "a"
     assert await first.restore_checkpoint() == pb.Checkpoint()
@@ -225,7 +205,7 @@ async def test_from_recovered(
 
     # The next primary, from hints: the checkpoint round-trips through the log, and the
     # hand-off fenced the first store.
-    recovered = await _recovered(client, service, endpoint, log, tmp_path / "b", B, hints)
+    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "b", B, hints)
     second = await SQLiteStore.from_recovered(recovered, journal_mode=journal_mode)
     assert second.recorder.author == B
     assert await second.restore_checkpoint() == rich(7)
@@ -238,7 +218,7 @@ async def test_from_recovered(
     await second.close()
 
     # A third, from the whole log.
-    recovered = await _recovered(client, service, endpoint, log, tmp_path / "c", 0xC)
+    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "c", 0xC)
     third = await SQLiteStore.from_recovered(recovered, journal_mode=journal_mode)
     try:
         assert await third.restore_checkpoint() == rich(8)

@@ -1,0 +1,51 @@
+"""Hand an FSM over to another process: `dump_fsm` and `load_fsm`.
+
+A recorder running in a process of its own (the fusefs server, `recoverylog.remote`) is
+handed the FSM it records onwards from, and hands back its final FSM, as these bytes.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+from recoverylog import recoverylog_pb2 as rpb
+from recoverylog.fsm import FSM, FnodeState
+
+__all__ = ["dump_fsm", "load_fsm"]
+
+
+def dump_fsm(fsm: FSM, write_head: int) -> bytes:
+    """`fsm` (complete: no remaining hints) and a write head, as bytes for `load_fsm`.
+
+    (Protobuf messages of this package do not pickle: their classes' module is the generated
+    module's bare name.)"""
+    if fsm.has_remaining_hints():
+        raise ValueError("an FSM with remaining hints cannot be handed over")
+    state = {
+        "next_seq_no": fsm.next_seq_no,
+        "next_checksum": fsm.next_checksum,
+        "last_log": fsm.last_log,
+        "properties": dict(fsm.properties),
+        "links": dict(fsm.links),
+        "live_nodes": {
+            fnode: (sorted(node.links), [s.SerializeToString() for s in node.segments])
+            for fnode, node in fsm.live_nodes.items()
+        },
+        "write_head": write_head,
+    }
+    return pickle.dumps(state)
+
+
+def load_fsm(data: bytes) -> tuple[FSM, int]:
+    """The (FSM, write head) of `dump_fsm`."""
+    state = pickle.loads(data)
+    fsm = FSM(state["last_log"])
+    fsm.next_seq_no = state["next_seq_no"]
+    fsm.next_checksum = state["next_checksum"]
+    fsm.properties = dict(state["properties"])
+    fsm.links = dict(state["links"])
+    fsm.live_nodes = {
+        fnode: FnodeState(links=set(links), segments=[rpb.Segment.FromString(s) for s in segments])
+        for fnode, (links, segments) in state["live_nodes"].items()
+    }
+    return fsm, int(state["write_head"])

@@ -1,0 +1,330 @@
+"""RemoteRecorder: a Recorder in a process of its own, fed file operations over a socket.
+
+A store that observes its file operations in Python (the SQLite VFS) and records them in
+the same process pays for the recording (the Recorder, the append client, their event
+loop) with the store's own time: both need the GIL. `RemoteRecorder.start` runs the
+Recorder, its `JournalClient` and `AppendService` in a child process
+(``python -m recoverylog.remote_server``) and hands it the FSM to record onwards from; the
+store's thread then sends its operations with `record` (one ``sendall``, which releases the
+GIL) and the event loop only waits for barriers (docs/sqlite-store.md, "The recorder
+process").
+
+Two socket pairs connect the processes: operations and requests go down one, written
+blocking from any thread under a lock; replies come up the other, read by the loop. Frames
+are `HEADER` (kind, request id, payload length) and a payload. The child exits when the
+parent's end closes (also when the parent dies), after a `close`, or once killed; a dead
+child fails every pending and later barrier with `RecorderGone`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pickle
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from recoverylog import recoverylog_pb2 as rpb
+from recoverylog.fsm import FSM
+from recoverylog.handover import dump_fsm, load_fsm
+from recoverylog.op_batch import Op
+
+__all__ = ["RecorderGone", "RemoteRecorder", "RemoteRecordingFailed"]
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct("<BQI")
+"""Frame header: kind, request id, payload length."""
+
+# Parent -> child.
+HELLO = 1  # Payload: pickle of {"config": {...}, "fsm": dump_fsm bytes}.
+OPS = 2  # Payload: pickle of a list of `Op`.
+BARRIER = 3  # Payload: b"\x01" to confirm, b"\x00" not (`Recorder.barrier`).
+HINTS = 4
+CLOSE = 5
+# Child -> parent.
+READY = 10  # Id: the write head.
+DONE = 11  # Payload: the write head, as 8 bytes.
+FAILED = 12  # Payload: the error's text (UTF-8). Id 0: recording failed, unasked.
+HINTS_REPLY = 13  # Payload: serialized FSMHints.
+CLOSED = 14  # Payload: dump_fsm of the final FSM.
+
+SOCKET_BUFFER = 4 << 20
+"""Send buffer of the operations' socket: a store's commit seldom waits for the child."""
+
+
+class RemoteRecordingFailed(Exception):
+    """The recorder process reported a failure (e.g. the log was fenced by a new primary);
+    the message is its error. Nothing more can be recorded."""
+
+
+class RecorderGone(RemoteRecordingFailed):
+    """The recorder process exited (or was killed) before answering."""
+
+
+class RemoteRecorder:
+    """A Recorder in a child process (module docs). Create with `start`; use on the event
+    loop that started it, except `record`, which any thread may call."""
+
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        down: socket.socket,
+        up: socket.socket,
+        log_name: str,
+        directory: Path,
+        fsm: FSM,
+    ) -> None:
+        self.proc = proc
+        self.log = log_name
+        self.directory = directory
+        self.fsm = fsm
+        """The FSM recording began from (the child's copy moves on; `close` returns it)."""
+        self.write_head = 0
+        self.author = 0
+        self._down = down
+        self._up = up
+        self._lock = threading.Lock()
+        self._ids = 0
+        self._waiters: dict[int, asyncio.Future[Any]] = {}
+        self._error: RemoteRecordingFailed | None = None
+        self._loop = asyncio.get_running_loop()
+        self._ready: asyncio.Future[int] = self._loop.create_future()
+        self._reader: asyncio.Task[None] | None = None
+        self._up_writer: asyncio.StreamWriter | None = None
+        self._closed = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def error(self) -> RemoteRecordingFailed | None:
+        """The failure reported by the child, or its exit; None while it records."""
+        return self._error
+
+    @classmethod
+    async def start(
+        cls,
+        endpoint: str,
+        log_name: str,
+        fsm: FSM,
+        author: int,
+        directory: str | os.PathLike[str],
+        *,
+        write_head: int = 0,
+        timeout: float = 30.0,
+        log_level: str | None = None,
+    ) -> RemoteRecorder:
+        """Start a recorder process recording `directory` into `log_name` as `author`,
+        onwards from `fsm` (complete: no remaining hints) at least at `write_head`, appending
+        through the broker at `endpoint`; return once it is ready.
+
+        Raises `RecorderGone` if it exits or is not ready within `timeout`, and ValueError
+        for an FSM with remaining hints.
+        """
+        directory = Path(directory).resolve()
+        hello = pickle.dumps(
+            {
+                "config": {
+                    "endpoint": endpoint,
+                    "log": log_name,
+                    "author": author,
+                    "directory": str(directory),
+                    "write_head": write_head,
+                },
+                "fsm": dump_fsm(fsm, write_head),
+            }
+        )
+        down, child_down = socket.socketpair()
+        up, child_up = socket.socketpair()
+        down.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+        env = dict(os.environ)
+        if log_level is not None:
+            env["RECORDER_LOG_LEVEL"] = log_level
+        try:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "recoverylog.remote_server",
+                    str(child_down.fileno()),
+                    str(child_up.fileno()),
+                    str(os.getpid()),
+                ],
+                pass_fds=(child_down.fileno(), child_up.fileno()),
+                env=env,
+            )
+        except BaseException:
+            for s in (down, up):
+                s.close()
+            raise
+        finally:
+            child_down.close()
+            child_up.close()
+        self = cls(proc, down, up, log_name, directory, fsm)
+        self.author = author
+        # (The writer is kept: a StreamWriter closes its socket once collected.)
+        reader, self._up_writer = await asyncio.open_connection(sock=up, limit=1 << 20)
+        self._reader = self._loop.create_task(
+            self._read(reader), name=f"remote-recorder:{log_name}"
+        )
+        try:
+            self._send(HELLO, 0, hello)
+            async with asyncio.timeout(timeout):
+                self.write_head = await self._ready
+        except BaseException as err:
+            self.kill()
+            if isinstance(err, (TimeoutError, OSError)):
+                raise RecorderGone(
+                    f"recorder process {proc.pid} of {log_name} was not ready in {timeout}s"
+                ) from err
+            raise
+        log.info("recorder process ready pid=%d log=%s", proc.pid, log_name)
+        return self
+
+    # -- Any thread ------------------------------------------------------------------------
+
+    def record(self, ops: list[Op]) -> None:
+        """Send `ops` to be recorded, in order after everything sent before. Blocks (GIL
+        released) while the child's socket buffer is full. Raises `RemoteRecordingFailed`
+        once the child failed or is gone."""
+        if not ops:
+            return
+        self.check()
+        self._send(OPS, 0, pickle.dumps(ops, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def check(self) -> None:
+        """Raise the child's failure, if it reported one or is gone."""
+        err = self._error
+        if err is not None:
+            raise type(err)(str(err))
+
+    def _send(self, kind: int, ident: int, payload: bytes = b"") -> None:
+        try:
+            with self._lock:
+                self._down.sendall(HEADER.pack(kind, ident, len(payload)) + payload)
+        except OSError as err:
+            raise RecorderGone(
+                f"recorder process {self.proc.pid} of {self.log} is gone: {err!r}"
+            ) from err
+
+    # -- The loop ----------------------------------------------------------------------------
+
+    def barrier(self, *, confirm: bool = True) -> asyncio.Future[int]:
+        """A future of the log's write head once everything sent so far is committed
+        (`Recorder.barrier`); it fails with `RemoteRecordingFailed` (or `RecorderGone`)."""
+        return self._request(BARRIER, b"\x01" if confirm else b"\x00")
+
+    async def build_hints(self) -> rpb.FSMHints:
+        """FSMHints of everything sent so far, returned once committed."""
+        return rpb.FSMHints.FromString(await self._request(HINTS))
+
+    async def close(self) -> tuple[FSM, int]:
+        """Commit everything sent, stop the process, and return its final (FSM, write head).
+        Raises `RemoteRecordingFailed` if not everything could be committed (the process is
+        stopped anyway)."""
+        try:
+            data = await self._request(CLOSE)
+            fsm, head = load_fsm(data)
+            self.write_head = head
+            await asyncio.get_running_loop().run_in_executor(None, self.proc.wait)
+            return fsm, head
+        finally:
+            self._closed = True
+            self.kill()
+
+    def abandon(self, reason: str) -> None:
+        """Stop recording at once: the process is killed, and what it had not committed is
+        lost (`Recorder.abandon`)."""
+        if self._error is None:
+            self._error = RemoteRecordingFailed(f"recorder of {self.log} abandoned: {reason}")
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the process if it still runs and close the sockets; idempotent."""
+        with contextlib.suppress(ProcessLookupError):
+            if self.proc.poll() is None:
+                self.proc.kill()
+        self.proc.wait()
+        self._down.close()
+        if self._reader is not None and not self._reader.done():
+            self._reader.cancel()
+        self._up.close()
+
+    def _request(self, kind: int, payload: bytes = b"") -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        if self._error is not None:
+            fut.set_exception(type(self._error)(str(self._error)))
+            return fut
+        self._ids += 1
+        ident = self._ids
+        self._waiters[ident] = fut
+        try:
+            self._send(kind, ident, payload)
+        except RemoteRecordingFailed as err:
+            self._waiters.pop(ident, None)
+            self._fail(err)
+        return fut
+
+    def _fail(self, err: RemoteRecordingFailed) -> None:
+        if self._error is None:
+            self._error = err
+        waiters, self._waiters = self._waiters, {}
+        for fut in waiters.values():
+            if not fut.done():
+                fut.set_exception(type(err)(str(err)))
+        if not self._ready.done():
+            self._ready.set_exception(type(err)(str(err)))
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                kind, ident, n = HEADER.unpack(await reader.readexactly(HEADER.size))
+                payload = await reader.readexactly(n) if n else b""
+                if kind == READY:
+                    if not self._ready.done():
+                        self._ready.set_result(ident)
+                    continue
+                if kind == FAILED:
+                    err = RemoteRecordingFailed(payload.decode(errors="replace"))
+                    if ident == 0:
+                        self._fail(err)
+                        continue
+                    if self._error is None:
+                        self._error = err
+                    fut = self._waiters.pop(ident, None)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(err)
+                    continue
+                fut = self._waiters.pop(ident, None)
+                if fut is None or fut.done():
+                    continue
+                if kind == DONE:
+                    head = struct.unpack("<Q", payload)[0]
+                    self.write_head = max(self.write_head, head)
+                    fut.set_result(head)
+                else:  # HINTS_REPLY, CLOSED.
+                    fut.set_result(payload)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            code = self.proc.poll()  # (None if not reaped yet.)
+            how = "was stopped" if self._closed else "exited"
+            if code is not None and not self._closed:
+                how += f" (status {code})"
+            self._fail(RecorderGone(f"recorder process {self.proc.pid} of {self.log} {how}"))
+
+
+def config_from_hello(hello: bytes) -> tuple[dict[str, Any], FSM, int]:
+    """The (configuration, FSM, write head) of a `HELLO` payload (for the child)."""
+    msg = pickle.loads(hello)
+    fsm, head = load_fsm(msg["fsm"])
+    return dict(msg["config"]), fsm, head

@@ -1,0 +1,151 @@
+"""The recorder process: ``python -m recoverylog.remote_server DOWN_FD UP_FD PARENT_PID``.
+
+Started by `RemoteRecorder.start` (see `recoverylog.remote` for the protocol): reads the
+configuration and FSM from the first frame of DOWN_FD, records onwards through a Recorder,
+and answers on UP_FD. Exits when DOWN_FD ends (the parent closed it or died) without
+waiting for appends in flight, as a crashed store's recorder would; after a `CLOSE` once
+everything is committed. Logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import functools
+import logging
+import os
+import signal
+import socket
+import struct
+import sys
+from typing import Any
+
+from recoverylog import recoverylog_pb2 as rpb
+from recoverylog.remote import (
+    BARRIER,
+    CLOSE,
+    CLOSED,
+    DONE,
+    FAILED,
+    HEADER,
+    HELLO,
+    HINTS,
+    HINTS_REPLY,
+    OPS,
+    READY,
+    config_from_hello,
+)
+
+log = logging.getLogger("recoverylog.remote_server")
+
+
+def _set_parent_death_signal() -> None:
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+async def serve(down_fd: int, up_fd: int) -> int:
+    """Serve the parent until its socket ends or it closes us; the exit status."""
+    import pickle
+
+    from broker.client import AppendService, JournalClient
+    from recoverylog.handover import dump_fsm
+    from recoverylog.op_batch import apply_ops
+    from recoverylog.recorder import Recorder
+
+    # (Both writers are kept: a StreamWriter closes its socket once collected.)
+    reader, down = await asyncio.open_connection(sock=socket.socket(fileno=down_fd), limit=1 << 24)
+    _, writer = await asyncio.open_connection(sock=socket.socket(fileno=up_fd))
+
+    def reply(kind: int, ident: int, payload: bytes = b"") -> None:
+        writer.write(HEADER.pack(kind, ident, len(payload)) + payload)
+
+    async def frame() -> tuple[int, int, bytes]:
+        kind, ident, n = HEADER.unpack(await reader.readexactly(HEADER.size))
+        return kind, ident, (await reader.readexactly(n) if n else b"")
+
+    kind, _, hello = await frame()
+    if kind != HELLO:
+        log.error("expected the configuration, got a frame of kind %d", kind)
+        return 2
+    cfg, fsm, head = config_from_hello(hello)
+    async with JournalClient(cfg["endpoint"]) as client, AppendService(client) as svc:
+        rec = Recorder(fsm, cfg["author"], cfg["directory"], svc, cfg["log"], write_head=head)
+        reply(READY, rec.write_head)
+        failed: str | None = None
+
+        def answer(ident: int, fut: asyncio.Future[Any]) -> None:
+            # Replies to a barrier (DONE) or hints request (HINTS_REPLY) once it resolved.
+            nonlocal failed
+            err = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+            if err is not None:
+                failed = failed or repr(err)
+                reply(FAILED, ident, repr(err).encode())
+            elif isinstance(result := fut.result(), rpb.FSMHints):
+                reply(HINTS_REPLY, ident, result.SerializeToString())
+            else:
+                reply(DONE, ident, struct.pack("<Q", rec.write_head))
+
+        while True:
+            try:
+                kind, ident, payload = await frame()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                # Not waiting for appends in flight (nor closing the client, which would).
+                log.info("the parent's socket ended: exiting log=%s", cfg["log"])
+                logging.shutdown()
+                os._exit(0)
+            if kind == OPS:
+                if failed is None:
+                    try:
+                        apply_ops(rec, pickle.loads(payload), exclusive_create=True)
+                    except BaseException as err:  # A broken Recorder, or a bad op.
+                        failed = repr(err)
+                        log.error("recording failed log=%s err=%r", cfg["log"], err)
+                        reply(FAILED, 0, failed.encode())
+            elif failed is not None and kind in (BARRIER, HINTS, CLOSE):
+                reply(FAILED, ident, failed.encode())
+                if kind == CLOSE:
+                    await writer.drain()
+                    return 1
+            elif kind == BARRIER:
+                fut = rec.barrier(confirm=payload != b"\x00")
+                fut.add_done_callback(functools.partial(answer, ident))
+            elif kind == HINTS:
+                hints = asyncio.ensure_future(rec.build_hints())
+                hints.add_done_callback(functools.partial(answer, ident))
+            elif kind == CLOSE:
+                try:
+                    await rec.close()
+                except BaseException as err:
+                    reply(FAILED, ident, repr(err).encode())
+                    await writer.drain()
+                    return 1
+                reply(CLOSED, ident, dump_fsm(rec.fsm, rec.write_head))
+                await writer.drain()
+                return 0
+            else:
+                log.error("unknown frame kind %d", kind)
+                return 2
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(
+        level=os.environ.get("RECORDER_LOG_LEVEL", "WARNING"),
+        stream=sys.stderr,
+        format="%(asctime)s recorder[%(process)d] %(levelname)s %(name)s %(message)s",
+    )
+    down_fd, up_fd, parent = int(argv[0]), int(argv[1]), int(argv[2])
+    _set_parent_death_signal()
+    if os.getppid() != parent:
+        sys.exit(1)  # The parent died before we could take its death signal.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # An interrupt is the parent's to handle.
+    status = asyncio.run(serve(down_fd, up_fd))
+    # Leave without waiting for appends still in flight once the parent is gone.
+    logging.shutdown()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""SQLiteStore recording through a RemoteRecorder (``from_recovered(recorder_process=True)``)
+against a real broker: commits, pipelined or waited, play back; hand-offs fence it; a dead
+recorder process fails the store's commits; close and destroy end the process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import apsw
+import pytest
+
+from broker.client import AppendService, JournalClient
+from broker.testing.broker import BrokerProcess
+from recoverylog.remote import RemoteRecorder, RemoteRecordingFailed
+from stores.sqlite import SQLiteStore
+from stores.sqlite.bridge import RecordingFailed
+from tests.stores.checkpoints import labeled, rich
+from tests.stores.sqlite.support import (
+    MakeLog,
+    client,
+    make_log,
+    recovered_log,
+    service,
+    store_broker,
+)
+
+__all__ = ["client", "make_log", "service", "store_broker"]  # Fixtures used here.
+
+A, B, C = 0xA11CE, 0xB0B, 0xC
+
+
+def _schema(conn: apsw.Connection) -> None:
+    conn.execute("CREATE TABLE IF NOT EXISTS kv (k INTEGER PRIMARY KEY, v BLOB NOT NULL)")
+
+
+def _upsert(conn: apsw.Connection, rows: list[tuple[int, bytes]]) -> None:
+    conn.executemany("INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)", rows)
+
+
+def _rows(conn: apsw.Connection) -> list[tuple[int, bytes]]:
+    return list(conn.execute("SELECT k, v FROM kv ORDER BY k"))
+
+
+def _remote(store: SQLiteStore) -> RemoteRecorder:
+    assert isinstance(store.recorder, RemoteRecorder)
+    return store.recorder
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("sync_waits", [True, False])
+async def test_commits_through_a_recorder_process_play_back(
+    client: JournalClient,
+    service: AppendService,
+    store_broker: BrokerProcess,
+    make_log: MakeLog,
+    tmp_path: Path,
+    sync_waits: bool,
+) -> None:
+    log, endpoint = await make_log(), store_broker.endpoint
+    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "a", A)
+    first = await SQLiteStore.from_recovered(
+        recovered, recorder_process=True, sync_waits=sync_waits, wal_checkpoint_pages=50
+    )
+    remote = _remote(first)
+    assert remote.author == A and remote.pid != os.getpid()
+    await first.transact(_schema)
+    # As the consumer runtime commits: the next transaction works while the last commits.
+    pending: asyncio.Future[None] | None = None
+    for t in range(20):
+        await first.transact(_upsert, [(t * 100 + i, os.urandom(300)) for i in range(100)])
+        if pending is not None:
+            await pending
+        pending = first.start_commit(None, labeled(f"cp-{t}"), [])
+    assert pending is not None
+    await pending
+    assert first.stats()["compactions"] + first.stats()["wal_bytes_kept"] > 0
+    expected = await first.run(_rows)
+    hints = await first.build_hints()
+    await first.close()
+    assert remote.proc.returncode == 0  # Stopped cleanly by close.
+
+    # The next primary, from the hints, records through a process of its own too.
+    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "b", B, hints)
+    second = await SQLiteStore.from_recovered(recovered, recorder_process=True)
+    assert await second.restore_checkpoint() == labeled("cp-19")
+    assert await second.run(_rows) == expected
+    await second.transact(_upsert, [(-1, b"second")])
+    await second.start_commit(None, rich(2), [])
+    await second.close()
+
+    # A third, in process, from the whole log.
+    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "c", C)
+    third = await SQLiteStore.from_recovered(recovered)
+    try:
+        assert await third.restore_checkpoint() == rich(2)
+        assert await third.run(_rows) == [(-1, b"second"), *expected]
+    finally:
+        third.destroy()
+
+
+async def test_a_hand_off_fences_the_recorder_process(
+    client: JournalClient,
+    service: AppendService,
+    store_broker: BrokerProcess,
+    make_log: MakeLog,
+    tmp_path: Path,
+) -> None:
+    log, endpoint = await make_log(), store_broker.endpoint
+    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "a", A)
+    first = await SQLiteStore.from_recovered(recovered, recorder_process=True)
+    await first.transact(_schema)
+    await first.transact(_upsert, [(1, b"one")])
+    await first.start_commit(None, rich(1), [])
+
+    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "b", B)
+    second = await SQLiteStore.from_recovered(recovered)
+    assert await second.restore_checkpoint() == rich(1)
+    # The zombie's commit fails (its xSync waits for the log by default), and so does
+    # every later one.
+    await first.transact(_upsert, [(2, b"zombie")])
+    with pytest.raises(apsw.IOError, match="RecorderFenced"):
+        await first.start_commit(None, labeled("zombie"), [])
+    with pytest.raises((apsw.IOError, RecordingFailed)):
+        await first.transact(_upsert, [(3, b"zombie")])
+        await first.start_commit(None, labeled("zombie-2"), [])
+    pid = _remote(first).pid
+    first.destroy()
+    assert not _alive(pid)
+    assert await second.run(_rows) == [(1, b"one")]
+    second.destroy()
+
+
+async def test_a_dead_recorder_process_fails_the_stores_commits(
+    client: JournalClient,
+    service: AppendService,
+    store_broker: BrokerProcess,
+    make_log: MakeLog,
+    tmp_path: Path,
+) -> None:
+    log, endpoint = await make_log(), store_broker.endpoint
+    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "a", A)
+    store = await SQLiteStore.from_recovered(recovered, recorder_process=True, sync_waits=False)
+    await store.transact(_schema)
+    await store.start_commit(None, rich(1), [])
+    os.kill(_remote(store).pid, signal.SIGKILL)
+    await store.transact(_upsert, [(1, b"lost")])
+    # (Sent to a process on its way out, or refused by its closed socket.)
+    with pytest.raises((RemoteRecordingFailed, RecordingFailed), match="recorder process"):
+        await store.start_commit(None, rich(2), [])
+    store.destroy()
+    assert not (tmp_path / "a").exists()
+
+    # What was committed before is what the log holds.
+    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "b", B)
+    again = await SQLiteStore.from_recovered(recovered)
+    try:
+        assert await again.restore_checkpoint() == rich(1)
+        assert await again.run(_rows) == []
+    finally:
+        again.destroy()
+
+
+async def test_a_store_that_fails_to_open_kills_its_recorder_process(
+    client: JournalClient,
+    service: AppendService,
+    store_broker: BrokerProcess,
+    make_log: MakeLog,
+    tmp_path: Path,
+) -> None:
+    log, endpoint = await make_log(), store_broker.endpoint
+    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "a", A)
+    before = {p for p in os.listdir("/proc") if p.isdigit()}
+    with pytest.raises(ValueError, match="journal_mode"):
+        await SQLiteStore.from_recovered(recovered, recorder_process=True, journal_mode="off")
+    for pid in {p for p in os.listdir("/proc") if p.isdigit()} - before:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except FileNotFoundError:
+            continue
+        assert b"recoverylog.remote_server" not in cmdline, "a recorder process was left"
