@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Final, TypeVar
 
 from recoverylog.recorder import Recorder
@@ -19,6 +19,7 @@ __all__ = [
     "CREATE",
     "LINK",
     "Op",
+    "OpView",
     "RENAME",
     "TRUNCATE",
     "UNLINK",
@@ -39,6 +40,9 @@ LINK: Final = 5  # path (existing) -> data (the encoded new path).
 
 Op = tuple[int, str, int, bytes]
 """(kind, path, offset, data); fields a kind does not use are 0 / b""."""
+
+OpView = tuple[int, str, int, bytes | memoryview]
+"""An `Op` whose data may be a view of a larger buffer (`apply_ops` copies what it keeps)."""
 
 
 class WriteRun:
@@ -84,7 +88,7 @@ class WriteRun:
         self.path, self.offset, self.length, self._parts = None, 0, 0, []
 
 
-def apply_ops(rec: Recorder, ops: list[Op], *, exclusive_create: bool = False) -> None:
+def apply_ops(rec: Recorder, ops: Sequence[OpView], *, exclusive_create: bool = False) -> None:
     """Record `ops` in order. Raises the Recorder's error (or RuntimeError for a write or
     link of a file the Recorder does not know) at the first op that fails."""
     for kind, path, offset, data in ops:
@@ -100,12 +104,12 @@ def apply_ops(rec: Recorder, ops: list[Op], *, exclusive_create: bool = False) -
         elif kind == UNLINK:
             rec.record_unlink(path)
         elif kind == RENAME:
-            rec.record_rename(path, data.decode())
+            rec.record_rename(path, bytes(data).decode())
         elif kind == LINK:
             fnode = rec.fnode(path)
             if fnode is None:
                 raise RuntimeError(f"link of unrecorded file {path!r}")
-            rec.record_link(fnode, data.decode())
+            rec.record_link(fnode, bytes(data).decode())
         else:
             raise ValueError(f"unknown file operation kind {kind}")
 

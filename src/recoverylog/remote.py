@@ -34,7 +34,7 @@ from typing import Any
 from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.fsm import FSM
 from recoverylog.handover import dump_fsm, load_fsm
-from recoverylog.op_batch import Op
+from recoverylog.op_batch import Op, OpView
 
 __all__ = ["RecorderGone", "RemoteRecorder", "RemoteRecordingFailed"]
 
@@ -43,9 +43,16 @@ log = logging.getLogger(__name__)
 HEADER = struct.Struct("<BQI")
 """Frame header: kind, request id, payload length."""
 
+OP_HEADER = struct.Struct("<BIQI")
+"""An operation in an `OPS` payload: kind, path length, offset, data length; then the
+path (UTF-8) and the data."""
+
+MAX_IOVECS = 512
+"""Buffers per ``sendmsg`` (the kernel takes at most ``IOV_MAX``, 1024 on Linux)."""
+
 # Parent -> child.
 HELLO = 1  # Payload: pickle of {"config": {...}, "fsm": dump_fsm bytes}.
-OPS = 2  # Payload: pickle of a list of `Op`.
+OPS = 2  # Payload: operations (`encode_ops`).
 BARRIER = 3  # Payload: b"\x01" to confirm, b"\x00" not (`Recorder.barrier`).
 HINTS = 4
 CLOSE = 5
@@ -193,13 +200,16 @@ class RemoteRecorder:
     # -- Any thread ------------------------------------------------------------------------
 
     def record(self, ops: list[Op]) -> None:
-        """Send `ops` to be recorded, in order after everything sent before. Blocks (GIL
-        released) while the child's socket buffer is full. Raises `RemoteRecordingFailed`
-        once the child failed or is gone."""
+        """Send `ops` to be recorded, in order after everything sent before. Their data is
+        not copied: the kernel takes it from the buffers as they are. Blocks (GIL released)
+        while the child's socket buffer is full. Raises `RemoteRecordingFailed` once the
+        child failed or is gone."""
         if not ops:
             return
         self.check()
-        self._send(OPS, 0, pickle.dumps(ops, protocol=pickle.HIGHEST_PROTOCOL))
+        buffers = encode_ops(ops)
+        size = sum(len(b) for b in buffers)
+        self._send_buffers([HEADER.pack(OPS, 0, size), *buffers])
 
     def check(self) -> None:
         """Raise the child's failure, if it reported one or is gone."""
@@ -208,9 +218,20 @@ class RemoteRecorder:
             raise type(err)(str(err))
 
     def _send(self, kind: int, ident: int, payload: bytes = b"") -> None:
+        self._send_buffers([HEADER.pack(kind, ident, len(payload)), payload])
+
+    def _send_buffers(self, buffers: list[bytes]) -> None:
+        views = [memoryview(b) for b in buffers if b]
         try:
             with self._lock:
-                self._down.sendall(HEADER.pack(kind, ident, len(payload)) + payload)
+                i = 0
+                while i < len(views):
+                    sent = self._down.sendmsg(views[i : i + MAX_IOVECS])
+                    while sent and sent >= len(views[i]):
+                        sent -= len(views[i])
+                        i += 1
+                    if sent:
+                        views[i] = views[i][sent:]
         except OSError as err:
             raise RecorderGone(
                 f"recorder process {self.proc.pid} of {self.log} is gone: {err!r}"
@@ -321,6 +342,39 @@ class RemoteRecorder:
             if code is not None and not self._closed:
                 how += f" (status {code})"
             self._fail(RecorderGone(f"recorder process {self.proc.pid} of {self.log} {how}"))
+
+
+def encode_ops(ops: list[Op]) -> list[bytes]:
+    """`ops` as the buffers of an `OPS` payload (each op's data is one of them, uncopied)."""
+    out: list[bytes] = []
+    for kind, path, offset, data in ops:
+        name = path.encode()
+        out.append(OP_HEADER.pack(kind, len(name), offset, len(data)) + name)
+        if data:
+            out.append(data)
+    return out
+
+
+def decode_ops(payload: bytes | bytearray) -> list[OpView]:
+    """The operations of an `OPS` payload, their data views of it (not copies: `apply_ops`
+    copies what it keeps). Raises ValueError if it is malformed."""
+    view = memoryview(payload)
+    out: list[OpView] = []
+    i, end = 0, len(view)
+    try:
+        while i < end:
+            kind, name_len, offset, data_len = OP_HEADER.unpack_from(view, i)
+            i += OP_HEADER.size
+            path = bytes(view[i : i + name_len]).decode()
+            i += name_len
+            data = view[i : i + data_len]
+            i += data_len
+            if i > end:
+                raise ValueError(f"an operation runs past the end of its {end}-byte payload")
+            out.append((kind, path, offset, data))
+    except (struct.error, UnicodeDecodeError) as err:
+        raise ValueError(f"malformed operations payload: {err}") from err
+    return out
 
 
 def config_from_hello(hello: bytes) -> tuple[dict[str, Any], FSM, int]:

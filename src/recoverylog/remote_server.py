@@ -34,6 +34,7 @@ from recoverylog.remote import (
     OPS,
     READY,
     config_from_hello,
+    decode_ops,
 )
 
 log = logging.getLogger("recoverylog.remote_server")
@@ -47,29 +48,41 @@ def _set_parent_death_signal() -> None:
 
 async def serve(down_fd: int, up_fd: int) -> int:
     """Serve the parent until its socket ends or it closes us; the exit status."""
-    import pickle
-
     from broker.client import AppendService, JournalClient
     from recoverylog.handover import dump_fsm
     from recoverylog.op_batch import apply_ops
     from recoverylog.recorder import Recorder
 
-    # (Both writers are kept: a StreamWriter closes its socket once collected.)
-    reader, down = await asyncio.open_connection(sock=socket.socket(fileno=down_fd), limit=1 << 24)
+    loop = asyncio.get_running_loop()
+    down = socket.socket(fileno=down_fd)
+    down.setblocking(False)
     _, writer = await asyncio.open_connection(sock=socket.socket(fileno=up_fd))
+    header = bytearray(HEADER.size)
+
+    async def read_into(buf: bytearray) -> None:
+        # Raw reads: a frame's payload is copied once, from the kernel into `buf`.
+        view, got = memoryview(buf), 0
+        while got < len(buf):
+            n = await loop.sock_recv_into(down, view[got:])
+            if not n:
+                raise asyncio.IncompleteReadError(bytes(view[:got]), len(buf))
+            got += n
 
     def reply(kind: int, ident: int, payload: bytes = b"") -> None:
         writer.write(HEADER.pack(kind, ident, len(payload)) + payload)
 
-    async def frame() -> tuple[int, int, bytes]:
-        kind, ident, n = HEADER.unpack(await reader.readexactly(HEADER.size))
-        return kind, ident, (await reader.readexactly(n) if n else b"")
+    async def frame() -> tuple[int, int, bytearray]:
+        await read_into(header)
+        kind, ident, n = HEADER.unpack(header)
+        payload = bytearray(n)
+        await read_into(payload)
+        return kind, ident, payload
 
     kind, _, hello = await frame()
     if kind != HELLO:
         log.error("expected the configuration, got a frame of kind %d", kind)
         return 2
-    cfg, fsm, head = config_from_hello(hello)
+    cfg, fsm, head = config_from_hello(bytes(hello))
     async with JournalClient(cfg["endpoint"]) as client, AppendService(client) as svc:
         rec = Recorder(fsm, cfg["author"], cfg["directory"], svc, cfg["log"], write_head=head)
         reply(READY, rec.write_head)
@@ -98,7 +111,7 @@ async def serve(down_fd: int, up_fd: int) -> int:
             if kind == OPS:
                 if failed is None:
                     try:
-                        apply_ops(rec, pickle.loads(payload), exclusive_create=True)
+                        apply_ops(rec, decode_ops(payload), exclusive_create=True)
                     except BaseException as err:  # A broken Recorder, or a bad op.
                         failed = repr(err)
                         log.error("recording failed log=%s err=%r", cfg["log"], err)

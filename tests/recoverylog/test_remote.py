@@ -18,7 +18,13 @@ from recoverylog.fsm import FSM
 from recoverylog.hints import validate_hints
 from recoverylog.op_batch import CREATE, RENAME, WRITE, Op
 from recoverylog.recorder import Recorder
-from recoverylog.remote import RecorderGone, RemoteRecorder, RemoteRecordingFailed
+from recoverylog.remote import (
+    RecorderGone,
+    RemoteRecorder,
+    RemoteRecordingFailed,
+    decode_ops,
+    encode_ops,
+)
 from tests.recoverylog.recorder_support import (
     MakeLog,
     make_rec_log,
@@ -150,3 +156,18 @@ async def test_an_fsm_with_remaining_hints_is_refused(
         await RemoteRecorder.start(
             recorder_broker.endpoint, log, FSM.from_hints(hints), B, tmp_path
         )
+
+
+def test_operations_round_trip_through_their_encoding_and_bad_payloads_are_refused() -> None:
+    ops: list[Op] = [
+        (CREATE, "dir/ä", 0, b""),
+        (WRITE, "dir/ä", 1 << 40, b"x" * 70_000),
+        (RENAME, "dir/ä", 0, b"b"),
+    ]
+    payload = b"".join(encode_ops(ops))
+    for decoded in (decode_ops(payload), decode_ops(bytearray(payload))):
+        assert [(k, p, o, bytes(d)) for k, p, o, d in decoded] == ops
+    with pytest.raises(ValueError, match="past the end"):
+        decode_ops(payload[:-1])
+    with pytest.raises(ValueError, match="malformed"):
+        decode_ops(payload[:5])
