@@ -74,6 +74,15 @@ class WriteRun:
         self._parts.append(data)
         self.length += len(data)
 
+    def extend(self, path: str, offset: int, data: bytes) -> bool:
+        """`add` `data` if a write of `path` at `offset` extends the run (`continues`);
+        False, adding nothing, if it does not. (One call on the path of every write.)"""
+        if self.path != path or self.offset + self.length != offset:
+            return False
+        self._parts.append(data)
+        self.length += len(data)
+        return True
+
     def seal(self) -> Op | None:
         """The run's WRITE op (None if no run is open); the run is then empty."""
         if self.path is None:

@@ -120,10 +120,11 @@ class RecorderBridge:
             return
         if not isinstance(data, bytes):
             data = bytes(data)  # SQLite may reuse its buffer.
-        if not self._run.continues(path, offset):
+        run = self._run
+        if not run.extend(path, offset, data):
             self._seal()
-            self._run.start(path, offset)
-        self._run.add(data)
+            run.start(path, offset)
+            run.add(data)
         self._queued += len(data)
         if self._queued >= self.flush_bytes:
             self.flush()

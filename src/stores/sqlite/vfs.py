@@ -280,10 +280,14 @@ class LogFile(apsw.VFSFile):
 
     def xWrite(self, data: bytes, offset: int) -> None:
         super().xWrite(data, offset)
-        if offset == 0 and self._size > 0 and self._is_reset(data):
+        size = self._recorded_size
+        if offset == 0 and size > 0 and self._is_reset(data):
             self._reset()
+            size = 0
         self._bridge.write(self._rel, offset, data)
-        self._size = max(self._size, offset + len(data))
+        end = offset + len(data)
+        if end > size:  # (SQLite writes a WAL's frames in two pieces: a header, a page.)
+            self._size = end
 
     def xTruncate(self, newsize: int) -> None:
         super().xTruncate(newsize)
