@@ -36,6 +36,18 @@ def test_a_write_run_of_one_piece_keeps_it() -> None:
     assert op is not None and op[3] is piece
 
 
+def test_a_write_run_extends_only_with_a_contiguous_write_of_its_file() -> None:
+    run = WriteRun()
+    assert not run.extend("f", 0, b"a")  # No run is open.
+    run.start("f", 10)
+    assert run.extend("f", 10, b"ab")
+    assert not run.extend("f", 11, b"x")  # Overlaps.
+    assert not run.extend("f", 13, b"x")  # Leaves a hole.
+    assert not run.extend("g", 12, b"x")  # Another file.
+    assert run.extend("f", 12, b"cd")
+    assert run.seal() == (WRITE, "f", 10, b"abcd")
+
+
 async def _outcome(fut: concurrent.futures.Future[object]) -> object:
     """What a thread waiting on `fut` gets: its result, or what it raises."""
     out: list[object] = []
