@@ -256,7 +256,8 @@ class RemoteRecorder:
             data = await self._request(CLOSE)
             fsm, head = load_fsm(data)
             self.write_head = head
-            await asyncio.get_running_loop().run_in_executor(None, self.proc.wait)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # Then killed below.
+                await asyncio.get_running_loop().run_in_executor(None, self.proc.wait, 10.0)
             return fsm, head
         finally:
             self._closed = True
@@ -278,7 +279,10 @@ class RemoteRecorder:
         self._down.close()
         if self._reader is not None and not self._reader.done():
             self._reader.cancel()
-        self._up.close()
+        if self._up_writer is not None:
+            self._up_writer.close()  # (Its transport owns the socket.)
+        else:
+            self._up.close()
 
     def _request(self, kind: int, payload: bytes = b"") -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self._loop.create_future()

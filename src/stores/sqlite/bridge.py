@@ -22,6 +22,7 @@ import asyncio
 import concurrent.futures
 import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from recoverylog.op_batch import (
@@ -179,7 +180,17 @@ class RecorderBridge:
             raise RuntimeError("RecorderBridge.sync would block the event loop it waits on")
         ops = self._take()
         self._dirty = False
-        fut = from_thread(self._loop, functools.partial(self._apply_and_barrier, ops))
+        start: Callable[[], asyncio.Future[Any]]
+        if self._remote is not None:
+            try:
+                self._remote.record(ops)  # From this thread: the loop only waits.
+            except RemoteRecordingFailed as err:
+                self._error = self._error or err
+                self.check()
+            start = self._remote.barrier
+        else:
+            start = functools.partial(self._apply_and_barrier, ops)
+        fut = from_thread(self._loop, start)
         try:
             self.wait(fut)
         except BaseException as err:
@@ -269,9 +280,6 @@ class RecorderBridge:
             self._error = err
 
     def _apply_and_barrier(self, ops: list[Op]) -> asyncio.Future[Any]:
-        if self._remote is not None:
-            self._remote.record(ops)
-            return self._remote.barrier()
         self._apply(ops)
         if self._error is not None:
             raise self._error
