@@ -5,15 +5,16 @@ the same process pays for the recording (the Recorder, the append client, their 
 loop) with the store's own time: both need the GIL. `RemoteRecorder.start` runs the
 Recorder, its `JournalClient` and `AppendService` in a child process
 (``python -m recoverylog.remote_server``) and hands it the FSM to record onwards from; the
-store's thread then sends its operations with `record` (one ``sendall``, which releases the
-GIL) and the event loop only waits for barriers (docs/sqlite-store.md, "The recorder
-process").
+store's thread then sends its operations with `record` (``sendmsg`` of their own buffers,
+which releases the GIL) and the event loop only asks for barriers and waits for them
+(docs/sqlite-store.md, "The recorder process").
 
 Two socket pairs connect the processes: operations and requests go down one, written
-blocking from any thread under a lock; replies come up the other, read by the loop. Frames
-are `HEADER` (kind, request id, payload length) and a payload. The child exits when the
-parent's end closes (also when the parent dies), after a `close`, or once killed; a dead
-child fails every pending and later barrier with `RecorderGone`.
+blocking (at most `SEND_TIMEOUT` a frame) from any thread under a lock; replies come up the
+other, read by the loop. Frames are `HEADER` (kind, request id, payload length) and a
+payload. The child exits when the parent's end closes (also when the parent dies), after a
+`close`, or once killed; a dead child fails every pending and later barrier with
+`RecorderGone`.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.fsm import FSM
 from recoverylog.handover import dump_fsm, load_fsm
 from recoverylog.op_batch import Op, OpView
+from recoverylog.recorder import RecorderFenced
 
-__all__ = ["RecorderGone", "RemoteRecorder", "RemoteRecordingFailed"]
+__all__ = ["RecorderGone", "RemoteRecorder", "RemoteRecorderFenced", "RemoteRecordingFailed"]
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +61,27 @@ CLOSE = 5
 # Child -> parent.
 READY = 10  # Id: the write head.
 DONE = 11  # Payload: the write head, as 8 bytes.
-FAILED = 12  # Payload: the error's text (UTF-8). Id 0: recording failed, unasked.
+FAILED = 12  # Payload: `failure_payload`. Id 0: recording failed, unasked.
 HINTS_REPLY = 13  # Payload: serialized FSMHints.
 CLOSED = 14  # Payload: dump_fsm of the final FSM.
 
 SOCKET_BUFFER = 4 << 20
-"""Send buffer of the operations' socket: a store's commit seldom waits for the child."""
+"""Send buffer asked for the operations' socket (the kernel caps it at ``net.core.wmem_max``,
+212,992 bytes by default: a large commit then waits for the child to read it)."""
+
+SEND_TIMEOUT = 30.0
+"""Longest a frame's send may block (on a child that stopped reading): past it the child is
+taken for gone, and the event loop, which sends barrier requests, is never blocked for good."""
 
 
 class RemoteRecordingFailed(Exception):
     """The recorder process reported a failure (e.g. the log was fenced by a new primary);
     the message is its error. Nothing more can be recorded."""
+
+
+class RemoteRecorderFenced(RemoteRecordingFailed):
+    """The recorder process's log was fenced by another author (its Recorder raised
+    `RecorderFenced`): typically a hand-off to a new primary."""
 
 
 class RecorderGone(RemoteRecordingFailed):
@@ -106,7 +118,8 @@ class RemoteRecorder:
         self._ready: asyncio.Future[int] = self._loop.create_future()
         self._reader: asyncio.Task[None] | None = None
         self._up_writer: asyncio.StreamWriter | None = None
-        self._closed = False
+        self._cut = False  # Nothing more is sent (a frame was cut short, or killed).
+        self._closing = False
 
     @property
     def pid(self) -> int:
@@ -153,6 +166,7 @@ class RemoteRecorder:
         down, child_down = socket.socketpair()
         up, child_up = socket.socketpair()
         down.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+        down.settimeout(SEND_TIMEOUT)
         env = dict(os.environ)
         if log_level is not None:
             env["RECORDER_LOG_LEVEL"] = log_level
@@ -178,12 +192,12 @@ class RemoteRecorder:
             child_up.close()
         self = cls(proc, down, up, log_name, directory, fsm)
         self.author = author
-        # (The writer is kept: a StreamWriter closes its socket once collected.)
-        reader, self._up_writer = await asyncio.open_connection(sock=up, limit=1 << 20)
-        self._reader = self._loop.create_task(
-            self._read(reader), name=f"remote-recorder:{log_name}"
-        )
         try:
+            # (The writer is kept: a StreamWriter closes its socket once collected.)
+            reader, self._up_writer = await asyncio.open_connection(sock=up, limit=1 << 20)
+            self._reader = self._loop.create_task(
+                self._read(reader), name=f"remote-recorder:{log_name}"
+            )
             self._send(HELLO, 0, hello)
             async with asyncio.timeout(timeout):
                 self.write_head = await self._ready
@@ -221,21 +235,41 @@ class RemoteRecorder:
         self._send_buffers([HEADER.pack(kind, ident, len(payload)), payload])
 
     def _send_buffers(self, buffers: list[bytes]) -> None:
+        """Send one frame (`buffers`), whole: a frame cut short (an error, a timeout, an
+        interrupt) would desynchronise the stream, so the child is then cut off for good."""
         views = [memoryview(b) for b in buffers if b]
-        try:
-            with self._lock:
+        begun = False
+        with self._lock:
+            try:
+                if self._cut:
+                    raise OSError("the stream to the recorder process was cut")
                 i = 0
                 while i < len(views):
                     sent = self._down.sendmsg(views[i : i + MAX_IOVECS])
+                    begun = True
                     while sent and sent >= len(views[i]):
                         sent -= len(views[i])
                         i += 1
                     if sent:
                         views[i] = views[i][sent:]
-        except OSError as err:
-            raise RecorderGone(
-                f"recorder process {self.proc.pid} of {self.log} is gone: {err!r}"
-            ) from err
+            except BaseException as err:
+                gone = RecorderGone(
+                    f"recorder process {self.proc.pid} of {self.log} is gone: {err!r}"
+                )
+                if begun or isinstance(err, OSError):
+                    self._cut_off(gone)
+                if isinstance(err, OSError):
+                    raise gone from err
+                raise
+
+    def _cut_off(self, err: RemoteRecordingFailed) -> None:
+        """Record nothing more (any thread): the child sees its input end and exits; pending
+        barriers fail once its replies end."""
+        if self._error is None:
+            self._error = err
+        self._cut = True
+        with contextlib.suppress(OSError):
+            self._down.shutdown(socket.SHUT_RDWR)
 
     # -- The loop ----------------------------------------------------------------------------
 
@@ -245,13 +279,14 @@ class RemoteRecorder:
         return self._request(BARRIER, b"\x01" if confirm else b"\x00")
 
     async def build_hints(self) -> rpb.FSMHints:
-        """FSMHints of everything sent so far, returned once committed."""
+        """FSMHints of at least everything sent before the call, returned once committed."""
         return rpb.FSMHints.FromString(await self._request(HINTS))
 
     async def close(self) -> tuple[FSM, int]:
         """Commit everything sent, stop the process, and return its final (FSM, write head).
         Raises `RemoteRecordingFailed` if not everything could be committed (the process is
         stopped anyway)."""
+        self._closing = True
         try:
             data = await self._request(CLOSE)
             fsm, head = load_fsm(data)
@@ -260,15 +295,23 @@ class RemoteRecorder:
                 await asyncio.get_running_loop().run_in_executor(None, self.proc.wait, 10.0)
             return fsm, head
         finally:
-            self._closed = True
             self.kill()
 
     def abandon(self, reason: str) -> None:
-        """Stop recording at once: the process is killed, and what it had not committed is
-        lost (`Recorder.abandon`)."""
-        if self._error is None:
-            self._error = RemoteRecordingFailed(f"recorder of {self.log} abandoned: {reason}")
-        self.kill()
+        """Stop recording at once, from any thread (also once the loop is closed): the
+        process is killed, and what it had not committed is lost (`Recorder.abandon`)."""
+        self._cut_off(RemoteRecordingFailed(f"recorder of {self.log} abandoned: {reason}"))
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self.kill()
+        else:
+            with contextlib.suppress(RuntimeError):  # A closed loop: nothing to release.
+                self._loop.call_soon_threadsafe(self.kill)
 
     def kill(self) -> None:
         """Kill the process if it still runs and close the sockets; idempotent."""
@@ -276,7 +319,12 @@ class RemoteRecorder:
             if self.proc.poll() is None:
                 self.proc.kill()
         self.proc.wait()
+        self._cut = True
+        with contextlib.suppress(OSError):
+            self._down.shutdown(socket.SHUT_RDWR)  # Wakes a thread blocked sending.
         self._down.close()
+        if self._ready.done() and not self._ready.cancelled():
+            self._ready.exception()  # (Retrieved: a failed start raised it already.)
         if self._reader is not None and not self._reader.done():
             self._reader.cancel()
         if self._up_writer is not None:
@@ -296,6 +344,7 @@ class RemoteRecorder:
             self._send(kind, ident, payload)
         except RemoteRecordingFailed as err:
             self._waiters.pop(ident, None)
+            fut.set_exception(err)
             self._fail(err)
         return fut
 
@@ -319,7 +368,7 @@ class RemoteRecorder:
                         self._ready.set_result(ident)
                     continue
                 if kind == FAILED:
-                    err = RemoteRecordingFailed(payload.decode(errors="replace"))
+                    err = failure_from_payload(payload)
                     if ident == 0:
                         self._fail(err)
                         continue
@@ -340,10 +389,12 @@ class RemoteRecorder:
                     fut.set_result(payload)
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
+        except Exception as err:  # A malformed reply: the child is of no further use.
+            log.error("recorder process pid=%d sent a bad reply: %r", self.proc.pid, err)
         finally:
             code = self.proc.poll()  # (None if not reaped yet.)
-            how = "was stopped" if self._closed else "exited"
-            if code is not None and not self._closed:
+            how = "was stopped" if self._closing else "exited"
+            if code is not None and not self._closing:
                 how += f" (status {code})"
             self._fail(RecorderGone(f"recorder process {self.proc.pid} of {self.log} {how}"))
 
@@ -379,6 +430,17 @@ def decode_ops(payload: bytes | bytearray) -> list[OpView]:
     except (struct.error, UnicodeDecodeError) as err:
         raise ValueError(f"malformed operations payload: {err}") from err
     return out
+
+
+def failure_payload(err: BaseException) -> bytes:
+    """A `FAILED` payload for `err`: whether it is a fence (one byte), then its text."""
+    return (b"\x01" if isinstance(err, RecorderFenced) else b"\x00") + repr(err).encode()
+
+
+def failure_from_payload(payload: bytes) -> RemoteRecordingFailed:
+    """The exception a `FAILED` payload stands for."""
+    text = payload[1:].decode(errors="replace")
+    return RemoteRecorderFenced(text) if payload[:1] == b"\x01" else RemoteRecordingFailed(text)
 
 
 def config_from_hello(hello: bytes) -> tuple[dict[str, Any], FSM, int]:

@@ -35,6 +35,7 @@ from recoverylog.remote import (
     READY,
     config_from_hello,
     decode_ops,
+    failure_payload,
 )
 
 log = logging.getLogger("recoverylog.remote_server")
@@ -86,15 +87,20 @@ async def serve(down_fd: int, up_fd: int) -> int:
     async with JournalClient(cfg["endpoint"]) as client, AppendService(client) as svc:
         rec = Recorder(fsm, cfg["author"], cfg["directory"], svc, cfg["log"], write_head=head)
         reply(READY, rec.write_head)
-        failed: str | None = None
+        failed: bytes | None = None  # The FAILED payload of the first failure.
+        tasks: set[asyncio.Task[Any]] = set()  # Hints being built.
+
+        def fail(ident: int, err: BaseException) -> None:
+            nonlocal failed
+            payload = failure_payload(err)
+            failed = failed or payload
+            reply(FAILED, ident, payload)
 
         def answer(ident: int, fut: asyncio.Future[Any]) -> None:
             # Replies to a barrier (DONE) or hints request (HINTS_REPLY) once it resolved.
-            nonlocal failed
             err = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
             if err is not None:
-                failed = failed or repr(err)
-                reply(FAILED, ident, repr(err).encode())
+                fail(ident, err)
             elif isinstance(result := fut.result(), rpb.FSMHints):
                 reply(HINTS_REPLY, ident, result.SerializeToString())
             else:
@@ -113,25 +119,30 @@ async def serve(down_fd: int, up_fd: int) -> int:
                     try:
                         apply_ops(rec, decode_ops(payload), exclusive_create=True)
                     except BaseException as err:  # A broken Recorder, or a bad op.
-                        failed = repr(err)
                         log.error("recording failed log=%s err=%r", cfg["log"], err)
-                        reply(FAILED, 0, failed.encode())
+                        fail(0, err)
             elif failed is not None and kind in (BARRIER, HINTS, CLOSE):
-                reply(FAILED, ident, failed.encode())
+                reply(FAILED, ident, failed)
                 if kind == CLOSE:
                     await writer.drain()
                     return 1
             elif kind == BARRIER:
-                fut = rec.barrier(confirm=payload != b"\x00")
-                fut.add_done_callback(functools.partial(answer, ident))
+                try:  # (A Recorder already broken raises at once.)
+                    fut = rec.barrier(confirm=payload != b"\x00")
+                except BaseException as err:
+                    fail(ident, err)
+                else:
+                    fut.add_done_callback(functools.partial(answer, ident))
             elif kind == HINTS:
-                hints = asyncio.ensure_future(rec.build_hints())
-                hints.add_done_callback(functools.partial(answer, ident))
+                task = asyncio.ensure_future(rec.build_hints())
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                task.add_done_callback(functools.partial(answer, ident))
             elif kind == CLOSE:
                 try:
                     await rec.close()
                 except BaseException as err:
-                    reply(FAILED, ident, repr(err).encode())
+                    fail(ident, err)
                     await writer.drain()
                     return 1
                 reply(CLOSED, ident, dump_fsm(rec.fsm, rec.write_head))

@@ -14,13 +14,17 @@ from pathlib import Path
 import pytest
 
 from broker.client import AppendService, JournalClient
+from broker.testing.broker import BrokerProcess
 from recoverylog.fsm import FSM
 from recoverylog.hints import validate_hints
 from recoverylog.op_batch import CREATE, RENAME, WRITE, Op
 from recoverylog.recorder import Recorder
 from recoverylog.remote import (
+    HEADER,
+    MAX_IOVECS,
     RecorderGone,
     RemoteRecorder,
+    RemoteRecorderFenced,
     RemoteRecordingFailed,
     decode_ops,
     encode_ops,
@@ -55,7 +59,10 @@ def _gone_within(proc: subprocess.Popen[bytes], seconds: float) -> bool:
 
 
 async def test_ops_from_another_thread_are_recorded_in_order_and_close_returns_the_fsm(
-    recorder_broker, rec_client: JournalClient, make_rec_log: MakeLog, tmp_path: Path
+    recorder_broker: BrokerProcess,
+    rec_client: JournalClient,
+    make_rec_log: MakeLog,
+    tmp_path: Path,
 ) -> None:
     log = await make_rec_log()
     rec = await _start(recorder_broker.endpoint, log, tmp_path / "d")
@@ -85,7 +92,7 @@ async def test_ops_from_another_thread_are_recorded_in_order_and_close_returns_t
 
 
 async def test_a_fenced_remote_recorder_fails_its_barriers_and_refuses_ops(
-    recorder_broker,
+    recorder_broker: BrokerProcess,
     rec_service: AppendService,
     make_rec_log: MakeLog,
     tmp_path: Path,
@@ -98,9 +105,9 @@ async def test_a_fenced_remote_recorder_fails_its_barriers_and_refuses_ops(
     (tmp_path / "e").mkdir()
     other = await Recorder.open(FSM(log), B, tmp_path / "e", rec_service, log, fence_log=True)
     rec.record([(WRITE, "a", 0, b"zombie")])
-    with pytest.raises(RemoteRecordingFailed, match="RecorderFenced"):
+    with pytest.raises(RemoteRecorderFenced, match="RecorderFenced"):
         await rec.barrier()
-    assert rec.error is not None
+    assert isinstance(rec.error, RemoteRecorderFenced)
     with pytest.raises(RemoteRecordingFailed):
         rec.record([(WRITE, "a", 6, b"more")])
     with pytest.raises(RemoteRecordingFailed):
@@ -109,8 +116,36 @@ async def test_a_fenced_remote_recorder_fails_its_barriers_and_refuses_ops(
     await other.close()
 
 
+async def test_a_barrier_after_a_failed_background_append_is_answered_not_fatal(
+    recorder_broker: BrokerProcess,
+    rec_service: AppendService,
+    make_rec_log: MakeLog,
+    tmp_path: Path,
+) -> None:
+    log = await make_rec_log()
+    rec = await _start(recorder_broker.endpoint, log, tmp_path / "d")
+    rec.record([(CREATE, "a", 0, b"")])
+    await rec.barrier()
+    (tmp_path / "e").mkdir()
+    other = await Recorder.open(FSM(log), B, tmp_path / "e", rec_service, log, fence_log=True)
+    # The child appends this op on its own and finds the fence: its Recorder breaks with no
+    # barrier waiting. The next barrier request then fails at once, in the child...
+    rec.record([(WRITE, "a", 0, b"zombie")])
+    await asyncio.sleep(1.0)
+    with pytest.raises(RemoteRecorderFenced):
+        await rec.barrier()
+    # ...which answers it rather than dying (a dead child's barriers raise RecorderGone).
+    await asyncio.sleep(0.5)
+    assert rec.proc.poll() is None
+    with pytest.raises(RemoteRecorderFenced):
+        await rec.barrier()
+    assert not isinstance(rec.error, RecorderGone)
+    rec.kill()
+    await other.close()
+
+
 async def test_a_killed_recorder_process_fails_pending_and_later_barriers(
-    recorder_broker, make_rec_log: MakeLog, tmp_path: Path
+    recorder_broker: BrokerProcess, make_rec_log: MakeLog, tmp_path: Path
 ) -> None:
     log = await make_rec_log()
     rec = await _start(recorder_broker.endpoint, log, tmp_path / "d")
@@ -131,7 +166,7 @@ async def test_a_killed_recorder_process_fails_pending_and_later_barriers(
 
 
 async def test_the_process_ends_when_its_parent_goes(
-    recorder_broker, make_rec_log: MakeLog, tmp_path: Path
+    recorder_broker: BrokerProcess, make_rec_log: MakeLog, tmp_path: Path
 ) -> None:
     log = await make_rec_log()
     rec = await _start(recorder_broker.endpoint, log, tmp_path / "d")
@@ -144,7 +179,7 @@ async def test_the_process_ends_when_its_parent_goes(
 
 
 async def test_an_fsm_with_remaining_hints_is_refused(
-    recorder_broker, make_rec_log: MakeLog, tmp_path: Path
+    recorder_broker: BrokerProcess, make_rec_log: MakeLog, tmp_path: Path
 ) -> None:
     log = await make_rec_log()
     rec = await _start(recorder_broker.endpoint, log, tmp_path / "d")
@@ -171,3 +206,58 @@ def test_operations_round_trip_through_their_encoding_and_bad_payloads_are_refus
         decode_ops(payload[:-1])
     with pytest.raises(ValueError, match="malformed"):
         decode_ops(payload[:5])
+
+
+class _ShortSocket:
+    """A socket taking at most `chunk` bytes a call; fails after `fail_after` bytes."""
+
+    def __init__(self, chunk: int, fail_after: int | None = None) -> None:
+        self.chunk, self.fail_after = chunk, fail_after
+        self.data = bytearray()
+        self.calls: list[int] = []
+        self.shut = False
+
+    def sendmsg(self, buffers: list[memoryview]) -> int:
+        self.calls.append(len(buffers))
+        if self.fail_after is not None and len(self.data) >= self.fail_after:
+            raise TimeoutError("timed out")
+        flat = b"".join(bytes(b) for b in buffers)[: self.chunk]
+        self.data += flat
+        return len(flat)
+
+    def shutdown(self, how: int) -> None:
+        self.shut = True
+
+
+def _bare(sock: _ShortSocket) -> RemoteRecorder:
+    rec = RemoteRecorder.__new__(RemoteRecorder)
+    rec._down = sock  # type: ignore[assignment]
+    rec._lock = threading.Lock()
+    rec._cut = False
+    rec._error = None
+    rec.log = "log"
+    rec.proc = subprocess.Popen(["true"])
+    rec.proc.wait()
+    return rec
+
+
+def test_a_frame_is_sent_whole_however_the_socket_cuts_it() -> None:
+    ops: list[Op] = [(WRITE, "f", i, bytes([i % 251]) * 7) for i in range(600)]
+    sock = _ShortSocket(chunk=1000)
+    _bare(sock).record(ops)
+    payload = b"".join(encode_ops(ops))
+    assert bytes(sock.data[HEADER.size :]) == payload
+    assert HEADER.unpack(bytes(sock.data[: HEADER.size]))[2] == len(payload)
+    assert max(sock.calls) <= MAX_IOVECS < 2 * len(ops)  # Many calls, none too large.
+
+
+def test_a_frame_cut_short_cuts_the_recorder_off() -> None:
+    sock = _ShortSocket(chunk=100, fail_after=300)
+    rec = _bare(sock)
+    with pytest.raises(RecorderGone, match="timed out"):
+        rec.record([(WRITE, "f", 0, b"x" * 1000)])
+    assert sock.shut and isinstance(rec.error, RecorderGone)
+    sent = len(sock.data)
+    with pytest.raises(RecorderGone):  # Nothing more goes down a desynchronised stream.
+        rec.record([(WRITE, "f", 0, b"y")])
+    assert len(sock.data) == sent

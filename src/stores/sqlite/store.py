@@ -422,6 +422,9 @@ class SQLiteStore:
         """Release everything and remove the store directory; nothing more is recorded."""
         self._closed = True
         self._bridge.discard()
+        if isinstance(self.recorder, RemoteRecorder):
+            # First: it also wakes the SQLite thread if it is blocked sending to the child.
+            self.recorder.kill()
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
@@ -429,8 +432,6 @@ class SQLiteStore:
             except apsw.Error as err:  # Closing checkpoints a WAL; nothing of it matters now.
                 log.warning("closing destroyed store dir=%s err=%r", self.directory, err)
         self._shutdown()
-        if isinstance(self.recorder, RemoteRecorder):
-            self.recorder.kill()
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def __del__(self) -> None:
@@ -466,6 +467,9 @@ class SQLiteStore:
 
     def _abandon_recorder(self) -> None:
         reason = f"the SQLiteStore of {self.directory} was dropped without close()"
+        if isinstance(self.recorder, RemoteRecorder):
+            self.recorder.abandon(reason)  # From any thread.
+            return
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:

@@ -286,7 +286,7 @@ class LogFile(apsw.VFSFile):
             size = 0
         self._bridge.write(self._rel, offset, data)
         end = offset + len(data)
-        if end > size:  # (SQLite writes a WAL's frames in two pieces: a header, a page.)
+        if end > size:  # (Not for a rewrite within the recorded size.)
             self._size = end
 
     def xTruncate(self, newsize: int) -> None:

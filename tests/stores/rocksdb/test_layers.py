@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from stores.rocksdb.store import _DELETED, InvalidKey, RocksDBStore
+from stores.rocksdb.store import _DELETED, InvalidKey, RocksDBStore, StoreFailed
 
 
 class _Batch:
@@ -33,8 +33,8 @@ def _store(db: dict[bytes, bytes], *committing: dict[bytes, object]) -> RocksDBS
 
 
 def test_reads_see_the_newest_layer_and_deletes_hide_older_values() -> None:
-    older = {b"\x01a": b"older", b"\x01b": b"older", b"\x01gone": _DELETED}
-    newer = {b"\x01b": b"newer", b"\x01c": _DELETED}
+    older = {b"\x01a": b"older", b"\x01b": b"older", b"\x01gone": _DELETED, b"\x01x": b"older"}
+    newer = {b"\x01b": b"newer", b"\x01c": _DELETED, b"\x01x": _DELETED}
     store = _store({b"\x01c": b"db", b"\x01d": b"db", b"\x01gone": b"db"}, older, newer)
     store.put(b"\x01a", b"current")
     store.delete(b"\x01d")
@@ -42,7 +42,8 @@ def test_reads_see_the_newest_layer_and_deletes_hide_older_values() -> None:
     assert store.get(b"\x01b") == b"newer"  # then the newest committing one,
     assert store.get(b"\x01c") is None  # whose delete hides the database's value;
     assert store.get(b"\x01c", b"dflt") == b"dflt"
-    assert store.get(b"\x01gone") is None  # an older committing delete too.
+    assert store.get(b"\x01gone") is None  # an older committing delete too,
+    assert store.get(b"\x01x") is None  # and a newer delete an older value.
     assert store.get(b"\x01d", b"dflt") == b"dflt"  # Deleted in the current transaction.
     assert store.get(b"\x01e") is None and store.get(b"\x01e", b"x") == b"x"  # Nowhere.
     store._committing.clear()
@@ -68,6 +69,6 @@ def test_a_closed_or_failed_store_refuses_writes() -> None:
         store.put(b"\x01a", b"v")
     store = _store({})
     store._error = OSError("disk")
-    with pytest.raises(Exception, match="store failed"):
+    with pytest.raises(StoreFailed, match="store failed"):
         store.delete(b"\x01a")
     assert store._overlay == {}

@@ -8,13 +8,14 @@ import asyncio
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
 
 from broker.client import AppendService, JournalClient
 from broker.testing.broker import BrokerProcess
-from recoverylog.remote import RemoteRecorder, RemoteRecordingFailed
+from recoverylog.remote import RemoteRecorder
 from stores.sqlite import SQLiteStore
 from stores.sqlite.bridge import RecordingFailed
 from tests.stores.checkpoints import labeled, rich
@@ -152,11 +153,16 @@ async def test_a_dead_recorder_process_fails_the_stores_commits(
     store = await SQLiteStore.from_recovered(recovered, recorder_process=True, sync_waits=False)
     await store.transact(_schema)
     await store.start_commit(None, rich(1), [])
-    os.kill(_remote(store).pid, signal.SIGKILL)
+    remote = _remote(store)
+    os.kill(remote.pid, signal.SIGKILL)
+    remote.proc.wait()
     await store.transact(_upsert, [(1, b"lost")])
-    # (Sent to a process on its way out, or refused by its closed socket.)
-    with pytest.raises((RemoteRecordingFailed, RecordingFailed), match="recorder process"):
+    # The commit's sync finds the child gone.
+    with pytest.raises(apsw.IOError, match="recorder process"):
         await store.start_commit(None, rich(2), [])
+    with pytest.raises((apsw.IOError, RecordingFailed)):
+        await store.transact(_upsert, [(2, b"lost")])
+        await store.start_commit(None, rich(3), [])
     store.destroy()
     assert not (tmp_path / "a").exists()
 
@@ -176,16 +182,24 @@ async def test_a_store_that_fails_to_open_kills_its_recorder_process(
     store_broker: BrokerProcess,
     make_log: MakeLog,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     log, endpoint = await make_log(), store_broker.endpoint
     recovered = await recovered_log(client, service, endpoint, log, tmp_path / "a", A)
-    before = {p for p in os.listdir("/proc") if p.isdigit()}
+    started: list[RemoteRecorder] = []
+    start = RemoteRecorder.start
+
+    async def recording_start(*args: Any, **kwargs: Any) -> RemoteRecorder:
+        started.append(await start(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(RemoteRecorder, "start", recording_start)
+    # Refused before the store opens anything, and while opening the connection.
     with pytest.raises(ValueError, match="journal_mode"):
         await SQLiteStore.from_recovered(recovered, recorder_process=True, journal_mode="off")
-    for pid in {p for p in os.listdir("/proc") if p.isdigit()} - before:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except FileNotFoundError:
-            continue
-        assert b"recoverylog.remote_server" not in cmdline, "a recorder process was left"
+    with pytest.raises(apsw.SQLError):
+        await SQLiteStore.from_recovered(
+            recovered, recorder_process=True, bootstrap_sql="CREATE TABLE broken ("
+        )
+    assert len(started) == 2
+    assert all(r.proc.returncode is not None for r in started)
