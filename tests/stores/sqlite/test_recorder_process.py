@@ -5,8 +5,10 @@ recorder process fails the store's commits; close and destroy end the process.""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 
 from broker.client import AppendService, JournalClient
 from broker.testing.broker import BrokerProcess
-from recoverylog.remote import RemoteRecorder
+from recoverylog.remote import RemoteRecorder, RemoteRecordingFailed
 from stores.sqlite import SQLiteStore
 from stores.sqlite.bridge import RecordingFailed
 from tests.stores.checkpoints import labeled, rich
@@ -203,3 +205,39 @@ async def test_a_store_that_fails_to_open_kills_its_recorder_process(
         )
     assert len(started) == 2
     assert all(r.proc.returncode is not None for r in started)
+
+
+async def test_a_store_dropped_without_close_abandons_its_recorder_process(
+    client: JournalClient,
+    service: AppendService,
+    store_broker: BrokerProcess,
+    make_log: MakeLog,
+    tmp_path: Path,
+) -> None:
+    log, endpoint = await make_log(), store_broker.endpoint
+    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "a", A)
+    store = await SQLiteStore.from_recovered(recovered, recorder_process=True)
+    await store.transact(_schema)
+    await store.transact(_upsert, [(1, b"kept")])
+    await store.start_commit(None, rich(1), [])
+    await store.transact(_upsert, [(2, b"not committed")])
+    remote = _remote(store)
+    await asyncio.wrap_future(store._thread.submit(int))  # The thread lets go of the store.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del store
+        gc.collect()
+    assert any("was not closed" in str(w.message) for w in caught)
+    assert await asyncio.get_running_loop().run_in_executor(None, remote.proc.wait, 10) is not None
+    assert remote.error is not None and "dropped without close" in str(remote.error)
+    with pytest.raises(RemoteRecordingFailed, match="dropped without close"):
+        await remote.barrier()
+
+    # The log holds the last commit, as after a crash.
+    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "b", B)
+    again = await SQLiteStore.from_recovered(recovered)
+    try:
+        assert await again.restore_checkpoint() == rich(1)
+        assert await again.run(_rows) == [(1, b"kept")]
+    finally:
+        again.destroy()
