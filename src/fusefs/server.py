@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import ctypes
 import faulthandler
 import json
 import logging
@@ -41,6 +40,7 @@ import trio
 from fusefs._config import MountConfig, dump_fsm, load_fsm
 from fusefs._ops import RecordingOperations
 from fusefs._recording import RecordingFailed, RecordingLink
+from recoverylog.handover import set_parent_death_signal
 from recoverylog.hints import hints_to_json
 
 __all__ = ["MountConfig", "main"]
@@ -125,12 +125,6 @@ def _read_line(fd: int) -> str:
     while (b := os.read(fd, 1)) and b != b"\n":
         line += b
     return line.decode() if b else ""
-
-
-def _set_parent_death_signal() -> None:
-    PR_SET_PDEATHSIG = 1
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 class _LoopThread:
@@ -379,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
         # Started ahead of need (mount.PrestartedServer), imports done: wait for the
         # configuration's path on the control pipe; its end means not needed after all (also
         # on the parent's death; an interrupt of the process group is the parent's to handle).
-        _set_parent_death_signal()
+        set_parent_death_signal(signal.SIGTERM)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         path = _read_line(0)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -390,7 +384,7 @@ def main(argv: list[str] | None = None) -> None:
     # From here, a stop signal waits for one thread to take it (`_Server._take_signals`,
     # started with the set-up): it then cancels the set-up, or stops the mount cleanly.
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    _set_parent_death_signal()
+    set_parent_death_signal(signal.SIGTERM)
     if cfg.parent_pid and os.getppid() != cfg.parent_pid:
         log.error("parent %d is gone before the mount", cfg.parent_pid)
         _remove_orphaned_hand_over(cfg)

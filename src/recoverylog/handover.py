@@ -1,17 +1,17 @@
-"""Hand an FSM over to another process: `dump_fsm` and `load_fsm`.
-
-A recorder running in a process of its own (the fusefs server, `recoverylog.remote`) is
-handed the FSM it records onwards from, and hands back its final FSM, as these bytes.
+"""What a recorder running in a process of its own (the fusefs server,
+`recoverylog.remote`) needs of its parent: the FSM it records onwards from and hands back
+(`dump_fsm`, `load_fsm`), and its parent's death (`set_parent_death_signal`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import pickle
 
 from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.fsm import FSM, FnodeState
 
-__all__ = ["dump_fsm", "load_fsm"]
+__all__ = ["dump_fsm", "load_fsm", "set_parent_death_signal"]
 
 
 def dump_fsm(fsm: FSM, write_head: int) -> bytes:
@@ -49,3 +49,12 @@ def load_fsm(data: bytes) -> tuple[FSM, int]:
         for fnode, (links, segments) in state["live_nodes"].items()
     }
     return fsm, int(state["write_head"])
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """Have the kernel send this process `sig` when the thread of its parent which started it
+    exits (Linux ``PR_SET_PDEATHSIG``). Check the parent's pid afterwards: it may be gone
+    already."""
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(pr_set_pdeathsig, sig, 0, 0, 0)

@@ -10,7 +10,6 @@ everything is committed. Logs go to stderr.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
 import logging
 import os
@@ -21,6 +20,7 @@ import sys
 from typing import Any
 
 from recoverylog import recoverylog_pb2 as rpb
+from recoverylog.handover import set_parent_death_signal
 from recoverylog.remote import (
     BARRIER,
     CLOSE,
@@ -39,12 +39,6 @@ from recoverylog.remote import (
 )
 
 log = logging.getLogger("recoverylog.remote_server")
-
-
-def _set_parent_death_signal() -> None:
-    PR_SET_PDEATHSIG = 1
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 async def serve(down_fd: int, up_fd: int) -> int:
@@ -161,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s recorder[%(process)d] %(levelname)s %(name)s %(message)s",
     )
     down_fd, up_fd, parent = int(argv[0]), int(argv[1]), int(argv[2])
-    _set_parent_death_signal()
+    set_parent_death_signal(signal.SIGKILL)
     if os.getppid() != parent:
         sys.exit(1)  # The parent died before we could take its death signal.
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # An interrupt is the parent's to handle.

@@ -58,6 +58,20 @@ def _gone_within(proc: subprocess.Popen[bytes], seconds: float) -> bool:
     return True
 
 
+async def _fenced(
+    broker: BrokerProcess, service: AppendService, make_log: MakeLog, tmp_path: Path
+) -> tuple[RemoteRecorder, Recorder]:
+    """A remote recorder which recorded a file, and the Recorder of a new author which then
+    took its log over (as a Player's hand-off does)."""
+    log = await make_log()
+    rec = await _start(broker.endpoint, log, tmp_path / "d")
+    rec.record([(CREATE, "a", 0, b"")])
+    await rec.barrier()
+    (tmp_path / "e").mkdir()
+    other = await Recorder.open(FSM(log), B, tmp_path / "e", service, log, fence_log=True)
+    return rec, other
+
+
 async def test_ops_from_another_thread_are_recorded_in_order_and_close_returns_the_fsm(
     recorder_broker: BrokerProcess,
     rec_client: JournalClient,
@@ -97,13 +111,7 @@ async def test_a_fenced_remote_recorder_fails_its_barriers_and_refuses_ops(
     make_rec_log: MakeLog,
     tmp_path: Path,
 ) -> None:
-    log = await make_rec_log()
-    rec = await _start(recorder_broker.endpoint, log, tmp_path / "d")
-    rec.record([(CREATE, "a", 0, b"")])
-    await rec.barrier()
-    # A new author takes the log over (as a Player's hand-off does).
-    (tmp_path / "e").mkdir()
-    other = await Recorder.open(FSM(log), B, tmp_path / "e", rec_service, log, fence_log=True)
+    rec, other = await _fenced(recorder_broker, rec_service, make_rec_log, tmp_path)
     rec.record([(WRITE, "a", 0, b"zombie")])
     with pytest.raises(RemoteRecorderFenced, match="RecorderFenced"):
         await rec.barrier()
@@ -122,12 +130,7 @@ async def test_a_barrier_after_a_failed_background_append_is_answered_not_fatal(
     make_rec_log: MakeLog,
     tmp_path: Path,
 ) -> None:
-    log = await make_rec_log()
-    rec = await _start(recorder_broker.endpoint, log, tmp_path / "d")
-    rec.record([(CREATE, "a", 0, b"")])
-    await rec.barrier()
-    (tmp_path / "e").mkdir()
-    other = await Recorder.open(FSM(log), B, tmp_path / "e", rec_service, log, fence_log=True)
+    rec, other = await _fenced(recorder_broker, rec_service, make_rec_log, tmp_path)
     # The child appends this op on its own and finds the fence: its Recorder breaks with no
     # barrier waiting. The next barrier request then fails at once, in the child...
     rec.record([(WRITE, "a", 0, b"zombie")])

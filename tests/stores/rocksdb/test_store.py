@@ -16,13 +16,12 @@ import pytest
 from broker.client import AppendService, JournalClient
 from broker.testing.broker import BrokerProcess
 from consumer.protocol import pb
-from consumer.store import RecoveredLog
 from fusefs import force_unmount, is_mounted
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.player import TAIL, Player
+from recoverylog.player import Player
 from stores.rocksdb import InvalidKey, RocksDBStore, StoreFailed
 from tests.fusefs.support import MakeLog, client, fuse_broker, make_log, no_stale_mounts, tree
 from tests.stores.checkpoints import labeled, rich
+from tests.stores.recovery import recovered_log
 from tests.stores.rocksdb.crash_writer import options
 
 __all__ = ["client", "fuse_broker", "make_log", "no_stale_mounts"]
@@ -342,24 +341,6 @@ async def test_fenced_primary_fails(
         await check.close()
 
 
-async def _recovered(
-    client: JournalClient,
-    service: AppendService,
-    endpoint: str,
-    log: str,
-    directory: Path,
-    author: int,
-    hints: rpb.FSMHints | None = None,
-) -> RecoveredLog:
-    """Play `log` into `directory` and hand it off to `author`, as the consumer runtime does."""
-    player = Player(client, log, hints, directory)
-    player.inject_handoff(author)
-    fsm = await player.play(until=TAIL)
-    return RecoveredLog(
-        log, directory, fsm, author, player.write_head, client, service, endpoint, hints
-    )
-
-
 async def test_from_recovered(
     client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
 ) -> None:
@@ -367,7 +348,7 @@ async def test_from_recovered(
     root = no_stale_mounts
     async with AppendService(client) as service:
         # A new store, of a log never written to.
-        recovered = await _recovered(client, service, fuse_broker.endpoint, log, root / "a", 0xA)
+        recovered = await recovered_log(client, service, fuse_broker.endpoint, log, root / "a", 0xA)
         store = await RocksDBStore.from_recovered(recovered, options=options())
         try:
             assert store.directory == root / "a.mnt"
@@ -387,7 +368,7 @@ async def test_from_recovered(
         assert not is_mounted(root / "a.mnt")
 
         # The next primary, from hints: the checkpoint round-trips through the log.
-        recovered = await _recovered(
+        recovered = await recovered_log(
             client, service, fuse_broker.endpoint, log, root / "b", 0xB, hints
         )
         assert tree(root / "b") == tree(root / "a")
@@ -404,7 +385,7 @@ async def test_from_recovered(
             assert not (root / gone).exists(), gone
 
         # A third, from the whole log: the destroyed store had committed.
-        recovered = await _recovered(client, service, fuse_broker.endpoint, log, root / "c", 0xC)
+        recovered = await recovered_log(client, service, fuse_broker.endpoint, log, root / "c", 0xC)
         store = await RocksDBStore.from_recovered(recovered)
         try:
             assert await store.restore_checkpoint(None) == rich(6)

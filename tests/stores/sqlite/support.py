@@ -16,10 +16,8 @@ from broker.client import AppendService, JournalClient, apply_journals
 from broker.protocol import protocol_pb2 as pb
 from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer
-from consumer.store import RecoveredLog
-from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.fsm import FSM
-from recoverylog.player import TAIL, Player
+from recoverylog.player import Player
 from recoverylog.recorder import Recorder
 from tests.conftest import session_broker
 
@@ -106,21 +104,3 @@ def integrity(path: Path) -> str:
         return str(conn.execute("PRAGMA integrity_check").fetchall()[0][0])
     finally:
         conn.close()
-
-
-async def recovered_log(
-    client: JournalClient,
-    service: AppendService,
-    endpoint: str,
-    log: str,
-    directory: Path,
-    author: int,
-    hints: rpb.FSMHints | None = None,
-) -> RecoveredLog:
-    """Play `log` into `directory` and hand it off to `author`, as the consumer runtime does."""
-    player = Player(client, log, hints, directory)
-    player.inject_handoff(author)
-    fsm = await player.play(until=TAIL)
-    return RecoveredLog(
-        log, directory, fsm, author, player.write_head, client, service, endpoint, hints
-    )

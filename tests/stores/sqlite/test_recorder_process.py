@@ -21,11 +21,11 @@ from recoverylog.remote import RemoteRecorder, RemoteRecordingFailed
 from stores.sqlite import SQLiteStore
 from stores.sqlite.bridge import RecordingFailed
 from tests.stores.checkpoints import labeled, rich
+from tests.stores.recovery import recovered_log
 from tests.stores.sqlite.support import (
     MakeLog,
     client,
     make_log,
-    recovered_log,
     service,
     store_broker,
 )

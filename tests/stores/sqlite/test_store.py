@@ -22,6 +22,7 @@ from stores.sqlite import SQLiteStore, recover
 from stores.sqlite.pagestore import is_wal_generation
 from stores.sqlite.store import rebuild_played
 from tests.stores.checkpoints import labeled, rich
+from tests.stores.recovery import recovered_log
 from tests.stores.sqlite.support import (
     MakeLog,
     client,
@@ -30,7 +31,6 @@ from tests.stores.sqlite.support import (
     make_log,
     new_recorder,
     play,
-    recovered_log,
     service,
     store_broker,
 )
