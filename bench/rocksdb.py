@@ -239,7 +239,8 @@ async def store_adaptive(
                     break
             if pending is not None:
                 await pending
-            pending = s.start_commit(None, checkpoint("write", n - 1), [])
+            # (A future already: ensure_future only gives it the type that has done().)
+            pending = asyncio.ensure_future(s.start_commit(None, checkpoint("write", n - 1), []))
             sizes.append(size)
         if pending is not None:
             await pending
