@@ -9,11 +9,12 @@ thread until a Recorder barrier behind it resolves: everything recorded so far i
 committed to the log.
 
 With a `RemoteRecorder` (a Recorder in a process of its own), operations are sent to it
-from the SQLite thread instead, and the loop only waits for its barriers.
+from the SQLite thread instead, and the loop only asks for its barriers and waits for them.
 
 Paths are relative to the Recorder's directory. A bridge is used by one SQLite thread at a
-time. It never blocks the loop; the SQLite thread must not be the loop's thread (`sync`
-raises `RuntimeError` there rather than deadlock).
+time. It never blocks the loop (but for a remote barrier's request, which may wait behind a
+hand-over being sent, at most `recoverylog.remote.SEND_TIMEOUT`); the SQLite thread must not
+be the loop's thread (`sync` raises `RuntimeError` there rather than deadlock).
 """
 
 from __future__ import annotations
