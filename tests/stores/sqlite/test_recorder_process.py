@@ -17,6 +17,7 @@ import pytest
 
 from broker.client import AppendService, JournalClient
 from broker.testing.broker import BrokerProcess
+from consumer.protocol import pb
 from recoverylog.remote import RemoteRecorder, RemoteRecordingFailed
 from stores.sqlite import SQLiteStore
 from stores.sqlite.bridge import RecordingFailed
@@ -58,6 +59,26 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+async def _expect_log(
+    client: JournalClient,
+    service: AppendService,
+    endpoint: str,
+    log: str,
+    directory: Path,
+    checkpoint: pb.Checkpoint,
+    rows: list[tuple[int, bytes]],
+) -> None:
+    """Recover `log` in process (as author C) into `directory`: it holds `checkpoint` and
+    `rows`."""
+    recovered = await recovered_log(client, service, endpoint, log, directory, C)
+    store = await SQLiteStore.from_recovered(recovered)
+    try:
+        assert await store.restore_checkpoint() == checkpoint
+        assert await store.run(_rows) == rows
+    finally:
+        store.destroy()
 
 
 @pytest.mark.parametrize("sync_waits", [True, False])
@@ -102,13 +123,9 @@ async def test_commits_through_a_recorder_process_play_back(
     await second.close()
 
     # A third, in process, from the whole log.
-    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "c", C)
-    third = await SQLiteStore.from_recovered(recovered)
-    try:
-        assert await third.restore_checkpoint() == rich(2)
-        assert await third.run(_rows) == [(-1, b"second"), *expected]
-    finally:
-        third.destroy()
+    await _expect_log(
+        client, service, endpoint, log, tmp_path / "c", rich(2), [(-1, b"second"), *expected]
+    )
 
 
 async def test_a_hand_off_fences_the_recorder_process(
@@ -169,13 +186,7 @@ async def test_a_dead_recorder_process_fails_the_stores_commits(
     assert not (tmp_path / "a").exists()
 
     # What was committed before is what the log holds.
-    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "b", B)
-    again = await SQLiteStore.from_recovered(recovered)
-    try:
-        assert await again.restore_checkpoint() == rich(1)
-        assert await again.run(_rows) == []
-    finally:
-        again.destroy()
+    await _expect_log(client, service, endpoint, log, tmp_path / "b", rich(1), [])
 
 
 async def test_a_store_that_fails_to_open_kills_its_recorder_process(
@@ -234,10 +245,4 @@ async def test_a_store_dropped_without_close_abandons_its_recorder_process(
         await remote.barrier()
 
     # The log holds the last commit, as after a crash.
-    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "b", B)
-    again = await SQLiteStore.from_recovered(recovered)
-    try:
-        assert await again.restore_checkpoint() == rich(1)
-        assert await again.run(_rows) == [(1, b"kept")]
-    finally:
-        again.destroy()
+    await _expect_log(client, service, endpoint, log, tmp_path / "b", rich(1), [(1, b"kept")])
