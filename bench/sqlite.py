@@ -123,9 +123,97 @@ def native(
     return elapsed
 
 
+class NativeBlocks:
+    """Native apsw FULL on one connection, run a block of transactions at a time."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True)
+        self.conn = apsw.Connection(str(directory / "native.db"))
+        for pragma in ("cache_size = -65536", "journal_mode = wal", "synchronous = FULL"):
+            self.conn.execute(f"PRAGMA {pragma}")
+        self.conn.execute(SCHEMA)
+
+    def run(self, work: list[Batch]) -> float:
+        """Seconds to commit one transaction per batch of `work`."""
+        t0 = time.perf_counter()
+        for batch in work:
+            self.conn.execute("BEGIN")
+            apply_batch(self.conn, batch)
+            self.conn.execute("COMMIT")
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+async def paired(
+    endpoint: str, fragments: Path, directory: Path, work: list[Batch], blocks: int, process: bool
+) -> tuple[float, float, list[float]]:
+    """Native FULL and the store by the consumer's rule, interleaved block by block.
+
+    `work` is cut into `blocks` blocks; each runs on native, then on the store (the other
+    way round every other block), each side continuing its own database, so both sides see
+    the same phases of a machine whose speed drifts. The store's block ends once its last
+    commit is in the log, which costs it one round trip a block that an unbroken run would
+    overlap. Returns native's and the store's total seconds, and each block's ratio."""
+    async with JournalClient(endpoint) as client, AppendService(client) as svc:
+        store, _ = await open_store(
+            endpoint, client, svc, fragments, directory / "store", False, process
+        )
+        native = NativeBlocks(directory / "native")
+        size = -(-len(work) // blocks)
+        totals = [0.0, 0.0]
+        ratios = []
+        for k, first in enumerate(range(0, len(work), size)):
+            block = work[first : first + size]
+            times = [0.0, 0.0]
+            for side in (0, 1) if k % 2 == 0 else (1, 0):
+                if side == 0:
+                    times[0] = native.run(block)
+                else:
+                    t0 = time.perf_counter()
+                    await consume(store, block, first, adaptive=False)
+                    times[1] = time.perf_counter() - t0
+            totals[0] += times[0]
+            totals[1] += times[1]
+            ratios.append(times[1] / times[0])
+        native.close()
+        await store.close()
+        return totals[0], totals[1], ratios
+
+
 def checkpoint(i: int) -> cpb.Checkpoint:
     """A consumer's checkpoint after transaction `i`: one source read through."""
     return cpb.Checkpoint(sources={"bench/input": cpb.Checkpoint.Source(read_through=i)})
+
+
+async def open_store(
+    endpoint: str,
+    client: JournalClient,
+    svc: AppendService,
+    fragments: Path,
+    directory: Path,
+    sync_waits: bool,
+    process: bool,
+) -> tuple[SQLiteStore, Recorder | RemoteRecorder]:
+    """A store in `directory` (made here) recording to a new log, its first commit done,
+    and its recorder: in process, or (`process`) a `RemoteRecorder`."""
+    frag = pb.JournalSpec.Fragment(
+        length=256 * MiB, compression_codec=pb.NONE, refresh_interval=Duration(seconds=600)
+    )
+    frag.stores.append(f"file://{fragments}/")
+    log = f"bench/sqlite-{os.getpid()}-{time.monotonic_ns()}"
+    spec = pb.JournalSpec(name=log, replication=1, fragment=frag)
+    await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
+    directory.mkdir(parents=True)
+    rec: Recorder | RemoteRecorder
+    if process:
+        rec = await RemoteRecorder.start(endpoint, log, FSM(log), 0xBE4C, directory)
+    else:
+        rec = await Recorder.open(FSM(log), 0xBE4C, directory, svc, log)
+    store = await SQLiteStore.open(rec, bootstrap_sql=SCHEMA, sync_waits=sync_waits)
+    await store.start_commit(None, cpb.Checkpoint(), [])
+    return store, rec
 
 
 async def recorded(
@@ -144,49 +232,45 @@ async def recorded(
     commits (docs/recording-floor.md). With `process`, the store records through a
     `RemoteRecorder` (a recorder process of its own)."""
     async with JournalClient(endpoint) as client, AppendService(client) as svc:
-        frag = pb.JournalSpec.Fragment(
-            length=256 * MiB, compression_codec=pb.NONE, refresh_interval=Duration(seconds=600)
+        store, rec = await open_store(
+            endpoint, client, svc, fragments, directory, sync_waits, process
         )
-        frag.stores.append(f"file://{fragments}/")
-        log = f"bench/sqlite-{os.getpid()}-{time.monotonic_ns()}"
-        spec = pb.JournalSpec(name=log, replication=1, fragment=frag)
-        await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
-        directory.mkdir(parents=True)
-        rec: Recorder | RemoteRecorder
-        if process:
-            rec = await RemoteRecorder.start(endpoint, log, FSM(log), 0xBE4C, directory)
-        else:
-            rec = await Recorder.open(FSM(log), 0xBE4C, directory, svc, log)
-        store = await SQLiteStore.open(rec, bootstrap_sql=SCHEMA, sync_waits=sync_waits)
-        await store.start_commit(None, cpb.Checkpoint(), [])
         t0 = time.perf_counter()
-        # As a consumer: the next transaction runs while the previous one commits, and a
-        # transaction starts committing once its predecessor's commit completed.
-        pending: asyncio.Future[None] | None = None
-        sizes: list[int] = []
-        i = 0
-        while i < len(work):
-            size = 0
-            while i < len(work):
-                await store.transact(apply_batch, work[i])
-                i += 1
-                size += 1
-                if not adaptive or pending is None or pending.done():
-                    break
-            if pending is not None:
-                await pending
-            pending = store.start_commit(None, checkpoint(i - 1), [])
-            sizes.append(size)
-        if pending is not None:
-            await pending
+        sizes = await consume(store, work, 0, adaptive)
         elapsed = time.perf_counter() - t0
         log_bytes = rec.write_head
         await store.close()
         return elapsed, store, log_bytes, sizes
 
 
+async def consume(store: SQLiteStore, work: list[Batch], first: int, adaptive: bool) -> list[int]:
+    """Run `work` (batches `first`... of the workload) as a consumer does, until its last
+    commit is in the log; returns the batches of each commit.
+
+    The next transaction runs while the previous one commits, and a transaction starts
+    committing once its predecessor's commit completed (the consumer's rule)."""
+    pending: asyncio.Future[None] | None = None
+    sizes: list[int] = []
+    i = 0
+    while i < len(work):
+        size = 0
+        while i < len(work):
+            await store.transact(apply_batch, work[i])
+            i += 1
+            size += 1
+            if not adaptive or pending is None or pending.done():
+                break
+        if pending is not None:
+            await pending
+        pending = store.start_commit(None, checkpoint(first + i - 1), [])
+        sizes.append(size)
+    if pending is not None:
+        await pending
+    return sizes
+
+
 def measure(
-    tmpdir: Path, endpoint: str, name: str, work: list[Batch], runs: int
+    tmpdir: Path, endpoint: str, name: str, work: list[Batch], runs: int, blocks: int = 0
 ) -> dict[str, float]:
     figures: dict[str, list[float]] = {
         "full": [],
@@ -239,9 +323,32 @@ def measure(
                 m = native(tmpdir / f"{name}-native-matched-{run}", work, "full", sizes)
                 figures["matched"].append(m)
                 say(f"  {name} run {run}: native full, the same transactions: {m:.2f} s")
+    interleaved: dict[str, float] = {}
+    for process in (False, True) if blocks else ():
+        native_s, store_s, ratios = asyncio.run(
+            paired(
+                endpoint,
+                tmpdir / "fragments",
+                tmpdir / f"{name}-paired-{int(process)}",
+                work,
+                blocks,
+                process,
+            )
+        )
+        key = "ratio_paired_process" if process else "ratio_paired"
+        where = ", recorder process" if process else ""
+        say(
+            f"  {name} paired{where}: native {native_s:.2f} s, store {store_s:.2f} s over "
+            f"{len(ratios)} interleaved blocks: {store_s / native_s:.3f}x (blocks "
+            f"{min(ratios):.2f}-{max(ratios):.2f}x)"
+        )
+        interleaved[key] = round(store_s / native_s, 3)
+        interleaved[f"{key}_block_min"] = round(min(ratios), 3)
+        interleaved[f"{key}_block_max"] = round(max(ratios), 3)
     best = {k: min(v) for k, v in figures.items()}
     db_size, log_bytes, st = stats
     return {
+        **interleaved,
         "ratio": round(best["store"] / best["full"], 3),
         "ratio_pipelined": round(best["pipelined"] / best["full"], 3),
         "ratio_pipelined_process": round(best["process"] / best["full"], 3),
@@ -277,7 +384,7 @@ def main() -> None:
         (tmpdir / "fragments").mkdir()
         with EtcdServer() as etcd, BrokerProcess(etcd.endpoint, spool_dir=tmpdir / "spool") as b:
             consumer = measure(
-                tmpdir, b.endpoint, "consumer", consumer_batches(txns, args.rows), runs
+                tmpdir, b.endpoint, "consumer", consumer_batches(txns, args.rows), runs, blocks=10
             )
             rand = measure(tmpdir, b.endpoint, "random", random_batches(txns // 4, args.rows), 1)
     result = {
