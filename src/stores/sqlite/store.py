@@ -257,7 +257,9 @@ class SQLiteStore:
         self._conn = conn
         conn.execute(f"PRAGMA cache_size = -{cache_kib}")
         if bootstrap_sql:
-            conn.execute(bootstrap_sql)
+            # Stepped to its end: APSW runs a script's statements as its rows are read, so
+            # one returning rows (``PRAGMA journal_mode=...``) would leave the rest unrun.
+            conn.execute(bootstrap_sql).fetchall()
         conn.execute("PRAGMA synchronous = FULL")
         mode = conn.execute(f"PRAGMA journal_mode = {journal_mode}").fetchall()[0][0]
         if mode != journal_mode:

@@ -183,6 +183,28 @@ async def test_checkpoint_must_be_a_message(
         await store.close()
 
 
+async def test_bootstrap_sql_runs_whole_when_a_statement_returns_rows(
+    service: AppendService, make_log: MakeLog, tmp_path: Path
+) -> None:
+    # A pragma that answers a row, then tables: every statement runs, as it would in the
+    # sqlite3 shell.
+    script = (
+        "PRAGMA user_version = 7; PRAGMA user_version; "
+        "CREATE TABLE a (x); PRAGMA page_size; CREATE TABLE b (y)"
+    )
+    log = await make_log()
+    rec = await new_recorder(service, log, tmp_path / "a", A)
+    store = await SQLiteStore.open(rec, bootstrap_sql=script)
+    try:
+        tables = await store.run(
+            lambda c: [r[0] for r in c.execute("SELECT name FROM sqlite_master ORDER BY name")]
+        )
+        assert {"a", "b"} <= set(tables)
+        assert await store.run(lambda c: c.execute("PRAGMA user_version").fetchall()) == [(7,)]
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize("journal_mode", ["wal", "delete"])
 async def test_from_recovered(
     client: JournalClient,
