@@ -54,25 +54,39 @@ class _Context:
 
 Frame = tuple[bytes, bytes]
 
+READ_AHEAD = 1 << 20
+"""Payload bytes a connection reads ahead of its append handler (besides one frame)."""
+
 
 class _Frames:
-    """The one reader of a connection. It reads whole frames into a small queue, so that no
-    frame is ever split between readers (a stall timeout or a proxying gRPC call abandons
-    a `get`, never a read), and it sees the client leave at once: `on_lost` runs then."""
+    """The one reader of a connection. It reads whole frames into a queue, so that no frame
+    is ever split between readers (a stall timeout or a proxying gRPC call abandons a `get`,
+    never a read), and it sees the client leave at once: `on_lost` runs then. It reads
+    ahead of the handler up to `READ_AHEAD` bytes of payload, so a stream's small frames
+    (the commit message, its end) are always read, and a client that sent a whole append
+    and left is seen gone while the handler still waits (e.g. for the journal)."""
 
     def __init__(self, reader: asyncio.StreamReader, on_lost: Callable[[], None]) -> None:
-        self._queue: asyncio.Queue[Frame | BaseException] = asyncio.Queue(maxsize=2)
+        self._queue: asyncio.Queue[Frame | BaseException] = asyncio.Queue()
+        self._queued = 0  # Payload bytes in the queue.
+        self._room = asyncio.Event()
+        self._room.set()
         self._on_lost = on_lost
         self.task = asyncio.create_task(self._run(reader))
 
     async def _run(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                await self._queue.put(await read_frame(reader))
+                frame = await read_frame(reader)
+                self._queue.put_nowait(frame)
+                self._queued += len(frame[1])
+                while self._queued > READ_AHEAD:
+                    self._room.clear()
+                    await self._room.wait()
         except Exception as err:  # noqa: BLE001 - any failure to read ends the connection
             if not isinstance(err, DirectProtocolError):
                 self._on_lost()  # EOF, a reset, a timed-out or unreachable peer...
-            await self._queue.put(err)
+            self._queue.put_nowait(err)
 
     async def get(self) -> Frame:
         """The next frame; raises what ended the connection (again, at every later call)."""
@@ -80,6 +94,9 @@ class _Frames:
         if isinstance(item, BaseException):
             self._queue.put_nowait(item)
             raise item
+        self._queued -= len(item[1])
+        if self._queued <= READ_AHEAD:
+            self._room.set()
         return item
 
 

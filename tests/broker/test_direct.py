@@ -20,7 +20,8 @@ import grpc
 import pytest
 
 from broker.client import Appender, JournalClient
-from broker.client.errors import JournalNotFound
+from broker.client.direct import DirectAppends
+from broker.client.errors import JournalNotFound, WrongAppendOffset
 from broker.direct import DirectAppendServer
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
@@ -307,7 +308,9 @@ async def test_direct_appends_can_be_turned_off(
     monkeypatch.setenv("GAZETTE_DIRECT_APPENDS", "0")
     async with JournalClient(broker.endpoint) as client:
         assert client.direct is None
-        async with Appender(client, pb.AppendRequest(journal=spec.name)) as app:
+        request = pb.AppendRequest(journal=spec.name)
+        assert await Appender.append_once(client, request, [b"x"]) is None  # Use an Appender.
+        async with Appender(client, request) as app:
             await app.write(b"grpc")
         assert app.response is not None and app.response.commit.end == 4
 
@@ -464,3 +467,76 @@ async def test_an_append_outlasting_the_grace_is_rolled_back(
     assert len(rolled_back) == 1 and "count=1" in rolled_back[0]  # Not the idle one.
     idle_w.close()
     busy_w.close()
+
+
+# -- Whole appends written at once (`Appender.append_once`, as `AppendService` sends) --------
+
+
+async def test_a_whole_append_is_answered_as_an_appenders(
+    broker: BrokerProcess, stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal("once")
+    parts = [b"alpha-", os.urandom(100_000), b"-omega"]
+    body = b"".join(parts)
+    async with JournalClient(broker.endpoint) as client:
+        assert client.direct is not None
+        for i in range(2):
+            resp = await Appender.append_once(client, pb.AppendRequest(journal=spec.name), parts)
+            assert resp is not None
+            assert (resp.status, resp.commit.begin, resp.commit.end) == (
+                pb.OK,
+                i * len(body),
+                (i + 1) * len(body),
+            )
+            assert resp.commit.sum == sha1sum_from_digest(hashlib.sha1(body).digest())
+            assert client.direct.answered == i + 1
+            assert client.direct.idle(client.endpoint_for(spec.name)) == 1  # Kept.
+        # A refusal is raised as `Appender.close` raises it, and the connection kept.
+        with pytest.raises(WrongAppendOffset):
+            await Appender.append_once(
+                client, pb.AppendRequest(journal=spec.name, offset=1), [b"x"]
+            )
+        assert client.direct.idle(client.endpoint_for(spec.name)) == 1
+        # An error answer: as the gRPC status, and the connection is not kept.
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await Appender.append_once(client, pb.AppendRequest(journal="tests//bad"), [b"x"])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert client.direct.idle(client.default_endpoint) == 0
+    assert (await read_all(stub, spec.name))[0] == body + body
+
+
+async def test_a_whole_append_in_flight_fails_if_cancelled_or_its_client_closes() -> None:
+    service = _HeldService()
+    server = DirectAppendServer(service, "127.0.0.1")  # type: ignore[arg-type]
+    await server.start()
+    direct = DirectAppends(lambda _target: None)  # type: ignore[arg-type,return-value]
+    target = "127.0.0.1:1"  # Its gRPC port is never asked: its direct port is known.
+    direct._ports[target] = server.port
+    request = pb.AppendRequest(journal="a/b")
+    try:
+        # Cancelled while awaiting its answer: the connection is closed (the broker then
+        # cancels the append, as for a gRPC client gone), not kept for another append.
+        task = asyncio.ensure_future(direct.append(target, request, [b"x"]))
+        await asyncio.wait_for(service.started.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert direct.idle(target) == 0
+        for _ in range(50):
+            if service.cancelled:
+                break
+            await asyncio.sleep(0.1)
+        assert service.cancelled == 1
+        # The client closed while an append awaits its answer: UNAVAILABLE.
+        service.started.clear()
+        task = asyncio.ensure_future(direct.append(target, request, [b"x"]))
+        await asyncio.wait_for(service.started.wait(), 5)
+        direct.close()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await asyncio.wait_for(task, 5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "the client was closed" in (err.value.details() or "")
+        assert await direct.append(target, request, [b"x"]) is None  # Closed: over gRPC.
+    finally:
+        direct.close()
+        await server.close()

@@ -413,26 +413,37 @@ class AppendService:
         attempt = 0
         while True:
             self.rpc_count += 1
-            appender = Appender(self.client, head.request)
+            appender: Appender | None = None
             try:
                 # Many small appends travel in few messages: a message per append would cost
                 # a gRPC write (tens of microseconds of CPU each side) per append. A message
                 # is handed over as the appends' buffers (a direct append frames them as
                 # they are; gRPC joins them).
-                parts: list[bytes] = []
-                size = 0
+                messages: list[list[bytes]] = []
+                size = CHUNK_SIZE
                 for a in batch:
                     for chunk in a._chunks():
-                        if parts and size + len(chunk) > CHUNK_SIZE:
-                            await appender.write_message(parts)
-                            parts, size = [], 0
-                        parts.append(chunk)
+                        if not chunk:
+                            continue
+                        if size + len(chunk) > CHUNK_SIZE:
+                            messages.append([])
+                            size = 0
+                        messages[-1].append(chunk)
                         size += len(chunk)
-                if parts:
-                    await appender.write_message(parts)
-                resp = await appender.close()
+                resp = None
+                if len(messages) <= 1:
+                    # One message at most (the usual case): written at once, when the
+                    # primary takes direct appends.
+                    content = messages[0] if messages else []
+                    resp = await Appender.append_once(self.client, head.request, content)
+                if resp is None:
+                    appender = Appender(self.client, head.request)
+                    for parts in messages:
+                        await appender.write_message(parts)
+                    resp = await appender.close()
             except Exception as err:
-                await appender.abort()
+                if appender is not None:
+                    await appender.abort()
                 try:
                     if not is_retryable_append_error(err):
                         raise
@@ -453,7 +464,8 @@ class AppendService:
                 attempt += 1
                 continue
             except BaseException:
-                await asyncio.shield(appender.abort())
+                if appender is not None:
+                    await asyncio.shield(appender.abort())
                 raise
             self.appends_committed += len(batch)
             for a in batch:

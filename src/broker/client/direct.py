@@ -214,6 +214,9 @@ class DirectAppendCall:
 
 _SMALL = 16 << 10
 
+_COMMIT_AND_END = HEADER.pack(REQUEST, 0) + HEADER.pack(END, 0)
+"""An append's empty commit message (an empty serialized AppendRequest), then its end."""
+
 
 def _coalesced(parts: Sequence[bytes]) -> list[bytes]:
     """`parts` with runs of small ones joined: a socket write each for large parts (no
@@ -244,6 +247,8 @@ class DirectAppends:
         self.active: set[DirectAppendCall] = set()
         """Calls not yet answered nor cancelled."""
         self._idle: dict[str, list[_Connection]] = {}
+        self._in_flight: set[_Connection] = set()
+        """Connections of `append` calls awaiting their answer."""
         self._closed = False
         self.answered = 0
         """Direct appends answered by a broker (whatever their status)."""
@@ -260,6 +265,60 @@ class DirectAppends:
                 conn.close()
                 return None
         return DirectAppendCall(self, target, conn)
+
+    async def append(
+        self, target: str, request: pb.AppendRequest, content: Sequence[bytes]
+    ) -> pb.AppendResponse | None:
+        """A whole append to `target`'s broker, written in one go: `request`, the
+        concatenation of `content` (bytes) as one content message, and the commit; the
+        broker's response (whatever its status). None if `target` is not to be reached so
+        (then append over gRPC).
+
+        The same append as a `DirectAppendCall` fed those messages, without the call's
+        machinery: a single socket write, and the answer read here. Fails as that call
+        would: ``grpc.aio.AioRpcError`` with the status the broker sent, or UNAVAILABLE for
+        a lost connection (the append may or may not have committed). If this is cancelled
+        (or the client closed) once the append was written, it may have committed too.
+        """
+        conn = self._take(target)
+        if conn is None:
+            conn = await self._dial(target)
+            if conn is None:
+                return None
+            if self._closed:  # Closed while dialling.
+                conn.close()
+                return None
+        payload = request.SerializeToString()
+        frames = [HEADER.pack(REQUEST, len(payload)), payload]
+        if size := sum(len(part) for part in content):
+            frames.append(content_frame_header(size))
+            frames.extend(content)
+        frames.append(_COMMIT_AND_END)
+        self._in_flight.add(conn)
+        try:
+            conn.writer.writelines(frames)
+            await conn.writer.drain()
+            kind, answer = await read_frame(conn.reader)
+            if kind not in (RESPONSE, ERROR):
+                raise DirectProtocolError(f"unexpected frame {kind!r} of {len(answer)} bytes")
+        except (asyncio.IncompleteReadError, ConnectionError) as err:
+            conn.close()
+            what = "the client was closed" if self._closed else f"connection lost ({err!r})"
+            raise _unavailable(target, what) from None
+        except DirectProtocolError as err:
+            conn.close()
+            raise _unavailable(target, str(err)) from None
+        except BaseException:
+            conn.close()  # Cancelled: the answer may still come; the stream is out of step.
+            raise
+        finally:
+            self._in_flight.discard(conn)
+        # After an error the broker may close the connection: do not keep it.
+        self.release(target, conn, reusable=kind == RESPONSE)
+        if kind == ERROR:
+            code, details = decode_error(answer)
+            raise rpc_error(code, details)
+        return pb.AppendResponse.FromString(answer)
 
     def release(self, target: str, conn: _Connection, *, reusable: bool = True) -> None:
         """Keep `conn` for the next append to `target` (an append was answered on it), if
@@ -280,6 +339,8 @@ class DirectAppends:
         self._closed = True
         for call in list(self.active):
             call.cancel()
+        for conn in list(self._in_flight):
+            conn.close()  # Its `append` fails (UNAVAILABLE: the client was closed).
         idle, self._idle = self._idle, {}
         for conns in idle.values():
             for conn in conns:

@@ -9,7 +9,15 @@ import pytest
 
 from broker.client.direct import DirectAppendCall, DirectAppends, _Connection
 from broker.protocol import protocol_pb2 as pb
-from broker.protocol.direct import END, HEADER, REQUEST, content_frame_header, frame
+from broker.protocol.direct import (
+    END,
+    HEADER,
+    MAGIC,
+    REQUEST,
+    RESPONSE,
+    content_frame_header,
+    frame,
+)
 
 
 @pytest.mark.parametrize("length", [1, 127, 128, 300, 16_383, 16_384, 173_056, 262_144, 2_097_157])
@@ -108,3 +116,45 @@ async def test_an_empty_content_message_is_refused(call: tuple[DirectAppendCall,
     c, _ = call
     with pytest.raises(ValueError, match="would commit"):
         await c.write_content([b"", b""])
+
+
+class Answerer:
+    """A direct-append listener keeping the bytes of each append up to its END, then
+    answering it OK."""
+
+    def __init__(self) -> None:
+        self.appends: list[bytes] = []
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert await reader.readexactly(len(MAGIC)) == MAGIC
+        data = bytearray()
+        while chunk := await reader.read(1 << 20):
+            data += chunk
+            if data.endswith(HEADER.pack(END, 0)):
+                self.appends.append(bytes(data))
+                data.clear()
+                answer = pb.AppendResponse(status=pb.OK).SerializeToString()
+                writer.write(frame(RESPONSE, answer))
+
+
+@pytest.mark.parametrize("content", [[], [b"op-frame"], [b"op-frame", bytes(200_000), b"!"]])
+async def test_a_whole_append_is_the_messages_an_appender_writes(content: list[bytes]) -> None:
+    answerer = Answerer()
+    server = await asyncio.start_server(answerer.serve, "127.0.0.1", 0)
+    owner = DirectAppends(lambda _target: None)  # type: ignore[arg-type,return-value]
+    target = "127.0.0.1:1"  # Its gRPC port is never asked: its direct port is known.
+    owner._ports[target] = server.sockets[0].getsockname()[1]
+    request = pb.AppendRequest(journal="a/journal", offset=1234)
+    try:
+        for _ in range(2):
+            resp = await owner.append(target, request, content)
+            assert resp is not None and resp.status == pb.OK
+        assert owner.idle(target) == 1  # One connection, for both appends.
+    finally:
+        owner.close()
+        server.close()
+    expect = frame(REQUEST, request.SerializeToString())
+    if content:
+        expect += frame(REQUEST, pb.AppendRequest(content=b"".join(content)).SerializeToString())
+    expect += frame(REQUEST) + HEADER.pack(END, 0)
+    assert answerer.appends == [expect, expect]
