@@ -13,6 +13,12 @@ then committing. Both sides use WAL mode and the same page cache size.
   and starts committing once that commit is in the log: the consumer's rule, the comparison
   the target is read as (docs/store-targets.md). ``ratio_pipelined_process``: the same, the
   store recording through a recorder process of its own (`RemoteRecorder`).
+- paired (consumer workload): native FULL and the store by the consumer's rule run the same
+  transactions interleaved, 10 blocks each side, alternating which goes first, each side
+  continuing its own database (``ratio_paired``, ``ratio_paired_process``: the sums of their
+  blocks; ``*_block_min`` / ``*_block_max``: the blocks' own ratios). Both sides then see the
+  same phases of a machine whose speed drifts within minutes, which best-of runs taken
+  minutes apart do not; the store pays one extra round trip per block (its last commit).
 - adaptive: as pipelined, but a transaction keeps taking batches until its predecessor's
   commit is in the log (a consumer's transaction keeps consuming while the previous one
   commits; Gazette does not fix transaction sizes). ``ratio_adaptive`` is against native FULL

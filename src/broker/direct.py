@@ -90,7 +90,15 @@ class _Frames:
 
     async def get(self) -> Frame:
         """The next frame; raises what ended the connection (again, at every later call)."""
-        item = await self._queue.get()
+        return self._taken(await self._queue.get())
+
+    def get_ready(self) -> Frame | None:
+        """The next frame if it is here already (else None), as `get`."""
+        if self._queue.empty():
+            return None
+        return self._taken(self._queue.get_nowait())
+
+    def _taken(self, item: Frame | BaseException) -> Frame:
         if isinstance(item, BaseException):
             self._queue.put_nowait(item)
             raise item
@@ -127,7 +135,14 @@ class _Requests:
             (kind, payload), self.first = self.first, None
             if kind == END:
                 self.ended = True
+        elif (ready := self.frames.get_ready()) is not None:
+            # Here already (a whole append arrives at once): taken without a task.
+            kind, payload = ready
+            if kind == END:
+                self.ended = True
         else:
+            # Taken by a task of its own, which `detach` cancels: a reader left behind (a
+            # proxying gRPC call's task) never takes a frame of the next append.
             self._taking = asyncio.ensure_future(self._take())
             try:
                 kind, payload = await self._taking
