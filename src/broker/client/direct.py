@@ -256,15 +256,8 @@ class DirectAppends:
     async def call(self, target: str) -> DirectAppendCall | None:
         """A direct append to `target`'s broker; None if it is not to be reached so (then
         append over gRPC)."""
-        conn = self._take(target)
-        if conn is None:
-            conn = await self._dial(target)
-            if conn is None:
-                return None
-            if self._closed:  # Closed while dialling.
-                conn.close()
-                return None
-        return DirectAppendCall(self, target, conn)
+        conn = await self._connection(target)
+        return None if conn is None else DirectAppendCall(self, target, conn)
 
     async def append(
         self, target: str, request: pb.AppendRequest, content: Sequence[bytes]
@@ -280,14 +273,9 @@ class DirectAppends:
         a lost connection (the append may or may not have committed). If this is cancelled
         (or the client closed) once the append was written, it may have committed too.
         """
-        conn = self._take(target)
+        conn = await self._connection(target)
         if conn is None:
-            conn = await self._dial(target)
-            if conn is None:
-                return None
-            if self._closed:  # Closed while dialling.
-                conn.close()
-                return None
+            return None
         payload = request.SerializeToString()
         frames = [HEADER.pack(REQUEST, len(payload)), payload]
         if size := sum(len(part) for part in content):
@@ -345,6 +333,16 @@ class DirectAppends:
         for conns in idle.values():
             for conn in conns:
                 conn.close()
+
+    async def _connection(self, target: str) -> _Connection | None:
+        """An idle connection to `target`, or a new one; None if it is not to be reached."""
+        conn = self._take(target)
+        if conn is None:
+            conn = await self._dial(target)
+            if conn is not None and self._closed:  # Closed while dialling.
+                conn.close()
+                return None
+        return conn
 
     def _take(self, target: str) -> _Connection | None:
         conns = self._idle.get(target)
