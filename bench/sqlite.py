@@ -157,34 +157,37 @@ async def paired(
 ) -> tuple[float, float, list[float]]:
     """Native FULL and the store by the consumer's rule, interleaved block by block.
 
-    `work` is cut into `blocks` blocks; each runs on native, then on the store (the other
-    way round every other block), each side continuing its own database, so both sides see
-    the same phases of a machine whose speed drifts. The store's block ends once its last
-    commit is in the log, which costs it one round trip a block that an unbroken run would
-    overlap. Returns native's and the store's total seconds, and each block's ratio."""
+    `work` is cut into `blocks` blocks (fewer if they do not divide it); each runs on
+    native, then on the store (the other way round every other block), each side continuing
+    its own database, so both sides see the same phases of a machine whose speed drifts.
+    The store's block ends once its last commit is in the log, which costs it one round
+    trip a block that an unbroken run would overlap. Returns native's and the store's total
+    seconds, and each block's ratio."""
     async with JournalClient(endpoint) as client, AppendService(client) as svc:
         store, _ = await open_store(
             endpoint, client, svc, fragments, directory / "store", False, process
         )
         native = NativeBlocks(directory / "native")
-        size = -(-len(work) // blocks)
-        totals = [0.0, 0.0]
-        ratios = []
-        for k, first in enumerate(range(0, len(work), size)):
-            block = work[first : first + size]
-            times = [0.0, 0.0]
-            for side in (0, 1) if k % 2 == 0 else (1, 0):
-                if side == 0:
-                    times[0] = native.run(block)
-                else:
-                    t0 = time.perf_counter()
-                    await consume(store, block, first, adaptive=False)
-                    times[1] = time.perf_counter() - t0
-            totals[0] += times[0]
-            totals[1] += times[1]
-            ratios.append(times[1] / times[0])
-        native.close()
-        await store.close()
+        try:
+            size = -(-len(work) // blocks)
+            totals = [0.0, 0.0]
+            ratios = []
+            for k, first in enumerate(range(0, len(work), size)):
+                block = work[first : first + size]
+                times = [0.0, 0.0]
+                for side in (0, 1) if k % 2 == 0 else (1, 0):
+                    if side == 0:
+                        times[0] = native.run(block)
+                    else:
+                        t0 = time.perf_counter()
+                        await consume(store, block, first, adaptive=False)
+                        times[1] = time.perf_counter() - t0
+                totals[0] += times[0]
+                totals[1] += times[1]
+                ratios.append(times[1] / times[0])
+        finally:
+            native.close()
+            await store.close()
         return totals[0], totals[1], ratios
 
 

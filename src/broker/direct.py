@@ -55,20 +55,22 @@ class _Context:
 Frame = tuple[bytes, bytes]
 
 READ_AHEAD = 1 << 20
-"""Payload bytes a connection reads ahead of its append handler (besides one frame)."""
+"""Bytes a connection reads ahead of its append handler (besides one frame): payloads, and
+`FRAME_COST` a frame, so that a flood of empty frames is bounded too."""
+FRAME_COST = 1024
 
 
 class _Frames:
     """The one reader of a connection. It reads whole frames into a queue, so that no frame
     is ever split between readers (a stall timeout or a proxying gRPC call abandons a `get`,
     never a read), and it sees the client leave at once: `on_lost` runs then. It reads
-    ahead of the handler up to `READ_AHEAD` bytes of payload, so a stream's small frames
-    (the commit message, its end) are always read, and a client that sent a whole append
-    and left is seen gone while the handler still waits (e.g. for the journal)."""
+    ahead of the handler up to `READ_AHEAD` bytes, so a stream's small frames (the commit
+    message, its end) are always read, and a client that sent a whole append and left is
+    seen gone while the handler still waits (e.g. for the journal)."""
 
     def __init__(self, reader: asyncio.StreamReader, on_lost: Callable[[], None]) -> None:
         self._queue: asyncio.Queue[Frame | BaseException] = asyncio.Queue()
-        self._queued = 0  # Payload bytes in the queue.
+        self._queued = 0  # Bytes in the queue, as `READ_AHEAD` counts them.
         self._room = asyncio.Event()
         self._room.set()
         self._on_lost = on_lost
@@ -79,7 +81,7 @@ class _Frames:
             while True:
                 frame = await read_frame(reader)
                 self._queue.put_nowait(frame)
-                self._queued += len(frame[1])
+                self._queued += len(frame[1]) + FRAME_COST
                 while self._queued > READ_AHEAD:
                     self._room.clear()
                     await self._room.wait()
@@ -102,7 +104,7 @@ class _Frames:
         if isinstance(item, BaseException):
             self._queue.put_nowait(item)
             raise item
-        self._queued -= len(item[1])
+        self._queued -= len(item[1]) + FRAME_COST
         if self._queued <= READ_AHEAD:
             self._room.set()
         return item
@@ -329,6 +331,11 @@ class _Conn:
                 if not err.partial:
                     return  # Closed between appends.
                 raise
+            if self.lost:
+                # The client left after sending (the frames and its end were read in one
+                # go): its append is not run, as gRPC cancels a call whose client left.
+                log.debug("direct append client left before its append began: not run")
+                return
             self.appending = self.busy = True
             requests = _Requests(frames, first)
             try:

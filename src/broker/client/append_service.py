@@ -419,27 +419,35 @@ class AppendService:
                 # a gRPC write (tens of microseconds of CPU each side) per append. A message
                 # is handed over as the appends' buffers (a direct append frames them as
                 # they are; gRPC joins them).
-                messages: list[list[bytes]] = []
-                size = CHUNK_SIZE
-                for a in batch:
-                    for chunk in a._chunks():
-                        if not chunk:
-                            continue
-                        if size + len(chunk) > CHUNK_SIZE:
-                            messages.append([])
-                            size = 0
-                        messages[-1].append(chunk)
-                        size += len(chunk)
+                chunks = (chunk for a in batch for chunk in a._chunks() if chunk)
+                message: list[bytes] = []
+                size = 0
+                more: bytes | None = None  # The first chunk of a second message.
+                for chunk in chunks:
+                    if message and size + len(chunk) > CHUNK_SIZE:
+                        more = chunk
+                        break
+                    message.append(chunk)
+                    size += len(chunk)
                 resp = None
-                if len(messages) <= 1:
+                if more is None:
                     # One message at most (the usual case): written at once, when the
                     # primary takes direct appends.
-                    content = messages[0] if messages else []
-                    resp = await Appender.append_once(self.client, head.request, content)
+                    resp = await Appender.append_once(self.client, head.request, message)
                 if resp is None:
+                    # Streamed as it is read: a large append may be a file.
                     appender = Appender(self.client, head.request)
-                    for parts in messages:
-                        await appender.write_message(parts)
+                    if message:
+                        await appender.write_message(message)
+                    if more is not None:
+                        message, size = [more], len(more)
+                        for chunk in chunks:
+                            if size + len(chunk) > CHUNK_SIZE:
+                                await appender.write_message(message)
+                                message, size = [], 0
+                            message.append(chunk)
+                            size += len(chunk)
+                        await appender.write_message(message)
                     resp = await appender.close()
             except Exception as err:
                 if appender is not None:

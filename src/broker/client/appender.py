@@ -234,8 +234,15 @@ class Appender:
 
         Raises as `close` does: the `BrokerError` of a non-OK status, or
         ``grpc.aio.AioRpcError`` on transport failure (the append may or may not have
-        committed). A cancelled call may also have committed.
+        committed). A cancelled call may also have committed. ValueError for a request
+        without journal or with content, or more content than a message holds.
         """
+        if not request.journal:
+            raise ValueError("AppendRequest.journal is required")
+        if request.content:
+            raise ValueError("AppendRequest.content must be empty: pass the content")
+        if sum(len(part) for part in content) > CHUNK_SIZE:
+            raise ValueError(f"a content message holds at most {CHUNK_SIZE} bytes")
         direct = client.direct
         if direct is None:
             return None

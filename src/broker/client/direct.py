@@ -269,19 +269,20 @@ class DirectAppends:
 
         The same append as a `DirectAppendCall` fed those messages, without the call's
         machinery: a single socket write, and the answer read here. Fails as that call
-        would: ``grpc.aio.AioRpcError`` with the status the broker sent, or UNAVAILABLE for
-        a lost connection (the append may or may not have committed). If this is cancelled
-        (or the client closed) once the append was written, it may have committed too.
+        would: ``grpc.aio.AioRpcError`` with the status the broker sent, UNAVAILABLE for a
+        lost connection (the append may or may not have committed), and
+        ``asyncio.CancelledError`` if the client is closed meanwhile (as a call of a closed
+        gRPC channel). Cancelled once written, the append may have committed too.
         """
-        conn = await self._connection(target)
-        if conn is None:
-            return None
         payload = request.SerializeToString()
         frames = [HEADER.pack(REQUEST, len(payload)), payload]
         if size := sum(len(part) for part in content):
             frames.append(content_frame_header(size))
             frames.extend(content)
         frames.append(_COMMIT_AND_END)
+        conn = await self._connection(target)
+        if conn is None:
+            return None
         self._in_flight.add(conn)
         try:
             conn.writer.writelines(frames)
@@ -289,10 +290,11 @@ class DirectAppends:
             kind, answer = await read_frame(conn.reader)
             if kind not in (RESPONSE, ERROR):
                 raise DirectProtocolError(f"unexpected frame {kind!r} of {len(answer)} bytes")
-        except (asyncio.IncompleteReadError, ConnectionError) as err:
+        except (asyncio.IncompleteReadError, OSError) as err:
             conn.close()
-            what = "the client was closed" if self._closed else f"connection lost ({err!r})"
-            raise _unavailable(target, what) from None
+            if self._closed:
+                raise asyncio.CancelledError() from None  # As a closed gRPC channel's call.
+            raise _unavailable(target, f"connection lost ({err!r})") from None
         except DirectProtocolError as err:
             conn.close()
             raise _unavailable(target, str(err)) from None
@@ -328,7 +330,7 @@ class DirectAppends:
         for call in list(self.active):
             call.cancel()
         for conn in list(self._in_flight):
-            conn.close()  # Its `append` fails (UNAVAILABLE: the client was closed).
+            conn.close()  # Its `append` raises CancelledError.
         idle, self._idle = self._idle, {}
         for conns in idle.values():
             for conn in conns:
