@@ -421,6 +421,8 @@ class HeldAppends:
     """A JournalClient stand-in answering appends OK at once, except those `held` (journal,
     nth append to it), which answer once `release` is set."""
 
+    direct = None  # No direct appends: every append is an `append_call`.
+
     def __init__(self, held: set[tuple[str, int]]) -> None:
         self.held = held
         self.release = asyncio.Event()
