@@ -88,6 +88,16 @@ def _mount_id(mountpoint: str) -> str:
     return found
 
 
+_deadline_armed = threading.Lock()
+
+
+def _arm_stop_deadline(cfg: MountConfig) -> None:
+    """Past `STOP_DEADLINE` from now, detach the mount and exit, whatever hangs meanwhile
+    (once per process)."""
+    if _deadline_armed.acquire(blocking=False):
+        threading.Thread(target=_stop_deadline, args=(cfg,), daemon=True).start()
+
+
 def _stop_deadline(cfg: MountConfig) -> None:
     time.sleep(STOP_DEADLINE)
     log.error(
@@ -281,7 +291,7 @@ class _Server:
         self.stopping.set()
         # Never leave the mount behind, whatever hangs below: past the deadline, detach it
         # and exit.
-        threading.Thread(target=_stop_deadline, args=(self.cfg,), daemon=True).start()
+        _arm_stop_deadline(self.cfg)
         with trio.move_on_after(STOP_BARRIER_TIMEOUT), contextlib.suppress(RecordingFailed):
             await self.link.barrier(confirm=False)
         if self.mounted:  # (Not once closed: pyfuse3 has no session then.)
@@ -305,6 +315,10 @@ class _Server:
         while True:
             sig = signal.sigwait(_STOP_SIGNALS)  # One which arrived before is taken now.
             log.warning("stopping on signal=%s", signal.Signals(sig).name)
+            # Armed here, not only once trio runs the stop: pyfuse3 reads the FUSE device
+            # blocking once it polled readable, and a request withdrawn in between (its
+            # process killed) leaves trio's thread stuck in that read, the stop never run.
+            _arm_stop_deadline(self.cfg)
             try:
                 trio.from_thread.run_sync(self._on_stop_signal, sig, trio_token=token)
             except trio.RunFinishedError:
