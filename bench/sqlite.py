@@ -109,42 +109,36 @@ def native(
     directory: Path, work: list[Batch], synchronous: str, sizes: list[int] | None = None
 ) -> float:
     """Native apsw, one transaction per batch, or per `sizes[j]` consecutive batches."""
-    directory.mkdir(parents=True)
-    conn = apsw.Connection(str(directory / "native.db"))
-    conn.execute("PRAGMA cache_size = -65536")
-    conn.execute("PRAGMA journal_mode = wal")
-    conn.execute(f"PRAGMA synchronous = {synchronous}")
-    conn.execute(SCHEMA)
-    groups = sizes or [1] * len(work)
-    t0 = time.perf_counter()
-    i = 0
-    for size in groups:
-        conn.execute("BEGIN")
-        for batch in work[i : i + size]:
-            apply_batch(conn, batch)
-        i += size
-        conn.execute("COMMIT")
-    elapsed = time.perf_counter() - t0
-    conn.close()
-    return elapsed
+    db = NativeBlocks(directory, synchronous)
+    try:
+        return db.run(work, sizes)
+    finally:
+        db.close()
 
 
 class NativeBlocks:
-    """Native apsw FULL on one connection, run a block of transactions at a time."""
+    """Native apsw on one connection (WAL, `synchronous`), run a block of transactions at a
+    time."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, synchronous: str = "FULL") -> None:
         directory.mkdir(parents=True)
         self.conn = apsw.Connection(str(directory / "native.db"))
-        for pragma in ("cache_size = -65536", "journal_mode = wal", "synchronous = FULL"):
-            self.conn.execute(f"PRAGMA {pragma}")
+        self.conn.execute("PRAGMA cache_size = -65536")
+        self.conn.execute("PRAGMA journal_mode = wal")
+        self.conn.execute(f"PRAGMA synchronous = {synchronous}")
         self.conn.execute(SCHEMA)
 
-    def run(self, work: list[Batch]) -> float:
-        """Seconds to commit one transaction per batch of `work`."""
+    def run(self, work: list[Batch], sizes: list[int] | None = None) -> float:
+        """Seconds to commit one transaction per batch of `work`, or per `sizes[j]`
+        consecutive batches."""
+        groups = sizes or [1] * len(work)
         t0 = time.perf_counter()
-        for batch in work:
+        i = 0
+        for size in groups:
             self.conn.execute("BEGIN")
-            apply_batch(self.conn, batch)
+            for batch in work[i : i + size]:
+                apply_batch(self.conn, batch)
+            i += size
             self.conn.execute("COMMIT")
         return time.perf_counter() - t0
 
