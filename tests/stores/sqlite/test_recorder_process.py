@@ -61,6 +61,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
+async def _committed_store(
+    client: JournalClient,
+    service: AppendService,
+    endpoint: str,
+    log: str,
+    directory: Path,
+    rows: list[tuple[int, bytes]],
+    **options: Any,
+) -> SQLiteStore:
+    """A store recovered from `log` (as author A) into `directory`, recording through a
+    recorder process, which committed the schema and `rows` with checkpoint ``rich(1)``."""
+    recovered = await recovered_log(client, service, endpoint, log, directory, A)
+    store = await SQLiteStore.from_recovered(recovered, recorder_process=True, **options)
+    await store.transact(_schema)
+    if rows:
+        await store.transact(_upsert, rows)
+    await store.start_commit(None, rich(1), [])
+    return store
+
+
 async def _expect_log(
     client: JournalClient,
     service: AppendService,
@@ -136,11 +156,7 @@ async def test_a_hand_off_fences_the_recorder_process(
     tmp_path: Path,
 ) -> None:
     log, endpoint = await make_log(), store_broker.endpoint
-    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "a", A)
-    first = await SQLiteStore.from_recovered(recovered, recorder_process=True)
-    await first.transact(_schema)
-    await first.transact(_upsert, [(1, b"one")])
-    await first.start_commit(None, rich(1), [])
+    first = await _committed_store(client, service, endpoint, log, tmp_path / "a", [(1, b"one")])
 
     recovered = await recovered_log(client, service, endpoint, log, tmp_path / "b", B)
     second = await SQLiteStore.from_recovered(recovered)
@@ -168,10 +184,9 @@ async def test_a_dead_recorder_process_fails_the_stores_commits(
     tmp_path: Path,
 ) -> None:
     log, endpoint = await make_log(), store_broker.endpoint
-    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "a", A)
-    store = await SQLiteStore.from_recovered(recovered, recorder_process=True, sync_waits=False)
-    await store.transact(_schema)
-    await store.start_commit(None, rich(1), [])
+    store = await _committed_store(
+        client, service, endpoint, log, tmp_path / "a", [], sync_waits=False
+    )
     remote = _remote(store)
     os.kill(remote.pid, signal.SIGKILL)
     remote.proc.wait()
@@ -226,11 +241,7 @@ async def test_a_store_dropped_without_close_abandons_its_recorder_process(
     tmp_path: Path,
 ) -> None:
     log, endpoint = await make_log(), store_broker.endpoint
-    recovered = await recovered_log(client, service, endpoint, log, tmp_path / "a", A)
-    store = await SQLiteStore.from_recovered(recovered, recorder_process=True)
-    await store.transact(_schema)
-    await store.transact(_upsert, [(1, b"kept")])
-    await store.start_commit(None, rich(1), [])
+    store = await _committed_store(client, service, endpoint, log, tmp_path / "a", [(1, b"kept")])
     await store.transact(_upsert, [(2, b"not committed")])
     remote = _remote(store)
     await asyncio.wrap_future(store._thread.submit(int))  # The thread lets go of the store.
