@@ -5,16 +5,23 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # fuse3 + libfuse3-dev, pkg-config, a compiler and Python headers: pyfuse3 builds from source.
 # PostgreSQL for SQLStore's tests; a Java runtime for Spark (installed only if `java` is absent);
-# librocksdb-dev for the Spark export's native RocksDB scanner (src/stores/rocksdb/_scan.c).
-APT_PACKAGES := etcd-server etcd-client fuse3 libfuse3-dev pkg-config build-essential python3-dev postgresql librocksdb-dev
+# librocksdb-dev for the Spark export's native RocksDB scanner (src/stores/rocksdb/_scan.c);
+# libsqlite3-dev (its sqlite3ext.h) for the SQLite store's VFS (src/stores/sqlite/_recvfs.c).
+APT_PACKAGES := etcd-server etcd-client fuse3 libfuse3-dev pkg-config build-essential python3-dev postgresql librocksdb-dev libsqlite3-dev
 SCANNER := src/stores/rocksdb/rocksdb-scan
+SQLITE_VFS := src/stores/sqlite/_recvfs.so
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test deps apt venv scanner protos check-protos lint typecheck bench chaos clean
+.PHONY: demo test deps apt venv scanner sqlite-vfs protos check-protos lint typecheck bench chaos clean
 
-deps: apt venv scanner
+deps: apt venv scanner sqlite-vfs
 
 scanner: $(SCANNER)
+
+sqlite-vfs: $(SQLITE_VFS)
+
+$(SQLITE_VFS): src/stores/sqlite/_recvfs.c src/stores/sqlite/native.py $(STAMP) | apt
+	$(PY) -m stores.sqlite.native build
 
 $(SCANNER): src/stores/rocksdb/_scan.c src/stores/rocksdb/scan.py $(STAMP) | apt
 	$(PY) -m stores.rocksdb.scan build
@@ -63,4 +70,4 @@ chaos: deps
 	$(VENV)/bin/pytest -q -m chaos
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache $(SCANNER)
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache $(SCANNER) $(SQLITE_VFS)

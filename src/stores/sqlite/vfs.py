@@ -1,16 +1,19 @@
-"""An APSW VFS which records SQLite's files into a recovery log (see docs/sqlite-store.md).
+"""A VFS which records SQLite's files into a recovery log (see docs/sqlite-store.md).
 
-Files are opened through SQLite's default VFS on local disk, and SQLite reads them there. What
-is recorded depends on the file:
+The VFS's I/O is in C (`stores.sqlite._recvfs`, built by ``python -m stores.sqlite.native
+build``): every file is read, written, locked and mapped by SQLite's default VFS on local
+disk without Python. `RecordingVFS` is told only of what is recorded, which depends on the
+file:
 
 - Main databases (``SQLITE_OPEN_MAIN_DB``): every write and truncation is recorded into the
   database's `PageStore`, never as a file, except while the store's own WAL checkpoint runs
   (`RecordingVFS.backfilling`): those writes copy WAL frames, which the WAL already recorded.
-- Rollback journals, super-journals and WALs: recorded as files, write by write. When SQLite
-  resets one for reuse (truncation to zero, the zeroed header of ``journal_mode=PERSIST``, the
-  header of a restarted WAL) it becomes a new Fnode, so the old content turns into dead log;
-  a WAL whose checkpoint copies were not recorded is renamed to a WAL generation of the page
-  store instead (`PageStore.keep_wal`), also when SQLite deletes it.
+- Rollback journals, super-journals and WALs: recorded as files, their contiguous writes
+  gathered in C into one. When SQLite resets one for reuse (truncation to zero, the zeroed
+  header of ``journal_mode=PERSIST``, the header of a restarted WAL) it becomes a new Fnode,
+  so the old content turns into dead log; a WAL whose checkpoint copies were not recorded is
+  renamed to a WAL generation of the page store instead (`PageStore.keep_wal`), also when
+  SQLite deletes it.
 - Temporary files, sub-journals and anything outside the store directory: not recorded.
 
 ``xSync`` is the flush signal: it hands every queued operation to the Recorder and (with
@@ -21,17 +24,20 @@ a lower setting skips the syncs which commit transactions.
 
 from __future__ import annotations
 
+import importlib
 import os
 import posixpath
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import apsw
 
 from stores.sqlite.bridge import RecorderBridge, RecordingFailed
 from stores.sqlite.pagestore import PageStore
 
-__all__ = ["LOG_FILE_FLAGS", "RecordingVFS"]
+__all__ = ["LOG_FILE_FLAGS", "RecordingVFS", "native_vfs"]
 
 LOG_FILE_FLAGS = (
     apsw.SQLITE_OPEN_MAIN_JOURNAL | apsw.SQLITE_OPEN_SUPER_JOURNAL | apsw.SQLITE_OPEN_WAL
@@ -41,18 +47,50 @@ LOG_FILE_FLAGS = (
 WAL_NAME_SUFFIX = "-wal"
 """SQLite names the WAL of database ``x`` ``x-wal``."""
 
-
-def _filename(name: str | apsw.URIFilename) -> str:
-    return name.filename() if isinstance(name, apsw.URIFilename) else name
+_native_lock = threading.Lock()
 
 
-class RecordingVFS(apsw.VFS):
+def native_vfs() -> ModuleType:
+    """The C half of the VFS (`stores.sqlite._recvfs`), loaded into APSW's SQLite.
+
+    Raises ImportError, saying how to build it, if it was not built."""
+    try:
+        _recvfs = importlib.import_module("stores.sqlite._recvfs")
+    except ImportError as err:
+        raise ImportError(
+            "the SQLite store's VFS is not built: run `make deps` (or "
+            "`python -m stores.sqlite.native build`; it needs cc and libsqlite3-dev)"
+        ) from err
+    with _native_lock:
+        if not _recvfs.loaded():
+            # Loading it as an SQLite extension hands it the API of APSW's own SQLite.
+            conn = apsw.Connection(":memory:")
+            try:
+                conn.enable_load_extension(True)
+                conn.load_extension(str(_recvfs.__file__), "sqlite3_recvfs_init")
+            finally:
+                conn.close()
+    return _recvfs
+
+
+def _read(path: str, offset: int, n: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, n, offset)
+    finally:
+        os.close(fd)
+
+
+class RecordingVFS:
     """A VFS named `name` whose files under `directory` are recorded through `bridge`.
 
     `recorded` are the paths (relative to `directory`) already recorded as files, and
     `page_files` the (generation, size, is a WAL generation) of each database's live page
     files (after playback). SQLite must use the VFS from one thread at a time (one
-    connection).
+    connection). `unregister` it once no connection uses it.
+
+    The VFS calls its methods `open` and `delete`, and those of the hooks `open` returns,
+    from the thread running SQLite.
     """
 
     def __init__(
@@ -68,7 +106,6 @@ class RecordingVFS(apsw.VFS):
         compaction_factor: float = 1.5,
         min_compaction_bytes: int = 1 << 20,
     ) -> None:
-        super().__init__(name, "")
         self.name = name
         self.directory = posixpath.normpath(os.path.abspath(directory))
         self.bridge = bridge
@@ -76,10 +113,19 @@ class RecordingVFS(apsw.VFS):
         self.sync_waits = sync_waits
         self.sequential = sequential
         """Whether the main databases report ``SQLITE_IOCAP_SEQUENTIAL`` (in WAL mode: see
-        `MainDBFile.xDeviceCharacteristics`)."""
+        `MainDBFile`)."""
         self._page_files = dict(page_files)
         self._compaction = (compaction_factor, min_compaction_bytes)
         self.page_stores: dict[str, PageStore] = {}
+        self._native = native_vfs()
+        self._native.register(name, self)
+        self._registered = True
+
+    def unregister(self) -> None:
+        """Remove the VFS from SQLite (no connection may use it any more). Idempotent."""
+        if self._registered:
+            self._registered = False
+            self._native.unregister(self.name)
 
     @property
     def backfilling(self) -> bool:
@@ -88,6 +134,10 @@ class RecordingVFS(apsw.VFS):
         (`PageStore.note_backfill`)."""
         return self.bridge.deferring
 
+    def _set_backfilling(self, on: bool) -> None:
+        self.bridge.deferring = on
+        self._native.set_backfilling(self.name, on)
+
     def wal_hook(self, checkpoint_pages: int) -> Callable[[apsw.Connection, str, int], int]:
         """A WAL hook (``Connection.set_wal_hook``) which checkpoints a database's WAL, and
         truncates it, once it holds `checkpoint_pages` pages, its copies not recorded
@@ -95,11 +145,11 @@ class RecordingVFS(apsw.VFS):
 
         def hook(conn: apsw.Connection, dbname: str, pages: int) -> int:
             if pages >= checkpoint_pages:
-                self.bridge.deferring = True
+                self._set_backfilling(True)
                 try:
                     conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_TRUNCATE)
                 finally:
-                    self.bridge.deferring = False
+                    self._set_backfilling(False)
                 # The commit was synced before the hook ran, and no commit depends on the
                 # checkpoint's operations (a compaction, the WAL's reset): they go with the
                 # next commit's barrier rather than wait for one of their own.
@@ -132,61 +182,63 @@ class RecordingVFS(apsw.VFS):
             self.page_stores[db] = store
         return store
 
-    def xOpen(self, name: str | apsw.URIFilename | None, flags: list[int]) -> apsw.VFSFile:
-        inflags = flags[0]
-        if name is None or inflags & apsw.SQLITE_OPEN_DELETEONCLOSE:
-            return apsw.VFSFile("", name, flags)
-        rel = self.relative(_filename(name))
-        if inflags & apsw.SQLITE_OPEN_MAIN_DB:
-            if rel is None:
-                raise apsw.CantOpenError(f"database {_filename(name)} is outside {self.directory}")
-            return MainDBFile(self, name, flags, rel)
-        if inflags & LOG_FILE_FLAGS and rel is not None:
-            return LogFile(self, name, flags, rel, wal=bool(inflags & apsw.SQLITE_OPEN_WAL))
-        return apsw.VFSFile("", name, flags)
-
     def wal_page_store(self, rel: str) -> PageStore | None:
         """The page store of the database whose WAL is `rel`, if it is one's."""
         if not rel.endswith(WAL_NAME_SUFFIX):
             return None
         return self.page_stores.get(rel[: -len(WAL_NAME_SUFFIX)])
 
-    def xDelete(self, filename: str, syncdir: bool) -> None:
+    # -- Called by the VFS, in SQLite's thread ------------------------------------------------
+
+    def open(self, filename: str, flags: int) -> MainDBFile | LogFile | None:
+        """File `filename` was opened with `flags` (not a temporary file): its hook, or None
+        if it is not recorded."""
         rel = self.relative(filename)
-        size = 0
-        if rel is not None and rel in self.recorded:
-            try:
-                size = os.stat(filename).st_size
-            except FileNotFoundError:
-                pass
-        super().xDelete(filename, syncdir)
-        if rel is not None and rel in self.recorded:
-            self.recorded.discard(rel)
-            try:
-                pages = self.wal_page_store(rel)
-                if pages is None or not pages.keep_wal(rel, size):
-                    self.bridge.unlink(rel)
-                if pages is not None:
-                    pages.wal_size = 0
-                # Deleting a rollback journal commits its transaction (journal_mode=DELETE),
-                # and SQLite syncs nothing after it: this is that transaction's flush signal.
-                self.bridge.sync(self.sync_waits)
-            except RecordingFailed as err:
-                raise apsw.IOError(str(err)) from err
+        if flags & apsw.SQLITE_OPEN_MAIN_DB:
+            if rel is None:
+                raise apsw.CantOpenError(f"database {filename} is outside {self.directory}")
+            return MainDBFile(self, filename, rel)
+        if flags & LOG_FILE_FLAGS and rel is not None:
+            return LogFile(self, filename, rel, wal=bool(flags & apsw.SQLITE_OPEN_WAL))
+        return None
+
+    def delete(self, filename: str, size: int) -> None:
+        """File `filename` of `size` bytes was deleted."""
+        rel = self.relative(filename)
+        if rel is None or rel not in self.recorded:
+            return
+        self.recorded.discard(rel)
+        try:
+            pages = self.wal_page_store(rel)
+            if pages is None or not pages.keep_wal(rel, max(size, 0)):
+                self.bridge.unlink(rel)
+            if pages is not None:
+                pages.wal_size = 0
+            # Deleting a rollback journal commits its transaction (journal_mode=DELETE), and
+            # SQLite syncs nothing after it: this is that transaction's flush signal.
+            self.bridge.sync(self.sync_waits)
+        except RecordingFailed as err:
+            raise apsw.IOError(str(err)) from err
 
 
-class MainDBFile(apsw.VFSFile):
-    """A main database: read and written on local disk, writes recorded as page records."""
+class MainDBFile:
+    """A main database's hook: writes recorded as page records."""
 
-    def __init__(
-        self, vfs: RecordingVFS, name: str | apsw.URIFilename, flags: list[int], rel: str
-    ) -> None:
-        super().__init__("", name, flags)
+    buffered = False
+    main = True
+
+    def __init__(self, vfs: RecordingVFS, filename: str, rel: str) -> None:
         self._vfs = vfs
         self._bridge = vfs.bridge
         self._pages = vfs.page_store(rel)
-        self._fd = os.open(_filename(name), os.O_RDONLY)
-        size = self.xFileSize()
+        # The recorded files are written in order: a crash plays back a prefix of the log's
+        # operations, never a later write without an earlier one. In WAL mode SQLite then
+        # skips the sync that only orders a restarted WAL's header before its frames. Not
+        # claimed for rollback journals: there it also changes how the pager syncs its
+        # journal, which was not analysed.
+        self.device_flags = apsw.SQLITE_IOCAP_SEQUENTIAL if vfs.sequential else 0
+        self._fd = os.open(filename, os.O_RDONLY)
+        size = self._size()
         if not self._pages.has_base and size > 0:
             # A database which was never recorded: its current content is the first base.
             self._pages.compact(size, self._read)
@@ -194,72 +246,63 @@ class MainDBFile(apsw.VFSFile):
     def _read(self, offset: int, n: int) -> bytes:
         return os.pread(self._fd, n, offset)
 
-    def xDeviceCharacteristics(self) -> int:
-        # The recorded files are written in order: a crash plays back a prefix of the log's
-        # operations, never a later write without an earlier one. In WAL mode SQLite then
-        # skips the sync that only orders a restarted WAL's header before its frames. Not
-        # claimed for rollback journals: there it also changes how the pager syncs its
-        # journal, which was not analysed.
-        flags = int(super().xDeviceCharacteristics())
-        return flags | apsw.SQLITE_IOCAP_SEQUENTIAL if self._vfs.sequential else flags
+    def _size(self) -> int:
+        return os.fstat(self._fd).st_size
 
-    def xWrite(self, data: bytes, offset: int) -> None:
-        super().xWrite(data, offset)
+    def write(self, offset: int, data: bytes) -> None:
         if self._vfs.backfilling:
             self._pages.note_backfill()
         else:
             self._pages.write(offset, data)
 
-    def xTruncate(self, newsize: int) -> None:
-        super().xTruncate(newsize)
+    def note_backfill(self) -> None:
+        self._pages.note_backfill()
+
+    def truncate(self, size: int) -> None:
         if self._vfs.backfilling:
             self._pages.note_backfill()
         else:
-            self._pages.truncate(newsize)
+            self._pages.truncate(size)
 
-    def xSync(self, flags: int) -> None:
+    def sync(self, flags: int) -> None:
         if self._bridge.discarded:
             return  # The store is being dropped: no compaction for a log nobody records to.
         try:
-            compacted = self._pages.synced(self.xFileSize(), self._read)
+            compacted = self._pages.synced(self._size(), self._read)
             if self._vfs.backfilling and not compacted:
                 return  # Nothing was recorded: the WAL's commits were synced already.
             self._bridge.sync(self._vfs.sync_waits)  # Deferred while checkpointing.
         except RecordingFailed as err:
             raise apsw.IOError(str(err)) from err
 
-    def xClose(self) -> None:
+    def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        super().xClose()
 
 
-class LogFile(apsw.VFSFile):
-    """A rollback journal, super-journal or WAL: recorded as a file, a new Fnode per reset."""
+class LogFile:
+    """A rollback journal's, super-journal's or WAL's hook: recorded as a file, a new Fnode
+    per reset."""
 
-    def __init__(
-        self,
-        vfs: RecordingVFS,
-        name: str | apsw.URIFilename,
-        flags: list[int],
-        rel: str,
-        *,
-        wal: bool,
-    ) -> None:
-        super().__init__("", name, flags)
+    buffered = True
+    main = False
+    device_flags = 0
+
+    def __init__(self, vfs: RecordingVFS, filename: str, rel: str, *, wal: bool) -> None:
         self._vfs = vfs
         self._bridge = vfs.bridge
+        self._filename = filename
         self._rel = rel
         self._wal = wal
         self._pages = vfs.wal_page_store(rel) if wal else None
-        size = self.xFileSize()
+        size = os.stat(filename).st_size
         self._size = size
         if rel not in vfs.recorded:
             vfs.recorded.add(rel)
             self._bridge.create(rel)
             if size:  # A file left unrecorded (not by this VFS): record its content.
-                self._bridge.write(rel, 0, self.xRead(size, 0))
+                self._bridge.write(rel, 0, _read(filename, 0, size))
 
     @property
     def _size(self) -> int:
@@ -278,8 +321,9 @@ class LogFile(apsw.VFSFile):
             return True  # SQLite writes a WAL's header only when it (re)starts the WAL.
         return data.count(0) == len(data)  # PERSIST mode's zeroed journal header.
 
-    def xWrite(self, data: bytes, offset: int) -> None:
-        super().xWrite(data, offset)
+    def write(self, offset: int, data: bytes) -> None:
+        """`data` was written at `offset`: one write of SQLite's at offset 0, else the
+        contiguous writes gathered since."""
         size = self._recorded_size
         if offset == 0 and size > 0 and self._is_reset(data):
             self._reset()
@@ -289,8 +333,7 @@ class LogFile(apsw.VFSFile):
         if end > size:  # (Not for a rewrite within the recorded size.)
             self._size = end
 
-    def xTruncate(self, newsize: int) -> None:
-        super().xTruncate(newsize)
+    def truncate(self, newsize: int) -> None:
         if newsize >= self._size:
             if newsize > self._size:
                 self._bridge.write(self._rel, self._size, bytes(newsize - self._size))
@@ -299,7 +342,7 @@ class LogFile(apsw.VFSFile):
         else:
             # The log cannot shrink a file: record a new Fnode holding the kept prefix.
             self._bridge.truncate(self._rel)
-            self._bridge.write(self._rel, 0, self.xRead(newsize, 0))
+            self._bridge.write(self._rel, 0, _read(self._filename, 0, newsize))
         self._size = newsize
 
     def _reset(self) -> None:
@@ -311,8 +354,11 @@ class LogFile(apsw.VFSFile):
             self._bridge.truncate(self._rel)
         self._size = 0
 
-    def xSync(self, flags: int) -> None:
+    def sync(self, flags: int) -> None:
         try:
             self._bridge.sync(self._vfs.sync_waits)  # Deferred while checkpointing.
         except RecordingFailed as err:
             raise apsw.IOError(str(err)) from err
+
+    def close(self) -> None:
+        pass

@@ -150,8 +150,10 @@ class Writer:
         self.conn.execute("PRAGMA synchronous=FULL").fetchall()
         assert self.conn.execute("PRAGMA journal_mode=WAL").fetchall() == [("wal",)]
         self.conn.set_wal_hook(self.vfs.wal_hook(checkpoint_pages))  # As SQLiteStore does.
-        self.conn.execute("CREATE TABLE IF NOT EXISTS t (k INTEGER PRIMARY KEY, v BLOB)")
+        # (Before the table: a prefix may end between the switch to WAL and its creation.)
         self.states: list[tuple[int, str]] = [(len(oplog.ops), _table(self.conn))]
+        self.conn.execute("CREATE TABLE IF NOT EXISTS t (k INTEGER PRIMARY KEY, v BLOB)")
+        self.states.append((len(oplog.ops), _table(self.conn)))
 
     def run(self, rnd: random.Random, steps: int, features: set[str]) -> None:
         conn = self.conn

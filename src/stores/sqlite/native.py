@@ -1,0 +1,78 @@
+"""Builds the C half of the recording VFS (`_recvfs.c`) into ``_recvfs.so`` beside it.
+
+``python -m stores.sqlite.native build`` (run by ``make deps``) needs a C compiler, Python's
+headers (Debian: ``build-essential python3-dev``) and SQLite's extension header
+``sqlite3ext.h`` (``libsqlite3-dev``). The module links against neither library: it runs
+inside the Python process, and is handed the API of APSW's own SQLite when it is loaded as an
+SQLite extension (`stores.sqlite.vfs.native_vfs`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+__all__ = ["MODULE", "SOURCE", "build"]
+
+SOURCE = Path(__file__).with_name("_recvfs.c")
+MODULE = Path(__file__).with_name("_recvfs.so")
+
+
+def build(output: Path = MODULE, compiler: str | None = None) -> Path:
+    """Compiles the module into `output` (atomically). Raises `RuntimeError` with the
+    compiler's message if it cannot."""
+    named = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if named is None:
+        raise RuntimeError("no C compiler (cc or gcc) on PATH; install build-essential")
+    include = sysconfig.get_paths()["include"]
+    if not os.path.exists(os.path.join(include, "Python.h")):
+        raise RuntimeError(f"no Python.h in {include}; install python3-dev")
+    tmp = output.with_name(f".{output.name}.{os.getpid()}")
+    cmd = [
+        *shlex.split(named),
+        "-O2",
+        "-Wall",
+        "-Werror",
+        "-Wno-unused-parameter",
+        "-shared",
+        "-fPIC",
+        f"-I{include}",
+        "-o",
+        str(tmp),
+        str(SOURCE),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        hint = " (sqlite3ext.h: install libsqlite3-dev)" if "sqlite3ext.h" in done.stderr else ""
+        raise RuntimeError(
+            f"building the SQLite VFS failed{hint} ({' '.join(cmd)}):\n{done.stderr.strip()}"
+        )
+    os.replace(tmp, output)
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m stores.sqlite.native", description="The recording VFS's C module."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="compile it (needs cc, python3-dev and libsqlite3-dev)")
+    b.add_argument("--output", type=Path, default=MODULE)
+    args = parser.parse_args(argv)
+    try:
+        print(build(args.output))
+    except RuntimeError as err:
+        print(err, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The recording VFS's C half: what reaches the recorder, in which pieces, and its errors."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+
+from stores.sqlite import native
+from stores.sqlite.bridge import RecordingFailed
+from stores.sqlite.vfs import RecordingVFS, native_vfs
+
+_names = itertools.count()
+Op = tuple[Any, ...]
+
+
+class Sink:
+    """Stands in for the RecorderBridge: keeps the operations; `fail` makes one raise."""
+
+    discarded = False
+    deferring = False
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.syncs = 0
+        self.fail: dict[str, BaseException] = {}
+
+    def _check(self, what: str) -> None:
+        err = self.fail.get(what)
+        if err is not None:
+            raise err
+
+    def create(self, path: str) -> None:
+        self.ops.append(("create", path))
+
+    def truncate(self, path: str) -> None:
+        self.ops.append(("truncate", path))
+
+    def unlink(self, path: str) -> None:
+        self.ops.append(("unlink", path))
+
+    def rename(self, src: str, dst: str) -> None:
+        self.ops.append(("rename", src, dst))
+
+    def write(self, path: str, offset: int, data: bytes) -> None:
+        self._check("write")
+        self.ops.append(("write", path, offset, bytes(data)))
+
+    def sync(self, wait: bool = True) -> None:
+        self._check("sync")
+        self.syncs += 1
+
+    def flush(self) -> None:
+        pass
+
+    def defer(self) -> None:
+        pass
+
+
+@pytest.fixture
+def connect(tmp_path: Path) -> Iterator[Any]:
+    """connect(sink) -> a WAL-mode connection to tmp_path/db recorded into `sink`."""
+    opened: list[tuple[apsw.Connection, RecordingVFS]] = []
+
+    def connect(sink: Sink) -> apsw.Connection:
+        vfs = RecordingVFS(
+            f"test-vfs-{next(_names)}",
+            tmp_path,
+            sink,  # type: ignore[arg-type]
+            recorded=set(),
+            page_files={},
+            sequential=True,  # As the store in WAL mode: no sync between header and frames.
+        )
+        conn = apsw.Connection(str(tmp_path / "db"), vfs=vfs.name)
+        opened.append((conn, vfs))
+        conn.execute("PRAGMA synchronous=FULL").fetchall()
+        assert conn.execute("PRAGMA journal_mode=WAL").fetchall() == [("wal",)]
+        conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)")
+        return conn
+
+    yield connect
+    for conn, vfs in opened:
+        conn.close()
+        vfs.unregister()
+
+
+def _wal_writes(ops: list[Op]) -> list[Op]:
+    return [op for op in ops if op[0] == "write" and op[1] == "db-wal"]
+
+
+def test_a_commits_wal_frames_reach_the_recorder_as_one_write(connect: Any, tmp_path: Path) -> None:
+    sink = Sink()
+    conn = connect(sink)
+    before = len(sink.ops)
+    with conn:
+        for k in range(200):
+            conn.execute("INSERT INTO t VALUES (?, randomblob(1000))", (k,))
+    writes = _wal_writes(sink.ops[before:])
+    # SQLite writes each frame's header and page apart: ~60 pages, ~120 writes, gathered.
+    assert len(writes) == 1, [op[:3] for op in writes]
+    frames = len(writes[0][3]) // (24 + 4096)
+    assert frames > 50 and len(writes[0][3]) == frames * (24 + 4096)
+    # What was recorded is the WAL as it is on disk.
+    wal = bytearray()
+    for op in _wal_writes(sink.ops):
+        _, _, offset, data = op
+        wal[offset : offset + len(data)] = data
+    assert bytes(wal) == (tmp_path / "db-wal").read_bytes()
+
+
+def test_a_write_at_offset_0_reaches_the_recorder_alone(connect: Any) -> None:
+    """Python sees a WAL's restart by its header: never gathered with the frames after it."""
+    sink = Sink()
+    conn = connect(sink)
+    with conn:
+        conn.execute("INSERT INTO t VALUES (1, randomblob(3000))")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    mark = len(sink.ops)
+    with conn:
+        conn.execute("INSERT INTO t VALUES (2, randomblob(3000))")
+    assert ("truncate", "db-wal") in sink.ops[:mark]  # The checkpoint reset the WAL.
+    wal = _wal_writes(sink.ops[mark:])
+    assert wal[0][2] == 0 and len(wal[0][3]) == 32, [op[:3] for op in wal]
+    assert wal[1][2] == 32 and len(wal) == 2, [op[:3] for op in wal]
+
+
+def test_a_hooks_error_is_what_the_statement_raises(connect: Any) -> None:
+    sink = Sink()
+    conn = connect(sink)
+    sink.fail["sync"] = RecordingFailed("the recorder was fenced")
+    conn.execute("BEGIN; INSERT INTO t VALUES (1, 'x')")
+    with pytest.raises(apsw.IOError, match="the recorder was fenced"):
+        conn.execute("COMMIT")
+    # (`with conn:` raises SQLite's error instead, with the hook's as its __context__.)
+    assert not conn.in_transaction  # SQLite rolled back; nothing is left pending.
+    assert conn.execute("SELECT count(*) FROM t").fetchall() == [(0,)]
+    # A gathered write that cannot be handed over fails the sync that hands it over.
+    del sink.fail["sync"]
+    sink.fail["write"] = RuntimeError("the bridge broke")
+    conn.execute("BEGIN; INSERT INTO t VALUES (2, 'y')")
+    with pytest.raises(RuntimeError, match="the bridge broke"):
+        conn.execute("COMMIT")
+    del sink.fail["write"]
+
+
+def test_a_database_outside_the_directory_is_refused(tmp_path: Path) -> None:
+    vfs = RecordingVFS(
+        f"test-vfs-{next(_names)}",
+        tmp_path / "store",
+        Sink(),
+        recorded=set(),
+        page_files={},  # type: ignore[arg-type]
+    )
+    try:
+        with pytest.raises(apsw.CantOpenError, match="is outside"):
+            apsw.Connection(str(tmp_path / "elsewhere.db"), vfs=vfs.name)
+    finally:
+        vfs.unregister()
+
+
+def test_a_vfs_name_is_registered_once(tmp_path: Path) -> None:
+    name = f"test-vfs-{next(_names)}"
+    vfs = RecordingVFS(name, tmp_path, Sink(), recorded=set(), page_files={})  # type: ignore[arg-type]
+    try:
+        with pytest.raises(ValueError, match="registered already"):
+            RecordingVFS(name, tmp_path, Sink(), recorded=set(), page_files={})  # type: ignore[arg-type]
+    finally:
+        vfs.unregister()
+    vfs.unregister()  # Idempotent.
+    assert name not in apsw.vfs_names()
+
+
+def test_an_unbuilt_module_says_how_to_build_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "stores.sqlite._recvfs", None)
+    with pytest.raises(ImportError, match="make deps"):
+        native_vfs()
+
+
+def test_build_compiles_the_module_and_reports_a_failed_compile(tmp_path: Path) -> None:
+    out = native.build(tmp_path / "_recvfs.so")
+    assert out.stat().st_size > 0
+    with pytest.raises(RuntimeError, match="building the SQLite VFS failed"):
+        native.build(tmp_path / "broken.so", compiler=f"cc -include {tmp_path}/missing.h")
+    assert not (tmp_path / "broken.so").exists()
