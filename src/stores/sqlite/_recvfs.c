@@ -42,6 +42,7 @@ SQLITE_EXTENSION_INIT1
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* A gathered write is handed to Python once it holds this many bytes. */
 #define GATHER_LIMIT (1 << 20)
@@ -60,7 +61,8 @@ typedef struct RecVfs {
   char *buf;
   size_t len, cap;
   int backfilling;
-  int broken;     /* A write could not be gathered: nothing more may be recorded. */
+  int broken;     /* A write could not be recorded: nothing more may be. */
+  int files;      /* Files open: it may not be unregistered. */
   unsigned epoch; /* Counts backfilling periods: note_backfill once per file and period. */
 } RecVfs;
 
@@ -111,7 +113,8 @@ static int call_hook(PyObject *obj, const char *method, PyObject *args) {
 /* Hand the gathered write to its file's hook. */
 static int drain(RecVfs *v) {
   if (v->broken) {
-    PyErr_SetString(PyExc_MemoryError, "a write to a recorded SQLite file could not be gathered");
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_RuntimeError, "an earlier write to a recorded SQLite file was not recorded");
     return -1;
   }
   if (v->len == 0) return 0;
@@ -120,8 +123,12 @@ static int drain(RecVfs *v) {
   sqlite3_int64 offset = v->offset;
   v->len = 0;
   v->file = NULL;
-  if (data == NULL) return -1;
-  return call_hook(f->hook, "write", Py_BuildValue("(LN)", (long long)offset, data));
+  /* SQLite was told these writes were made: if they are not recorded, nothing later may be. */
+  if (data == NULL || call_hook(f->hook, "write", Py_BuildValue("(LN)", (long long)offset, data))) {
+    v->broken = 1;
+    return -1;
+  }
+  return 0;
 }
 
 static int gather(RecVfs *v, RecFile *f, const void *data, int amount, sqlite3_int64 offset) {
@@ -137,6 +144,9 @@ static int gather(RecVfs *v, RecFile *f, const void *data, int amount, sqlite3_i
     char *buf = realloc(v->buf, cap);
     if (buf == NULL) {
       v->broken = 1;
+      PyGILState_STATE g = PyGILState_Ensure();
+      if (!PyErr_Occurred()) PyErr_NoMemory();
+      PyGILState_Release(g);
       return -1;
     }
     v->buf = buf;
@@ -183,6 +193,7 @@ static int rec_close(sqlite3_file *file) {
     PyGILState_Release(g);
   }
   int rc = f->real->pMethods->xClose(f->real);
+  f->vfs->files--;
   return failed && rc == SQLITE_OK ? SQLITE_IOERR_CLOSE : rc;
 }
 
@@ -198,14 +209,12 @@ static int rec_write(sqlite3_file *file, const void *data, int amount, sqlite3_i
   RecVfs *v = f->vfs;
   if (f->buffered && offset != 0 && !v->broken)
     return gather(v, f, data, amount, offset) ? SQLITE_IOERR_WRITE : SQLITE_OK;
+  if (f->main && v->backfilling && f->noted_epoch == v->epoch) return SQLITE_OK;
   int failed;
   PyGILState_STATE g = PyGILState_Ensure();
   if (f->main && v->backfilling) {
-    failed = 0;
-    if (f->noted_epoch != v->epoch) {
-      failed = call_hook(f->hook, "note_backfill", PyTuple_New(0));
-      if (!failed) f->noted_epoch = v->epoch;
-    }
+    failed = drain_and_call(v, f->hook, "note_backfill", PyTuple_New(0));
+    if (!failed) f->noted_epoch = v->epoch;
   } else {
     PyObject *bytes = PyBytes_FromStringAndSize(data, amount);
     failed = bytes == NULL ? -1
@@ -231,6 +240,8 @@ static int rec_sync(sqlite3_file *file, int flags) {
   PyGILState_STATE g = PyGILState_Ensure();
   int failed = drain_and_call(f->vfs, f->hook, "sync", Py_BuildValue("(i)", flags));
   PyGILState_Release(g);
+  /* A sync may compact, after which a base holds every copy so far: later ones are noted. */
+  if (f->main) f->noted_epoch = f->vfs->epoch - 1;
   return failed ? SQLITE_IOERR_FSYNC : SQLITE_OK;
 }
 
@@ -299,7 +310,7 @@ static int rec_unfetch(sqlite3_file *file, sqlite3_int64 offset, void *p) {
   return f->real->pMethods->xUnfetch(f->real, offset, p);
 }
 
-static const sqlite3_io_methods rec_io_methods = {
+static const sqlite3_io_methods rec_io_methods_v3 = {
     3,
     rec_close,
     rec_read,
@@ -320,6 +331,26 @@ static const sqlite3_io_methods rec_io_methods = {
     rec_fetch,
     rec_unfetch,
 };
+
+/* The methods of a file whose real methods are of `version` (1-3): SQLite looks at a file's
+ * version before its shared-memory and mapping methods. */
+static sqlite3_io_methods rec_io_methods_v1, rec_io_methods_v2;
+
+static const sqlite3_io_methods *methods_for(int version) {
+  if (rec_io_methods_v1.iVersion == 0) {
+    rec_io_methods_v2 = rec_io_methods_v3;
+    rec_io_methods_v2.iVersion = 2;
+    rec_io_methods_v2.xFetch = NULL;
+    rec_io_methods_v2.xUnfetch = NULL;
+    rec_io_methods_v1 = rec_io_methods_v2;
+    rec_io_methods_v1.iVersion = 1;
+    rec_io_methods_v1.xShmMap = NULL;
+    rec_io_methods_v1.xShmLock = NULL;
+    rec_io_methods_v1.xShmBarrier = NULL;
+    rec_io_methods_v1.xShmUnmap = NULL;
+  }
+  return version >= 3 ? &rec_io_methods_v3 : version == 2 ? &rec_io_methods_v2 : &rec_io_methods_v1;
+}
 
 /* -- VFS methods ------------------------------------------------------------------------ */
 
@@ -366,7 +397,7 @@ static int open_hook(RecVfs *v, RecFile *f, const char *path, int flags) {
     Py_DECREF(hook);
   }
   PyErr_Restore(et, ev, etb);
-  return et == NULL ? 0 : -1;
+  return 0;
 }
 
 static int rec_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *file, int flags, int *out_flags) {
@@ -375,23 +406,29 @@ static int rec_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *file, int 
   memset(f, 0, sizeof(RecFile));
   f->vfs = v;
   f->real = (sqlite3_file *)((char *)file + RECFILE_SIZE);
+  int named = name != NULL && !(flags & SQLITE_OPEN_DELETEONCLOSE);
+  struct stat st;
+  int existed = named && stat(name, &st) == 0;
   int rc = v->real->xOpen(v->real, name, f->real, flags, out_flags);
   if (rc != SQLITE_OK) {
     /* The real open may have set its methods: SQLite then calls xClose on our file. */
-    f->base.pMethods = f->real->pMethods ? &rec_io_methods : NULL;
+    f->base.pMethods = f->real->pMethods ? methods_for(f->real->pMethods->iVersion) : NULL;
+    if (f->base.pMethods != NULL) v->files++;
     return rc;
   }
-  if (name != NULL && !(flags & SQLITE_OPEN_DELETEONCLOSE)) {
+  if (named) {
     PyGILState_STATE g = PyGILState_Ensure();
     int failed = open_hook(v, f, name, flags);
     PyGILState_Release(g);
     if (failed) {
       f->real->pMethods->xClose(f->real);
       f->base.pMethods = NULL;
+      if (!existed) unlink(name); /* A refused file is not left behind. */
       return SQLITE_CANTOPEN;
     }
   }
-  f->base.pMethods = &rec_io_methods;
+  f->base.pMethods = methods_for(f->real->pMethods->iVersion);
+  v->files++;
   return SQLITE_OK;
 }
 
@@ -528,6 +565,8 @@ static PyObject *py_unregister(PyObject *self, PyObject *args) {
   while (*link != NULL && strcmp((*link)->name, name) != 0) link = &(*link)->next;
   RecVfs *v = *link;
   if (v == NULL) Py_RETURN_NONE;
+  if (v->files > 0)
+    return PyErr_Format(PyExc_RuntimeError, "VFS %s still has %d files open: close its connections first", name, v->files);
   *link = v->next;
   sqlite3_vfs_unregister(&v->base);
   Py_CLEAR(v->hooks);

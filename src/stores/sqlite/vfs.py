@@ -122,10 +122,11 @@ class RecordingVFS:
         self._registered = True
 
     def unregister(self) -> None:
-        """Remove the VFS from SQLite (no connection may use it any more). Idempotent."""
+        """Remove the VFS from SQLite. Idempotent. Raises `RuntimeError` while a connection
+        still has files open through it."""
         if self._registered:
-            self._registered = False
             self._native.unregister(self.name)
+            self._registered = False
 
     @property
     def backfilling(self) -> bool:

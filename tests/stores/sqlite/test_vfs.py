@@ -24,6 +24,7 @@ class Sink:
 
     discarded = False
     deferring = False
+    vfs: RecordingVFS | None = None  # The VFS recording into it (set by `connect`).
 
     def __init__(self) -> None:
         self.ops: list[Op] = []
@@ -78,6 +79,7 @@ def connect(tmp_path: Path) -> Iterator[Any]:
         )
         conn = apsw.Connection(str(tmp_path / "db"), vfs=vfs.name)
         opened.append((conn, vfs))
+        sink.vfs = vfs
         conn.execute("PRAGMA synchronous=FULL").fetchall()
         assert conn.execute("PRAGMA journal_mode=WAL").fetchall() == [("wal",)]
         conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)")
@@ -129,6 +131,46 @@ def test_a_write_at_offset_0_reaches_the_recorder_alone(connect: Any) -> None:
     assert wal[1][2] == 32 and len(wal) == 2, [op[:3] for op in wal]
 
 
+def test_a_restarted_wal_is_a_new_fnode_before_its_header(connect: Any) -> None:
+    """A WAL checkpointed but not truncated (RESTART) starts over at its header: recorded
+    as a new Fnode right before the header, the old frames left dead."""
+    sink = Sink()
+    conn = connect(sink)
+    with conn:
+        conn.execute("INSERT INTO t VALUES (1, randomblob(3000))")
+    conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+    mark = len(sink.ops)
+    with conn:
+        conn.execute("INSERT INTO t VALUES (2, randomblob(3000))")
+    ops = sink.ops[mark:]
+    header = ops.index(next(op for op in ops if op[:3] == ("write", "db-wal", 0)))
+    assert ops[header - 1] == ("truncate", "db-wal"), [op[:3] for op in ops]
+    assert len(ops[header][3]) == 32
+
+
+def test_the_stores_checkpoint_copies_are_not_recorded(connect: Any, tmp_path: Path) -> None:
+    """While the store's own checkpoint runs, the database's writes copy WAL frames: none is
+    recorded, and the page store learns the WAL must be kept."""
+    sink = Sink()
+    conn = connect(sink)
+    vfs = sink.vfs
+    assert vfs is not None
+    conn.set_wal_hook(vfs.wal_hook(10))
+    mark = len(sink.ops)
+    with conn:
+        for k in range(40):
+            conn.execute("INSERT INTO t VALUES (?, randomblob(1000))", (k,))
+    assert conn.execute("SELECT count(*) FROM t").fetchall() == [(40,)]
+    assert (tmp_path / "db-wal").stat().st_size == 0  # The checkpoint ran, and truncated.
+    ops = sink.ops[mark:]
+    assert [op for op in ops if op[0] == "write" and ".pages/" in op[1]] == []
+    # Noted instead: the WAL holding the copies is kept, as a WAL generation, at its reset.
+    renames = [op for op in ops if op[0] == "rename"]
+    assert len(renames) == 1 and renames[0][1] == "db-wal" and renames[0][2].endswith(".wal")
+
+
+# (Closing a broken VFS's files reports it too, as unraisable: SQLite ignores close errors.)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_hooks_error_is_what_the_statement_raises(connect: Any) -> None:
     sink = Sink()
     conn = connect(sink)
@@ -145,7 +187,15 @@ def test_a_hooks_error_is_what_the_statement_raises(connect: Any) -> None:
     conn.execute("BEGIN; INSERT INTO t VALUES (2, 'y')")
     with pytest.raises(RuntimeError, match="the bridge broke"):
         conn.execute("COMMIT")
+    # SQLite made those writes: nothing later may be recorded without them.
     del sink.fail["write"]
+    recorded = len(sink.ops)
+    conn.execute("BEGIN; INSERT INTO t VALUES (3, 'z')")
+    with pytest.raises(RuntimeError, match="was not recorded"):
+        conn.execute("COMMIT")
+    with pytest.raises(RuntimeError, match="was not recorded"):
+        conn.close()
+    assert len(sink.ops) == recorded
 
 
 def test_a_database_outside_the_directory_is_refused(tmp_path: Path) -> None:
@@ -159,8 +209,21 @@ def test_a_database_outside_the_directory_is_refused(tmp_path: Path) -> None:
     try:
         with pytest.raises(apsw.CantOpenError, match="is outside"):
             apsw.Connection(str(tmp_path / "elsewhere.db"), vfs=vfs.name)
+        assert not (tmp_path / "elsewhere.db").exists()  # Refused, and not left behind.
     finally:
         vfs.unregister()
+
+
+def test_a_vfs_in_use_is_not_unregistered(tmp_path: Path) -> None:
+    vfs = RecordingVFS(f"test-vfs-{next(_names)}", tmp_path, Sink(), recorded=set(), page_files={})  # type: ignore[arg-type]
+    conn = apsw.Connection(str(tmp_path / "db"), vfs=vfs.name)
+    conn.execute("CREATE TABLE t (k)")
+    with pytest.raises(RuntimeError, match="files open"):
+        vfs.unregister()
+    conn.execute("INSERT INTO t VALUES (1)")  # Still usable.
+    conn.close()
+    vfs.unregister()
+    assert vfs.name not in apsw.vfs_names()
 
 
 def test_a_vfs_name_is_registered_once(tmp_path: Path) -> None:
