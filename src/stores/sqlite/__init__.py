@@ -1,4 +1,4 @@
-"""The SQLite store: an embedded SQLite database recorded through an APSW VFS.
+"""The SQLite store: an embedded SQLite database (APSW) recorded through a VFS of its own.
 
 `SQLiteStore` implements the consumer Store contract; `RecordingVFS` records the database's
 files (main databases as page stores, journals and WALs as files) through a `RecorderBridge`
