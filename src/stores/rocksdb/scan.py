@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import shutil
 import struct
 import subprocess
 import sys
@@ -25,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
+
+from stores.cbuild import build_command, compile_c, find_compiler
 
 SOURCE = Path(__file__).with_name("_scan.c")
 BINARY = Path(__file__).with_name("rocksdb-scan")
@@ -234,24 +234,17 @@ def build(output: Path = BINARY, compiler: str | None = None) -> Path:
     """Compiles the scanner into `output` (atomically), linking librocksdb statically when
     its archive is installed (Debian: ``librocksdb-dev``). Raises `RuntimeError` with the
     compiler's message if it cannot."""
-    named = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if named is None:
-        raise RuntimeError("no C compiler (cc or gcc) on PATH; install build-essential")
-    cc = shlex.split(named)
+    cc = find_compiler(compiler)
     # The compiler's own search path finds the archive of its target architecture.
     found = subprocess.run([*cc, "-print-file-name=librocksdb.a"], capture_output=True, text=True)
     archive = found.stdout.strip()
     link = [archive] if found.returncode == 0 and os.path.isabs(archive) else ["-lrocksdb"]
-    tmp = output.with_name(f".{output.name}.{os.getpid()}")
-    cmd = [*cc, "-O2", "-o", str(tmp), str(SOURCE), *link, *_LIBS]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(
-            f"building the RocksDB scanner failed ({' '.join(cmd)}):\n{done.stderr.strip()}"
-        )
-    os.replace(tmp, output)
-    return output
+    return compile_c(
+        cc,
+        lambda tmp: ["-O2", "-o", str(tmp), str(SOURCE), *link, *_LIBS],
+        output,
+        "the RocksDB scanner",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,12 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("where", help="print the scanner's path (exit 1 if it is not built)")
     args = parser.parse_args(argv)
     if args.command == "build":
-        try:
-            print(build(args.output))
-        except RuntimeError as err:
-            print(err, file=sys.stderr)
-            return 1
-        return 0
+        return build_command(build, args.output)
     found = find()
     if found is None:
         print("the RocksDB scanner is not built", file=sys.stderr)

@@ -503,6 +503,24 @@ static int rec_current_time_int64(sqlite3_vfs *vfs, sqlite3_int64 *out) {
   return v->real->xCurrentTimeInt64(v->real, out);
 }
 
+/* The VFS's methods; its size, path length and name are filled in at registration. */
+static const sqlite3_vfs rec_vfs_template = {
+    .iVersion = 2,
+    .xOpen = rec_open,
+    .xDelete = rec_delete,
+    .xAccess = rec_access,
+    .xFullPathname = rec_full_pathname,
+    .xDlOpen = rec_dl_open,
+    .xDlError = rec_dl_error,
+    .xDlSym = rec_dl_sym,
+    .xDlClose = rec_dl_close,
+    .xRandomness = rec_randomness,
+    .xSleep = rec_sleep,
+    .xCurrentTime = rec_current_time,
+    .xGetLastError = rec_get_last_error,
+    .xCurrentTimeInt64 = rec_current_time_int64,
+};
+
 /* -- The module ------------------------------------------------------------------------- */
 
 static RecVfs *find(const char *name) {
@@ -528,23 +546,10 @@ static PyObject *py_register(PyObject *self, PyObject *args) {
     return PyErr_NoMemory();
   }
   v->real = real;
-  v->base.iVersion = 2;
+  v->base = rec_vfs_template;
   v->base.szOsFile = (int)(RECFILE_SIZE + (size_t)real->szOsFile);
   v->base.mxPathname = real->mxPathname;
   v->base.zName = v->name;
-  v->base.xOpen = rec_open;
-  v->base.xDelete = rec_delete;
-  v->base.xAccess = rec_access;
-  v->base.xFullPathname = rec_full_pathname;
-  v->base.xDlOpen = rec_dl_open;
-  v->base.xDlError = rec_dl_error;
-  v->base.xDlSym = rec_dl_sym;
-  v->base.xDlClose = rec_dl_close;
-  v->base.xRandomness = rec_randomness;
-  v->base.xSleep = rec_sleep;
-  v->base.xCurrentTime = rec_current_time;
-  v->base.xGetLastError = rec_get_last_error;
-  v->base.xCurrentTimeInt64 = rec_current_time_int64;
   int rc = sqlite3_vfs_register(&v->base, 0);
   if (rc != SQLITE_OK) {
     free(v->name);
@@ -587,14 +592,6 @@ static PyObject *py_set_backfilling(PyObject *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-static PyObject *py_gathered(PyObject *self, PyObject *args) {
-  const char *name;
-  if (!PyArg_ParseTuple(args, "s:gathered", &name)) return NULL;
-  RecVfs *v = find(name);
-  if (v == NULL) return PyErr_Format(PyExc_KeyError, "no recording VFS named %s", name);
-  return PyLong_FromSize_t(v->len);
-}
-
 static PyObject *py_loaded(PyObject *self, PyObject *unused) { return PyBool_FromLong(sqlite3_api != NULL); }
 
 static PyMethodDef methods[] = {
@@ -604,7 +601,6 @@ static PyMethodDef methods[] = {
      "unregister(name): unregister VFS `name` (no connection may use it)."},
     {"set_backfilling", py_set_backfilling, METH_VARARGS,
      "set_backfilling(name, on): whether main database writes go unrecorded (note_backfill)."},
-    {"gathered", py_gathered, METH_VARARGS, "gathered(name): bytes gathered, not yet handed to Python."},
     {"loaded", py_loaded, METH_NOARGS, "loaded(): whether the module was loaded into SQLite."},
     {NULL, NULL, 0, NULL},
 };

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
-import shutil
-import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+
+from stores.cbuild import build_command, compile_c, find_compiler
 
 __all__ = ["MODULE", "SOURCE", "build"]
 
@@ -27,35 +26,20 @@ MODULE = Path(__file__).with_name("_recvfs.so")
 def build(output: Path = MODULE, compiler: str | None = None) -> Path:
     """Compiles the module into `output` (atomically). Raises `RuntimeError` with the
     compiler's message if it cannot."""
-    named = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if named is None:
-        raise RuntimeError("no C compiler (cc or gcc) on PATH; install build-essential")
+    cc = find_compiler(compiler)
     include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(include, "Python.h")):
         raise RuntimeError(f"no Python.h in {include}; install python3-dev")
-    tmp = output.with_name(f".{output.name}.{os.getpid()}")
-    cmd = [
-        *shlex.split(named),
-        "-O2",
-        "-Wall",
-        "-Werror",
-        "-Wno-unused-parameter",
-        "-shared",
-        "-fPIC",
-        f"-I{include}",
-        "-o",
-        str(tmp),
-        str(SOURCE),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        hint = " (sqlite3ext.h: install libsqlite3-dev)" if "sqlite3ext.h" in done.stderr else ""
-        raise RuntimeError(
-            f"building the SQLite VFS failed{hint} ({' '.join(cmd)}):\n{done.stderr.strip()}"
-        )
-    os.replace(tmp, output)
-    return output
+    flags = ["-O2", "-Wall", "-Werror", "-Wno-unused-parameter", "-shared", "-fPIC"]
+    return compile_c(
+        cc,
+        lambda tmp: [*flags, f"-I{include}", "-o", str(tmp), str(SOURCE)],
+        output,
+        "the SQLite VFS",
+        lambda stderr: (
+            " (sqlite3ext.h: install libsqlite3-dev)" if "sqlite3ext.h" in stderr else ""
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,12 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build", help="compile it (needs cc, python3-dev and libsqlite3-dev)")
     b.add_argument("--output", type=Path, default=MODULE)
     args = parser.parse_args(argv)
-    try:
-        print(build(args.output))
-    except RuntimeError as err:
-        print(err, file=sys.stderr)
-        return 1
-    return 0
+    return build_command(build, args.output)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import itertools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
@@ -104,3 +105,49 @@ def integrity(path: Path) -> str:
         return str(conn.execute("PRAGMA integrity_check").fetchall()[0][0])
     finally:
         conn.close()
+
+
+Op = tuple[Any, ...]
+
+
+class OpLog:
+    """A RecorderBridge stand-in which keeps the operations in order; ``fail[method]`` makes
+    `write` or `sync` raise that error."""
+
+    discarded = False  # As a bridge of a store still recording.
+    deferring = False  # Set by the VFS's WAL hook while it checkpoints.
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.fail: dict[str, BaseException] = {}
+
+    def _check(self, method: str) -> None:
+        err = self.fail.get(method)
+        if err is not None:
+            raise err
+
+    def create(self, path: str) -> None:
+        self.ops.append(("create", path))
+
+    def truncate(self, path: str) -> None:
+        self.ops.append(("truncate", path))
+
+    def unlink(self, path: str) -> None:
+        self.ops.append(("unlink", path))
+
+    def rename(self, src: str, dst: str) -> None:
+        self.ops.append(("rename", src, dst))
+
+    def write(self, path: str, offset: int, data: bytes) -> None:
+        self._check("write")
+        if data:
+            self.ops.append(("write", path, offset, bytes(data)))
+
+    def sync(self, wait: bool = True) -> None:
+        self._check("sync")
+
+    def flush(self) -> None:
+        pass
+
+    def defer(self) -> None:
+        pass

@@ -20,7 +20,6 @@ import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import apsw
 import pytest
@@ -28,44 +27,9 @@ import pytest
 from stores.sqlite.pagestore import PAGES_SUFFIX, is_wal_generation
 from stores.sqlite.store import rebuild_played
 from stores.sqlite.vfs import RecordingVFS
+from tests.stores.sqlite.support import Op, OpLog
 
 _names = itertools.count()
-Op = tuple[Any, ...]
-
-
-class OpLog:
-    """A RecorderBridge stand-in which keeps the operations in order."""
-
-    def __init__(self) -> None:
-        self.ops: list[Op] = []
-
-    discarded = False  # As a bridge of a store still recording.
-    deferring = False  # Set by the VFS's WAL hook while it checkpoints.
-
-    def create(self, path: str) -> None:
-        self.ops.append(("create", path))
-
-    def truncate(self, path: str) -> None:
-        self.ops.append(("truncate", path))
-
-    def unlink(self, path: str) -> None:
-        self.ops.append(("unlink", path))
-
-    def rename(self, src: str, dst: str) -> None:
-        self.ops.append(("rename", src, dst))
-
-    def write(self, path: str, offset: int, data: bytes) -> None:
-        if data:
-            self.ops.append(("write", path, offset, bytes(data)))
-
-    def sync(self, wait: bool = True) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def defer(self) -> None:
-        pass
 
 
 @dataclass

@@ -14,53 +14,15 @@ import pytest
 from stores.sqlite import native
 from stores.sqlite.bridge import RecordingFailed
 from stores.sqlite.vfs import RecordingVFS, native_vfs
+from tests.stores.sqlite.support import Op, OpLog
 
 _names = itertools.count()
-Op = tuple[Any, ...]
 
 
-class Sink:
-    """Stands in for the RecorderBridge: keeps the operations; `fail` makes one raise."""
+class Sink(OpLog):
+    """An OpLog that knows the VFS recording into it (set by `connect`)."""
 
-    discarded = False
-    deferring = False
-    vfs: RecordingVFS | None = None  # The VFS recording into it (set by `connect`).
-
-    def __init__(self) -> None:
-        self.ops: list[Op] = []
-        self.syncs = 0
-        self.fail: dict[str, BaseException] = {}
-
-    def _check(self, what: str) -> None:
-        err = self.fail.get(what)
-        if err is not None:
-            raise err
-
-    def create(self, path: str) -> None:
-        self.ops.append(("create", path))
-
-    def truncate(self, path: str) -> None:
-        self.ops.append(("truncate", path))
-
-    def unlink(self, path: str) -> None:
-        self.ops.append(("unlink", path))
-
-    def rename(self, src: str, dst: str) -> None:
-        self.ops.append(("rename", src, dst))
-
-    def write(self, path: str, offset: int, data: bytes) -> None:
-        self._check("write")
-        self.ops.append(("write", path, offset, bytes(data)))
-
-    def sync(self, wait: bool = True) -> None:
-        self._check("sync")
-        self.syncs += 1
-
-    def flush(self) -> None:
-        pass
-
-    def defer(self) -> None:
-        pass
+    vfs: RecordingVFS | None = None
 
 
 @pytest.fixture
@@ -115,18 +77,25 @@ def test_a_commits_wal_frames_reach_the_recorder_as_one_write(connect: Any, tmp_
     assert bytes(wal) == (tmp_path / "db-wal").read_bytes()
 
 
-def test_a_write_at_offset_0_reaches_the_recorder_alone(connect: Any) -> None:
-    """Python sees a WAL's restart by its header: never gathered with the frames after it."""
+def _commit_after_checkpoint(connect: Any, mode: str) -> tuple[list[Op], list[Op]]:
+    """One commit, a ``wal_checkpoint(mode)``, one more commit: the operations recorded up
+    to the checkpoint's end, and those of the last commit."""
     sink = Sink()
     conn = connect(sink)
     with conn:
         conn.execute("INSERT INTO t VALUES (1, randomblob(3000))")
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
     mark = len(sink.ops)
     with conn:
         conn.execute("INSERT INTO t VALUES (2, randomblob(3000))")
-    assert ("truncate", "db-wal") in sink.ops[:mark]  # The checkpoint reset the WAL.
-    wal = _wal_writes(sink.ops[mark:])
+    return sink.ops[:mark], sink.ops[mark:]
+
+
+def test_a_write_at_offset_0_reaches_the_recorder_alone(connect: Any) -> None:
+    """Python sees a WAL's restart by its header: never gathered with the frames after it."""
+    before, ops = _commit_after_checkpoint(connect, "TRUNCATE")
+    assert ("truncate", "db-wal") in before  # The checkpoint reset the WAL.
+    wal = _wal_writes(ops)
     assert wal[0][2] == 0 and len(wal[0][3]) == 32, [op[:3] for op in wal]
     assert wal[1][2] == 32 and len(wal) == 2, [op[:3] for op in wal]
 
@@ -134,15 +103,7 @@ def test_a_write_at_offset_0_reaches_the_recorder_alone(connect: Any) -> None:
 def test_a_restarted_wal_is_a_new_fnode_before_its_header(connect: Any) -> None:
     """A WAL checkpointed but not truncated (RESTART) starts over at its header: recorded
     as a new Fnode right before the header, the old frames left dead."""
-    sink = Sink()
-    conn = connect(sink)
-    with conn:
-        conn.execute("INSERT INTO t VALUES (1, randomblob(3000))")
-    conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
-    mark = len(sink.ops)
-    with conn:
-        conn.execute("INSERT INTO t VALUES (2, randomblob(3000))")
-    ops = sink.ops[mark:]
+    _, ops = _commit_after_checkpoint(connect, "RESTART")
     header = ops.index(next(op for op in ops if op[:3] == ("write", "db-wal", 0)))
     assert ops[header - 1] == ("truncate", "db-wal"), [op[:3] for op in ops]
     assert len(ops[header][3]) == 32
