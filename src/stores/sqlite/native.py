@@ -30,7 +30,8 @@ def build(output: Path = MODULE, compiler: str | None = None) -> Path:
     include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(include, "Python.h")):
         raise RuntimeError(f"no Python.h in {include}; install python3-dev")
-    flags = ["-O2", "-Wall", "-Werror", "-Wno-unused-parameter", "-shared", "-fPIC"]
+    # Warnings are shown, not fatal: another compiler version must not stop `make deps`.
+    flags = ["-O2", "-Wall", "-Wno-unused-parameter", "-shared", "-fPIC"]
     return compile_c(
         cc,
         lambda tmp: [*flags, f"-I{include}", "-o", str(tmp), str(SOURCE)],
