@@ -251,12 +251,11 @@ class MainDBFile:
         return os.fstat(self._fd).st_size
 
     def write(self, offset: int, data: bytes) -> None:
-        if self._vfs.backfilling:
-            self._pages.note_backfill()
-        else:
-            self._pages.write(offset, data)
+        self._pages.write(offset, data)
 
     def note_backfill(self) -> None:
+        """Called instead of `write` for the writes of the store's checkpoint (the VFS skips
+        them in C while `backfilling`), once a checkpoint and after each sync."""
         self._pages.note_backfill()
 
     def truncate(self, size: int) -> None:
