@@ -34,8 +34,8 @@ the same RPC, plus the op's position within its append): the Recorder then raise
 barrier) let a Player seek straight to each live segment rather than read from a stale head.
 
 A Recorder is driven from one asyncio event loop: its methods must be called from the loop's
-thread while the loop runs (the `record_*` methods are plain functions; appending happens in
-a task the Recorder owns, which exits whenever there is nothing left to commit).
+thread while the loop runs (the `record_*` methods are plain functions; appends are released
+and their outcomes observed by loop callbacks the Recorder schedules, not by a task).
 """
 
 from __future__ import annotations
@@ -254,7 +254,8 @@ class Recorder:
         self._last: AsyncAppend | None = None  # The last released append.
         # Barrier futures, each resolved once its target append commits (in order).
         self._waiters: deque[tuple[AsyncAppend, asyncio.Future[pb.AppendResponse]]] = deque()
-        self._task: asyncio.Task[None] | None = None
+        self._pump_due = False  # `_pump` is scheduled.
+        self._watched: AsyncAppend | None = None  # The append `_pump` waits for.
         self._error: RecorderBroken | None = None
         self._closed = False
         self._uncommitted = 0
@@ -533,14 +534,14 @@ class Recorder:
             # Committed, not yet observed: the commit loop resolves it in order (an earlier
             # append may yet fail, e.g. one of a group split by another writer's batch).
             self._waiters.append((target, fut))
-            self._ensure_task()
+            self._schedule_pump()
             return fut
         if target is None or target.is_done():
             deps = [target] if target is not None else []  # In case it failed.
             target = self._svc.start_append(self._request, deps)
             self._release_one(target)
         self._waiters.append((target, fut))
-        self._ensure_task()
+        self._schedule_pump()
         return fut
 
     async def build_hints(self) -> rpb.FSMHints:
@@ -584,9 +585,9 @@ class Recorder:
             return
         try:
             await self.barrier()
-            task = self._task
-            if task is not None:
-                await asyncio.shield(task)
+            # Ops recorded while it was pending are committed too.
+            while self._inflight or self._pending:
+                await self.barrier()
         finally:
             self._closed = True
 
@@ -647,7 +648,7 @@ class Recorder:
         self._uncommitted += size
         self.ops_recorded += 1
         self.bytes_recorded += size
-        self._ensure_task()
+        self._schedule_pump()
         return a, position
 
     def _new_pending(self, size: int) -> AsyncAppend:
@@ -687,47 +688,56 @@ class Recorder:
         self._inflight.append(a)
         self._last = a
 
-    def _ensure_task(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._commit_loop(), name=f"recorder-commit:{self._log}"
-            )
+    def _schedule_pump(self) -> None:
+        """Have `_pump` run soon (once, however often this is called before it runs)."""
+        if not self._pump_due:
+            self._pump_due = True
+            asyncio.get_running_loop().call_soon(self._pump)
 
-    async def _commit_loop(self) -> None:
+    def _pump(self) -> None:
         # Observes the outcome of released appends in order: advances the write head,
         # resolves barriers, and breaks the Recorder on the first failure. Buffered ops are
         # released only while nothing is in flight, so that they batch into one append.
-        try:
-            while self._error is None:
-                if not self._inflight:
-                    if not self._pending:
-                        return
+        # Runs as a loop callback (scheduled by `_schedule_pump`, and again once the append
+        # it waits for is done): no task, whose steps would cost more per append.
+        self._pump_due = False
+        inflight = self._inflight
+        while self._error is None:
+            if not inflight:
+                if not self._pending:
+                    return
+                try:
                     self._release()
-                a = self._inflight[0]
-                try:
-                    resp = await a.done()
-                except BaseException as err:
-                    if not a.is_done():
-                        raise  # This task was cancelled.
-                    self._break(err)
+                except BaseException:  # The service is closed: the Recorder is broken.
                     return
-                self._inflight.popleft()
-                self._uncommitted -= a.size
-                try:
-                    self._observe(a, resp)
-                except WriteHeadRegressed as err:
-                    self._break(err)
-                    return
-                while self._waiters and self._waiters[0][0] is a:
-                    fut = self._waiters.popleft()[1]
-                    if not fut.done():
-                        fut.set_result(resp)
-        finally:
-            self._task = None
-            if self._error is None and self._waiters:  # Cancelled.
-                for _, fut in self._waiters:
-                    fut.cancel()
-                self._waiters.clear()
+            a = inflight[0]
+            if not a.is_done():
+                if self._watched is not a:
+                    self._watched = a
+                    a.add_done_callback(self._append_done)
+                return
+            err = a.error()
+            if err is not None:
+                self._break(err)
+                return
+            resp = a.response
+            assert resp is not None
+            inflight.popleft()
+            self._uncommitted -= a.size
+            try:
+                self._observe(a, resp)
+            except WriteHeadRegressed as regressed:
+                self._break(regressed)
+                return
+            while self._waiters and self._waiters[0][0] is a:
+                fut = self._waiters.popleft()[1]
+                if not fut.done():
+                    fut.set_result(resp)
+
+    def _append_done(self, a: AsyncAppend) -> None:
+        if self._watched is a:
+            self._watched = None
+            self._pump()
 
     def _observe(self, a: AsyncAppend, resp: pb.AppendResponse) -> None:
         """Advance the write head past committed append `a`, and place the ops it holds."""

@@ -103,6 +103,25 @@ async def test_ops_land_in_order_and_replay_to_the_recorded_files(
     await rec.close()
 
 
+async def test_close_commits_ops_recorded_while_it_waits(
+    rec_client: JournalClient, rec_service: AppendService, make_rec_log: MakeLog, tmp_path: Path
+) -> None:
+    log = await make_rec_log()
+    rec = await new_recorder(rec_service, log, tmp_path)
+    f = rec.record_create("f")
+    rec.record_write(f, 0, b"first")
+    closing = asyncio.create_task(rec.close())
+    await asyncio.sleep(0)  # close() now waits for a barrier behind "first" only.
+    assert not closing.done()
+    rec.record_write(f, 5, b" and second")  # Recorded while close() waits.
+    await closing
+    assert rec.uncommitted_bytes == 0
+    r = replay(await read_log(rec_client, log), log)
+    assert r.files() == {"/f": b"first and second"}
+    with pytest.raises(RuntimeError, match="closed"):
+        rec.record_write(f, 16, b"late")
+
+
 async def test_open_fences_a_new_log_and_every_append_checks_the_fence(
     rec_client: JournalClient, rec_service: AppendService, make_rec_log: MakeLog, tmp_path: Path
 ) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
-import functools
 import itertools
 import logging
 import os
@@ -311,12 +310,39 @@ class SQLiteStore:
         return await self._submit(fn, *args)
 
     def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """Queue ``fn(connection, *args)`` on the SQLite thread now; its future."""
+        """Queue ``fn(connection, *args)`` on the SQLite thread now; its future.
+
+        As ``run_in_executor``, without its second (concurrent) future chained to this one:
+        the SQLite thread resolves this future itself, with one call into the loop. A job
+        whose future is cancelled before it starts does not run.
+        """
         if self._closed:
             raise StoreClosed("the store is closed")
-        ctx = contextvars.copy_context()
-        call = functools.partial(ctx.run, self._call, fn, *args)
-        return self._loop.run_in_executor(self._thread, call)
+        fut: asyncio.Future[T] = self._loop.create_future()
+        self._thread.submit(self._run_job, fut, contextvars.copy_context(), fn, args)
+        return fut
+
+    def _run_job(
+        self,
+        fut: asyncio.Future[T],
+        ctx: contextvars.Context,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+    ) -> None:
+        # In the SQLite thread. (Reading the future's state here is safe under the GIL.)
+        if fut.cancelled():
+            return
+        try:
+            result = ctx.run(self._call, fn, *args)
+        except BaseException as err:  # Delivered to the awaiting task, as run_in_executor.
+            settle: Callable[..., None] = _set_exception
+            value: Any = err
+        else:
+            settle, value = _set_result, result
+        try:
+            self._loop.call_soon_threadsafe(settle, fut, value)
+        except RuntimeError:  # The loop is closed: nobody awaits the job any more.
+            pass
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return fn(self._conn, *args)
@@ -483,6 +509,21 @@ class SQLiteStore:
             self._loop.call_soon_threadsafe(self.recorder.abandon, reason)
         except RuntimeError:  # The loop is closed: nothing records any more.
             pass
+
+
+def _set_result(fut: asyncio.Future[T], result: T) -> None:
+    if not fut.done():  # (Cancelled while the job ran.)
+        fut.set_result(result)
+
+
+def _set_exception(fut: asyncio.Future[Any], err: BaseException) -> None:
+    if fut.done():
+        return
+    if isinstance(err, StopIteration):  # A future cannot hold one.
+        wrapped = RuntimeError(f"the store's job raised {err!r}")
+        wrapped.__cause__ = err
+        err = wrapped
+    fut.set_exception(err)
 
 
 def _select_checkpoint(conn: apsw.Connection) -> bytes:

@@ -5,9 +5,11 @@ from a RecoveredLog as the consumer runtime does."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import gc
 import random
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -179,6 +181,49 @@ async def test_checkpoint_must_be_a_message(
         await store.start_commit(None, rich(3), [])  # The transaction is still open.
         assert await store.restore_checkpoint() == rich(3)
         assert await store.run(lambda c: list(c.execute("SELECT k FROM kv"))) == [(1,)]
+    finally:
+        await store.close()
+
+
+async def test_jobs_run_in_order_with_the_callers_context_and_errors_reach_the_caller(
+    service: AppendService, make_log: MakeLog, tmp_path: Path
+) -> None:
+    log = await make_log()
+    store = await SQLiteStore.open(await new_recorder(service, log, tmp_path / "a", A))
+    seen: list[str] = []
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+    def note(conn: apsw.Connection, what: str) -> str:
+        seen.append(what)
+        return f"{what}:{var.get()}"
+
+    def stop(conn: apsw.Connection) -> None:
+        raise StopIteration("a future cannot hold this")
+
+    def fail(conn: apsw.Connection) -> None:
+        raise ValueError("boom")
+
+    try:
+        var.set("caller's")
+        assert await store.run(note, "first") == "first:caller's"
+        # Queued together: one runs after the other, in call order.
+        gate = threading.Event()
+        blocked = asyncio.ensure_future(store.run(lambda c: gate.wait(10)))
+        skipped = asyncio.ensure_future(store.run(note, "cancelled"))
+        after = asyncio.ensure_future(store.run(note, "after"))
+        await asyncio.sleep(0)
+        skipped.cancel()  # Before it started: it never runs.
+        gate.set()
+        assert await blocked is True
+        assert await after == "after:caller's"
+        assert skipped.cancelled()
+        assert seen == ["first", "after"]
+        with pytest.raises(ValueError, match="boom"):
+            await store.run(fail)
+        with pytest.raises(RuntimeError, match="StopIteration") as info:
+            await asyncio.wait_for(store.run(stop), 30)  # (Not a hang either.)
+        assert isinstance(info.value.__cause__, StopIteration)
+        assert await store.run(note, "still usable") == "still usable:caller's"
     finally:
         await store.close()
 
