@@ -544,6 +544,15 @@ class Recorder:
         self._schedule_pump()
         return fut
 
+    def flush(self) -> None:
+        """Release the ops recorded so far now, rather than at the loop's next turn, unless
+        an append is in flight (they then go together once it commits, as always).
+
+        For a caller that records a whole batch at once, e.g. a store's commit: its append
+        leaves a loop turn earlier. Never raises (a failure breaks the Recorder, as ever).
+        """
+        self._pump()
+
     async def build_hints(self) -> rpb.FSMHints:
         """FSMHints of the FSM as of this call, returned once all their ops are committed.
 
@@ -689,8 +698,9 @@ class Recorder:
         self._last = a
 
     def _schedule_pump(self) -> None:
-        """Have `_pump` run soon (once, however often this is called before it runs)."""
-        if not self._pump_due:
+        """Have `_pump` run soon (once, however often this is called before it runs), unless
+        it waits for an append already: it runs once that one is done."""
+        if not self._pump_due and self._watched is None:
             self._pump_due = True
             asyncio.get_running_loop().call_soon(self._pump)
 
@@ -723,6 +733,8 @@ class Recorder:
             resp = a.response
             assert resp is not None
             inflight.popleft()
+            if self._watched is a:  # Done before its callback ran: that one is a no-op now.
+                self._watched = None
             self._uncommitted -= a.size
             try:
                 self._observe(a, resp)

@@ -122,6 +122,24 @@ async def test_close_commits_ops_recorded_while_it_waits(
         rec.record_write(f, 16, b"late")
 
 
+async def test_flush_releases_at_once_unless_an_append_is_in_flight(
+    rec_client: JournalClient, rec_service: AppendService, make_rec_log: MakeLog, tmp_path: Path
+) -> None:
+    log = await make_rec_log()
+    rec = await new_recorder(rec_service, log, tmp_path)
+    f = rec.record_create("f")
+    await rec.barrier()
+    rec.record_write(f, 0, b"x")
+    assert rec_service.pending_except("") == []  # Buffered until the loop's next turn...
+    rec.flush()
+    assert len(rec_service.pending_except("")) == 1  # ...or released now.
+    rec.record_write(f, 1, b"y")
+    rec.flush()  # In flight already: "y" waits, to go with whatever follows it.
+    assert len(rec_service.pending_except("")) == 1
+    await rec.barrier()
+    assert replay(await read_log(rec_client, log), log).files() == {"/f": b"xy"}
+
+
 async def test_open_fences_a_new_log_and_every_append_checks_the_fence(
     rec_client: JournalClient, rec_service: AppendService, make_rec_log: MakeLog, tmp_path: Path
 ) -> None:

@@ -279,6 +279,8 @@ class RecorderBridge:
             apply_ops(rec, ops, exclusive_create=True)
         except BaseException as err:  # The Recorder is broken, or the VFS has a bug.
             self._error = err
+            return
+        rec.flush()  # The whole batch is recorded: its append need not wait a loop turn.
 
     def _apply_and_barrier(self, ops: list[Op]) -> asyncio.Future[Any]:
         self._apply(ops)
