@@ -249,7 +249,7 @@ class Recorder:
         self._group_bytes = 0
         self._group_limit = _group_limit(append_service)
         self._group_dep: AsyncAppend | None = None
-        # Released appends whose outcome the committer has not yet observed, in order.
+        # Released appends whose outcome `_pump` has not yet observed, in order.
         self._inflight: deque[AsyncAppend] = deque()
         self._last: AsyncAppend | None = None  # The last released append.
         # Barrier futures, each resolved once its target append commits (in order).
@@ -531,7 +531,7 @@ class Recorder:
             if not self._inflight:  # Observed: every earlier append committed too.
                 fut.set_result(resp)
                 return fut
-            # Committed, not yet observed: the commit loop resolves it in order (an earlier
+            # Committed, not yet observed: `_pump` resolves it in order (an earlier
             # append may yet fail, e.g. one of a group split by another writer's batch).
             self._waiters.append((target, fut))
             self._schedule_pump()
@@ -738,8 +738,8 @@ class Recorder:
             self._uncommitted -= a.size
             try:
                 self._observe(a, resp)
-            except WriteHeadRegressed as regressed:
-                self._break(regressed)
+            except Exception as err:  # WriteHeadRegressed; anything else is a bug, and
+                self._break(err)  # must fail the waiters rather than leave them hanging.
                 return
             while self._waiters and self._waiters[0][0] is a:
                 fut = self._waiters.popleft()[1]

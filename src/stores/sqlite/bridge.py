@@ -81,6 +81,10 @@ class RecorderBridge:
         self._queued = 0
         self._run = WriteRun()  # The open (coalescing) write.
         self._unsynced = 0
+        # Hand-overs queued on the loop (counted by the SQLite thread) and applied there
+        # (counted by the loop): each counter has one writer.
+        self._handed = 0
+        self._applied = 0
         self._dirty = False  # Ops were handed over since the last barrier resolved.
         self._error: BaseException | None = None
         self._discard = False
@@ -257,7 +261,8 @@ class RecorderBridge:
         if self._ops and not self._discard:
             self._dirty = self._dirty or dirty
             if self._remote is None:
-                self._loop.call_soon_threadsafe(self._apply, self._take())
+                self._handed += 1
+                self._loop.call_soon_threadsafe(self._apply_handed, self._take())
                 return
             try:
                 self._remote.record(self._take())
@@ -279,8 +284,16 @@ class RecorderBridge:
             apply_ops(rec, ops, exclusive_create=True)
         except BaseException as err:  # The Recorder is broken, or the VFS has a bug.
             self._error = err
-            return
-        rec.flush()  # The whole batch is recorded: its append need not wait a loop turn.
+
+    def _apply_handed(self, ops: list[Op]) -> None:
+        self._applied += 1
+        self._apply(ops)
+        if self._applied == self._handed and self._error is None:
+            # No other hand-over is queued behind this one (they would go together): its
+            # append need not wait for the loop's next turn.
+            rec = self._rec
+            assert isinstance(rec, Recorder)
+            rec.flush()
 
     def _apply_and_barrier(self, ops: list[Op]) -> asyncio.Future[Any]:
         self._apply(ops)

@@ -305,7 +305,8 @@ class SQLiteStore:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(connection, *args)`` in the store's SQLite thread; return its result.
 
-        Calls run one at a time, in call order. Cancelling the await does not stop `fn`.
+        Calls run one at a time, in call order. Cancelled before it starts, `fn` does not
+        run; once started, it runs to its end whatever happens to the await.
         """
         return await self._submit(fn, *args)
 
@@ -314,7 +315,8 @@ class SQLiteStore:
 
         As ``run_in_executor``, without its second (concurrent) future chained to this one:
         the SQLite thread resolves this future itself, with one call into the loop. A job
-        whose future is cancelled before it starts does not run.
+        whose future is cancelled before it starts does not run; a job's
+        ``concurrent.futures.CancelledError`` reaches the caller as a cancellation.
         """
         if self._closed:
             raise StoreClosed("the store is closed")
@@ -343,6 +345,8 @@ class SQLiteStore:
             self._loop.call_soon_threadsafe(settle, fut, value)
         except RuntimeError:  # The loop is closed: nobody awaits the job any more.
             pass
+        finally:
+            del fut, value  # No cycle through a failed job's traceback.
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return fn(self._conn, *args)
@@ -519,7 +523,11 @@ def _set_result(fut: asyncio.Future[T], result: T) -> None:
 def _set_exception(fut: asyncio.Future[Any], err: BaseException) -> None:
     if fut.done():
         return
-    if isinstance(err, StopIteration):  # A future cannot hold one.
+    if type(err) is concurrent.futures.CancelledError:
+        # (A wait of the SQLite thread cancelled, e.g. by destroy().) The caller sees a
+        # cancellation, as run_in_executor would show it, not an ordinary exception.
+        err = asyncio.CancelledError(*err.args)
+    elif isinstance(err, StopIteration):  # A future cannot hold one.
         wrapped = RuntimeError(f"the store's job raised {err!r}")
         wrapped.__cause__ = err
         err = wrapped

@@ -228,6 +228,24 @@ async def test_jobs_run_in_order_with_the_callers_context_and_errors_reach_the_c
         await store.close()
 
 
+async def test_destroy_cancels_a_commit_waiting_for_its_dependencies(
+    service: AppendService, make_log: MakeLog, tmp_path: Path
+) -> None:
+    log = await make_log()
+    store = await SQLiteStore.open(await new_recorder(service, log, tmp_path / "a", A))
+    await store.transact(_schema)
+    await store.transact(_upsert, [(1, b"one")])
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    commit = store.start_commit(None, rich(1), [never])
+    await asyncio.sleep(0.2)  # The SQLite thread now waits for `never`.
+    assert not commit.done()
+    store.destroy()
+    # A cancellation, as for the other stores; not an error of the commit.
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(commit, 30)
+    assert not (tmp_path / "a").exists()
+
+
 async def test_bootstrap_sql_runs_whole_when_a_statement_returns_rows(
     service: AppendService, make_log: MakeLog, tmp_path: Path
 ) -> None:
