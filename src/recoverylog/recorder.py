@@ -738,8 +738,8 @@ class Recorder:
             self._uncommitted -= a.size
             try:
                 self._observe(a, resp)
-            except Exception as err:  # WriteHeadRegressed; anything else is a bug, and
-                self._break(err)  # must fail the waiters rather than leave them hanging.
+            except Exception as failure:  # WriteHeadRegressed; anything else is a bug,
+                self._break(failure)  # which must fail the waiters, not leave them hanging.
                 return
             while self._waiters and self._waiters[0][0] is a:
                 fut = self._waiters.popleft()[1]
