@@ -140,6 +140,27 @@ async def test_flush_releases_at_once_unless_an_append_is_in_flight(
     assert replay(await read_log(rec_client, log), log).files() == {"/f": b"xy"}
 
 
+async def test_an_error_while_observing_a_commit_fails_its_barrier(
+    rec_service: AppendService,
+    make_rec_log: MakeLog,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    log = await make_rec_log()
+    rec = await new_recorder(rec_service, log, tmp_path)
+    f = rec.record_create("f")
+
+    def broken_observe(*args: object) -> None:
+        raise RuntimeError("a bug while observing")
+
+    monkeypatch.setattr(rec, "_observe", broken_observe)
+    rec.record_write(f, 0, b"x")
+    with pytest.raises(RecorderBroken, match="a bug while observing"):
+        await asyncio.wait_for(rec.barrier(), 30)  # Fails; does not hang.
+    with pytest.raises(RecorderBroken):
+        rec.record_write(f, 1, b"y")
+
+
 async def test_open_fences_a_new_log_and_every_append_checks_the_fence(
     rec_client: JournalClient, rec_service: AppendService, make_rec_log: MakeLog, tmp_path: Path
 ) -> None:
