@@ -194,8 +194,9 @@ class SQLiteStore:
         `bootstrap_sql` runs first (pragmas, tables). ``synchronous=FULL`` is set and checked;
         `journal_mode` must be one of `JOURNAL_MODES`. `sync_waits`: whether each xSync waits
         for the log (docs/sqlite-store.md); `start_commit` always does. In WAL mode, a commit
-        leaving `wal_checkpoint_pages` or more in the WAL checkpoints it and truncates it
-        (instead of SQLite's auto-checkpoint), so that the checkpointed WAL becomes dead log.
+        leaving `wal_checkpoint_pages` or more in the WAL checkpoints it (PASSIVE, instead of
+        SQLite's auto-checkpoint, whose copies would be recorded again); the next commit
+        starts the WAL over.
 
         Raises `apsw.Error` for SQL errors, and `RecordingFailed` (from the bridge) if the
         recorder failed.
@@ -385,14 +386,59 @@ class SQLiteStore:
             waiting = asyncio.run_coroutine_threadsafe(_gather(wait_for), self._loop)
         # Queued before returning: the caller's next `transact` belongs to the next transaction.
         job = self._submit(self._commit, data, waiting)
-        return asyncio.ensure_future(self._finish_commit(job))
+        return self._finish_commit(job)
 
-    async def _finish_commit(self, job: asyncio.Future[None]) -> None:
-        await job
-        if not self._sync_waits:
-            # The commit's operations were handed to the loop before this resumed (FIFO).
-            self._bridge.check()
-            await self.recorder.barrier()
+    def _finish_commit(self, job: asyncio.Future[None]) -> asyncio.Future[None]:
+        """The future of a commit whose SQLite job is `job`: done once `job` is and, without
+        `sync_waits`, once a Recorder barrier behind its operations resolves.
+
+        Chained by callbacks rather than a task: one less task, and fewer loop turns, per
+        commit. As a task awaiting them would, it fails with the first error, and cancelling
+        it cancels what it waits for (the job, which then does not run if it has not begun;
+        or only the barrier's wait)."""
+        done: asyncio.Future[None] = self._loop.create_future()
+        waited: list[asyncio.Future[Any]] = [job]
+
+        def relay(fut: asyncio.Future[Any]) -> bool:
+            """Settle `done` as `fut` failed; True if it did not (nothing settled)."""
+            if done.done():
+                return False
+            err = None if fut.cancelled() else fut.exception()
+            if fut.cancelled() or isinstance(err, asyncio.CancelledError):
+                done.cancel()  # (A job's cancellation arrives as an exception.)
+                return False
+            if err is not None:
+                done.set_exception(err)
+                return False
+            return True
+
+        def barrier_done(barrier: asyncio.Future[Any]) -> None:
+            if relay(barrier):
+                done.set_result(None)
+
+        def job_done(job: asyncio.Future[None]) -> None:
+            if not relay(job):
+                return
+            if self._sync_waits:
+                done.set_result(None)
+                return
+            # The commit's operations were handed to the loop before the job settled (FIFO).
+            try:
+                self._bridge.check()
+                barrier = self.recorder.barrier()
+            except Exception as err:
+                done.set_exception(err)
+                return
+            waited[0] = barrier
+            barrier.add_done_callback(barrier_done)
+
+        def cancelled(fut: asyncio.Future[None]) -> None:
+            if fut.cancelled():
+                waited[0].cancel()
+
+        job.add_done_callback(job_done)
+        done.add_done_callback(cancelled)
+        return done
 
     def _commit(
         self,

@@ -21,6 +21,7 @@ from broker.testing.broker import BrokerProcess
 from consumer.protocol import pb
 from recoverylog.recorder import RecorderFenced
 from stores.sqlite import SQLiteStore, recover
+from stores.sqlite.bridge import RecordingFailed
 from stores.sqlite.pagestore import is_wal_generation
 from stores.sqlite.store import rebuild_played
 from tests.stores.checkpoints import labeled, rich
@@ -246,6 +247,63 @@ async def test_destroy_cancels_a_commit_waiting_for_its_dependencies(
     assert not (tmp_path / "a").exists()
 
 
+async def test_pipelined_commits_resolve_in_log_order_and_a_cancelled_one_never_runs(
+    client: JournalClient, service: AppendService, make_log: MakeLog, tmp_path: Path
+) -> None:
+    """With ``sync_waits=False`` (the consumer's pipelining) a commit resolves once a
+    barrier behind its operations does, in order; cancelling one before its job starts
+    leaves its transaction open, uncommitted."""
+    log = await make_log()
+    rec = await new_recorder(service, log, tmp_path / "a", A)
+    store = await SQLiteStore.open(rec, sync_waits=False)
+    await store.transact(_schema)
+    heads: list[int] = []
+    commits = []
+    for i in range(5):
+        await store.transact(_upsert, [(i, b"x" * 5000)])
+        commit = store.start_commit(None, rich(i), [])
+        commit.add_done_callback(lambda _: heads.append(rec.write_head))
+        commits.append(commit)
+    await asyncio.gather(*commits)
+    assert heads == sorted(heads) and heads[0] > 0
+
+    gate = threading.Event()
+    await store.transact(_upsert, [(7, b"seven")])
+    blocked = asyncio.ensure_future(store.run(lambda c: gate.wait(10)))
+    await asyncio.sleep(0)
+    cancelled = store.start_commit(None, rich(7), [])
+    cancelled.cancel()  # Before its job started: it never runs.
+    await asyncio.sleep(0)  # (A cancellation reaches what it waits for in the next turn.)
+    gate.set()
+    assert await blocked is True
+    assert cancelled.cancelled()
+    assert await store.restore_checkpoint() == rich(4)  # Not committed by the cancelled one.
+    await store.start_commit(None, rich(8), [])
+    await store.close()
+    recovered = await recover(client, service, log, tmp_path / "b")
+    assert await recovered.restore_checkpoint() == rich(8)
+    rows = await recovered.run(lambda c: [k for (k,) in c.execute("SELECT k FROM kv ORDER BY k")])
+    assert rows == [0, 1, 2, 3, 4, 7]
+    recovered.destroy()
+
+
+async def test_a_pipelined_commit_fails_once_the_recorder_is_broken(
+    service: AppendService, make_log: MakeLog, tmp_path: Path
+) -> None:
+    """The commit's job succeeds (its SQLite thread does not wait for the log), and its
+    future then fails: the recorder could not take its operations."""
+    log = await make_log()
+    rec = await new_recorder(service, log, tmp_path / "a", A)
+    store = await SQLiteStore.open(rec, sync_waits=False)
+    await store.transact(_schema)
+    await store.start_commit(None, rich(1), [])
+    rec.abandon("the test broke it")
+    await store.transact(_upsert, [(1, b"one")])
+    with pytest.raises(RecordingFailed, match="the test broke it"):
+        await asyncio.wait_for(store.start_commit(None, rich(2), []), 30)
+    store.destroy()
+
+
 async def test_bootstrap_sql_runs_whole_when_a_statement_returns_rows(
     service: AppendService, make_log: MakeLog, tmp_path: Path
 ) -> None:
@@ -352,15 +410,19 @@ async def test_wal_checkpoints_keep_the_wal_instead_of_recording_pages_again(
         assert integrity(target / "primary.db") == "ok"
         assert [r[1:] for r in dump(target / "primary.db") if r[0] == "kv"] == expected
     # A last small transaction stays in the WAL (under 64 pages: no checkpoint of the
-    # store's); closing checkpoints it (SQLite's own checkpoint: its copies are recorded) and
-    # deletes it: not kept.
+    # store's). If the store's last checkpoint left the WAL wholly copied, this transaction
+    # starts it over, and the checkpointed WAL becomes one more generation (the store's
+    # checkpoints are PASSIVE: a WAL is kept when SQLite restarts it). Closing checkpoints
+    # the last WAL (SQLite's own checkpoint: its copies are recorded) and deletes it: not kept.
     await store.transact(_upsert, [(-1, b"last")])
     await store.start_commit(None, labeled("last"), [])
+    last = _wal_generations(dict(rec.fsm.links))
+    assert last[: len(kept)] == kept and len(last) - len(kept) <= 1
     expected = await store.run(lambda c: list(c.execute("SELECT k, v FROM kv ORDER BY k")))
     assert (tmp_path / "primary" / "primary.db-wal").stat().st_size > 0
     await store.close()
     _, fsm = await play(client, log, tmp_path / "closed")
-    assert _wal_generations(dict(fsm.links)) == kept
+    assert _wal_generations(dict(fsm.links)) == last
     rebuild_played(tmp_path / "closed", dict(fsm.links))
     assert [r[1:] for r in dump(tmp_path / "closed" / "primary.db") if r[0] == "kv"] == expected
 

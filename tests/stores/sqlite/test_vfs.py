@@ -122,12 +122,21 @@ def test_the_stores_checkpoint_copies_are_not_recorded(connect: Any, tmp_path: P
         for k in range(40):
             conn.execute("INSERT INTO t VALUES (?, randomblob(1000))", (k,))
     assert conn.execute("SELECT count(*) FROM t").fetchall() == [(40,)]
-    assert (tmp_path / "db-wal").stat().st_size == 0  # The checkpoint ran, and truncated.
+    wal_size = (tmp_path / "db-wal").stat().st_size
+    assert wal_size > 0  # PASSIVE: the checkpoint copied the WAL, and left the file.
+    with conn:  # Starts the wholly copied WAL over, at its header.
+        conn.execute("INSERT INTO t VALUES (40, randomblob(10))")
+    assert (tmp_path / "db-wal").stat().st_size == wal_size  # Rewritten in place.
     ops = sink.ops[mark:]
     assert [op for op in ops if op[0] == "write" and ".pages/" in op[1]] == []
-    # Noted instead: the WAL holding the copies is kept, as a WAL generation, at its reset.
-    renames = [op for op in ops if op[0] == "rename"]
-    assert len(renames) == 1 and renames[0][1] == "db-wal" and renames[0][2].endswith(".wal")
+    # Noted instead: the WAL holding the copies is kept, as a WAL generation, at its reset,
+    # right before the new WAL's header.
+    renames = [i for i, op in enumerate(ops) if op[0] == "rename"]
+    assert len(renames) == 1, [op[:3] for op in ops]
+    at = renames[0]
+    assert ops[at][1] == "db-wal" and ops[at][2].endswith(".wal")
+    assert ops[at + 1] == ("create", "db-wal")
+    assert ops[at + 2][:3] == ("write", "db-wal", 0)
 
 
 # (Closing a broken VFS's files reports it too, as unraisable: SQLite ignores close errors.)
