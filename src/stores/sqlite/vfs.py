@@ -37,7 +37,7 @@ import apsw
 from stores.sqlite.bridge import RecorderBridge, RecordingFailed
 from stores.sqlite.pagestore import PageStore
 
-__all__ = ["LOG_FILE_FLAGS", "RecordingVFS", "native_vfs"]
+__all__ = ["LOG_FILE_FLAGS", "TRUNCATE_FACTOR", "RecordingVFS", "native_vfs"]
 
 LOG_FILE_FLAGS = (
     apsw.SQLITE_OPEN_MAIN_JOURNAL | apsw.SQLITE_OPEN_SUPER_JOURNAL | apsw.SQLITE_OPEN_WAL
@@ -79,6 +79,11 @@ def _read(path: str, offset: int, n: int) -> bytes:
         return os.pread(fd, n, offset)
     finally:
         os.close(fd)
+
+
+TRUNCATE_FACTOR = 4
+"""A WAL holding more than this many times the store's checkpoint threshold when it is
+checkpointed is also truncated (`RecordingVFS.wal_hook`)."""
 
 
 class RecordingVFS:
@@ -147,13 +152,21 @@ class RecordingVFS:
         The checkpoint is PASSIVE, as SQLite's own: the next commit starts the WAL over at
         its header (`LogFile.write` records the reset there) and rewrites the file's blocks
         in place. A TRUNCATE checkpoint made every commit grow the file anew, which cost
-        ~50% more CPU per commit (docs/sqlite-store.md)."""
+        ~50% more CPU per commit (docs/sqlite-store.md). A WAL past `TRUNCATE_FACTOR` times
+        `checkpoint_pages` (a large transaction) is truncated, so that its disk space is not
+        kept for good."""
+        truncate_above = TRUNCATE_FACTOR * checkpoint_pages
 
         def hook(conn: apsw.Connection, dbname: str, pages: int) -> int:
             if pages >= checkpoint_pages:
+                mode = (
+                    apsw.SQLITE_CHECKPOINT_TRUNCATE
+                    if pages > truncate_above
+                    else apsw.SQLITE_CHECKPOINT_PASSIVE
+                )
                 self._set_backfilling(True)
                 try:
-                    conn.wal_checkpoint(dbname, apsw.SQLITE_CHECKPOINT_PASSIVE)
+                    conn.wal_checkpoint(dbname, mode)
                 finally:
                     self._set_backfilling(False)
                 # The commit was synced before the hook ran, and no commit depends on the

@@ -13,7 +13,7 @@ import pytest
 
 from stores.sqlite import native
 from stores.sqlite.bridge import RecordingFailed
-from stores.sqlite.vfs import RecordingVFS, native_vfs
+from stores.sqlite.vfs import TRUNCATE_FACTOR, RecordingVFS, native_vfs
 from tests.stores.sqlite.support import Op, OpLog
 
 _names = itertools.count()
@@ -137,6 +137,27 @@ def test_the_stores_checkpoint_copies_are_not_recorded(connect: Any, tmp_path: P
     assert ops[at][1] == "db-wal" and ops[at][2].endswith(".wal")
     assert ops[at + 1] == ("create", "db-wal")
     assert ops[at + 2][:3] == ("write", "db-wal", 0)
+
+
+def test_a_large_transactions_wal_is_truncated_by_the_stores_checkpoint(
+    connect: Any, tmp_path: Path
+) -> None:
+    """A WAL past `TRUNCATE_FACTOR` times the checkpoint threshold (one large transaction)
+    is truncated, its disk space not kept; it is kept in the log as a WAL generation."""
+    sink = Sink()
+    conn = connect(sink)
+    vfs = sink.vfs
+    assert vfs is not None
+    conn.set_wal_hook(vfs.wal_hook(10))
+    mark = len(sink.ops)
+    with conn:
+        for k in range(TRUNCATE_FACTOR * 10 * 2):  # ~2 pages a row.
+            conn.execute("INSERT INTO t VALUES (?, randomblob(5000))", (k,))
+    assert (tmp_path / "db-wal").stat().st_size == 0
+    ops = sink.ops[mark:]
+    assert [op for op in ops if op[0] == "write" and ".pages/" in op[1]] == []
+    renames = [op for op in ops if op[0] == "rename"]
+    assert len(renames) == 1 and renames[0][1] == "db-wal" and renames[0][2].endswith(".wal")
 
 
 # (Closing a broken VFS's files reports it too, as unraisable: SQLite ignores close errors.)
