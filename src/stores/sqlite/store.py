@@ -393,51 +393,30 @@ class SQLiteStore:
         `sync_waits`, once a Recorder barrier behind its operations resolves.
 
         Chained by callbacks rather than a task: one less task, and fewer loop turns, per
-        commit. As a task awaiting them would, it fails with the first error, and cancelling
-        it cancels what it waits for (the job, which then does not run if it has not begun;
-        or only the barrier's wait)."""
-        done: asyncio.Future[None] = self._loop.create_future()
-        waited: list[asyncio.Future[Any]] = [job]
-
-        def relay(fut: asyncio.Future[Any]) -> bool:
-            """Settle `done` as `fut` failed; True if it did not (nothing settled)."""
-            if done.done():
-                return False
-            err = None if fut.cancelled() else fut.exception()
-            if fut.cancelled() or isinstance(err, asyncio.CancelledError):
-                done.cancel()  # (A job's cancellation arrives as an exception.)
-                return False
-            if err is not None:
-                done.set_exception(err)
-                return False
-            return True
+        commit. It fails with the first error. Cancelling it cancels what it waits for at
+        once: the job (which then does not run, unless the SQLite thread began it), or the
+        barrier's wait (the commit's operations are then recorded all the same)."""
+        done = _CommitFuture(job, loop=self._loop)
 
         def barrier_done(barrier: asyncio.Future[Any]) -> None:
-            if relay(barrier):
+            if _relay_failure(barrier, done):
                 done.set_result(None)
 
         def job_done(job: asyncio.Future[None]) -> None:
-            if not relay(job):
+            if not _relay_failure(job, done):
                 return
             if self._sync_waits:
                 done.set_result(None)
                 return
             # The commit's operations were handed to the loop before the job settled (FIFO).
-            try:
-                self._bridge.check()
-                barrier = self.recorder.barrier()
-            except Exception as err:
-                done.set_exception(err)
+            barrier = _start_barrier(self._bridge, self.recorder)
+            if isinstance(barrier, BaseException):
+                done.set_exception(barrier)
                 return
-            waited[0] = barrier
+            done.waiting = barrier
             barrier.add_done_callback(barrier_done)
 
-        def cancelled(fut: asyncio.Future[None]) -> None:
-            if fut.cancelled():
-                waited[0].cancel()
-
         job.add_done_callback(job_done)
-        done.add_done_callback(cancelled)
         return done
 
     def _commit(
@@ -559,6 +538,50 @@ class SQLiteStore:
             self._loop.call_soon_threadsafe(self.recorder.abandon, reason)
         except RuntimeError:  # The loop is closed: nothing records any more.
             pass
+
+
+class _CommitFuture(asyncio.Future[None]):
+    """A commit's future (`SQLiteStore._finish_commit`): cancelling it also cancels what it
+    waits for, at once (a task would reach it only at its next step)."""
+
+    def __init__(self, waiting: asyncio.Future[Any], *, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self.waiting = waiting
+
+    def cancel(self, msg: Any = None) -> bool:
+        if self.done():
+            return False
+        self.waiting.cancel()
+        return super().cancel(msg)
+
+
+def _relay_failure(fut: asyncio.Future[Any], done: asyncio.Future[None]) -> bool:
+    """Settle `done` as done `fut` failed or was cancelled; True if `fut` succeeded and
+    `done` is still to be settled."""
+    if done.done():
+        return False
+    err = None if fut.cancelled() else fut.exception()
+    if fut.cancelled() or isinstance(err, asyncio.CancelledError):
+        done.cancel()  # (A job's cancellation arrives as an exception.)
+        return False
+    if err is not None:
+        done.set_exception(err)
+        return False
+    return True
+
+
+def _start_barrier(
+    bridge: RecorderBridge, recorder: Recorder | RemoteRecorder
+) -> asyncio.Future[Any] | Exception:
+    """A barrier behind everything handed to `recorder`, or the error that prevents one.
+
+    Returned rather than raised, so that the error's traceback does not hold the calling
+    callback's frame (and, through it, the future it settles)."""
+    try:
+        bridge.check()
+        return recorder.barrier()
+    except Exception as err:
+        return err
 
 
 def _set_result(fut: asyncio.Future[T], result: T) -> None:

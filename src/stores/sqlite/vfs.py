@@ -82,7 +82,7 @@ def _read(path: str, offset: int, n: int) -> bytes:
 
 
 TRUNCATE_FACTOR = 4
-"""A WAL holding more than this many times the store's checkpoint threshold when it is
+"""A WAL file larger than this many times the store's checkpoint threshold when it is
 checkpointed is also truncated (`RecordingVFS.wal_hook`)."""
 
 
@@ -152,26 +152,26 @@ class RecordingVFS:
         The checkpoint is PASSIVE, as SQLite's own: the next commit starts the WAL over at
         its header (`LogFile.write` records the reset there) and rewrites the file's blocks
         in place. A TRUNCATE checkpoint made every commit grow the file anew, which cost
-        ~50% more CPU per commit (docs/sqlite-store.md). A WAL past `TRUNCATE_FACTOR` times
-        `checkpoint_pages` (a large transaction) is truncated, so that its disk space is not
-        kept for good."""
-        truncate_above = TRUNCATE_FACTOR * checkpoint_pages
+        ~50% more CPU per commit (docs/sqlite-store.md). A WAL file larger than
+        `TRUNCATE_FACTOR` times `checkpoint_pages` pages (grown by a large transaction, even
+        one rolled back) is truncated instead, so that its disk space is given back."""
 
         def hook(conn: apsw.Connection, dbname: str, pages: int) -> int:
             if pages >= checkpoint_pages:
-                mode = (
-                    apsw.SQLITE_CHECKPOINT_TRUNCATE
-                    if pages > truncate_above
-                    else apsw.SQLITE_CHECKPOINT_PASSIVE
-                )
+                (page_size,) = conn.execute(f'PRAGMA "{dbname}".page_size').fetchall()[0]
+                assert isinstance(page_size, int)
+                wal_bytes = os.stat(conn.db_filename(dbname) + "-wal").st_size
+                large = wal_bytes > TRUNCATE_FACTOR * checkpoint_pages * (page_size + 24)
+                mode = apsw.SQLITE_CHECKPOINT_TRUNCATE if large else apsw.SQLITE_CHECKPOINT_PASSIVE
                 self._set_backfilling(True)
                 try:
                     conn.wal_checkpoint(dbname, mode)
                 finally:
                     self._set_backfilling(False)
                 # The commit was synced before the hook ran, and no commit depends on the
-                # checkpoint's operations (a compaction of the page store): they go with the
-                # next commit's barrier rather than wait for one of their own.
+                # checkpoint's operations (a compaction of the page store; after a
+                # truncation, the WAL's reset too): they go with the next commit's barrier
+                # rather than wait for one of their own.
                 self.bridge.defer()
             return apsw.SQLITE_OK
 
@@ -356,9 +356,14 @@ class LogFile:
 
     def truncate(self, newsize: int) -> None:
         if newsize >= self._size:
-            if newsize > self._size:
+            if newsize > self._size and not self._wal:
                 self._bridge.write(self._rel, self._size, bytes(newsize - self._size))
-        elif newsize == 0:
+                self._size = newsize
+            # A WAL's bytes past its recorded size hold no frame SQLite will read (stale
+            # frames of a WAL started over in place, cut by `journal_size_limit`): nothing
+            # to record, and the played WAL may be shorter than the local one.
+            return
+        if newsize == 0:
             self._reset()
         else:
             # The log cannot shrink a file: record a new Fnode holding the kept prefix.

@@ -160,6 +160,56 @@ def test_a_large_transactions_wal_is_truncated_by_the_stores_checkpoint(
     assert len(renames) == 1 and renames[0][1] == "db-wal" and renames[0][2].endswith(".wal")
 
 
+def test_a_wal_grown_by_a_rolled_back_transaction_is_truncated_at_the_next_checkpoint(
+    connect: Any, tmp_path: Path
+) -> None:
+    """The WAL file's size decides, not the pages the last commit left: a large
+    transaction rolled back after spilling to the WAL leaves a large file, which the next
+    checkpoint of the store's truncates."""
+    sink = Sink()
+    conn = connect(sink)
+    vfs = sink.vfs
+    assert vfs is not None
+    conn.set_wal_hook(vfs.wal_hook(10))
+    conn.execute("PRAGMA cache_size = 5")  # Spills dirty pages to the WAL before commit.
+    conn.execute("BEGIN")
+    for k in range(100):
+        conn.execute("INSERT INTO t VALUES (?, randomblob(5000))", (k,))
+    conn.execute("ROLLBACK")
+    grown = (tmp_path / "db-wal").stat().st_size
+    assert grown > TRUNCATE_FACTOR * 10 * 4096
+    k = 0
+    while (tmp_path / "db-wal").stat().st_size >= grown and k < 50:
+        with conn:  # Small commits, until the store's checkpoint runs.
+            conn.execute("INSERT INTO t VALUES (?, randomblob(3000))", (k,))
+        k += 1
+    assert (tmp_path / "db-wal").stat().st_size == 0, k
+    assert conn.execute("SELECT count(*) FROM t").fetchall() == [(k,)]
+
+
+def test_a_wal_cut_above_its_recorded_size_records_nothing(connect: Any, tmp_path: Path) -> None:
+    """With ``journal_size_limit``, SQLite cuts a WAL started over in place to the limit:
+    the bytes past its recorded size are stale frames, not recorded (as zeros or else)."""
+    sink = Sink()
+    conn = connect(sink)
+    vfs = sink.vfs
+    assert vfs is not None
+    conn.set_wal_hook(vfs.wal_hook(10))
+    conn.execute("PRAGMA journal_size_limit = 20000").fetchall()
+    cuts = 0
+    for k in range(12):  # ~2 pages a commit: the store's checkpoint runs (PASSIVE).
+        mark = len(sink.ops)
+        with conn:
+            conn.execute("INSERT INTO t VALUES (?, randomblob(5000))", (k,))
+        wal = _wal_writes(sink.ops[mark:])
+        if wal and wal[0][2] == 0 and (tmp_path / "db-wal").stat().st_size == 20000:
+            cuts += 1  # Started over, then cut to the limit, above what it recorded.
+            assert max(offset + len(data) for _, _, offset, data in wal) < 20000
+    assert cuts >= 1
+    zeros = [op[:3] for op in _wal_writes(sink.ops) if not any(op[3])]
+    assert zeros == []
+
+
 # (Closing a broken VFS's files reports it too, as unraisable: SQLite ignores close errors.)
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_hooks_error_is_what_the_statement_raises(connect: Any) -> None:
