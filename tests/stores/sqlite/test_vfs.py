@@ -109,14 +109,19 @@ def test_a_restarted_wal_is_a_new_fnode_before_its_header(connect: Any) -> None:
     assert len(ops[header][3]) == 32
 
 
+def _with_store_checkpoints(connect: Any, pages: int) -> tuple[Sink, apsw.Connection]:
+    """A sink and its connection, checkpointed by the store's WAL hook past `pages` pages."""
+    sink = Sink()
+    conn = connect(sink)
+    assert sink.vfs is not None
+    conn.set_wal_hook(sink.vfs.wal_hook(pages))
+    return sink, conn
+
+
 def test_the_stores_checkpoint_copies_are_not_recorded(connect: Any, tmp_path: Path) -> None:
     """While the store's own checkpoint runs, the database's writes copy WAL frames: none is
     recorded, and the page store learns the WAL must be kept."""
-    sink = Sink()
-    conn = connect(sink)
-    vfs = sink.vfs
-    assert vfs is not None
-    conn.set_wal_hook(vfs.wal_hook(10))
+    sink, conn = _with_store_checkpoints(connect, 10)
     mark = len(sink.ops)
     with conn:
         for k in range(40):
@@ -144,11 +149,7 @@ def test_a_large_transactions_wal_is_truncated_by_the_stores_checkpoint(
 ) -> None:
     """A WAL past `TRUNCATE_FACTOR` times the checkpoint threshold (one large transaction)
     is truncated, its disk space not kept; it is kept in the log as a WAL generation."""
-    sink = Sink()
-    conn = connect(sink)
-    vfs = sink.vfs
-    assert vfs is not None
-    conn.set_wal_hook(vfs.wal_hook(10))
+    sink, conn = _with_store_checkpoints(connect, 10)
     mark = len(sink.ops)
     with conn:
         for k in range(TRUNCATE_FACTOR * 10 * 2):  # ~2 pages a row.
@@ -166,11 +167,7 @@ def test_a_wal_grown_by_a_rolled_back_transaction_is_truncated_at_the_next_check
     """The WAL file's size decides, not the pages the last commit left: a large
     transaction rolled back after spilling to the WAL leaves a large file, which the next
     checkpoint of the store's truncates."""
-    sink = Sink()
-    conn = connect(sink)
-    vfs = sink.vfs
-    assert vfs is not None
-    conn.set_wal_hook(vfs.wal_hook(10))
+    sink, conn = _with_store_checkpoints(connect, 10)
     conn.execute("PRAGMA cache_size = 5")  # Spills dirty pages to the WAL before commit.
     conn.execute("BEGIN")
     for k in range(100):
@@ -190,11 +187,7 @@ def test_a_wal_grown_by_a_rolled_back_transaction_is_truncated_at_the_next_check
 def test_a_wal_cut_above_its_recorded_size_records_nothing(connect: Any, tmp_path: Path) -> None:
     """With ``journal_size_limit``, SQLite cuts a WAL started over in place to the limit:
     the bytes past its recorded size are stale frames, not recorded (as zeros or else)."""
-    sink = Sink()
-    conn = connect(sink)
-    vfs = sink.vfs
-    assert vfs is not None
-    conn.set_wal_hook(vfs.wal_hook(10))
+    sink, conn = _with_store_checkpoints(connect, 10)
     conn.execute("PRAGMA journal_size_limit = 20000").fetchall()
     cuts = 0
     for k in range(12):  # ~2 pages a commit: the store's checkpoint runs (PASSIVE).
