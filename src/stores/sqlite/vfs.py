@@ -158,9 +158,13 @@ class RecordingVFS:
 
         def hook(conn: apsw.Connection, dbname: str, pages: int) -> int:
             if pages >= checkpoint_pages:
-                (page_size,) = conn.execute(f'PRAGMA "{dbname}".page_size').fetchall()[0]
+                schema = dbname.replace('"', '""')
+                (page_size,) = conn.execute(f'PRAGMA "{schema}".page_size').fetchall()[0]
                 assert isinstance(page_size, int)
-                wal_bytes = os.stat(conn.db_filename(dbname) + "-wal").st_size
+                try:
+                    wal_bytes = os.stat(conn.db_filename(dbname) + "-wal").st_size
+                except OSError:
+                    wal_bytes = 0  # (It exists while SQLite uses it: a checkpoint as always.)
                 large = wal_bytes > TRUNCATE_FACTOR * checkpoint_pages * (page_size + 24)
                 mode = apsw.SQLITE_CHECKPOINT_TRUNCATE if large else apsw.SQLITE_CHECKPOINT_PASSIVE
                 self._set_backfilling(True)
