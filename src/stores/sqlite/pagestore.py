@@ -43,6 +43,7 @@ __all__ = [
     "PAGES_SUFFIX",
     "RECORD",
     "SIZE",
+    "WAL_FRAME_HEADER",
     "WAL_SUFFIX",
     "WRITE",
     "CorruptPageFile",
@@ -190,6 +191,8 @@ def rebuild(sources: Sequence[Path], target: Path) -> RebuildStats:
 
 _WAL_HEADER = struct.Struct(">IIIIIIII")
 _WAL_FRAME = struct.Struct(">IIIIII")
+WAL_FRAME_HEADER = _WAL_FRAME.size
+"""Bytes of a WAL frame's header, before its page."""
 _WAL_MAGICS = (0x377F0682, 0x377F0683)
 
 

@@ -560,8 +560,7 @@ def _relay_failure(fut: asyncio.Future[Any], done: asyncio.Future[None]) -> bool
     `done` is still to be settled."""
     if done.done():
         return False
-    err = None if fut.cancelled() else fut.exception()
-    if fut.cancelled() or isinstance(err, asyncio.CancelledError):
+    if fut.cancelled() or isinstance(err := fut.exception(), asyncio.CancelledError):
         done.cancel()  # (A job's cancellation arrives as an exception.)
         return False
     if err is not None:

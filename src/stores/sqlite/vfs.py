@@ -35,7 +35,7 @@ from types import ModuleType
 import apsw
 
 from stores.sqlite.bridge import RecorderBridge, RecordingFailed
-from stores.sqlite.pagestore import PageStore
+from stores.sqlite.pagestore import WAL_FRAME_HEADER, PageStore
 
 __all__ = ["LOG_FILE_FLAGS", "TRUNCATE_FACTOR", "RecordingVFS", "native_vfs"]
 
@@ -165,7 +165,9 @@ class RecordingVFS:
                     wal_bytes = os.stat(conn.db_filename(dbname) + "-wal").st_size
                 except OSError:
                     wal_bytes = 0  # (It exists while SQLite uses it: a checkpoint as always.)
-                large = wal_bytes > TRUNCATE_FACTOR * checkpoint_pages * (page_size + 24)
+                large = wal_bytes > TRUNCATE_FACTOR * checkpoint_pages * (
+                    page_size + WAL_FRAME_HEADER
+                )
                 mode = apsw.SQLITE_CHECKPOINT_TRUNCATE if large else apsw.SQLITE_CHECKPOINT_PASSIVE
                 self._set_backfilling(True)
                 try:
