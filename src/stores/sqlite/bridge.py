@@ -13,8 +13,11 @@ from the SQLite thread instead, and the loop only asks for its barriers and wait
 
 Paths are relative to the Recorder's directory. A bridge is used by one SQLite thread at a
 time. It never blocks the loop (but for a remote barrier's request, which may wait behind a
-hand-over being sent, at most `recoverylog.remote.SEND_TIMEOUT`); the SQLite thread must not
-be the loop's thread (`sync` raises `RuntimeError` there rather than deadlock).
+hand-over being sent, at most `recoverylog.remote.SEND_TIMEOUT`). SQLite may also run on
+the loop's thread (a store ``on_loop``, with a Recorder in process): operations are then
+applied to the Recorder as they are handed over, and nothing waits there (`sync` with `wait`
+raises `RuntimeError` rather than deadlock; `max_unsynced` does not apply, the Recorder's
+appends spill to disk instead).
 """
 
 from __future__ import annotations
@@ -153,9 +156,10 @@ class RecorderBridge:
 
     def _flush(self, dirty: bool) -> None:
         self._seal()
-        if self._unsynced + self._queued >= self.max_unsynced:
+        if self._unsynced + self._queued >= self.max_unsynced and not self._on_loop_thread():
             self._sync()
             return
+        # (On the loop's thread nothing may wait: the Recorder's appends spill to disk.)
         self._hand_over(dirty)
 
     def sync(self, wait: bool = True) -> None:
@@ -181,7 +185,7 @@ class RecorderBridge:
             return
         if not self._ops and not self._dirty:
             return  # Nothing recorded since the last barrier.
-        if threading.get_ident() == self._loop_thread:
+        if self._on_loop_thread():
             raise RuntimeError("RecorderBridge.sync would block the event loop it waits on")
         ops = self._take()
         self._dirty = False
@@ -240,6 +244,9 @@ class RecorderBridge:
         if err is not None:
             raise RecordingFailed(f"recording to {self._rec.log} failed: {err!r}") from err
 
+    def _on_loop_thread(self) -> bool:
+        return threading.get_ident() == self._loop_thread
+
     def _push(self, op: Op) -> None:
         self._seal()
         self._ops.append(op)
@@ -262,7 +269,10 @@ class RecorderBridge:
             self._dirty = self._dirty or dirty
             if self._remote is None:
                 self._handed += 1
-                self._loop.call_soon_threadsafe(self._apply_handed, self._take())
+                if self._on_loop_thread():
+                    self._apply_handed(self._take())  # Its append leaves at once.
+                else:
+                    self._loop.call_soon_threadsafe(self._apply_handed, self._take())
                 return
             try:
                 self._remote.record(self._take())

@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import warnings
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -145,6 +146,10 @@ class SQLiteStore:
         self._loop: asyncio.AbstractEventLoop
         self._page_stores: dict[str, PageStore] = {}
         self._sync_waits = True
+        self._on_loop = False
+        # Jobs queued on the loop (``on_loop``): (future, context, fn, args, gate).
+        self._jobs: deque[_LoopJob] = deque()
+        self._jobs_scheduled = False
         self._closed = False
 
     @classmethod
@@ -180,7 +185,8 @@ class SQLiteStore:
         db_name: str = DB_NAME,
         journal_mode: str = "wal",
         bootstrap_sql: str = "",
-        sync_waits: bool = True,
+        sync_waits: bool | None = None,
+        on_loop: bool = False,
         compaction_factor: float = 1.5,
         min_compaction_bytes: int = 1 << 20,
         cache_size_kib: int = 64 << 10,
@@ -193,7 +199,13 @@ class SQLiteStore:
         The directory is empty (a new store) or was just played back from the recorder's log.
         `bootstrap_sql` runs first (pragmas, tables). ``synchronous=FULL`` is set and checked;
         `journal_mode` must be one of `JOURNAL_MODES`. `sync_waits`: whether each xSync waits
-        for the log (docs/sqlite-store.md); `start_commit` always does. In WAL mode, a commit
+        for the log (docs/sqlite-store.md); `start_commit` always does. By default SQLite
+        runs in a thread of the store's own, and `sync_waits` is True. With `on_loop`, it
+        runs on the event loop's thread instead, as native apsw runs on its caller's: each
+        `run` blocks the loop while its function runs, and no thread hand-over or contention
+        for the GIL is paid (docs/sqlite-store.md, "SQLite on the loop"). `sync_waits` must
+        then be False (its default there: nothing may wait on the loop), and `recorder` a
+        `Recorder`. In WAL mode, a commit
         leaving `wal_checkpoint_pages` or more in the WAL checkpoints it (PASSIVE, instead of
         SQLite's auto-checkpoint, whose copies would be recorded again); the next commit
         starts the WAL over.
@@ -204,11 +216,21 @@ class SQLiteStore:
         journal_mode = journal_mode.lower()
         if journal_mode not in JOURNAL_MODES:
             raise ValueError(f"journal_mode {journal_mode!r} is not one of {sorted(JOURNAL_MODES)}")
+        if sync_waits is None:
+            sync_waits = not on_loop
+        if on_loop and sync_waits:
+            raise ValueError("sync_waits=True needs SQLite in a thread: on_loop cannot wait")
+        if on_loop and not isinstance(recorder, Recorder):
+            raise ValueError(
+                f"on_loop needs a Recorder on the loop, not a {type(recorder).__name__}"
+            )
         self = cls()
+        self._on_loop = on_loop
         self.recorder = recorder
         self.directory = recorder.directory
         self.path = self.directory / db_name
         self._loop = asyncio.get_running_loop()
+        # The SQLite thread; on_loop, only rebuilding the database runs there.
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="sqlite-store")
 
         links = dict(recorder.fsm.links)
@@ -238,6 +260,7 @@ class SQLiteStore:
                 cache_size_kib,
                 wal_checkpoint_pages,
             )
+            await self._barrier_on_loop()
         except BaseException:
             self.destroy()
             raise
@@ -270,7 +293,16 @@ class SQLiteStore:
             # Its checkpoints' copies of WAL frames are not recorded again: the WAL is kept.
             conn.set_wal_hook(self.vfs.wal_hook(wal_checkpoint_pages))
         conn.execute(_CHECKPOINT_DDL)
-        self._bridge.sync()
+        self._bridge.sync(wait=not self._on_loop)  # (On the loop, `open` waits instead.)
+
+    async def _barrier_on_loop(self) -> None:
+        """On the loop (``on_loop``), wait until everything handed over is in the log: what
+        a job in the SQLite thread waits for by ``bridge.sync()``."""
+        if self._on_loop:
+            barrier = _start_barrier(self._bridge, self.recorder)
+            if isinstance(barrier, BaseException):
+                raise barrier
+            await barrier
 
     # -- The application API ---------------------------------------------------------------
 
@@ -304,7 +336,8 @@ class SQLiteStore:
         return self._vfs
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(connection, *args)`` in the store's SQLite thread; return its result.
+        """Run ``fn(connection, *args)`` in the store's SQLite thread (or, ``on_loop``, in a
+        callback of the loop, blocking it meanwhile); return its result.
 
         Calls run one at a time, in call order. Cancelled before it starts, `fn` does not
         run; once started, it runs to its end whatever happens to the await.
@@ -319,11 +352,59 @@ class SQLiteStore:
         whose future is cancelled before it starts does not run; a job's
         ``concurrent.futures.CancelledError`` reaches the caller as a cancellation.
         """
+        return self._queue(fn, args, None)
+
+    def _queue(
+        self, fn: Callable[..., T], args: tuple[Any, ...], gate: asyncio.Future[Any] | None
+    ) -> asyncio.Future[T]:
+        """`_submit`; on the loop, the job also waits for `gate` to be done (a commit's
+        dependencies), and so do the jobs queued after it."""
         if self._closed:
             raise StoreClosed("the store is closed")
         fut: asyncio.Future[T] = self._loop.create_future()
-        self._thread.submit(self._run_job, fut, contextvars.copy_context(), fn, args)
+        ctx = contextvars.copy_context()
+        if self._on_loop:
+            self._jobs.append((fut, ctx, fn, args, gate))
+            self._schedule_jobs()
+        else:
+            self._thread.submit(self._run_job, fut, ctx, fn, args)
         return fut
+
+    def _schedule_jobs(self) -> None:
+        if not self._jobs_scheduled:
+            self._jobs_scheduled = True
+            self._loop.call_soon(self._run_loop_job)
+
+    def _run_loop_job(self) -> None:
+        """Run the next job queued on the loop (``on_loop``), then let the loop turn before
+        the next one: a commit's append, released by the job, is written out first."""
+        self._jobs_scheduled = False
+        jobs = self._jobs
+        while jobs:
+            fut, ctx, fn, args, gate = jobs[0]
+            if fut.cancelled():
+                jobs.popleft()
+                continue
+            if gate is not None and not gate.done():
+                gate.add_done_callback(lambda _: self._schedule_jobs())
+                return
+            jobs.popleft()
+            try:
+                result = ctx.run(self._call, fn, *args)
+            except (KeyboardInterrupt, SystemExit) as err:  # The loop's own business too.
+                _set_exception(fut, err)
+                if jobs:
+                    self._schedule_jobs()
+                raise
+            except BaseException as err:  # Delivered to the awaiting task, as from a thread.
+                _set_exception(fut, err)
+            else:
+                _set_result(fut, result)
+            finally:
+                del fut
+            break
+        if jobs:
+            self._schedule_jobs()
 
     def _run_job(
         self,
@@ -350,6 +431,8 @@ class SQLiteStore:
             del fut, value  # No cycle through a failed job's traceback.
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._closed:  # Destroyed (or dropped) with jobs still queued.
+            raise StoreClosed("the store is closed")
         return fn(self._conn, *args)
 
     async def transact(self, fn: Callable[..., T], *args: Any) -> T:
@@ -381,11 +464,16 @@ class SQLiteStore:
             kind = type(checkpoint).__name__
             raise TypeError(f"checkpoint must be a consumer.Checkpoint message, not {kind}")
         data = checkpoint.SerializeToString()
-        waiting: concurrent.futures.Future[Any] | None = None
-        if wait_for:
+        waiting: concurrent.futures.Future[Any] | asyncio.Future[None] | None = None
+        if wait_for and self._on_loop:
+            waiting = asyncio.ensure_future(_gather(wait_for))
+        elif wait_for:
             waiting = asyncio.run_coroutine_threadsafe(_gather(wait_for), self._loop)
         # Queued before returning: the caller's next `transact` belongs to the next transaction.
-        job = self._submit(self._commit, data, waiting)
+        gate = waiting if isinstance(waiting, asyncio.Future) else None
+        job = self._queue(self._commit, (data, waiting), gate)
+        if gate is not None:
+            job.add_done_callback(lambda _: gate.cancel())  # (The job cancelled, or done.)
         return self._finish_commit(job)
 
     def _finish_commit(self, job: asyncio.Future[None]) -> asyncio.Future[None]:
@@ -423,10 +511,12 @@ class SQLiteStore:
         self,
         conn: apsw.Connection,
         checkpoint: bytes,
-        waiting: concurrent.futures.Future[Any] | None,
+        waiting: concurrent.futures.Future[Any] | asyncio.Future[None] | None,
     ) -> None:
         try:
-            if waiting is not None:
+            if isinstance(waiting, asyncio.Future):
+                waiting.result()  # On the loop: the job ran once it was done.
+            elif waiting is not None:
                 self._bridge.wait(waiting)
         except BaseException:
             if conn.in_transaction:
@@ -456,6 +546,7 @@ class SQLiteStore:
         try:
             if self._conn is not None:
                 await self.run(self._close_connection)
+                await self._barrier_on_loop()
             if isinstance(self.recorder, RemoteRecorder):
                 await self.recorder.close()
         finally:
@@ -467,7 +558,7 @@ class SQLiteStore:
     def _close_connection(self, conn: apsw.Connection) -> None:
         conn.close()
         self._conn = None
-        self._bridge.sync()
+        self._bridge.sync(wait=not self._on_loop)  # (On the loop, `close` waits instead.)
 
     def _shutdown(self, wait: bool = True) -> None:
         self._thread.shutdown(wait=wait)
@@ -483,9 +574,15 @@ class SQLiteStore:
             # First: it also wakes the SQLite thread if it is blocked sending to the child.
             self.recorder.kill()
         conn, self._conn = self._conn, None
+        for job in self._jobs:
+            job[0].cancel()
+        self._jobs.clear()
         if conn is not None:
             try:
-                self._thread.submit(conn.close, True).result()
+                if self._on_loop:
+                    conn.close(True)
+                else:
+                    self._thread.submit(conn.close, True).result()
             except apsw.Error as err:  # Closing checkpoints a WAL; nothing of it matters now.
                 log.warning("closing destroyed store dir=%s err=%r", self.directory, err)
         self._shutdown()
@@ -538,6 +635,15 @@ class SQLiteStore:
             self._loop.call_soon_threadsafe(self.recorder.abandon, reason)
         except RuntimeError:  # The loop is closed: nothing records any more.
             pass
+
+
+_LoopJob = tuple[
+    asyncio.Future[Any],
+    contextvars.Context,
+    Callable[..., Any],
+    tuple[Any, ...],
+    "asyncio.Future[Any] | None",
+]
 
 
 class _CommitFuture(asyncio.Future[None]):
