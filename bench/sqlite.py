@@ -149,7 +149,13 @@ class NativeBlocks:
 
 
 async def paired(
-    endpoint: str, fragments: Path, directory: Path, work: list[Batch], blocks: int, process: bool
+    endpoint: str,
+    fragments: Path,
+    directory: Path,
+    work: list[Batch],
+    blocks: int,
+    process: bool,
+    on_loop: bool = False,
 ) -> tuple[float, float, list[float]]:
     """Native FULL and the store by the consumer's rule, interleaved block by block.
 
@@ -161,7 +167,7 @@ async def paired(
     seconds, and each block's ratio."""
     async with JournalClient(endpoint) as client, AppendService(client) as svc:
         store, _ = await open_store(
-            endpoint, client, svc, fragments, directory / "store", False, process
+            endpoint, client, svc, fragments, directory / "store", False, process, on_loop
         )
         native = NativeBlocks(directory / "native")
         try:
@@ -200,9 +206,11 @@ async def open_store(
     directory: Path,
     sync_waits: bool,
     process: bool,
+    on_loop: bool = False,
 ) -> tuple[SQLiteStore, Recorder | RemoteRecorder]:
     """A store in `directory` (made here) recording to a new log, its first commit done,
-    and its recorder: in process, or (`process`) a `RemoteRecorder`."""
+    and its recorder: in process, or (`process`) a `RemoteRecorder`; SQLite in the store's
+    thread, or (`on_loop`) on the event loop."""
     frag = pb.JournalSpec.Fragment(
         length=256 * MiB, compression_codec=pb.NONE, refresh_interval=Duration(seconds=600)
     )
@@ -216,7 +224,9 @@ async def open_store(
         rec = await RemoteRecorder.start(endpoint, log, FSM(log), 0xBE4C, directory)
     else:
         rec = await Recorder.open(FSM(log), 0xBE4C, directory, svc, log)
-    store = await SQLiteStore.open(rec, bootstrap_sql=SCHEMA, sync_waits=sync_waits)
+    store = await SQLiteStore.open(
+        rec, bootstrap_sql=SCHEMA, sync_waits=sync_waits, on_loop=on_loop
+    )
     await store.start_commit(None, cpb.Checkpoint(), [])
     return store, rec
 
@@ -229,16 +239,18 @@ async def recorded(
     sync_waits: bool,
     adaptive: bool = False,
     process: bool = False,
+    on_loop: bool = False,
 ) -> tuple[float, SQLiteStore, int, list[int]]:
     """The store's time for `work`, the store, its log's size, and the batches per commit.
 
     Each transaction takes one batch, or (`adaptive`) takes batches until its predecessor's
     commit is in the log, as a consumer's transaction keeps consuming while the previous one
     commits (docs/recording-floor.md). With `process`, the store records through a
-    `RemoteRecorder` (a recorder process of its own)."""
+    `RemoteRecorder` (a recorder process of its own); with `on_loop`, SQLite runs on the
+    event loop."""
     async with JournalClient(endpoint) as client, AppendService(client) as svc:
         store, rec = await open_store(
-            endpoint, client, svc, fragments, directory, sync_waits, process
+            endpoint, client, svc, fragments, directory, sync_waits, process, on_loop
         )
         t0 = time.perf_counter()
         sizes = await consume(store, work, 0, adaptive)
@@ -283,6 +295,7 @@ def measure(
         "store": [],
         "pipelined": [],
         "process": [],
+        "on_loop": [],
         "adaptive": [],
         "matched": [],
     }
@@ -296,6 +309,7 @@ def measure(
             ("store", True, False),
             ("pipelined", False, False),
             ("process", False, False),
+            ("on_loop", False, False),
             ("adaptive", False, True),
         ):
             directory = tmpdir / f"{name}-{side}-{run}"
@@ -308,12 +322,13 @@ def measure(
                     waits,
                     adaptive,
                     process=side == "process",
+                    on_loop=side == "on_loop",
                 )
             )
             figures[side].append(s)
             db_size = os.path.getsize(store.path)
             st = store.stats()
-            where = ", recorder process" if side == "process" else ""
+            where = {"process": ", recorder process", "on_loop": ", on the loop"}.get(side, "")
             say(
                 f"  {name} run {run}: {side} (sync_waits={waits}{where}): {s:.2f} s, "
                 f"{len(sizes)} commits, database {db_size / MiB:.1f} MiB, log "
@@ -329,19 +344,22 @@ def measure(
                 figures["matched"].append(m)
                 say(f"  {name} run {run}: native full, the same transactions: {m:.2f} s")
     interleaved: dict[str, float] = {}
-    for process in (False, True) if blocks else ():
+    for mode in ("on_loop", "thread", "process") if blocks else ():
         native_s, store_s, ratios = asyncio.run(
             paired(
                 endpoint,
                 tmpdir / "fragments",
-                tmpdir / f"{name}-paired-{int(process)}",
+                tmpdir / f"{name}-paired-{mode}",
                 work,
                 blocks,
-                process,
+                process=mode == "process",
+                on_loop=mode == "on_loop",
             )
         )
-        key = "ratio_paired_process" if process else "ratio_paired"
-        where = ", recorder process" if process else ""
+        key = {"on_loop": "ratio_paired_on_loop", "thread": "ratio_paired"}.get(
+            mode, "ratio_paired_process"
+        )
+        where = {"on_loop": ", on the loop", "process": ", recorder process"}.get(mode, "")
         say(
             f"  {name} paired{where}: native {native_s:.2f} s, store {store_s:.2f} s over "
             f"{len(ratios)} interleaved blocks: {store_s / native_s:.3f}x (blocks "
@@ -357,6 +375,7 @@ def measure(
         "ratio": round(best["store"] / best["full"], 3),
         "ratio_pipelined": round(best["pipelined"] / best["full"], 3),
         "ratio_pipelined_process": round(best["process"] / best["full"], 3),
+        "ratio_pipelined_on_loop": round(best["on_loop"] / best["full"], 3),
         "ratio_adaptive": round(best["adaptive"] / best["full"], 3),
         "ratio_adaptive_matched": round(best["adaptive"] / best["matched"], 3),
         "adaptive_batches_per_commit": round(statistics.median(per_commit), 2),
@@ -364,6 +383,7 @@ def measure(
         "store_s": round(best["store"], 3),
         "pipelined_s": round(best["pipelined"], 3),
         "process_s": round(best["process"], 3),
+        "on_loop_s": round(best["on_loop"], 3),
         "adaptive_s": round(best["adaptive"], 3),
         "native_full_s": round(best["full"], 3),
         "native_matched_s": round(best["matched"], 3),

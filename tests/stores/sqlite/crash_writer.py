@@ -1,7 +1,9 @@
 """A SQLite store writer to be killed: recovers the store from its log, then commits
 deterministic transactions forever, printing ``ACK <txn>`` once each commit is in the log.
 
-Usage: python -m tests.stores.sqlite.crash_writer ENDPOINT LOG DIRECTORY JOURNAL_MODE SEED
+Usage: python -m tests.stores.sqlite.crash_writer ENDPOINT LOG DIRECTORY MODE SEED
+
+MODE is a journal mode, or ``<journal mode>-on_loop`` for SQLite on the event loop.
 
 Transaction `t` applies `txn_ops(seed, t)` to table ``kv`` and commits ``checkpoint(t)``;
 `model(seed, t)` is the table after it, for the test to compare against.
@@ -73,7 +75,8 @@ def _apply(conn: apsw.Connection, ops: list[Op]) -> None:
             conn.execute("INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)", (k, v))
 
 
-async def main(endpoint: str, log: str, directory: Path, journal_mode: str, seed: int) -> None:
+async def main(endpoint: str, log: str, directory: Path, mode: str, seed: int) -> None:
+    journal_mode, _, variant = mode.partition("-")
     async with JournalClient(endpoint) as client, AppendService(client) as svc:
         store = await recover(
             client,
@@ -84,6 +87,7 @@ async def main(endpoint: str, log: str, directory: Path, journal_mode: str, seed
             min_compaction_bytes=512 << 10,
             # Frequent checkpoints (WAL mode): WALs kept as WAL generations, and compactions.
             wal_checkpoint_pages=50,
+            on_loop=variant == "on_loop",
         )
         cp = await store.restore_checkpoint()
         t = counter(cp)

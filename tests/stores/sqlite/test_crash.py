@@ -126,11 +126,11 @@ async def _crash_trials(
         kv = {r[1]: r[2] for r in rows if r[0] == "kv"}
         assert kv == model(seed, t), f"trial {trial}: data differs from checkpoint {t}"
         print(f"trial {trial}: recovered={recovered} acked={acked} checkpoint={t}")
-    if mode == "wal":
+    if mode.startswith("wal"):
         assert wal_generations > 0, "no trial played a database back from kept WALs"
 
 
-@pytest.mark.parametrize("mode", ["wal", "delete"])
+@pytest.mark.parametrize("mode", ["wal", "delete", "wal-on_loop"])
 async def test_sigkill_at_random_points(
     client: JournalClient, store_broker: BrokerProcess, make_log: MakeLog, tmp_path: Path, mode: str
 ) -> None:
@@ -138,7 +138,9 @@ async def test_sigkill_at_random_points(
 
 
 @pytest.mark.chaos
-@pytest.mark.parametrize("mode", ["wal", "delete", "truncate", "persist"])
+@pytest.mark.parametrize(
+    "mode", ["wal", "delete", "truncate", "persist", "wal-on_loop", "delete-on_loop"]
+)
 async def test_sigkill_at_random_points_chaos(
     client: JournalClient, store_broker: BrokerProcess, make_log: MakeLog, tmp_path: Path, mode: str
 ) -> None:
