@@ -377,7 +377,11 @@ class SQLiteStore:
 
     def _run_loop_job(self) -> None:
         """Run the next job queued on the loop (``on_loop``), then let the loop turn before
-        the next one: a commit's append, released by the job, is written out first."""
+        the next one: a commit's append, released by the job, is written out first.
+
+        Before a job, while more than the bridge's `max_unsynced` bytes are recorded and not
+        yet committed, the jobs wait for a barrier: SQLite cannot run ahead of the log by
+        more than that (and the Recorder's memory with it), but for what one job writes."""
         self._jobs_scheduled = False
         jobs = self._jobs
         while jobs:
@@ -385,6 +389,8 @@ class SQLiteStore:
             if fut.cancelled():
                 jobs.popleft()
                 continue
+            if gate is None or gate.done():
+                gate = self._backlog_gate()
             if gate is not None and not gate.done():
                 gate.add_done_callback(lambda _: self._schedule_jobs())
                 return
@@ -506,6 +512,21 @@ class SQLiteStore:
 
         job.add_done_callback(job_done)
         return done
+
+    def _backlog_gate(self) -> asyncio.Future[Any] | None:
+        """A barrier to wait for before the next job on the loop, if the Recorder's
+        uncommitted bytes exceed `max_unsynced` (a broken Recorder: None, the job's
+        recording then fails)."""
+        rec = self.recorder
+        assert isinstance(rec, Recorder)
+        if rec.uncommitted_bytes <= self._bridge.max_unsynced or rec.error is not None:
+            return None
+        try:
+            barrier = rec.barrier(confirm=False)
+        except Exception:  # Broken meanwhile: as above.
+            return None
+        self._bridge.barriers += 1
+        return barrier
 
     def _commit(
         self,

@@ -140,21 +140,30 @@ async def test_a_commits_append_is_sent_before_the_next_job_and_commits_resolve_
     recovered.destroy()
 
 
-async def test_a_large_transaction_is_recorded_without_waiting_on_the_loop(
+async def test_a_large_transaction_is_recorded_without_waiting_and_jobs_wait_for_the_backlog(
     client: JournalClient, service: AppendService, make_log: MakeLog, tmp_path: Path
 ) -> None:
-    """Hand-overs within one statement (`flush_bytes`) and past `max_unsynced` go to the
-    Recorder at once, and nothing waits: the statement runs to its end, then the appends
-    (spilled to disk past the service's memory limit) go out."""
+    """Hand-overs within one statement (`flush_bytes`), even past `max_unsynced`, go to the
+    Recorder at once and nothing waits: the statement runs to its end. The next job waits
+    until no more than `max_unsynced` recorded bytes are uncommitted."""
     log = await make_log()
     store = await _open(service, log, tmp_path / "a", cache_size_kib=1024)
+    rec = store.recorder
+    assert isinstance(rec, Recorder)
     store.bridge.flush_bytes = 256 << 10
     store.bridge.max_unsynced = 1 << 20
     await store.transact(_schema)
     rows = [(k, bytes([k % 251]) * 3000) for k in range(4000)]  # ~12 MB in one statement.
-    await store.transact(_upsert, rows)
+
+    def upsert_without_waiting(conn: apsw.Connection) -> tuple[int, int]:
+        _upsert(conn, rows)
+        return rec.uncommitted_bytes, store.stats()["barriers"]
+
+    backlog, waited = await store.transact(upsert_without_waiting)
+    assert backlog > 8 << 20 and waited == 0  # Recorded as written; nothing waited.
+    backlog, waited = await store.run(lambda c: (rec.uncommitted_bytes, store.stats()["barriers"]))
+    assert backlog <= 1 << 20 and waited == 1  # The next job waited for the backlog.
     await store.start_commit(None, rich(1), [])
-    assert store.stats()["barriers"] == 0  # Nothing waited.
     await store.close()
     recovered = await recover(client, service, log, tmp_path / "b", on_loop=True)
     assert await recovered.restore_checkpoint() == rich(1)
