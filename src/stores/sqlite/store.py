@@ -150,6 +150,7 @@ class SQLiteStore:
         # Jobs queued on the loop (``on_loop``): (future, context, fn, args, gate).
         self._jobs: deque[_LoopJob] = deque()
         self._jobs_scheduled = False
+        self._jobs_gate: asyncio.Future[Any] | None = None  # What the next job waits for.
         self._closed = False
 
     @classmethod
@@ -205,10 +206,11 @@ class SQLiteStore:
         `run` blocks the loop while its function runs, and no thread hand-over or contention
         for the GIL is paid (docs/sqlite-store.md, "SQLite on the loop"). `sync_waits` must
         then be False (its default there: nothing may wait on the loop), and `recorder` a
-        `Recorder`. In WAL mode, a commit
-        leaving `wal_checkpoint_pages` or more in the WAL checkpoints it (PASSIVE, instead of
-        SQLite's auto-checkpoint, whose copies would be recorded again); the next commit
-        starts the WAL over.
+        `Recorder`.
+
+        In WAL mode, a commit leaving `wal_checkpoint_pages` or more in the WAL checkpoints it
+        (PASSIVE, instead of SQLite's auto-checkpoint, whose copies would be recorded again);
+        the next commit starts the WAL over.
 
         Raises `apsw.Error` for SQL errors, and `RecordingFailed` (from the bridge) if the
         recorder failed.
@@ -383,6 +385,10 @@ class SQLiteStore:
         yet committed, the jobs wait for a barrier: SQLite cannot run ahead of the log by
         more than that (and the Recorder's memory with it), but for what one job writes."""
         self._jobs_scheduled = False
+        if self._jobs_gate is not None:
+            if not self._jobs_gate.done():
+                return  # Its callback schedules the jobs again.
+            self._jobs_gate = None
         jobs = self._jobs
         while jobs:
             fut, ctx, fn, args, gate = jobs[0]
@@ -392,7 +398,8 @@ class SQLiteStore:
             if gate is None or gate.done():
                 gate = self._backlog_gate()
             if gate is not None and not gate.done():
-                gate.add_done_callback(lambda _: self._schedule_jobs())
+                self._jobs_gate = gate
+                gate.add_done_callback(self._jobs_gate_done)
                 return
             jobs.popleft()
             try:
@@ -411,6 +418,9 @@ class SQLiteStore:
             break
         if jobs:
             self._schedule_jobs()
+
+    def _jobs_gate_done(self, gate: asyncio.Future[Any]) -> None:
+        self._schedule_jobs()
 
     def _run_job(
         self,

@@ -183,3 +183,25 @@ async def test_on_loop_refuses_waiting_syncs_and_a_recorder_elsewhere(
     with pytest.raises(ValueError, match="needs a Recorder on the loop, not a SimpleNamespace"):
         await SQLiteStore.open(elsewhere, on_loop=True)  # type: ignore[arg-type]
     assert list((tmp_path / "a").iterdir()) == []  # Refused before anything was made.
+
+
+async def test_jobs_queued_behind_a_commit_wait_for_its_dependencies_and_belong_to_the_next(
+    client: JournalClient, service: AppendService, make_log: MakeLog, tmp_path: Path
+) -> None:
+    log = await make_log()
+    store = await _open(service, log, tmp_path / "a")
+    await store.transact(_schema)
+    await store.transact(_upsert, [(1, b"one")])
+    dependency: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    commit = store.start_commit(None, rich(1), [dependency])
+    later = [asyncio.ensure_future(store.transact(_upsert, [(k, b"later")])) for k in (2, 3)]
+    await asyncio.sleep(0.05)
+    assert not commit.done() and not any(f.done() for f in later)  # The loop itself runs on.
+    dependency.set_result(None)
+    await commit
+    await asyncio.gather(*later)
+    assert await store.restore_checkpoint() == rich(1)
+    await store.close()  # Rows 2 and 3 were never committed.
+    recovered = await recover(client, service, log, tmp_path / "b", on_loop=True)
+    assert await recovered.run(_keys) == [1]
+    recovered.destroy()
