@@ -56,15 +56,22 @@ async def _trial(
     delay = rnd.uniform(0.0, 2.5)  # After recovery (sometimes during: see below).
     kill_in_recovery = rnd.random() < 0.2
 
+    unexpected: list[str] = []
+
     async def read_lines() -> None:
+        # Reads to the end whatever comes: a pipe left unread would stall `proc.wait()`.
         nonlocal recovered, acked
         assert proc.stdout is not None
         while line := await proc.stdout.readline():
-            word, n = line.decode().split()
-            if word == "RECOVERED":
-                recovered = int(n)
-            else:
-                acked = int(n)
+            if not line.endswith(b"\n"):
+                continue  # The last line, cut by the kill.
+            match line.decode(errors="replace").split():
+                case ["RECOVERED", n] if n.isdigit():
+                    recovered = int(n)
+                case ["ACK", n] if n.isdigit():
+                    acked = int(n)
+                case _:
+                    unexpected.append(line.decode(errors="replace"))
 
     reader = asyncio.create_task(read_lines())
     try:
@@ -82,6 +89,7 @@ async def _trial(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+    assert not unexpected, f"the writer printed {unexpected[:5]}"
     return recovered, acked
 
 
