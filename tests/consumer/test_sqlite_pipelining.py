@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import apsw
+import pytest
 
 from broker.client import AppendService, JournalClient
 from stores.sqlite import SQLiteStore, recover
@@ -30,8 +31,9 @@ def _put(conn: apsw.Connection, k: int) -> None:
     conn.execute("INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)", (k, b"v"))
 
 
+@pytest.mark.parametrize("on_loop", [False, True], ids=["thread", "on_loop"])
 async def test_next_transactions_write_is_not_committed_with_the_previous_checkpoint(
-    client: JournalClient, service: AppendService, make_log: MakeLog, tmp_path: Path
+    client: JournalClient, service: AppendService, make_log: MakeLog, tmp_path: Path, on_loop: bool
 ) -> None:
     """What consumer.txn does: start_commit(cp-1) and, without yielding, the next
     transaction's (async) consume_message awaits `store.transact(...)`. The store documents
@@ -42,7 +44,7 @@ async def test_next_transactions_write_is_not_committed_with_the_previous_checkp
     from cp-1 re-applies the message that made it (exactly-once violation)."""
     log = await make_log()
     rec = await new_recorder(service, log, tmp_path / "a", A)
-    store = await SQLiteStore.open(rec)
+    store = await SQLiteStore.open(rec, on_loop=on_loop)
     await store.transact(_schema)
     await store.transact(_put, 1)
     committed = store.start_commit(None, labeled("cp-1"), [])

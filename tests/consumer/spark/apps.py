@@ -46,7 +46,8 @@ class SQLiteCounter:
     async def new_store(self, shard: Shard, recovered: RecoveredLog | None) -> SQLiteStore:
         assert recovered is not None
         self.pending.pop(shard.id, None)
-        return await SQLiteStore.from_recovered(recovered, bootstrap_sql=SQLITE_DDL)
+        # On the loop, as docs/sqlite-store.md advises for a consumer's short transactions.
+        return await SQLiteStore.from_recovered(recovered, bootstrap_sql=SQLITE_DDL, on_loop=True)
 
     def new_message(self, spec: Any) -> Add:
         return Add()
