@@ -16,8 +16,8 @@ time. It never blocks the loop (but for a remote barrier's request, which may wa
 hand-over being sent, at most `recoverylog.remote.SEND_TIMEOUT`). SQLite may also run on
 the loop's thread (a store ``on_loop``, with a Recorder in process): operations are then
 applied to the Recorder as they are handed over, and nothing waits there (`sync` with `wait`
-raises `RuntimeError` rather than deadlock; `max_unsynced` does not apply, the Recorder's
-appends spill to disk instead).
+raises `RuntimeError` rather than deadlock; `max_unsynced` does not apply within a job: the
+store's queue of jobs waits for the log between jobs instead).
 """
 
 from __future__ import annotations

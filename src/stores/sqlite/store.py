@@ -385,11 +385,11 @@ class SQLiteStore:
         yet committed, the jobs wait for a barrier: SQLite cannot run ahead of the log by
         more than that (and the Recorder's memory with it), but for what one job writes."""
         self._jobs_scheduled = False
+        jobs = self._jobs
         if self._jobs_gate is not None:
-            if not self._jobs_gate.done():
+            if not self._jobs_gate.done() and jobs and not jobs[0][0].cancelled():
                 return  # Its callback schedules the jobs again.
             self._jobs_gate = None
-        jobs = self._jobs
         while jobs:
             fut, ctx, fn, args, gate = jobs[0]
             if fut.cancelled():
@@ -404,8 +404,8 @@ class SQLiteStore:
             jobs.popleft()
             try:
                 result = ctx.run(self._call, fn, *args)
-            except (KeyboardInterrupt, SystemExit) as err:  # The loop's own business too.
-                _set_exception(fut, err)
+            except (KeyboardInterrupt, SystemExit):  # The loop's business: raised there once.
+                fut.cancel()
                 if jobs:
                     self._schedule_jobs()
                 raise
@@ -480,6 +480,8 @@ class SQLiteStore:
             kind = type(checkpoint).__name__
             raise TypeError(f"checkpoint must be a consumer.Checkpoint message, not {kind}")
         data = checkpoint.SerializeToString()
+        if self._closed:  # (Before a task is made for `wait_for`.)
+            raise StoreClosed("the store is closed")
         waiting: concurrent.futures.Future[Any] | asyncio.Future[None] | None = None
         if wait_for and self._on_loop:
             waiting = asyncio.ensure_future(_gather(wait_for))
@@ -488,9 +490,16 @@ class SQLiteStore:
         # Queued before returning: the caller's next `transact` belongs to the next transaction.
         gate = waiting if isinstance(waiting, asyncio.Future) else None
         job = self._queue(self._commit, (data, waiting), gate)
-        if gate is not None:
-            job.add_done_callback(lambda _: gate.cancel())  # (The job cancelled, or done.)
+        if waiting is not None:
+            # Cancelled (or done), the job no longer waits for `wait_for`: neither the queue
+            # on the loop nor the SQLite thread (whose wait then fails, rolling back).
+            job.add_done_callback(lambda _: self._stop_waiting(waiting))
         return self._finish_commit(job)
+
+    def _stop_waiting(self, waiting: concurrent.futures.Future[Any] | asyncio.Future[None]) -> None:
+        waiting.cancel()
+        if self._on_loop:
+            self._schedule_jobs()
 
     def _finish_commit(self, job: asyncio.Future[None]) -> asyncio.Future[None]:
         """The future of a commit whose SQLite job is `job`: done once `job` is and, without
@@ -589,6 +598,7 @@ class SQLiteStore:
     def _close_connection(self, conn: apsw.Connection) -> None:
         conn.close()
         self._conn = None
+        self._closed = True  # Jobs queued behind this one fail with StoreClosed.
         self._bridge.sync(wait=not self._on_loop)  # (On the loop, `close` waits instead.)
 
     def _shutdown(self, wait: bool = True) -> None:
@@ -605,8 +615,11 @@ class SQLiteStore:
             # First: it also wakes the SQLite thread if it is blocked sending to the child.
             self.recorder.kill()
         conn, self._conn = self._conn, None
-        for job in self._jobs:
-            job[0].cancel()
+        for fut, _ctx, _fn, _args, gate in self._jobs:
+            if gate is not None and not gate.done():
+                fut.cancel()  # A commit waiting for `wait_for`: cancelled, as in the thread.
+            else:
+                _set_exception(fut, StoreClosed("the store was destroyed"))
         self._jobs.clear()
         if conn is not None:
             try:
@@ -749,7 +762,9 @@ def _select_checkpoint(conn: apsw.Connection) -> bytes:
 
 
 async def _gather(futures: Sequence[OpFuture]) -> None:
-    await asyncio.gather(*futures)
+    # Shielded: a commit cancelled (or destroyed) stops waiting for the caller's futures,
+    # and leaves them be.
+    await asyncio.gather(*(asyncio.shield(f) for f in futures))
 
 
 async def recover(

@@ -258,9 +258,37 @@ async def test_destroy_cancels_a_commit_waiting_for_its_dependencies(
     # A cancellation, as for the other stores; not an error of the commit.
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(commit, 30)
-    with pytest.raises((asyncio.CancelledError, StoreClosed)):
+    with pytest.raises(StoreClosed):  # Queued behind: it never runs.
         await asyncio.wait_for(later, 30)
+    assert not never.cancelled()  # The caller's own future is left be.
     assert not (tmp_path / "a").exists()
+
+
+@ON_LOOP
+async def test_a_commit_cancelled_while_waiting_for_its_dependencies_frees_the_jobs_behind(
+    service: AppendService, make_log: MakeLog, tmp_path: Path, on_loop: bool
+) -> None:
+    log = await make_log()
+    rec = await new_recorder(service, log, tmp_path / "a", A)
+    store = await SQLiteStore.open(rec, on_loop=on_loop)
+    await store.transact(_schema)
+    await store.start_commit(None, rich(0), [])
+    await store.transact(_upsert, [(1, b"one")])
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    commit = store.start_commit(None, rich(1), [never])
+    later = asyncio.ensure_future(store.transact(_upsert, [(2, b"two")]))
+    await asyncio.sleep(0.1)  # The commit's job waits for `never` (in the thread: it began).
+    assert not later.done()
+    commit.cancel()
+    await asyncio.wait_for(later, 30)  # Not stuck behind the cancelled commit.
+    assert not never.cancelled()
+    assert await store.restore_checkpoint() == rich(0)
+    await store.start_commit(None, rich(2), [])
+    # On the loop the cancelled job never ran: its transaction went on, and commits now.
+    # In the thread it had begun, and rolled its transaction back.
+    expected = [1, 2] if on_loop else [2]
+    assert await store.run(lambda c: [k for (k,) in c.execute("SELECT k FROM kv")]) == expected
+    await store.close()
 
 
 async def test_pipelined_commits_resolve_in_log_order_and_a_cancelled_one_never_runs(
@@ -590,3 +618,21 @@ async def test_a_dropped_store_is_cleaned_up_when_warnings_are_errors(
     # Only the warning, raised as an error once the cleanup was done.
     assert [u.exc_type for u in unraisable] == [ResourceWarning]
     assert rec.error is not None
+
+
+@ON_LOOP
+async def test_a_job_queued_behind_close_fails_with_store_closed(
+    service: AppendService, make_log: MakeLog, tmp_path: Path, on_loop: bool
+) -> None:
+    log = await make_log()
+    store = await SQLiteStore.open(
+        await new_recorder(service, log, tmp_path / "a", A), on_loop=on_loop
+    )
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0)  # close() queued its job.
+    behind = asyncio.ensure_future(store.run(lambda c: c.execute("SELECT 1").get))
+    await closing
+    with pytest.raises(StoreClosed):
+        await behind
+    with pytest.raises(StoreClosed):
+        await store.run(lambda c: None)
