@@ -474,7 +474,11 @@ class SQLiteStore:
         the log, or fails with the first error (of `wait_for`, SQL, or the recorder: the store
         must then be destroyed). With ``sync_waits=False`` the SQLite thread does not wait for
         the log: the next transaction runs while this one commits to the log (pipelining).
-        Raises `TypeError` at once if `checkpoint` is not a ``consumer.Checkpoint`` message.
+        Cancelled before its job ran, the commit leaves its transaction open; cancelled while
+        its job waits for `wait_for` in the thread, the job rolls the transaction back. Either
+        way the jobs behind it run on, and `wait_for`'s futures are left be.
+        Raises `TypeError` at once if `checkpoint` is not a ``consumer.Checkpoint`` message,
+        `StoreClosed` if the store is closed.
         """
         if not isinstance(checkpoint, pb.Checkpoint):
             kind = type(checkpoint).__name__
