@@ -240,20 +240,31 @@ async def test_jobs_run_in_order_with_the_callers_context_and_errors_reach_the_c
         await store.close()
 
 
-@ON_LOOP
-async def test_destroy_cancels_a_commit_waiting_for_its_dependencies(
+async def _commit_waiting_for_its_dependency(
     service: AppendService, make_log: MakeLog, tmp_path: Path, on_loop: bool
-) -> None:
-    log = await make_log()
-    rec = await new_recorder(service, log, tmp_path / "a", A)
+) -> tuple[SQLiteStore, asyncio.Future[None], asyncio.Future[None], asyncio.Future[None]]:
+    """A store (rich(0) committed) whose next commit waits for a future never resolved, and
+    a `transact` queued behind it: (store, commit, later, the dependency)."""
+    rec = await new_recorder(service, await make_log(), tmp_path / "a", A)
     store = await SQLiteStore.open(rec, on_loop=on_loop)
     await store.transact(_schema)
+    await store.start_commit(None, rich(0), [])
     await store.transact(_upsert, [(1, b"one")])
     never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     commit = store.start_commit(None, rich(1), [never])
     later = asyncio.ensure_future(store.transact(_upsert, [(2, b"two")]))
-    await asyncio.sleep(0.2)  # The commit's job now waits for `never`, and `later` behind it.
+    await asyncio.sleep(0.2)  # The commit's job waits for `never` (in the thread: it began).
     assert not commit.done() and not later.done()
+    return store, commit, later, never
+
+
+@ON_LOOP
+async def test_destroy_cancels_a_commit_waiting_for_its_dependencies(
+    service: AppendService, make_log: MakeLog, tmp_path: Path, on_loop: bool
+) -> None:
+    store, commit, later, never = await _commit_waiting_for_its_dependency(
+        service, make_log, tmp_path, on_loop
+    )
     store.destroy()
     # A cancellation, as for the other stores; not an error of the commit.
     with pytest.raises(asyncio.CancelledError):
@@ -268,17 +279,9 @@ async def test_destroy_cancels_a_commit_waiting_for_its_dependencies(
 async def test_a_commit_cancelled_while_waiting_for_its_dependencies_frees_the_jobs_behind(
     service: AppendService, make_log: MakeLog, tmp_path: Path, on_loop: bool
 ) -> None:
-    log = await make_log()
-    rec = await new_recorder(service, log, tmp_path / "a", A)
-    store = await SQLiteStore.open(rec, on_loop=on_loop)
-    await store.transact(_schema)
-    await store.start_commit(None, rich(0), [])
-    await store.transact(_upsert, [(1, b"one")])
-    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    commit = store.start_commit(None, rich(1), [never])
-    later = asyncio.ensure_future(store.transact(_upsert, [(2, b"two")]))
-    await asyncio.sleep(0.1)  # The commit's job waits for `never` (in the thread: it began).
-    assert not later.done()
+    store, commit, later, never = await _commit_waiting_for_its_dependency(
+        service, make_log, tmp_path, on_loop
+    )
     commit.cancel()
     await asyncio.wait_for(later, 30)  # Not stuck behind the cancelled commit.
     assert not never.cancelled()
