@@ -159,7 +159,7 @@ class RecorderBridge:
         if self._unsynced + self._queued >= self.max_unsynced and not self._on_loop_thread():
             self._sync()
             return
-        # (On the loop's thread nothing may wait: the Recorder's appends spill to disk.)
+        # (On the loop's thread nothing may wait: the store's queue waits between jobs.)
         self._hand_over(dirty)
 
     def sync(self, wait: bool = True) -> None:

@@ -347,7 +347,8 @@ class SQLiteStore:
         return await self._submit(fn, *args)
 
     def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """Queue ``fn(connection, *args)`` on the SQLite thread now; its future.
+        """Queue ``fn(connection, *args)`` on the SQLite thread (or ``on_loop``, the loop's
+        queue of jobs) now; its future.
 
         As ``run_in_executor``, without its second (concurrent) future chained to this one:
         the SQLite thread resolves this future itself, with one call into the loop. A job
@@ -447,7 +448,7 @@ class SQLiteStore:
             del fut, value  # No cycle through a failed job's traceback.
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._closed:  # Destroyed (or dropped) with jobs still queued.
+        if self._closed:  # Closed, destroyed or dropped with jobs still queued.
             raise StoreClosed("the store is closed")
         return fn(self._conn, *args)
 
