@@ -75,6 +75,9 @@ CREATE TABLE IF NOT EXISTS kv (k INTEGER PRIMARY KEY, v TEXT NOT NULL, n INTEGER
 CREATE TABLE IF NOT EXISTS agg (a INTEGER PRIMARY KEY, c INTEGER NOT NULL);
 """
 
+WHERE = {"process": ", recorder process", "on_loop": ", on the loop"}
+"""How progress lines name where a store side records from, or runs SQLite."""
+
 
 def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
@@ -333,7 +336,7 @@ def measure(
             figures[side].append(s)
             db_size = os.path.getsize(store.path)
             st = store.stats()
-            where = {"process": ", recorder process", "on_loop": ", on the loop"}.get(side, "")
+            where = WHERE.get(side, "")
             say(
                 f"  {name} run {run}: {side} (sync_waits={waits}{where}): {s:.2f} s, "
                 f"{len(sizes)} commits, database {db_size / MiB:.1f} MiB, log "
@@ -364,7 +367,7 @@ def measure(
         key = {"on_loop": "ratio_paired_on_loop", "thread": "ratio_paired"}.get(
             mode, "ratio_paired_process"
         )
-        where = {"on_loop": ", on the loop", "process": ", recorder process"}.get(mode, "")
+        where = WHERE.get(mode, "")
         say(
             f"  {name} paired{where}: native {native_s:.2f} s, store {store_s:.2f} s over "
             f"{len(ratios)} interleaved blocks: {store_s / native_s:.3f}x (blocks "

@@ -3,6 +3,7 @@ open, play back and read stores."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -20,7 +21,9 @@ from broker.testing.etcd import EtcdServer
 from recoverylog.fsm import FSM
 from recoverylog.player import Player
 from recoverylog.recorder import Recorder
+from stores.sqlite import SQLiteStore
 from tests.conftest import session_broker
+from tests.stores.checkpoints import rich
 
 _names = itertools.count()
 
@@ -151,3 +154,21 @@ class OpLog:
 
     def defer(self) -> None:
         pass
+
+
+async def assert_commits_resolve_in_log_order(
+    store: SQLiteStore, rec: Recorder, keys: range, value: bytes
+) -> None:
+    """Start a commit per key (its transaction upserts `value` at it into table ``kv``)
+    without awaiting any, and check that they resolve in log order."""
+    heads: list[int] = []
+    commits = []
+    for k in keys:
+        await store.transact(
+            lambda c, k=k: c.execute("INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)", (k, value))
+        )
+        commit = store.start_commit(None, rich(k), [])
+        commit.add_done_callback(lambda _: heads.append(rec.write_head))
+        commits.append(commit)
+    await asyncio.gather(*commits)
+    assert heads == sorted(heads) and heads[0] > 0

@@ -10,7 +10,6 @@ import hashlib
 import itertools
 import os
 import random
-import resource
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,10 +68,6 @@ def _content(conn: apsw.Connection) -> tuple[int, str]:
 
 def _integrity(conn: apsw.Connection) -> str:
     return str(conn.execute("PRAGMA integrity_check").fetchall()[0][0])
-
-
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux.
 
 
 def _rss_mib(field: str) -> float:
@@ -145,7 +140,7 @@ async def _bulk_load_recovers(
         f"load {t_load:.1f} s, committed at {t_commit:.1f} s, recover {t_recover:.1f} s, "
         f"total {t_total:.1f} s; db {db_size / MB:.0f} MB, log {log_size / MB:.0f} MB, "
         f"barriers {stats['barriers']}, compactions {stats['compactions']}, "
-        f"peak RSS {_peak_rss_mib():.0f} MiB (grew {grown:.0f} MiB during the load)"
+        f"peak RSS {_rss_mib('VmHWM'):.0f} MiB (grew {grown:.0f} MiB during the load)"
     )
 
 

@@ -28,6 +28,7 @@ from tests.stores.checkpoints import labeled, rich
 from tests.stores.recovery import recovered_log
 from tests.stores.sqlite.support import (
     MakeLog,
+    assert_commits_resolve_in_log_order,
     client,
     dump,
     integrity,
@@ -304,15 +305,7 @@ async def test_pipelined_commits_resolve_in_log_order_and_a_cancelled_one_never_
     rec = await new_recorder(service, log, tmp_path / "a", A)
     store = await SQLiteStore.open(rec, sync_waits=False)
     await store.transact(_schema)
-    heads: list[int] = []
-    commits = []
-    for i in range(5):
-        await store.transact(_upsert, [(i, b"x" * 5000)])
-        commit = store.start_commit(None, rich(i), [])
-        commit.add_done_callback(lambda _: heads.append(rec.write_head))
-        commits.append(commit)
-    await asyncio.gather(*commits)
-    assert heads == sorted(heads) and heads[0] > 0
+    await assert_commits_resolve_in_log_order(store, rec, range(5), b"x" * 5000)
 
     gate = threading.Event()
     await store.transact(_upsert, [(7, b"seven")])

@@ -19,6 +19,7 @@ from stores.sqlite import SQLiteStore, recover
 from tests.stores.checkpoints import rich
 from tests.stores.sqlite.support import (
     MakeLog,
+    assert_commits_resolve_in_log_order,
     client,
     integrity,
     make_log,
@@ -117,15 +118,7 @@ async def test_a_commits_append_is_sent_before_the_next_job_and_commits_resolve_
     assert sent_before_next_job == [True] * 5
 
     # Commits not awaited in between resolve in log order.
-    heads: list[int] = []
-    commits = []
-    for i in range(10, 15):
-        await store.transact(_upsert, [(i, b"y" * 5000)])
-        commit = store.start_commit(None, rich(i), [])
-        commit.add_done_callback(lambda _: heads.append(rec.write_head))
-        commits.append(commit)
-    await asyncio.gather(*commits)
-    assert heads == sorted(heads) and heads[0] > 0
+    await assert_commits_resolve_in_log_order(store, rec, range(10, 15), b"y" * 5000)
 
     await store.transact(_upsert, [(7, b"seven")])
     cancelled = store.start_commit(None, rich(7), [])
