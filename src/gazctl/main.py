@@ -32,13 +32,52 @@ from broker.client.errors import BrokerError
 from broker.fragment.store import FragmentStoreError
 from broker.protocol.errors import ValidationError
 
-__all__ = ["main", "run", "Streams", "GazctlError", "build_parser", "DEFAULT_BROKER"]
+__all__ = [
+    "main",
+    "run",
+    "Streams",
+    "GazctlError",
+    "TransactionTooLarge",
+    "raise_if_txn_too_large",
+    "build_parser",
+    "DEFAULT_BROKER",
+]
 
 DEFAULT_BROKER = "127.0.0.1:8080"
 
 
 class GazctlError(Exception):
-    """A usage or input problem, reported as one line without a traceback."""
+    """A usage or input problem, reported as one line without a traceback.
+
+    `exit_status` is the status gazctl exits with (1 unless a subclass says otherwise).
+    """
+
+    exit_status = 1
+
+
+class TransactionTooLarge(GazctlError):
+    """An apply has more changes than etcd takes in one transaction (its ``--max-txn-ops``,
+    128 by default)."""
+
+
+ETCD_TOO_MANY_OPS = "too many operations in txn request"
+"""What etcd answers a transaction with more operations than its ``--max-txn-ops``."""
+
+
+def raise_if_txn_too_large(err: BaseException, changes: int, txn_size: int) -> None:
+    """Raise `TransactionTooLarge` (from `err`) if `err` is etcd refusing an apply's
+    transaction for its size; otherwise return. `changes` is the apply's number of changes,
+    `txn_size` its ``--max-txn-size`` (0: one transaction)."""
+    details = err.details() if isinstance(err, grpc.aio.AioRpcError) else str(err)
+    if ETCD_TOO_MANY_OPS not in (details or ""):
+        return
+    sent = f"{txn_size} changes per transaction" if txn_size else f"all {changes} changes in one"
+    raise TransactionTooLarge(
+        f"the apply is too large for one etcd transaction ({sent}; etcd takes at most "
+        "--max-txn-ops operations per transaction, 128 by default): apply in batches with "
+        "--max-txn-size 100 (each batch is then its own transaction, so a failure can leave "
+        "earlier batches applied), or select fewer specs"
+    ) from err
 
 
 @dataclass
@@ -124,12 +163,14 @@ def run(argv: Sequence[str] | None = None, io: Streams | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 1
+    except GazctlError as err:
+        io.err(f"gazctl: error: {err}")
+        return err.exit_status
     except (
         AppendRetriesExhausted,
         BrokerError,
         ValidationError,
         FragmentStoreError,
-        GazctlError,
     ) as err:
         io.err(f"gazctl: error: {err}")
     except grpc.aio.AioRpcError as err:
@@ -145,4 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as ``python -m gazctl.main``, this file is the module ``__main__``, while the
+    # commands raise the errors of ``gazctl.main``: call that module's `main`, so that its
+    # `run` catches them (else they'd end in tracebacks).
+    from gazctl.main import main as _main
+
+    sys.exit(_main())

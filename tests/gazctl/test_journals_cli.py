@@ -330,14 +330,29 @@ def test_append_gives_up_on_unreachable_brokers(
     assert "'-1' is not a number of seconds >= 0 or 'forever'" in capsys.readouterr().err
 
 
-def test_entry_point_module(gazctl_broker) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("module", ["gazctl.main", "gazctl"])
+@pytest.mark.parametrize(
+    "argv, error",
+    [
+        (["journals", "list"], "gazctl: error: broker 127.0.0.1:1 is unavailable"),
+        # A GazctlError, raised before any RPC: a class of the module `gazctl.main`, which
+        # `python -m gazctl.main` runs as `__main__`.
+        (
+            ["journals", "append", "--mapping", "modulo"],
+            "gazctl: error: 'none' --framing may only be used with 'random' --mapping",
+        ),
+    ],
+)
+def test_entry_point_module(module: str, argv: list[str], error: str) -> None:
+    """``python -m gazctl.main`` (as the demos run it) and ``python -m gazctl`` report errors
+    as ``gazctl`` does: one line, no traceback."""
     out = subprocess.run(
-        [sys.executable, "-m", "gazctl.main", "journals", "list", "--broker", "127.0.0.1:1"],
+        [sys.executable, "-m", module, *argv, "--broker", "127.0.0.1:1"],
         capture_output=True,
         text=True,
     )
-    assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert out.stderr.startswith("gazctl: error:")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith(error) and out.stderr.count("\n") == 1, out.stderr
 
 
 def test_list_watch_prints_snapshots(gazctl_broker, prefix: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

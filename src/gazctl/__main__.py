@@ -1,0 +1,7 @@
+"""``python -m gazctl``: the same as the ``gazctl`` command."""
+
+import sys
+
+from gazctl.main import main
+
+sys.exit(main())
