@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequen
 from pathlib import Path
 from typing import Any
 
+import grpc.aio
 from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
 
@@ -56,7 +57,7 @@ from broker.protocol.sha1sum import sha1sum_hex
 from broker.protocol.validation import validate_journal_spec
 from gazctl.export import add_journals_export
 from gazctl.journalspace import apply_changes, dump_tree, load_tree, tree_from_journals
-from gazctl.main import GazctlError, Streams
+from gazctl.main import GazctlError, Streams, raise_if_txn_too_large
 from gazctl.output import apply_plan, render_table
 from gazctl.specyaml import format_duration, parse_duration
 from message.framing_fixed import FIXED_FRAME_HEADER_LENGTH, FIXED_FRAME_WORD
@@ -123,12 +124,20 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--specs", default="-", help="YAML file of specs ('-': stdin)")
     p.add_argument("--dry-run", action="store_true", help="print the changes, apply nothing")
     p.add_argument(
-        "--max-txn-size", type=int, default=0, help="changes per etcd transaction (0: all in one)"
+        "--max-txn-size",
+        type=int,
+        default=0,
+        help="changes per etcd transaction (0: all in one; etcd takes at most --max-txn-ops, "
+        "128 by default; batches apply one after another, not atomically)",
     )
 
     p = cmd("edit", "edit journal specs in $EDITOR and apply them", cmd_edit, selector=True)
     p.add_argument(
-        "--max-txn-size", type=int, default=0, help="changes per etcd transaction (0: all in one)"
+        "--max-txn-size",
+        type=int,
+        default=0,
+        help="changes per etcd transaction (0: all in one; etcd takes at most --max-txn-ops, "
+        "128 by default; batches apply one after another, not atomically)",
     )
 
     p = cmd("read", "read journal content to stdout", cmd_read, selector=True)
@@ -374,7 +383,11 @@ async def _apply_tree_text(
     if not changes:
         io.err("nothing to apply")
         return 0
-    resp = await apply_journals_in_batches(client, req, txn_size)
+    try:
+        resp = await apply_journals_in_batches(client, req, txn_size)
+    except grpc.aio.AioRpcError as err:
+        raise_if_txn_too_large(err, len(changes), txn_size)
+        raise
     io.err(f"applied {len(changes)} change(s) at revision {resp.header.etcd.revision}")
     return 0
 

@@ -34,7 +34,7 @@ from consumer.shard_client import (
     unassign_shards,
 )
 from consumer.spec import recovery_log_of, validate_shard_spec
-from gazctl.main import GazctlError, Streams
+from gazctl.main import GazctlError, Streams, raise_if_txn_too_large
 from gazctl.output import apply_plan, render_table
 from gazctl.shardspace import apply_changes, dump_set, load_set, set_from_list
 from message.framing import UnknownFramingError, framing_for
@@ -91,12 +91,20 @@ def register_spec_commands(cmds: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--specs", default="-", help="YAML file of specs ('-': stdin)")
     p.add_argument("--dry-run", action="store_true", help="print the changes, apply nothing")
     p.add_argument(
-        "--max-txn-size", type=int, default=0, help="changes per etcd transaction (0: all in one)"
+        "--max-txn-size",
+        type=int,
+        default=0,
+        help="changes per etcd transaction (0: all in one; etcd takes at most --max-txn-ops, "
+        "128 by default; batches apply one after another, not atomically)",
     )
 
     p = cmd("edit", "edit shard specs in $EDITOR and apply them", cmd_edit, selector=True)
     p.add_argument(
-        "--max-txn-size", type=int, default=0, help="changes per etcd transaction (0: all in one)"
+        "--max-txn-size",
+        type=int,
+        default=0,
+        help="changes per etcd transaction (0: all in one; etcd takes at most --max-txn-ops, "
+        "128 by default; batches apply one after another, not atomically)",
     )
     for parser in (apply_p, p):
         parser.add_argument(
@@ -324,7 +332,11 @@ async def _apply_text(
     if not changes:
         io.err("nothing to apply")
         return 0
-    resp = await apply_shards_in_batches(sc, req, txn_size)
+    try:
+        resp = await apply_shards_in_batches(sc, req, txn_size)
+    except (grpc.aio.AioRpcError, ShardStatusError) as err:
+        raise_if_txn_too_large(err, len(changes), txn_size)
+        raise
     io.err(f"applied {len(changes)} change(s) at revision {resp.header.etcd.revision}")
     return 0
 

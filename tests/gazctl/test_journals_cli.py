@@ -392,3 +392,21 @@ def test_list_watch_prints_snapshots(gazctl_broker, prefix: str, tmp_path: Path)
         watcher.send_signal(2)
         watcher.communicate(timeout=20)
     assert watcher.returncode == 130
+
+
+def test_apply_too_large_for_one_transaction(gazctl: Gazctl, prefix: str, tmp_path: Path) -> None:
+    """etcd refuses a transaction of more than --max-txn-ops (128 by default) operations:
+    gazctl says the apply is too large and how to batch it, and --max-txn-size does."""
+    children = "".join(f"- name: {prefix}j{i:03d}\n" for i in range(200))
+    specs = (
+        f"name: {prefix}\nreplication: 1\n"
+        "fragment: {length: 1048576, compression_codec: NONE, refresh_interval: 10s}\n"
+        f"children:\n{children}"
+    ).encode()
+    r = gazctl("journals", "apply", stdin=specs)
+    assert r.rc == 1 and r.err.count("\n") == 1, r.err
+    assert r.err.startswith("gazctl: error: the apply is too large for one etcd transaction")
+    assert "all 200 changes in one" in r.err and "--max-txn-size" in r.err
+    assert "unavailable" not in r.err
+    r = gazctl("journals", "apply", "--max-txn-size", "100", stdin=specs)
+    assert r.rc == 0 and "applied 200 change(s)" in r.err, r.err

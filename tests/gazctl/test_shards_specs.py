@@ -338,3 +338,17 @@ def test_unassign(shards: Gazctl, shard_api: ShardAPIServer, specs: str) -> None
 
     with pytest.raises(SystemExit):  # -l is required (an argparse usage error)
         shards("unassign")
+
+
+def test_apply_too_large_for_one_transaction(shards: Gazctl) -> None:
+    """As ``journals apply``: a shard apply etcd refuses for its size names --max-txn-size."""
+    entries = "".join(
+        f"- id: shard-{i:03d}\n  sources: [{{journal: a/journal}}]\n" for i in range(200)
+    )
+    specs = f"common:\n  max_txn_duration: 1s\nshards:\n{entries}".encode()
+    r = shards("apply", "--skip-journal-check", stdin=specs)
+    assert r.rc == 1 and r.err.count("\n") == 1, r.err
+    assert r.err.startswith("gazctl: error: the apply is too large for one etcd transaction")
+    assert "--max-txn-size" in r.err
+    r = shards("apply", "--skip-journal-check", "--max-txn-size", "50", stdin=specs)
+    assert r.rc == 0 and "applied 200 change(s)" in r.err, r.err
