@@ -24,9 +24,9 @@ import subprocess
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc.aio
 from google.protobuf import json_format
@@ -48,7 +48,8 @@ from broker.client import (
     watch_journals,
 )
 from broker.client.appender import RetryWindow
-from broker.client.errors import BrokerError
+from broker.client.errors import BrokerError, describe_error, is_transient_rpc_error
+from broker.client.retry_reader import backoff
 from broker.fragment.store import store_for_url
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.errors import ValidationError
@@ -76,6 +77,7 @@ __all__ = ["register", "parse_time"]
 log = logging.getLogger(__name__)
 
 Journals = list[pb.ListResponse.Journal]
+T = TypeVar("T")
 
 
 def register(groups: Any, common: argparse.ArgumentParser) -> None:
@@ -220,6 +222,45 @@ def _retry_for(text: str) -> float | None:
 
 def _selector(text: str) -> pb.LabelSelector:
     return parse_label_selector(text)
+
+
+async def _retry_listing(
+    selector: pb.LabelSelector, retry_for: float | None, list_once: Callable[[], Awaitable[T]]
+) -> T:
+    """`list_once()`, retried with backoff on transport errors (an unreachable broker) until
+    they have kept failing for `retry_for` seconds (None: for ever), as an append's retries
+    are: then raises `AppendRetriesExhausted` from the last error."""
+    what = f"journals matching {format_label_selector(selector)!r}"
+    window = RetryWindow(what, retry_for)
+    attempt = 0
+    while True:
+        try:
+            return await list_once()
+        except grpc.aio.AioRpcError as err:
+            if not is_transient_rpc_error(err):
+                raise
+            delay = window.failed(err, attempt, backoff(attempt))
+            log.warning(
+                "listing %s failed (will retry) attempt=%d err=%s",
+                what,
+                attempt,
+                describe_error(err),
+            )
+        await asyncio.sleep(delay)
+        attempt += 1
+
+
+@contextlib.asynccontextmanager
+async def _polled_listing(
+    client: JournalClient, selector: pb.LabelSelector, retry_for: float | None
+) -> AsyncIterator[PolledList]:
+    """A started `PolledList` of `selector`, its first listing retried as `_retry_listing`."""
+    listing = PolledList(client, selector, 30.0)
+    await _retry_listing(selector, retry_for, listing.start)
+    try:
+        yield listing
+    finally:
+        await listing.close()
 
 
 @contextlib.asynccontextmanager
@@ -610,6 +651,7 @@ by the name of its journal, which must be one of the selected journals.
 
 Unreachable brokers and journals without a primary are retried with backoff, for at most
 --retry-for seconds per append (default 60): then the command fails, naming the last error.
+The listing of the selected journals that an append starts with is retried alike.
 
   gazctl journals append -l name=my/journal -i ./fizzbuzz
   printf 'S2V5MQ==\\n{"msg": 1}\\n' | gazctl journals append -l topic=t -f lines -m modulo --base64
@@ -712,7 +754,10 @@ async def _resolve_append_journal(client: JournalClient, args: argparse.Namespac
         return str(args.journal)
     if not args.selector:
         raise GazctlError("give --journal or -l/--selector")
-    journals = await list_all_journals(client, _selector(args.selector))
+    selector = _selector(args.selector)
+    journals = await _retry_listing(
+        selector, args.retry_for, lambda: list_all_journals(client, selector)
+    )
     if args.mapping == "random" and journals:
         return random.choice(journals).spec.name
     if len(journals) != 1:
@@ -784,7 +829,7 @@ async def cmd_append(args: argparse.Namespace, io: Streams) -> int:
         count = 0
         touched: dict[str, AsyncAppend] = {}
         async with (
-            PolledList(client, selector, 30.0) as listing,
+            _polled_listing(client, selector, args.retry_for) as listing,
             AppendService(client, retry_for=args.retry_for) as svc,
         ):
             if not listing.journals:

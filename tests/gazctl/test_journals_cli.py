@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from broker.testing.broker import BrokerProcess
+
 from .conftest import Gazctl
+from .late_listener import LateListener
 
 
 def spec_yaml(prefix: str, store: Path, **extra: str) -> str:
@@ -410,3 +413,69 @@ def test_apply_too_large_for_one_transaction(gazctl: Gazctl, prefix: str, tmp_pa
     assert "unavailable" not in r.err
     r = gazctl("journals", "apply", "--max-txn-size", "100", stdin=specs)
     assert r.rc == 0 and "applied 200 change(s)" in r.err, r.err
+
+
+@pytest.mark.parametrize(
+    "framing, how, data, done",
+    [
+        ("lines", "--journal", b"one\ntwo\n", "appended 2 line(s)"),
+        ("fixed", "-l", b"\x66\x33\x93\x36\x03\x00\x00\x00abc", "appended 1 record(s)"),
+        ("none", "-l", b"one\ntwo\n", "appended 8 bytes"),
+    ],
+)
+def test_append_retries_a_broker_unreachable_at_start(
+    gazctl: Gazctl,
+    gazctl_broker: BrokerProcess,
+    prefix: str,
+    tmp_path: Path,
+    framing: str,
+    how: str,
+    data: bytes,
+    done: str,
+) -> None:
+    """--retry-for covers the journal listing an append starts with: a broker that comes up
+    within the window is appended to (it used to fail in under a second with -f lines|fixed,
+    and with -l under -f none)."""
+    apply(gazctl, prefix, tmp_path / "store")
+    journal = f"{prefix}clicks"
+    target = journal if how == "--journal" else f"name={journal}"
+    with LateListener(gazctl_broker.endpoint, delay=1.5) as late:
+        t0 = time.monotonic()
+        r = gazctl(
+            "journals",
+            "append",
+            how,
+            target,
+            "-f",
+            framing,
+            "--retry-for",
+            "30",
+            stdin=data,
+            broker=late.endpoint,
+        )
+    assert r.rc == 0 and done in r.err, r.err
+    assert time.monotonic() - t0 >= 1.5
+    assert gazctl("journals", "read", "-l", f"name={journal}").out == data
+
+
+def test_append_lines_gives_up_after_retry_for(gazctl: Gazctl) -> None:
+    """A broker that stays unreachable fails the append once --retry-for has passed, naming
+    the listing that kept failing."""
+    t0 = time.monotonic()
+    r = gazctl(
+        "journals",
+        "append",
+        "--journal",
+        "a/b",
+        "-f",
+        "lines",
+        "--retry-for",
+        "1.5",
+        stdin=b"x\n",
+        broker="127.0.0.1:1",
+    )
+    assert r.rc == 1 and 1.5 <= time.monotonic() - t0 < 10, r.err
+    assert r.err.startswith(
+        "gazctl: error: append to journals matching 'name=a/b' kept failing for "
+    )
+    assert "UNAVAILABLE" in r.err and r.err.count("\n") == 1, r.err
