@@ -48,7 +48,12 @@ from broker.client import (
     watch_journals,
 )
 from broker.client.appender import RetryWindow
-from broker.client.errors import BrokerError, describe_error, is_transient_rpc_error
+from broker.client.errors import (
+    BrokerError,
+    OffsetJump,
+    describe_error,
+    is_transient_rpc_error,
+)
 from broker.client.retry_reader import backoff
 from broker.fragment.store import store_for_url
 from broker.protocol import protocol_pb2 as pb
@@ -72,7 +77,7 @@ from message.mapping import (
 )
 from message.publisher import JournalBatcher
 
-__all__ = ["register", "parse_time"]
+__all__ = ["register", "parse_time", "ReadGap"]
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +148,7 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
     )
 
     p = cmd("read", "read journal content to stdout", cmd_read, selector=True)
+    p.description = READ_HELP
     p.add_argument("-b", "--block", action="store_true", help="wait for new content at the head")
     p.add_argument("--tail", action="store_true", help="begin at the write head (not offset 0)")
     p.add_argument("--offsets", default="", help="JSON file of journal -> offset to begin at")
@@ -151,6 +157,12 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="from_time", default="", help="skip fragments persisted before")
     p.add_argument(
         "--progress-interval", type=float, default=5.0, help="seconds between progress lines"
+    )
+    p.add_argument(
+        "--allow-gaps",
+        action="store_true",
+        help="read past content that is missing (reporting each skipped range on stderr) "
+        "instead of stopping there with exit status 3",
     )
 
     p = cmd("append", "append input to journals", cmd_append, selector=None)
@@ -475,25 +487,109 @@ async def cmd_edit(args: argparse.Namespace, io: Streams) -> int:
 # --- read -------------------------------------------------------------------------------
 
 
+READ_HELP = """\
+Read the content of the journals selected by -l/--selector to stdout (or --output), from
+offset 0 (or --offsets, or the write head with --tail) to each journal's write head, or on
+and on with --block. Journals are read concurrently, each copied in whole fragments.
+
+A journal may miss part of its content: fragments deleted from the store (by retention or
+by hand) or never persisted before a broker failure, or offsets left unused when a primary
+failed (see docs/broker.md). The broker then moves the read forward, past the missing
+offsets. By default the read stops there: the content before the gap is written, gazctl
+names the journal and the missing offsets, --offsets-out records the offset where the gap
+begins, and the exit status is 3. With --allow-gaps the read goes on past each gap,
+reporting the skipped range on stderr. Fragments skipped by --from are skipped by request
+and are no gap.
+
+  gazctl journals read -l name=my/journal
+  gazctl journals read -l app=clicks --block --tail
+  gazctl journals read -l app=clicks --offsets o.json --offsets-out o.json --allow-gaps
+"""
+
+
+class ReadGap(GazctlError):
+    """A read met a range of a journal that no longer exists (its fragments were deleted, by
+    retention or by hand, or never persisted before a broker failure) and stopped there."""
+
+    exit_status = 3
+
+
+class _Gaps:
+    """Which offset jumps of one journal's read are gaps in its content.
+
+    A jump the read asked for is none: with ``--from``, fragments persisted before that time
+    are skipped by request, which moves the read forward before its first byte. Any other
+    jump skips content that readers of the journal would otherwise get.
+    """
+
+    def __init__(self, *, from_time: bool) -> None:
+        self.from_time = from_time
+        self.delivered = False  # Whether the read has returned content yet.
+        self.pending: list[OffsetJump] = []
+
+    def jumped(self, jump: OffsetJump) -> None:
+        """`RetryReader.on_jump`: note `jump`, taken before the next content returned."""
+        self.pending.append(jump)
+
+    def take(self, delivering: bool) -> list[OffsetJump]:
+        """The gaps among jumps noted since the last call; `delivering`: the read is about
+        to return content (so later jumps are past its first byte)."""
+        jumps, self.pending = self.pending, []
+        requested = self.from_time and not self.delivered
+        self.delivered = self.delivered or delivering
+        return [] if requested else jumps
+
+
+def _gap_text(jump: OffsetJump) -> str:
+    return (
+        f"journal {jump.journal}: offsets [{jump.from_offset}, {jump.to_offset}) are missing "
+        f"({jump.skipped} bytes)"
+    )
+
+
 class _ReadState:
-    def __init__(self, out: Any, io: Streams) -> None:
+    def __init__(self, out: Any, io: Streams, *, allow_gaps: bool, from_time: bool) -> None:
         self.out = out
         self.io = io
+        self.allow_gaps = allow_gaps
+        self.from_time = from_time
         self.readers: dict[str, RetryReader] = {}
         self.done: dict[str, int] = {}
         self.bytes_read: dict[str, int] = {}
 
+    def check_gaps(self, gaps: list[OffsetJump]) -> None:
+        """Report `gaps` on stderr under ``--allow-gaps``; otherwise raise `ReadGap` for the
+        first."""
+        for gap in gaps:
+            if not self.allow_gaps:
+                raise ReadGap(
+                    f"{_gap_text(gap)}: no fragment covers them (deleted, never persisted, "
+                    f"or offsets a failed primary left unused); the read stopped at offset "
+                    f"{gap.from_offset} (--allow-gaps reads past missing content)"
+                )
+            self.io.err(f"gazctl: skipped {_gap_text(gap)}")
 
-async def _pump(rr: RetryReader, state: _ReadState) -> None:
-    """Copy one journal to the output until its head (non-blocking) or cancellation."""
+
+async def _pump(rr: RetryReader, gaps: _Gaps, state: _ReadState) -> None:
+    """Copy one journal to the output until its head (non-blocking) or cancellation.
+
+    Raises `ReadGap` at a gap (unless ``--allow-gaps``): content before it is written, none
+    after it, and the journal's final offset is where the gap begins.
+    """
     journal = rr.journal
     buf = bytearray()
+    stopped_at: int | None = None
     try:
         while True:
             try:
                 data = await rr.read()
             except OffsetNotYetAvailable:
-                break
+                data = b""
+            # Content returned after a jump begins at the jump's end: check before using it.
+            found = gaps.take(delivering=bool(data))
+            if found and not state.allow_gaps:
+                stopped_at = found[0].from_offset
+            state.check_gaps(found)
             if not data:
                 break
             buf += data
@@ -511,7 +607,9 @@ async def _pump(rr: RetryReader, state: _ReadState) -> None:
             state.out.write(bytes(buf))
             state.out.flush()
             state.bytes_read[journal] = state.bytes_read.get(journal, 0) + len(buf)
-        state.done[journal] = rr.offset if rr.offset >= 0 else 0
+        if stopped_at is None:
+            stopped_at = rr.offset if rr.offset >= 0 else 0
+        state.done[journal] = stopped_at
         rr.close()
 
 
@@ -550,7 +648,7 @@ async def cmd_read(args: argparse.Namespace, io: Streams) -> int:
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-    state = _ReadState(out, io)
+    state = _ReadState(out, io, allow_gaps=args.allow_gaps, from_time=bool(from_unix))
     try:
         async with _client(args) as client:
             polled = PolledList(client, sel, interval=10.0)
@@ -561,20 +659,29 @@ async def cmd_read(args: argparse.Namespace, io: Streams) -> int:
                 await _read_loop(client, polled, state, args, begin, from_unix, stop)
             finally:
                 await polled.close()
+    except ReadGap:
+        # Offsets where each read stopped (the gap's start for the journal with the gap).
+        _write_offsets(args.offsets_out, {**begin, **state.done})
+        raise
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.remove_signal_handler(sig)
         if out is not io.stdout:
             out.close()
-    if args.offsets_out:
-        final = {**begin, **state.done}
-        tmp = args.offsets_out + ".temp"
-        with open(tmp, "w") as f:
-            json.dump(final, f, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, args.offsets_out)
+    _write_offsets(args.offsets_out, {**begin, **state.done})
     return 0
+
+
+def _write_offsets(path: str, offsets: dict[str, int]) -> None:
+    """Write `offsets` as JSON to `path` (if given), replacing it atomically."""
+    if not path:
+        return
+    tmp = path + ".temp"
+    with open(tmp, "w") as f:
+        json.dump(offsets, f, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
 
 
 async def _read_loop(
@@ -597,9 +704,10 @@ async def _read_loop(
             req = pb.ReadRequest(
                 journal=name, offset=offset, block=args.block, begin_mod_time=from_unix
             )
-            rr = RetryReader(client, req)
+            gaps = _Gaps(from_time=state.from_time)
+            rr = RetryReader(client, req, on_jump=gaps.jumped)
             state.readers[name] = rr
-            tasks[name] = asyncio.create_task(_pump(rr, state), name=f"read:{name}")
+            tasks[name] = asyncio.create_task(_pump(rr, gaps, state), name=f"read:{name}")
 
     progress = asyncio.create_task(_progress(state, args.progress_interval))
     stopper = asyncio.create_task(stop.wait())
