@@ -14,14 +14,15 @@ from broker.broker import Broker, BrokerStartupError
 from broker.config import BrokerConfig, http_host, parse_args
 from broker.direct import DirectAppendServer, port_handler
 from broker.http_api import BrokerHTTP
-from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.service import JournalService
+from broker.request_guard import transport_limit
+from broker.service import MAX_MESSAGE_SIZE, JournalService, add_journal_service
 
 log = logging.getLogger("broker")
 
 GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.max_send_message_length", 64 << 20),
+    # Above the service's own limit, which answers a larger message with a clear status.
+    ("grpc.max_receive_message_length", transport_limit(MAX_MESSAGE_SIZE)),
+    ("grpc.max_send_message_length", MAX_MESSAGE_SIZE),
     ("grpc.so_reuseport", 0),
 ]
 STOP_GRACE = 5.0
@@ -49,7 +50,7 @@ async def _serve(cfg: BrokerConfig, broker: Broker, http: BrokerHTTP | None) -> 
     await broker.start()
     server = grpc.aio.server(options=GRPC_OPTIONS)
     service = JournalService(broker)
-    pb_grpc.add_JournalServicer_to_server(service, server)
+    add_journal_service(server, service)
     direct: DirectAppendServer | None = None
     try:
         if cfg.direct_port >= 0:

@@ -2,7 +2,9 @@
 
 Protocol failures the client can act on (unknown journal, wrong offset, register mismatch,
 offset not yet available) are returned as `Status` values in responses, as upstream does;
-malformed requests abort with INVALID_ARGUMENT and a message naming the bad field; a
+malformed requests abort with INVALID_ARGUMENT and a message naming the bad field (also
+bytes that are not the request's message: `add_journal_service` serves it through
+`broker.request_guard`), a message over `MAX_MESSAGE_SIZE` with RESOURCE_EXHAUSTED; a
 corrupted fragment aborts the read with DATA_LOSS and is never served.
 """
 
@@ -30,9 +32,10 @@ from broker.protocol.errors import ValidationError
 from broker.protocol.selector import journal_labels_with_meta, matches
 from broker.protocol.sha1sum import sha1sum_from_digest
 from broker.protocol.validation import (
-    validate_append_request,
     validate_apply_request,
+    validate_first_append_request,
     validate_fragments_request,
+    validate_later_append_request,
     validate_list_request,
     validate_read_request,
 )
@@ -43,6 +46,7 @@ from broker.replication import (
     ReplicationProtocolError,
     route_key,
 )
+from broker.request_guard import add_guarded_service, drain_requests
 from broker.spool import SpoolError
 
 log = logging.getLogger(__name__)
@@ -51,6 +55,10 @@ READ_CHUNK = 1 << 18  # content bytes per ReadResponse
 LIST_PAGE = 25  # journals per ListResponse (reference §1)
 DEFAULT_FRAGMENTS_PAGE = 1000
 GAP_RECHECKS = 4  # store listings a read takes at a hole in the index before jumping over it
+MAX_MESSAGE_SIZE = 64 << 20
+"""Largest request message served (64 MiB, as our clients' `broker.client.journal_client`
+limit); a larger one is answered RESOURCE_EXHAUSTED naming it. The gRPC server must receive
+up to `broker.request_guard.transport_limit` of it."""
 
 
 class AppendProtocolError(Exception):
@@ -334,7 +342,7 @@ class JournalService(pb_grpc.JournalServicer):
         except StopAsyncIteration:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "empty Append stream")
         try:
-            validate_append_request(first)
+            validate_first_append_request(first)
         except ValidationError as err:
             await self._invalid(context, err)
         res = await self._resolve(
@@ -422,6 +430,9 @@ class JournalService(pb_grpc.JournalServicer):
                         "append stream ended without the empty commit message: rolled back",
                     )
                 if isinstance(err, AppendProtocolError):
+                    # Read what the client still sends first: a gRPC Python client still
+                    # sending when the stream is answered reports INTERNAL instead.
+                    await drain_requests(it, self.b.cfg.chunk_timeout)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 if isinstance(err, TimeoutError):
                     await context.abort(
@@ -516,7 +527,8 @@ class JournalService(pb_grpc.JournalServicer):
 
         Returns (messages received, chunks delayed by the journal's max_append_rate). Raises
         StopAsyncIteration if the stream ends before the commit message, TimeoutError if
-        the client stalls, and AppendProtocolError if anything follows the commit message.
+        the client stalls, and AppendProtocolError if a message carries more than content
+        (another journal, parameters) or anything follows the commit message.
         """
         timeout = self.b.cfg.chunk_timeout
         loop = asyncio.get_running_loop()
@@ -528,6 +540,13 @@ class JournalService(pb_grpc.JournalServicer):
                 msg = await anext(it)
                 stall.reschedule(None)
                 count += 1
+                try:
+                    validate_later_append_request(msg)
+                except ValidationError as err:
+                    # As upstream: even its own journal's name is not content.
+                    raise AppendProtocolError(
+                        f"Append message {count + 1} of journal {replica.name}: {err}"
+                    ) from None
                 if not msg.content:
                     break
                 if await replica.throttle(len(msg.content)):
@@ -729,3 +748,16 @@ class JournalService(pb_grpc.JournalServicer):
             return nxt.result()
         except StopAsyncIteration:
             return None
+
+
+def add_journal_service(server: grpc.aio.Server, service: JournalService) -> None:
+    """Serve `service` on `server`: request messages that are not their type's protobuf, or
+    are over `MAX_MESSAGE_SIZE`, are answered with a status saying so (`broker.request_guard`;
+    the server should receive messages up to `transport_limit(MAX_MESSAGE_SIZE)`)."""
+    add_guarded_service(
+        server,
+        pb.DESCRIPTOR.services_by_name["Journal"],
+        service,
+        max_message_size=MAX_MESSAGE_SIZE,
+        drain_timeout=service.b.cfg.chunk_timeout,
+    )

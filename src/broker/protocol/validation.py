@@ -48,12 +48,14 @@ __all__ = [
     "validate_fragment_store_health_response",
     "validate_fragments_request",
     "validate_fragments_response",
+    "validate_first_append_request",
     "validate_header",
     "validate_journal_name",
     "validate_journal_spec",
     "validate_label",
     "validate_label_selector",
     "validate_label_set",
+    "validate_later_append_request",
     "validate_list_request",
     "validate_list_response",
     "validate_path_component",
@@ -634,36 +636,48 @@ def validate_read_response(resp: pb.ReadResponse) -> None:
 
 
 def validate_append_request(req: pb.AppendRequest) -> None:
-    """Check an AppendRequest.
-
-    The first message of an Append RPC names the Journal and carries the
-    parameters: valid Header (if set), Offset >= 0, no Content, valid
-    registers selector and sets, a known Suspend. Later messages carry only
-    Content (or nothing, to commit), and no parameters.
+    """Check an AppendRequest, as Gazette does: a message naming a Journal is
+    checked as the first message of an Append RPC, any other as a later one
+    (see `validate_first_append_request`, `validate_later_append_request`).
+    A server knows which message of the stream it holds, and should use those.
     """
     if req.journal:
-        _validate_optional_header(req)
-        with context("Journal"):
-            validate_journal_name(req.journal)
-        if req.offset < 0:
-            raise ValidationError(f"invalid value ({req.offset}; expected >= 0)", ["Offset"])
-        if req.content:
-            raise ValidationError(
-                f"unexpected in the first message ({len(req.content)} bytes)", ["Content"]
-            )
-        if req.HasField("check_registers"):
-            with context("CheckRegisters"):
-                validate_label_selector(req.check_registers)
-        if req.HasField("union_registers"):
-            with context("UnionRegisters"):
-                validate_label_set(req.union_registers)
-        if req.HasField("subtract_registers"):
-            with context("SubtractRegisters"):
-                validate_label_set(req.subtract_registers)
-        if req.suspend not in _APPEND_SUSPEND_VALUES:
-            raise ValidationError(f"invalid variant ({req.suspend})", ["Suspend"])
-        return
+        validate_first_append_request(req)
+    else:
+        validate_later_append_request(req)
+
+
+def validate_first_append_request(req: pb.AppendRequest) -> None:
+    """Check the first message of an Append RPC: it names the Journal and
+    carries the parameters: valid Header (if set), Offset >= 0, no Content,
+    valid registers selector and sets, a known Suspend."""
+    _validate_optional_header(req)
+    with context("Journal"):
+        validate_journal_name(req.journal)
+    if req.offset < 0:
+        raise ValidationError(f"invalid value ({req.offset}; expected >= 0)", ["Offset"])
+    if req.content:
+        raise ValidationError(
+            f"unexpected in the first message ({len(req.content)} bytes)", ["Content"]
+        )
+    if req.HasField("check_registers"):
+        with context("CheckRegisters"):
+            validate_label_selector(req.check_registers)
+    if req.HasField("union_registers"):
+        with context("UnionRegisters"):
+            validate_label_set(req.union_registers)
+    if req.HasField("subtract_registers"):
+        with context("SubtractRegisters"):
+            validate_label_set(req.subtract_registers)
+    if req.suspend not in _APPEND_SUSPEND_VALUES:
+        raise ValidationError(f"invalid variant ({req.suspend})", ["Suspend"])
+
+
+def validate_later_append_request(req: pb.AppendRequest) -> None:
+    """Check a later message of an Append RPC: Content only (or nothing, to
+    commit); no Journal (the stream's is the first message's) nor parameters."""
     for field, present in (
+        ("Journal", req.journal != ""),
         ("Header", req.HasField("header")),
         ("DoNotProxy", req.do_not_proxy),
         ("Offset", req.offset != 0),

@@ -38,6 +38,10 @@ from broker.protocol import (
     validate_route,
     validate_token,
 )
+from broker.protocol.validation import (
+    validate_first_append_request,
+    validate_later_append_request,
+)
 
 # Out-of-range enum values, as a newer peer might send.
 BAD_ENUM: Any = 99
@@ -695,6 +699,32 @@ def test_validate_append_request(req: pb.AppendRequest, error: str | None) -> No
         validate_append_request(req)
     else:
         expect_error(lambda: validate_append_request(req), error)
+
+
+def test_first_and_later_append_messages_are_told_apart() -> None:
+    # A server knows which message of the stream it holds: a first message must name a
+    # journal (as a ReadRequest must), and a later one carries content only, not even a
+    # journal, though the stream-agnostic validate_append_request takes both.
+    expect_error(
+        lambda: validate_first_append_request(pb.AppendRequest()),
+        "Journal: invalid length (0; expected 4 <= length <= 512)",
+    )
+    expect_error(
+        lambda: validate_read_request(pb.ReadRequest()),
+        "Journal: invalid length (0; expected 4 <= length <= 512)",
+    )
+    named = pb.AppendRequest(journal="a/journal")
+    validate_append_request(named)  # taken for a first message
+    expect_error(
+        lambda: validate_later_append_request(named), "Journal: unexpected in a content message"
+    )
+    expect_error(
+        lambda: validate_later_append_request(pb.AppendRequest(journal="a/journal", content=b"x")),
+        "Journal: unexpected in a content message",
+    )
+    validate_first_append_request(pb.AppendRequest(journal="a/journal", offset=5))
+    validate_later_append_request(pb.AppendRequest(content=b"x"))
+    validate_later_append_request(pb.AppendRequest())
 
 
 def test_validate_append_response() -> None:

@@ -1,0 +1,126 @@
+"""A real broker's answers to malformed requests: each names what is wrong, with the status
+code a client can act on (never UNKNOWN or INTERNAL for the client's own mistake)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pb_grpc
+from broker.service import MAX_MESSAGE_SIZE
+from broker.testing.broker import BrokerProcess
+
+from .conftest import MakeJournal, append, read_all
+
+
+async def test_oversized_content_message_is_resource_exhausted_naming_the_limit(
+    broker: BrokerProcess, make_journal: MakeJournal
+) -> None:
+    spec = await make_journal()
+    # A client with no send limit of its own (gRPC's default), so the broker's limit decides.
+    async with grpc.aio.insecure_channel(broker.endpoint) as channel:
+        stub = pb_grpc.JournalStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await append(stub, spec.name, b"x" * (100 << 20))
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert str(MAX_MESSAGE_SIZE) in (err.value.details() or "")
+
+    # The broker still serves, and nothing of the refused append was committed.
+    async with grpc.aio.insecure_channel(broker.endpoint) as channel:
+        stub = pb_grpc.JournalStub(channel)
+        r = await append(stub, spec.name, b"after\n")
+        assert r.status == pb.OK and r.commit.begin == 0
+        content, _ = await read_all(stub, spec.name)
+    assert content == b"after\n"
+
+
+async def test_append_with_empty_journal_is_invalid_like_read(stub: pb_grpc.JournalStub) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as read_err:
+        await read_all(stub, "")
+    with pytest.raises(grpc.aio.AioRpcError) as append_err:
+        await append(stub, "", b"x")
+    for err in (read_err, append_err):
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "Journal" in (err.value.details() or "")
+
+
+async def test_empty_first_append_message_is_invalid(stub: pb_grpc.JournalStub) -> None:
+    async def requests() -> AsyncIterator[pb.AppendRequest]:
+        yield pb.AppendRequest()
+
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Append(requests())
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "Journal" in (err.value.details() or "")
+
+
+@pytest.mark.parametrize(
+    "later, field",
+    [
+        (pb.AppendRequest(journal="tests/another-journal", content=b"other"), "journal"),
+        (pb.AppendRequest(journal="tests/another-journal"), "journal"),
+        (pb.AppendRequest(content=b"x", offset=3), "offset"),
+        (pb.AppendRequest(content=b"x", check_registers=pb.LabelSelector()), "checkregisters"),
+    ],
+    ids=["other-journal-content", "other-journal-empty", "offset", "check-registers"],
+)
+async def test_later_append_message_with_parameters_is_rejected(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal, later: pb.AppendRequest, field: str
+) -> None:
+    spec = await make_journal()
+
+    async def requests() -> AsyncIterator[pb.AppendRequest]:
+        yield pb.AppendRequest(journal=spec.name)
+        yield pb.AppendRequest(content=b"first ")
+        yield later
+        yield pb.AppendRequest()
+
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Append(requests())
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = (err.value.details() or "").lower().replace("_", "")
+    assert field in details and spec.name in details
+    content, _ = await read_all(stub, spec.name)
+    assert content == b""  # rolled back: nothing of the stream was committed
+
+
+# Each of the service's methods, with its cardinality.
+_METHODS = [
+    ("List", "unary_stream"),
+    ("Apply", "unary_unary"),
+    ("Read", "unary_stream"),
+    ("Append", "stream_unary"),
+    ("Replicate", "stream_stream"),
+    ("ListFragments", "unary_unary"),
+    ("FragmentStoreHealth", "unary_unary"),
+]
+_NOT_A_PROTOBUF = b"\xff\xff\xff\xff"  # field 0x1fffffff... with no end: truncated
+
+
+@pytest.mark.parametrize("method, kind", _METHODS, ids=[m for m, _ in _METHODS])
+async def test_bytes_that_are_not_a_protobuf_are_invalid_argument(
+    broker: BrokerProcess, method: str, kind: str
+) -> None:
+    async with grpc.aio.insecure_channel(broker.endpoint) as channel:
+        path = f"/protocol.Journal/{method}"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            if kind == "unary_unary":
+                await channel.unary_unary(path)(_NOT_A_PROTOBUF)
+            elif kind == "unary_stream":
+                async for _ in channel.unary_stream(path)(_NOT_A_PROTOBUF):
+                    pass
+            else:
+
+                async def requests() -> AsyncIterator[bytes]:
+                    yield _NOT_A_PROTOBUF
+
+                if kind == "stream_unary":
+                    await channel.stream_unary(path)(requests())
+                else:
+                    async for _ in channel.stream_stream(path)(requests()):
+                        pass
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    assert "protocol." in (err.value.details() or "")  # names the message it expected
