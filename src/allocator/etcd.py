@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -147,16 +148,26 @@ class Etcd:
         with contextlib.suppress(EtcdError):
             await self._call(self.lease_stub.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease_id))
 
-    async def keep_alive(self, lease_id: int, ttl: int) -> None:
-        """Refresh the lease every ttl/3 seconds until cancelled; raises EtcdError if it expired."""
+    async def keep_alive(
+        self, lease_id: int, ttl: int, on_renewed: Callable[[float, int], None] | None = None
+    ) -> None:
+        """Refresh the lease every ttl/3 seconds until cancelled; raises EtcdError if it expired.
+
+        `on_renewed(sent_at, ttl)` is called after each renewal etcd confirms, with the
+        `time.monotonic()` at which its request was sent and the TTL granted: the lease
+        cannot end before `sent_at + ttl`.
+        """
         while True:
             try:
+                sent_at = time.monotonic()
                 call = self.lease_stub.LeaseKeepAlive(
                     iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=self.timeout
                 )
                 async for reply in call:
                     if reply.TTL <= 0:
                         raise EtcdError(f"lease {lease_id:x} expired")
+                    if on_renewed is not None:
+                        on_renewed(sent_at, int(reply.TTL))
                     break
             except grpc.aio.AioRpcError as err:
                 log.warning("lease keep-alive failed lease=%x err=%s", lease_id, err.code().name)

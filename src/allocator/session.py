@@ -9,6 +9,7 @@ assignments disappear in one etcd revision.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
@@ -40,6 +41,7 @@ class MemberSession:
         self.ttl = ttl
         self._lease_id = 0
         self._create_revision = 0
+        self._valid_until = 0.0  # time.monotonic() before which etcd cannot end the lease
 
     @property
     def lease_id(self) -> int:
@@ -66,6 +68,7 @@ class MemberSession:
         if self._lease_id:
             raise RuntimeError(f"member {self.key} is already announced")
         key = self.key.encode()
+        granted_at = time.monotonic()
         lease = await self.etcd.grant_lease(self.ttl)
         try:
             existing = await self.etcd.get(key)
@@ -96,6 +99,23 @@ class MemberSession:
             raise
         self._lease_id = lease
         self._create_revision = int(resp.header.revision)
+        self._valid_until = granted_at + self.ttl
+
+    def lease_valid_for(self) -> float:
+        """Seconds for which the lease is certainly still held (<= 0: it may have ended).
+
+        Measured from the moment the last confirmed renewal (or the grant) was *sent*, on
+        the monotonic clock, so a process that was paused (SIGSTOP, a long GC, a VM
+        migration) past its TTL sees its lease as possibly lost as soon as it runs again,
+        before any watch tells it so. Work that must not outlive the lease (a primary
+        reserving journal offsets) checks this first.
+        """
+        if not self._lease_id:
+            return 0.0
+        return self._valid_until - time.monotonic()
+
+    def _renewed(self, sent_at: float, ttl: int) -> None:
+        self._valid_until = max(self._valid_until, sent_at + ttl)
 
     async def keep_alive(self) -> None:
         """Refresh the lease until cancelled.
@@ -107,7 +127,7 @@ class MemberSession:
             raise RuntimeError(f"member {self.key} is not announced")
         lease = self._lease_id
         try:
-            await self.etcd.keep_alive(lease, self.ttl)
+            await self.etcd.keep_alive(lease, self.ttl, self._renewed)
         except EtcdError as err:
             raise LeaseLostError(f"member {self.key}: lease {lease:x} lost: {err}") from err
 
@@ -134,5 +154,6 @@ class MemberSession:
         Idempotent. An etcd error is ignored: the lease then ends by expiry instead.
         """
         lease, self._lease_id = self._lease_id, 0
+        self._valid_until = 0.0
         if lease:
             await self.etcd.revoke_lease(lease)

@@ -17,8 +17,10 @@ import asyncio
 import fcntl
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -48,8 +50,10 @@ from broker.metrics import COUNTERS
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.protocol.validation import split_journal_meta
+from broker.quarantine import WAIT_LIMIT, Comparison, Verdict, quarantine
 from broker.replica import JournalReplica
 from broker.replication import Pipeline, ReplicationError, RouteKey, route_key
+from broker.reservation import ReservationError, is_marker, marker, span_for
 from broker.spool import COMMITS_SUFFIX, SPOOL_SUFFIX, SpoolError
 
 PEER_CHANNEL_OPTIONS = [
@@ -60,6 +64,16 @@ PEER_CHANNEL_OPTIONS = [
 ]
 
 log = logging.getLogger(__name__)
+
+PENDING_RETRY = 2.0
+"""Seconds before a spool of an unserved journal that must wait is judged again."""
+
+LEASE_MARGIN = 0.5
+"""Seconds of certain lease left that reserving offsets requires (clock-rate slack)."""
+
+
+class SpoolPending(Exception):
+    """A spool of a journal this broker no longer serves cannot be judged yet (retried)."""
 
 
 class BrokerStartupError(RuntimeError):
@@ -137,6 +151,8 @@ class Broker:
         self._pulses: dict[str, asyncio.Task[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._dropping: dict[str, asyncio.Task[None]] = {}
+        # Spools of unserved journals waiting for the journal to pass them (broker.quarantine).
+        self._pending_since: dict[tuple[str, int], float] = {}
         # Per-journal routing derived from the keyspace, valid while its generation holds
         # (every request consults them several times; each is a scan of the assignments).
         self._routing_generation = -1
@@ -398,8 +414,10 @@ class Broker:
         They hold acknowledged content, but the journal they belong to may not be assigned
         to this broker any more (with replication 1 it moved elsewhere when our previous
         lease went): persisting them to the journal's store now, before serving, makes
-        that content readable wherever the journal lives. Spools of journals without stores
-        (or whose spec is gone) stay, for the journal's replica here to recover.
+        that content readable wherever the journal lives. Each is judged against the
+        journal's content first (broker.quarantine): one that conflicts is set aside, one
+        that must wait for the journal is queued. Spools of journals without stores (or
+        whose spec is gone) stay, for the journal's replica here to recover.
         """
         root = self.cfg.spool_dir / "journals"
         if not root.is_dir():
@@ -413,7 +431,11 @@ class Broker:
             replica = JournalReplica(kv.value, kv.mod_revision, self.cfg.spool_dir)
             try:
                 for entry in await replica.recover():
-                    await self._persist(replica, entry)
+                    try:
+                        await self._persist(replica, entry)
+                    except SpoolPending as err:
+                        log.info("leftover spool of journal=%s waits: %s", name, err)
+                        self.persist_queue.put_nowait((replica, entry))
             except (FragmentStoreError, OSError, SpoolError) as err:
                 log.error(
                     "cannot persist leftover spools journal=%s err=%s; they stay for its "
@@ -498,7 +520,11 @@ class Broker:
         """
         for task in [*self._pulses.values(), *self._tasks]:
             task.cancel()
-        for replica in list(self.replicas.values()):
+        # From here on no replica is served: spools are persisted as those of unserved
+        # journals, after judging them against the journal (a lost lease may mean that
+        # another broker is primary already; broker.quarantine).
+        closing, self.replicas = list(self.replicas.values()), {}
+        for replica in closing:
             if isinstance(replica.pipeline, Pipeline):
                 replica.pipeline.close()
             if replica.has_stores:
@@ -509,6 +535,14 @@ class Broker:
             replica, entry = self.persist_queue.get_nowait()
             try:
                 await asyncio.wait_for(self._persist(replica, entry), deadline - time.monotonic())
+            except SpoolPending as err:
+                log.info(
+                    "spool stays for the next start journal=%s fragment=[%d,%d): %s",
+                    replica.name,
+                    entry.begin,
+                    entry.end,
+                    err,
+                )
             except (FragmentStoreError, OSError, TimeoutError) as err:
                 log.error(
                     "persist at shutdown failed journal=%s fragment=[%d,%d) err=%s; "
@@ -518,7 +552,7 @@ class Broker:
                     entry.end,
                     err,
                 )
-        for replica in self.replicas.values():
+        for replica in closing:
             replica.close()
         await self.cache.close()
         for channel in self._channels.values():
@@ -663,6 +697,8 @@ class Broker:
             replica.pipeline = None
         if route.primary < 0 or key[0][route.primary] != (self.cfg.zone, self.cfg.suffix):
             raise ReplicationError(f"this broker is not the primary of {replica.name}")
+        if not replica.continuity:
+            self._start_fresh(replica)
         p = Pipeline(
             replica,
             route,
@@ -677,6 +713,93 @@ class Broker:
         replica.pipeline = p
         log.info("replication synchronised journal=%s peers=%d", replica.name, len(p.peers))
         return p
+
+    def _start_fresh(self, replica: JournalReplica) -> None:
+        """Where the spool of a primary that did not follow the previous primary starts.
+
+        A replication-1 journal starts beyond every offset reservation but our own
+        (broker.reservation), so offsets an unreachable old primary acknowledged are never
+        handed out again. Other journals synchronise with their peers instead."""
+        if replica.spec.replication == 1 and replica.has_stores:
+            reservations = replica.reservations
+            if not reservations.known:
+                replica.last_refresh = 0.0  # list at the next flush tick
+                raise ReplicationError(
+                    f"{replica.name}: the fragment store was not listed yet, so the offsets "
+                    "an earlier primary reserved are unknown"
+                )
+            start = reservations.fresh_start(replica.write_head)
+            if start > replica.write_head:
+                log.warning(
+                    "new primary of replication-1 journal=%s starts at %d, not %d: an earlier "
+                    "primary reserved [%d, %d) and may have acknowledged content there that is "
+                    "not persisted yet (it is published when that broker returns)",
+                    replica.name,
+                    start,
+                    replica.write_head,
+                    replica.write_head,
+                    start,
+                )
+                COUNTERS.reservation_rolls += 1
+                self._enqueue(replica, replica.roll_to(start))
+        replica.continuity = True
+
+    async def reserve(self, replica: JournalReplica, end: int) -> None:
+        """Reserve offsets beyond `end` of a replication-1 journal before content up to `end`
+        is acknowledged (broker.reservation). The caller holds `replica.lock`.
+
+        Raises ReservationError if our lease may have ended (a paused or partitioned broker
+        must not reserve what a new primary may already be writing) or the store fails.
+        """
+        if replica.spec.replication != 1 or not replica.has_stores:
+            return
+        reservations = replica.reservations
+        if reservations.covers(end):
+            return
+        if self.session is None or self.session.lease_valid_for() <= LEASE_MARGIN:
+            raise ReservationError(
+                f"{replica.name}: this broker's etcd lease may have expired; another broker "
+                "may be primary"
+            )
+        offset = end + span_for(replica.fragment_length)
+        store = store_for_url(replica.spec.fragment.stores[0])
+        try:
+            await store.persist(marker(replica.name, offset), self._empty_file())
+        except (FragmentStoreError, OSError) as err:
+            raise ReservationError(
+                f"{replica.name}: cannot reserve offsets up to {offset} in {store.url}: {err}"
+            ) from err
+        if self.session.lease_valid_for() <= LEASE_MARGIN:
+            raise ReservationError(
+                f"{replica.name}: this broker's etcd lease may have expired while reserving "
+                "offsets; another broker may be primary"
+            )
+        previous = reservations.own
+        reservations.wrote(offset, sync=replica.sync)
+        COUNTERS.reservations += 1
+        if previous and previous < offset:
+            self._spawn(self._remove_marker(store.url, replica.name, previous))
+
+    async def _remove_marker(self, url: str, journal: str, offset: int) -> None:
+        """Remove a reservation of ours that a newer one replaced (best effort)."""
+        try:
+            await store_for_url(url).remove(marker(journal, offset))
+        except (FragmentStoreError, OSError) as err:
+            log.warning(
+                "cannot remove old reservation journal=%s at=%d err=%s", journal, offset, err
+            )
+
+    def _empty_file(self) -> Path:
+        path = self.cfg.spool_dir / "empty"
+        if not path.exists() or path.stat().st_size:
+            path.write_bytes(b"")
+        return path
+
+    def _spawn(self, coro: Any) -> None:
+        """Run background work owned by the broker (cancelled at shutdown)."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _catch_up(self, replica: JournalReplica, endpoint: str, begin: int, end: int) -> None:
         """Copy committed content [begin, end) that a peer holds beyond our head into our
@@ -761,6 +884,19 @@ class Broker:
                 try:
                     await self._persist(replica, entry)
                     break
+                except SpoolPending as err:
+                    # Judged again later, without holding up other journals' spools.
+                    log.info(
+                        "spool of unserved journal=%s fragment=[%d,%d) waits: %s",
+                        replica.name,
+                        entry.begin,
+                        entry.end,
+                        err,
+                    )
+                    asyncio.get_running_loop().call_later(
+                        PENDING_RETRY, self.persist_queue.put_nowait, (replica, entry)
+                    )
+                    break
                 except Exception as err:  # noqa: BLE001 - retried; the spool stays readable
                     replica.store_health_error = str(err)
                     if not isinstance(err, FragmentStoreError | OSError):
@@ -789,6 +925,15 @@ class Broker:
             COUNTERS.spool_persisted += 1
             return
         stores = list(replica.spec.fragment.stores)
+        current = self.replicas.get(replica.name)
+        if stores and current is not replica:
+            if current is not None:
+                # Served here again: the current replica recovered these spool files as
+                # its own and persists them.
+                return
+            # Not ours to serve (any more): publish only what cannot fork the journal.
+            if not await self._publishable(replica, entry):
+                return
         persisted = None
         if stores:
             persisted = await store_for_url(stores[0]).persist(entry.spec, entry.local_path)
@@ -806,6 +951,95 @@ class Broker:
         stem = entry.local_path.name[: -len(SPOOL_SUFFIX)]
         for p in (entry.local_path, entry.local_path.with_name(stem + COMMITS_SUFFIX)):
             p.unlink(missing_ok=True)
+
+    async def _publishable(self, replica: JournalReplica, entry: FragmentEntry) -> bool:
+        """Judge a spool of a journal this broker does not serve (broker.quarantine): True
+        to persist it; else it was dropped as redundant or quarantined. Raises SpoolPending
+        while it must wait for the journal."""
+        assert entry.local_path is not None
+        verdict = await self._judge(replica, entry)
+        key = (replica.name, entry.begin)
+        if verdict.action == "wait":
+            since = self._pending_since.setdefault(key, time.monotonic())
+            if time.monotonic() - since < WAIT_LIMIT:
+                raise SpoolPending(f"spool [{entry.begin}, {entry.end}): {verdict.reason}")
+            verdict = Verdict("quarantine", f"{verdict.reason} (for over {WAIT_LIMIT:.0f}s)")
+        self._pending_since.pop(key, None)
+        stem = entry.local_path.name[: -len(SPOOL_SUFFIX)]
+        commits = entry.local_path.with_name(stem + COMMITS_SUFFIX)
+        if verdict.action == "publish":
+            log.info(
+                "publishing spool of unserved journal=%s range=[%d,%d): %s",
+                replica.name,
+                entry.begin,
+                entry.end,
+                verdict.reason,
+            )
+            return True
+        if verdict.action == "redundant":
+            log.info(
+                "dropping spool of unserved journal=%s range=[%d,%d): %s",
+                replica.name,
+                entry.begin,
+                entry.end,
+                verdict.reason,
+            )
+            COUNTERS.spools_redundant += 1
+            entry.local_path.unlink(missing_ok=True)
+            commits.unlink(missing_ok=True)
+        else:
+            quarantine(self.cfg.spool_dir, entry.spec, entry.local_path, commits, verdict.reason)
+        replica.mark_persisted(entry, None)
+        return False
+
+    async def _judge(self, replica: JournalReplica, entry: FragmentEntry) -> Verdict:
+        """Compare a spool with the journal's content over its range (broker.quarantine)."""
+        assert entry.local_path is not None
+        cmp = Comparison(entry.local_path, entry.begin, entry.end)
+        for url in replica.spec.fragment.stores:
+            store = store_for_url(url)
+            for f in await store.list(replica.name):
+                if is_marker(f) or f.end <= entry.begin or f.begin >= entry.end:
+                    continue
+                with tempfile.TemporaryDirectory(dir=self.cfg.spool_dir) as tmp:
+                    dest = Path(tmp) / "fragment"
+                    await store.fetch(f, dest)
+                    data = await asyncio.to_thread(dest.read_bytes)
+                cmp.observe(f.begin, data, f"fragment [{f.begin}, {f.end}) in {url}")
+        own = replica.reservations.own if replica.spec.replication == 1 else 0
+        if cmp.mismatch or own >= entry.end:
+            # Below our own reservation no other primary writes (broker.reservation): what
+            # the stores hold is all that can differ.
+            return cmp.verdict(own)
+        route = self.route_of(replica.name)
+        if route.primary < 0 or route.members[route.primary] == self.process_id:
+            return cmp.verdict(None)  # no primary elsewhere: nobody writes there now
+        head = await self._read_primary(
+            cmp, route.endpoints[route.primary], replica.name, entry.begin, entry.end
+        )
+        return cmp.verdict(None if head is None else max(head, own))
+
+    async def _read_primary(
+        self, cmp: Comparison, endpoint: str, journal: str, begin: int, end: int
+    ) -> int | None:
+        """Feed `cmp` what the journal's primary serves over [begin, end); returns its write
+        head (None if the journal is gone). Raises SpoolPending if it cannot be read."""
+        req = pb.ReadRequest(journal=journal, offset=begin, end_offset=end, block=False)
+        head = begin
+        try:
+            async with asyncio.timeout(self.cfg.chunk_timeout):
+                async for resp in self.peer_stub(endpoint).Read(req):
+                    if resp.status == pb.JOURNAL_NOT_FOUND:
+                        return None
+                    if resp.status not in (pb.OK, pb.OFFSET_NOT_YET_AVAILABLE):
+                        raise SpoolPending(f"primary {endpoint}: {pb.Status.Name(resp.status)}")
+                    head = max(head, resp.write_head)
+                    if resp.content:
+                        cmp.observe(resp.offset, resp.content, f"primary {endpoint}")
+                        head = max(head, resp.offset + len(resp.content))
+        except (grpc.aio.AioRpcError, TimeoutError) as err:
+            raise SpoolPending(f"reading {journal} from primary {endpoint}: {err}") from err
+        return head
 
     async def _flush_loop(self) -> None:
         """Roll spools due to length or flush interval; refresh indexes from the stores."""

@@ -18,6 +18,16 @@ Upstream Gazette's names, so its dashboards read these too:
   ``gazette_spool_completed_total``: spools closed, ready to persist;
   ``gazette_spool_persisted_total``: rolled spools persisted (or found persisted already).
 
+Ours, beyond upstream's (broker.reservation, broker.quarantine):
+
+- ``gazette_offset_reservations_total``: reservation markers written by replication-1
+  primaries; ``gazette_reservation_rolls_total``: fresh primaries that started beyond an
+  earlier primary's reservation (each a hole in the journal's offsets).
+- ``gazette_spools_quarantined_total`` and ``gazette_spool_quarantined_bytes_total``: spools
+  of journals this broker no longer serves that conflicted with the journal's content and
+  were set aside instead of persisted; ``gazette_spools_redundant_total``: such spools whose
+  content the journal already held, dropped.
+
 The counters are plain integers of this process (`COUNTERS`), updated where the events happen
 and rendered at each scrape.
 """
@@ -52,6 +62,11 @@ class Counters:
     spool_rollback_bytes: int = 0
     spool_completed: int = 0
     spool_persisted: int = 0
+    reservations: int = 0
+    reservation_rolls: int = 0
+    spools_quarantined: int = 0
+    spool_quarantined_bytes: int = 0
+    spools_redundant: int = 0
 
 
 COUNTERS = Counters()
@@ -160,6 +175,31 @@ def render(write_heads: Iterable[tuple[str, int]], counters: Counters = COUNTERS
             "gazette_spool_persisted_total",
             counters.spool_persisted,
             "journal fragment spools which were persisted (or found persisted already)",
+        ),
+        (
+            "gazette_offset_reservations_total",
+            counters.reservations,
+            "offset reservations written by replication-1 primaries",
+        ),
+        (
+            "gazette_reservation_rolls_total",
+            counters.reservation_rolls,
+            "fresh primaries which started beyond an earlier primary's reservation",
+        ),
+        (
+            "gazette_spools_quarantined_total",
+            counters.spools_quarantined,
+            "spools set aside because they conflict with the journal's content",
+        ),
+        (
+            "gazette_spool_quarantined_bytes_total",
+            counters.spool_quarantined_bytes,
+            "bytes of spools set aside because they conflict with the journal's content",
+        ),
+        (
+            "gazette_spools_redundant_total",
+            counters.spools_redundant,
+            "spools of unserved journals dropped because the journal already holds them",
         ),
     ]
     families = [started, completed, heads]

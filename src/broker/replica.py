@@ -23,6 +23,7 @@ from broker.fragment.postfix import PostfixTemplateError, evaluate_postfix_templ
 from broker.fragment.store import FragmentStoreError, store_for_url
 from broker.metrics import COUNTERS
 from broker.protocol import protocol_pb2 as pb
+from broker.reservation import Reservations, is_marker
 from broker.spool import Spool, recover_spools, spool_dir_for
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ class Listing:
     fragments: list[pb.Fragment]
     errors: list[str]
     epoch: int
+    reserved: int | None = None
+    """The furthest reservation marker in the first store, None if that store failed."""
 
 
 DEFAULT_FRAGMENT_LENGTH = 1 << 29  # upstream's default of 512 MiB
@@ -85,6 +88,11 @@ class JournalReplica:
         # failed append that those peers may have committed (see broker.replication).
         self.unresolved_end = 0
         self.unresolved_peers: frozenset[str] = frozenset()
+        # Offset reservations of a replication-1 journal (broker.reservation), and whether
+        # this replica's spool continues the journal's current content: it followed a live
+        # primary's pipeline, or it decided where its own primary spool starts.
+        self.reservations = Reservations(self.directory / "reserved")
+        self.continuity = False
 
     # --- configuration -----------------------------------------------------------------
     @property
@@ -146,6 +154,7 @@ class JournalReplica:
         recorded at the last roll (so offsets are never handed out twice)."""
         self.registers = self._load_registers()
         self.write_head = self._load_head()
+        self.reservations.load()
         recovered = await asyncio.to_thread(recover_spools, self.directory, self.name)
         pending: list[FragmentEntry] = []
         for r in recovered:
@@ -187,15 +196,25 @@ class JournalReplica:
         epoch = self.index_epoch
         listed: list[pb.Fragment] = []
         errors: list[str] = []
-        for url in self.spec.fragment.stores:
+        reserved: int | None = None
+        for i, url in enumerate(self.spec.fragment.stores):
             try:
-                listed.extend(await store_for_url(url).list(self.name))
+                fragments = await store_for_url(url).list(self.name)
             except FragmentStoreError as err:
                 errors.append(str(err))
                 log.warning(
                     "fragment listing failed journal=%s store=%s err=%s", self.name, url, err
                 )
-        return Listing(listed, errors, epoch)
+                continue
+            for f in fragments:
+                if is_marker(f):
+                    if i == 0:
+                        reserved = max(reserved or 0, f.end)
+                else:
+                    listed.append(f)
+            if i == 0 and reserved is None:
+                reserved = 0
+        return Listing(listed, errors, epoch, reserved)
 
     def apply_listing(self, listing: Listing) -> None:
         """Make the index local entries plus the listed fragments (caller holds `lock`).
@@ -206,6 +225,8 @@ class JournalReplica:
         """
         listed, errors = listing.fragments, listing.errors
         self.store_health_error = "; ".join(errors)
+        if listing.reserved is not None:
+            self.reservations.saw(listing.reserved)
         if errors or listing.epoch != self.index_epoch:
             for f in listed:
                 self.index.add(FragmentEntry(spec=f))
@@ -411,5 +432,5 @@ class JournalReplica:
         self.deleted = True
         self.notify()
         self.close()
-        for p in (self._registers_path, self._head_path):
+        for p in (self._registers_path, self._head_path, self.reservations.path):
             p.unlink(missing_ok=True)

@@ -115,6 +115,8 @@ class Follower:
         """Apply a proposal: commit pending content it describes, roll to an empty fragment
         at or beyond our end, or confirm our current fragment; else PROPOSAL_MISMATCH."""
         replica = self.replica
+        # Following a live primary: our spool continues the journal (broker.reservation).
+        replica.continuity = True
         spool = replica.ensure_spool()
         pending, self.pending = self.pending, None
         if pending is not None and len(pending) and same_fragment(proposal, pending.proposal()):

@@ -47,6 +47,7 @@ from broker.replication import (
     route_key,
 )
 from broker.request_guard import add_guarded_service, drain_requests
+from broker.reservation import ReservationError
 from broker.spool import SpoolError
 
 log = logging.getLogger(__name__)
@@ -454,6 +455,14 @@ class JournalService(pb_grpc.JournalServicer):
                     )
                 else:
                     regs = replica.registers
+                try:  # offsets of a replication-1 journal are reserved before acknowledged
+                    await self.b.reserve(replica, end)
+                except BaseException as err:
+                    pending.rollback()
+                    if not isinstance(err, ReservationError):
+                        raise
+                    log.warning("append refused journal=%s err=%s", replica.name, err)
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
                 try:  # every peer commits before we do
                     if replicating:
                         await pipeline.propose(pending.proposal(), regs)

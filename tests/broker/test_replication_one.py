@@ -1,0 +1,274 @@
+"""Replication 1 through primary crashes and pauses: a journal never forks or splices.
+
+The repro of a forked journal: three brokers, a replication-1 journal with a long flush
+interval, a writer that logs every acknowledged commit and a reader tailing the journal;
+the primary is paused (SIGSTOP) or killed (SIGKILL) until another broker is primary, then
+resumed or restarted. Afterwards the fragment store holds no two fragments with different
+bytes at the same offsets, every record any reader received is whole, the bytes at every
+offset a reader saw are the bytes the journal holds there afterwards, and every acknowledged
+record is readable at the offset it was acknowledged at (broker.reservation,
+broker.quarantine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from google.protobuf.duration_pb2 import Duration
+
+from broker.client import AppendService, JournalClient, OffsetNotYetAvailable, RetryReader
+from broker.client.errors import OffsetJump
+from broker.protocol import protocol_pb2 as pb
+from broker.testing.cluster import BrokerCluster
+from broker.testing.etcd import EtcdServer
+
+from .test_cluster import create, primary_suffix, stubs, wait_route
+
+_names = itertools.count()
+
+
+def record(seq: int) -> bytes:
+    """A self-checking line: a record spliced from two others does not verify."""
+    tag = hashlib.blake2b(str(seq).encode(), digest_size=8).hexdigest()
+    return f"{seq:08d} {tag}\n".encode()
+
+
+def parse(line: bytes) -> int:
+    seq = int(line[:8])
+    assert record(seq) == line, f"spliced or damaged record {line!r}"
+    return seq
+
+
+def journal_spec(name: str, store: Path) -> pb.JournalSpec:
+    return pb.JournalSpec(
+        name=name,
+        replication=1,
+        fragment=pb.JournalSpec.Fragment(
+            length=128 << 10,
+            compression_codec=pb.NONE,
+            stores=[f"file://{store}/"],
+            refresh_interval=Duration(seconds=1),
+            flush_interval=Duration(seconds=60),
+        ),
+        labels=pb.LabelSet(labels=[pb.Label(name="app", value="replication-one")]),
+    )
+
+
+@dataclass
+class Observed:
+    """What the writer and the tailing reader saw during a trial."""
+
+    # seq -> the commit acknowledging it, [begin, end) (AppendService may batch appends)
+    acked: dict[int, tuple[int, int]] = field(default_factory=dict)
+    read: dict[int, bytes] = field(default_factory=dict)  # offset -> line a reader received
+    jumps: list[OffsetJump] = field(default_factory=list)
+
+
+async def produce(svc: AppendService, journal: str, stop: asyncio.Event, seen: Observed) -> None:
+    seq = 0
+    inflight: list[tuple[int, object]] = []
+
+    async def ack_oldest() -> None:
+        n, a = inflight.pop(0)
+        resp = await a.done()  # type: ignore[attr-defined]
+        seen.acked[n] = (resp.commit.begin, resp.commit.end)
+
+    while not stop.is_set():
+        a = svc.start_append(pb.AppendRequest(journal=journal))
+        a.write(record(seq))
+        a.release()
+        inflight.append((seq, a))
+        seq += 1
+        if len(inflight) >= 20:
+            await ack_oldest()
+        await asyncio.sleep(0.002)
+    while inflight:
+        await ack_oldest()
+
+
+async def tail(client: JournalClient, journal: str, seen: Observed) -> None:
+    """Follow the journal from offset 0 as a consumer would, checking every record."""
+    rr = RetryReader(
+        client,
+        pb.ReadRequest(journal=journal, offset=0, block=True),
+        on_jump=seen.jumps.append,
+        backoff_fn=lambda n: 0.1,
+    )
+    partial = b""
+    start = 0
+    while True:
+        data = await rr.read()
+        end = rr.offset
+        begin = end - len(data)
+        if begin != start + len(partial):
+            assert not partial, f"a record was cut by a jump to {begin}: {partial!r}"
+            start = begin
+        partial += data
+        *lines, partial = partial.split(b"\n")
+        for line in lines:
+            parse(line + b"\n")
+            seen.read[start] = line + b"\n"
+            start += len(line) + 1
+
+
+async def read_through(client: JournalClient, journal: str) -> dict[int, bytes]:
+    """Every line the journal holds now, by offset (non-blocking, from offset 0)."""
+    rr = RetryReader(client, pb.ReadRequest(journal=journal, offset=0), backoff_fn=lambda n: 0.1)
+    out: dict[int, bytes] = {}
+    partial, start = b"", 0
+    while True:
+        try:
+            data = await rr.read()
+        except OffsetNotYetAvailable:
+            break
+        end = rr.offset
+        begin = end - len(data)
+        if begin != start + len(partial):
+            assert not partial, f"a record was cut by a jump to {begin}"
+            start = begin
+        partial += data
+        *lines, partial = partial.split(b"\n")
+        for line in lines:
+            parse(line + b"\n")
+            out[start] = line + b"\n"
+            start += len(line) + 1
+    assert not partial
+    return out
+
+
+def holds(lines: dict[int, bytes], commit: tuple[int, int], seq: int) -> bool:
+    """Whether record `seq` is among `lines` within the commit that acknowledged it."""
+    begin, end = commit
+    offset = begin
+    while offset < end:
+        line = lines.get(offset)
+        if line is None:
+            return False
+        if line == record(seq):
+            return True
+        offset += len(line)
+    return False
+
+
+def store_fragments(store: Path, journal: str) -> list[tuple[int, int, bytes]]:
+    out = []
+    for path in (store / journal).rglob("*.raw"):
+        begin_hex, end_hex, _ = path.name.split("-", 2)
+        out.append((int(begin_hex, 16), int(end_hex, 16), path.read_bytes()))
+    return sorted(out)
+
+
+def check_store(store: Path, journal: str) -> None:
+    """No two fragments hold different bytes at the same offset."""
+    frags = [f for f in store_fragments(store, journal) if f[0] < f[1]]
+    for (b1, e1, d1), (b2, e2, d2) in itertools.combinations(frags, 2):
+        lo, hi = max(b1, b2), min(e1, e2)
+        if lo < hi:
+            assert d1[lo - b1 : hi - b1] == d2[lo - b2 : hi - b2], (
+                f"fragments [{b1},{e1}) and [{b2},{e2}) differ at overlapping offsets"
+            )
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[BrokerCluster, Path]]:
+    root = f"/test-replication-one/{os.getpid()}/{next(_names)}"
+    store = tmp_path_factory.mktemp("r1-store")
+    with BrokerCluster(
+        etcd_server.endpoint, root=root, spool_root=tmp_path_factory.mktemp("r1")
+    ) as c:
+        yield c, store
+
+
+async def wait_for_new_primary(cluster: BrokerCluster, journal: str, old: str) -> str:
+    alive = [i for i, b in enumerate(cluster.brokers) if b.suffix != old]
+    async with stubs(cluster) as st:
+        deadline = time.monotonic() + 40
+        while True:
+            with contextlib.suppress(Exception):
+                r = await wait_route(st[alive[0]], journal, 1, timeout=5)
+                if primary_suffix(r) != old:
+                    return primary_suffix(r)
+            assert time.monotonic() < deadline, "no other broker became primary"
+            await asyncio.sleep(0.2)
+
+
+async def trial(cluster: BrokerCluster, store: Path, fault: Literal["stop", "kill"]) -> None:
+    s = journal_spec(f"r1/{fault}-{next(_names)}", store)
+    seen = Observed()
+    async with stubs(cluster) as st, JournalClient(cluster.endpoints) as client:
+        await create(st[0], s)
+        r = await wait_route(st[0], s.name, 1)
+        svc = AppendService(client, backoff_fn=lambda n: min(0.05 * (n + 1), 0.5))
+        stop = asyncio.Event()
+        writer = asyncio.create_task(produce(svc, s.name, stop, seen))
+        reader = asyncio.create_task(tail(client, s.name, seen))
+        await asyncio.sleep(1.5)
+        victim = cluster.by_suffix(primary_suffix(r))
+        acked_before = len(seen.acked)
+        assert acked_before > 50, "the writer made no progress before the fault"
+        if fault == "stop":
+            victim.pause()
+        else:
+            victim.kill()
+        await wait_for_new_primary(cluster, s.name, victim.suffix)
+        await asyncio.sleep(1.5)  # the new primary takes appends
+        if fault == "stop":
+            victim.resume()  # a zombie: its lease is gone, it finds out and exits
+            assert victim.proc is not None
+            await asyncio.to_thread(victim.proc.wait, 60)
+        await asyncio.to_thread(victim.start)  # leftover spools are judged at start
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.wait_for(writer, 120)
+        await svc.close()
+        assert len(seen.acked) > acked_before + 50, "appends did not resume after the fault"
+
+        # Published leftovers are listed by the current primary within its refresh interval.
+        deadline = time.monotonic() + 20
+        while True:
+            final = await read_through(client, s.name)
+            lost = [n for n, commit in seen.acked.items() if not holds(final, commit, n)]
+            if not lost or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        assert not lost, (
+            f"{len(lost)} of {len(seen.acked)} acknowledged records are not readable at the "
+            f"offsets they were acknowledged at, e.g. {lost[:5]}"
+        )
+        changed = [off for off, line in seen.read.items() if off in final and final[off] != line]
+        assert not changed, f"bytes a reader saw changed afterwards at offsets {changed[:5]}"
+        assert len(seen.read) > 50, "the tailing reader read nothing"
+    check_store(store, s.name)
+    quarantined = list((victim.spool_dir / "quarantine").rglob("*.spool"))
+    assert not quarantined, f"spools were set aside although nothing conflicted: {quarantined}"
+
+
+@pytest.mark.parametrize("fault", ["stop", "kill"])
+async def test_primary_fault_never_forks_a_replication_one_journal(
+    cluster: tuple[BrokerCluster, Path], fault: Literal["stop", "kill"]
+) -> None:
+    await trial(*cluster, fault)
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("fault", ["stop", "kill"])
+async def test_replication_one_fault_trials(
+    cluster: tuple[BrokerCluster, Path], fault: Literal["stop", "kill"]
+) -> None:
+    for _ in range(6):
+        await trial(*cluster, fault)
