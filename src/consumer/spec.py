@@ -1,8 +1,9 @@
 """ShardSpec and ConsumerSpec: validation, derived values, and the consumer's etcd layout.
 
 Validation follows upstream's ``consumer/protocol`` extensions, so that a spec accepted here is
-accepted by Go consumers and gazctl, and vice versa. Problems raise the broker protocol's
-`ValidationError`, naming the field path (``Sources[1].Journal: ...``).
+accepted by Go consumers and gazctl, and vice versa but for two checks of ours (see
+`validate_shard_spec`). Problems raise the broker protocol's `ValidationError`, naming the
+field path as the YAML of ``gazctl shards`` spells it (``sources[1].journal: ...``).
 
 The etcd layout of a consumer application under its root R (reference §4):
 
@@ -42,6 +43,7 @@ from recoverylog.segments import InvalidHints, live_log_segments
 __all__ = [
     "DEFAULT_READ_CHANNEL_SIZE",
     "DEFAULT_RING_BUFFER_SIZE",
+    "MAX_DURATION_NANOS",
     "MAX_SHARD_ID_LENGTH",
     "MIN_SHARD_ID_LENGTH",
     "ShardKeys",
@@ -99,48 +101,113 @@ def _is_absolute_clean_path(path: str) -> bool:
     return all(part not in ("", ".", "..") for part in path[1:].split("/"))
 
 
-def _nanos(d: Any) -> int:
-    return int(d.seconds) * 1_000_000_000 + int(d.nanos)
+_NANOS = 1_000_000_000
+MAX_DURATION_NANOS = (1 << 63) - 1
+"""The longest duration a ShardSpec may state (about 292 years): upstream's consumers and
+gazctl read its durations into Go's `time.Duration`, which holds no more."""
+_MAX_PROTO_DURATION_SECONDS = 315_576_000_000  # google.protobuf.Duration's range: 10,000 years
+
+
+def _fmt_duration(nanos: int) -> str:
+    # Go's notation, as the YAML of `gazctl shards` writes durations: 1h30m0s, 0.25s, 0s.
+    sign, nanos = ("-", -nanos) if nanos < 0 else ("", nanos)
+    hours, rest = divmod(nanos, 3600 * _NANOS)
+    minutes, rest = divmod(rest, 60 * _NANOS)
+    seconds, frac = divmod(rest, _NANOS)
+    text = f"{seconds}" + (f".{frac:09d}".rstrip("0") if frac else "") + "s"
+    if hours:
+        text = f"{hours}h{minutes}m{text}"
+    elif minutes:
+        text = f"{minutes}m{text}"
+    return sign + text
+
+
+def _txn_duration(d: Any, key: str) -> int:
+    """The nanoseconds of the ShardSpec duration `key`, if it is a valid protobuf Duration
+    that Go's time.Duration holds (ValidationError naming `key` otherwise)."""
+    seconds, nanos = int(d.seconds), int(d.nanos)
+    if (
+        abs(seconds) > _MAX_PROTO_DURATION_SECONDS
+        or abs(nanos) >= _NANOS
+        or (seconds > 0 > nanos)
+        or (seconds < 0 < nanos)
+    ):
+        raise ValidationError(
+            f"not a valid duration (seconds {seconds}, nanos {nanos}; protobuf's Duration "
+            f"holds at most {_MAX_PROTO_DURATION_SECONDS} seconds and nanos of the same sign)",
+            [key],
+        )
+    total = seconds * _NANOS + nanos
+    if abs(total) > MAX_DURATION_NANOS:
+        raise ValidationError(
+            f"invalid value ({_fmt_duration(total)}; expected at most "
+            f"{_fmt_duration(MAX_DURATION_NANOS)}, the longest duration Go's consumers and "
+            "gazctl can read)",
+            [key],
+        )
+    return total
 
 
 def validate_shard_spec(spec: pb.ShardSpec) -> None:
-    """Check a ShardSpec as upstream does.
+    """Check a ShardSpec as upstream does; errors name the fields as the YAML of `gazctl
+    shards` spells them (``max_txn_duration``, ``sources[1].journal``).
 
-    - Id: a valid shard id;
-    - RecoveryLogPrefix: if set, ``{prefix}/{id}`` is a valid journal name;
-    - HintPrefix: empty without a recovery log, else an absolute, clean path (``/app/hints``);
-    - HintBackups, MinTxnDuration >= 0; MaxTxnDuration > 0;
-    - Labels: a valid LabelSet, single-value labels with one value, and no ``id`` label
+    - id: a valid shard id;
+    - recovery_log_prefix: if set, ``{prefix}/{id}`` is a valid journal name;
+    - hint_prefix: empty without a recovery log, else an absolute, clean path (``/app/hints``);
+    - hint_backups, min_txn_duration >= 0; max_txn_duration > 0;
+    - labels: a valid LabelSet, single-value labels with one value, and no ``id`` label
       (it is the meta-label of the shard's id);
-    - Sources: each journal a valid name and MinOffset >= 0, journals unique and sorted.
+    - sources: each journal a valid name and min_offset >= 0, journals unique and sorted.
 
-    Sources may be empty, and MinTxnDuration may exceed MaxTxnDuration, as upstream allows.
+    Two checks are ours, for values upstream cannot hold or no transaction can honour:
+    durations must fit Go's time.Duration (about 292 years; upstream fails to read a longer
+    one), and min_txn_duration may not exceed max_txn_duration (upstream lets min win;
+    which was meant is the user's to say).
+
+    As upstream, sources may be empty (a MessageProducer application's shards read none),
+    and hot_standbys is not bounded (replicas are bounded by the consumer processes there are).
     """
-    with context("Id"):
+    with context("id"):
         validate_shard_id(spec.id)
     log = recovery_log_of(spec)
     if log:
-        with context("RecoveryLogPrefix"):
+        with context("recovery_log_prefix"):
             validate_journal_name(log)
     elif spec.hint_prefix:
         raise ValidationError(
-            f"invalid non-empty HintPrefix with empty RecoveryLogPrefix ({spec.hint_prefix!r})"
+            f"set without a recovery_log_prefix ({spec.hint_prefix!r}; expected none, as "
+            "hints are of the recovery log)",
+            ["hint_prefix"],
         )
     if log and not _is_absolute_clean_path(spec.hint_prefix):
         raise ValidationError(
-            f"HintPrefix is not an absolute, clean, non-directory path ({spec.hint_prefix!r})"
+            f"not an absolute, clean, non-directory path ({spec.hint_prefix!r}; expected e.g. "
+            "'/gazette/hints', which a shard with a recovery_log_prefix requires)",
+            ["hint_prefix"],
         )
     if spec.hint_backups < 0:
-        raise ValidationError(f"invalid HintBackups ({spec.hint_backups}; expected >= 0)")
-    if _nanos(spec.min_txn_duration) < 0:
         raise ValidationError(
-            f"invalid MinTxnDuration ({_nanos(spec.min_txn_duration)}ns; expected >= 0)"
+            f"invalid value ({spec.hint_backups}; expected >= 0)", ["hint_backups"]
         )
-    if _nanos(spec.max_txn_duration) <= 0:
+    min_txn = _txn_duration(spec.min_txn_duration, "min_txn_duration")
+    max_txn = _txn_duration(spec.max_txn_duration, "max_txn_duration")
+    if min_txn < 0:
         raise ValidationError(
-            f"invalid MaxTxnDuration ({_nanos(spec.max_txn_duration)}ns; expected > 0)"
+            f"invalid value ({_fmt_duration(min_txn)}; expected >= 0s)", ["min_txn_duration"]
         )
-    with context("Labels"):
+    if max_txn <= 0:
+        raise ValidationError(
+            f"invalid value ({_fmt_duration(max_txn)}; expected > 0s)", ["max_txn_duration"]
+        )
+    if min_txn > max_txn:
+        raise ValidationError(
+            f"invalid value ({_fmt_duration(min_txn)}; expected <= max_txn_duration "
+            f"{_fmt_duration(max_txn)}: a transaction cannot be held open longer than it may "
+            "last)",
+            ["min_txn_duration"],
+        )
+    with context("labels"):
         validate_label_set(spec.labels)
         labels = spec.labels.labels
         for i in range(1, len(labels)):
@@ -151,18 +218,22 @@ def validate_shard_spec(spec: pb.ShardSpec) -> None:
                     [f"Labels[{i}]"],
                 )
     if any(lb.name == ID_LABEL for lb in spec.labels.labels):
-        raise ValidationError(f'Labels cannot include label "{ID_LABEL}"')
+        raise ValidationError(
+            f'cannot include label "{ID_LABEL}" (the meta-label of the shard\'s id)', ["labels"]
+        )
     for i, src in enumerate(spec.sources):
-        with context(f"Sources[{i}]"):
-            with context("Journal"):
+        with context(f"sources[{i}]"):
+            with context("journal"):
                 validate_journal_name(src.journal)
+                if i and src.journal <= spec.sources[i - 1].journal:
+                    raise ValidationError(
+                        f"not in unique, sorted order ({src.journal!r} follows "
+                        f"{spec.sources[i - 1].journal!r})"
+                    )
             if src.min_offset < 0:
-                raise ValidationError(f"invalid MinOffset ({src.min_offset}; expected >= 0)")
-        if i and src.journal <= spec.sources[i - 1].journal:
-            raise ValidationError(
-                f"Sources.Journal not in unique, sorted order (index {i}; "
-                f"{src.journal!r} <= {spec.sources[i - 1].journal!r})"
-            )
+                raise ValidationError(
+                    f"invalid value ({src.min_offset}; expected >= 0)", ["min_offset"]
+                )
 
 
 def validate_consumer_spec(spec: pb.ConsumerSpec) -> None:

@@ -161,13 +161,23 @@ async def test_apply_guards(server: ShardAPIServer) -> None:
     [
         (
             pb.ApplyRequest.Change(upsert=pb.ShardSpec(id="shard-a")),
-            "Changes[0].Upsert: invalid MaxTxnDuration",
+            "Changes[0].Upsert.max_txn_duration: invalid value (0s; expected > 0s)",
         ),
         (
             pb.ApplyRequest.Change(
                 upsert=pb.ShardSpec(id="shard#b", max_txn_duration=Duration(seconds=1))
             ),
-            "Changes[0].Upsert.Id: not a valid token",
+            "Changes[0].Upsert.id: not a valid token",
+        ),
+        (
+            pb.ApplyRequest.Change(
+                upsert=pb.ShardSpec(
+                    id="shard-c",
+                    min_txn_duration=Duration(seconds=5),
+                    max_txn_duration=Duration(seconds=1),
+                )
+            ),
+            "Changes[0].Upsert.min_txn_duration: invalid value (5s; expected <= max_txn_duration",
         ),
         (pb.ApplyRequest.Change(delete="shard-a"), "Changes[0]: invalid ExpectModRevision (0"),
         (pb.ApplyRequest.Change(), "neither Upsert nor Delete"),

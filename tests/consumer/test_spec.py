@@ -92,61 +92,111 @@ def _no_recovery_log(spec: pb.ShardSpec) -> None:
 
 VALID: list[tuple[str, Mutation]] = [
     ("as is", lambda s: None),
+    # A MessageProducer application's shards read no journals (upstream allows none too).
     ("no sources", _clear_sources),
     ("no recovery log nor hints", _no_recovery_log),
     ("root hint prefix", _set(hint_prefix="/")),
     ("zero min txn duration", _set(min_txn_duration=Duration())),
-    ("min above max (as upstream)", _set(min_txn_duration=Duration(seconds=5))),
+    ("min equal to max", _set(min_txn_duration=Duration(seconds=1))),
+    ("longest Go duration", _set(max_txn_duration=Duration(seconds=9223372036, nanos=854775807))),
+    # Not bounded, as upstream's validation: the allocator places a shard's replicas on
+    # distinct consumer processes, so there are never more than processes.
+    ("many hot standbys", _set(hot_standbys=100_000)),
+    ("most hot standbys", _set(hot_standbys=(1 << 32) - 1)),
     ("disabled", _set(disable=True, hot_standbys=0)),
     ("buffers", _set(ring_buffer_size=16, read_channel_size=0)),
     ("multi-value label", _label("app", "other")),
 ]
 
 INVALID: list[tuple[str, Mutation, str]] = [
-    ("short id", _set(id="abc"), "Id: invalid length (3; expected 4 <= length <= 512)"),
-    ("id with #", _set(id="shard#1"), "Id: not a valid token ('shard#1'; invalid rune '#')"),
-    ("id with space", _set(id="shard 1"), "Id: not a valid token"),
-    ("long id", _set(id="x" * 513), "Id: invalid length (513;"),
+    ("short id", _set(id="abc"), "id: invalid length (3; expected 4 <= length <= 512)"),
+    ("id with #", _set(id="shard#1"), "id: not a valid token ('shard#1'; invalid rune '#')"),
+    ("id with space", _set(id="shard 1"), "id: not a valid token"),
+    ("long id", _set(id="x" * 513), "id: invalid length (513;"),
     (
         "bad recovery log",
         _set(recovery_log_prefix="/recovery"),
-        "RecoveryLogPrefix: cannot begin with '/'",
+        "recovery_log_prefix: cannot begin with '/'",
     ),
     (
         "hints without log",
         _set(recovery_log_prefix=""),
-        "invalid non-empty HintPrefix with empty RecoveryLogPrefix ('/gazette/hints')",
+        "hint_prefix: set without a recovery_log_prefix ('/gazette/hints'; expected none",
     ),
     (
         "relative hint prefix",
         _set(hint_prefix="gazette/hints"),
-        "HintPrefix is not an absolute, clean, non-directory path ('gazette/hints')",
+        "hint_prefix: not an absolute, clean, non-directory path ('gazette/hints'; expected e.g. "
+        "'/gazette/hints'",
     ),
-    ("log without hints", _set(hint_prefix=""), "HintPrefix is not an absolute"),
-    ("hint prefix dir", _set(hint_prefix="/gazette/hints/"), "HintPrefix is not an absolute"),
-    ("hint prefix dots", _set(hint_prefix="/gazette/../hints"), "HintPrefix is not an absolute"),
-    ("negative backups", _set(hint_backups=-1), "invalid HintBackups (-1; expected >= 0)"),
+    ("log without hints", _set(hint_prefix=""), "hint_prefix: not an absolute"),
+    ("hint prefix dir", _set(hint_prefix="/gazette/hints/"), "hint_prefix: not an absolute"),
+    ("hint prefix dots", _set(hint_prefix="/gazette/../hints"), "hint_prefix: not an absolute"),
+    ("negative backups", _set(hint_backups=-1), "hint_backups: invalid value (-1; expected >= 0)"),
     (
         "negative min txn",
         _set(min_txn_duration=Duration(seconds=-1)),
-        "invalid MinTxnDuration (-1000000000ns; expected >= 0)",
+        "min_txn_duration: invalid value (-1s; expected >= 0s)",
     ),
-    ("no max txn", _set(max_txn_duration=Duration()), "invalid MaxTxnDuration (0ns; expected > 0)"),
-    ("reserved id label", _label("id", "x"), 'Labels cannot include label "id"'),
-    ("bad label name", _label("a", "x"), "Labels.Labels[1].Name: invalid length"),
+    (
+        "no max txn",
+        _set(max_txn_duration=Duration()),
+        "max_txn_duration: invalid value (0s; expected > 0s)",
+    ),
+    (
+        "min above max",
+        _set(min_txn_duration=Duration(seconds=90), max_txn_duration=Duration(seconds=1)),
+        "min_txn_duration: invalid value (1m30s; expected <= max_txn_duration 1s",
+    ),
+    (
+        "max past Go's durations",
+        _set(max_txn_duration=Duration(seconds=9223372037)),
+        "max_txn_duration: invalid value (2562047h47m17s; expected at most "
+        "2562047h47m16.854775807s, the longest duration Go's consumers and gazctl can read)",
+    ),
+    (
+        "min past Go's durations",
+        _set(min_txn_duration=Duration(seconds=10**10)),
+        "min_txn_duration: invalid value (2777777h46m40s; expected at most",
+    ),
+    (
+        "max past protobuf's durations",
+        _set(max_txn_duration=Duration(seconds=10**12)),
+        "max_txn_duration: not a valid duration (seconds 1000000000000, nanos 0;",
+    ),
+    (
+        "nanos of a second or more",
+        _set(max_txn_duration=Duration(seconds=1, nanos=1_000_000_000)),
+        "max_txn_duration: not a valid duration (seconds 1, nanos 1000000000;",
+    ),
+    (
+        "mixed signs",
+        _set(min_txn_duration=Duration(seconds=1, nanos=-1)),
+        "min_txn_duration: not a valid duration (seconds 1, nanos -1;",
+    ),
+    ("reserved id label", _label("id", "x"), 'labels: cannot include label "id"'),
+    ("bad label name", _label("a", "x"), "labels.Labels[1].Name: invalid length"),
     (
         "single-value label",
         _labels(("content-type", "a/b"), ("content-type", "c/d")),
-        "Labels.Labels[2]: single-value label content-type has multiple values",
+        "labels.Labels[2]: single-value label content-type has multiple values",
     ),
-    ("bad source", _source("/abs", index=0), "Sources[0].Journal: cannot begin with '/'"),
+    ("bad source", _source("/abs", index=0), "sources[0].journal: cannot begin with '/'"),
     (
         "negative min offset",
         _source("examples/a", -5, index=0),
-        "Sources[0]: invalid MinOffset (-5; expected >= 0)",
+        "sources[0].min_offset: invalid value (-5; expected >= 0)",
     ),
-    ("unsorted sources", _source("examples/0"), "Sources.Journal not in unique, sorted order"),
-    ("repeated source", _source("examples/b"), "Sources.Journal not in unique, sorted order"),
+    (
+        "unsorted sources",
+        _source("examples/0"),
+        "sources[2].journal: not in unique, sorted order ('examples/0' follows 'examples/b')",
+    ),
+    (
+        "repeated source",
+        _source("examples/b"),
+        "sources[2].journal: not in unique, sorted order ('examples/b' follows 'examples/b')",
+    ),
 ]
 
 

@@ -246,15 +246,23 @@ def test_apply_dry_run_and_guards(shards: Gazctl, specs: str) -> None:
             "shard shard-000 appears more than once",
         ),
         # Parsed, but invalid specs: refused before anything is sent.
-        ("shards:\n- id: shard-000\n", "shard shard-000: invalid MaxTxnDuration (0ns"),
+        (
+            "shards:\n- id: shard-000\n",
+            "shard shard-000.max_txn_duration: invalid value (0s; expected > 0s)",
+        ),
         (
             "common:\n  max_txn_duration: 1s\nshards:\n- id: sh#rd\n",
-            "shard sh#rd.Id: not a valid token",
+            "shard sh#rd.id: not a valid token",
         ),
         (
             "common:\n  max_txn_duration: 1s\n  recovery_log_prefix: recovery\n"
             "shards:\n- id: shard-000\n",
-            "shard shard-000: HintPrefix is not an absolute, clean, non-directory path",
+            "shard shard-000.hint_prefix: not an absolute, clean, non-directory path",
+        ),
+        (
+            "common:\n  max_txn_duration: 1s\n  min_txn_duration: 1m\nshards:\n- id: shard-000\n",
+            "shard shard-000.min_txn_duration: invalid value (1m0s; expected <= "
+            "max_txn_duration 1s",
         ),
     ],
 )
