@@ -310,6 +310,11 @@ class Sequencer:
                 )
             if clock <= partial.min_clock:
                 outcome = QueueOutcome.OUTSIDE_ALREADY_ACKED
+                if partial.begin == env.begin:
+                    # Checkpoints written before `mark_processed` completed sequences name
+                    # a processed OUTSIDE_TXN message as its producer's open span, and are
+                    # read again from it. It is a sequence of its own, and done: no span.
+                    partial.reset(partial.min_clock)
             else:
                 if partial.begin != -1 and partial.begin != env.begin:
                     # (Equal when a checkpoint taken while dequeuing this very message was
@@ -406,20 +411,37 @@ class Sequencer:
             self._dequeued_clock = clock
             return True
 
-        # The sequence is drained. Only now is the committing message read through.
+        self._complete()
+        return False
+
+    def _complete(self) -> None:
+        """The committed sequence is drained: only now is its committing message read
+        through, and its producer ready for its next sequence."""
+        emit = self._emit
+        assert emit is not None
         self._offsets[emit.journal] = self._emit_end
         emit.reset(emit.min_clock)
         self.dequeued = None
         self._dequeued_clock = 0
         self._emit = None
-        return False
 
     def mark_processed(self) -> None:
         """Mark the dequeued envelope as processed now, as the next `step` would: a
         checkpoint taken before that step (e.g. a consumer transaction closing right after
-        the envelope) then does not deliver it again."""
-        if self.dequeued is not None and self._emit is not None:
-            self._emit.min_clock = self._dequeued_clock
+        the envelope) then does not deliver it again.
+
+        If the envelope ends its sequence (an OUTSIDE_TXN message, or the committing ACK),
+        the sequence is completed now (`dequeued` becomes None; `step` returns False): the
+        checkpoint then reads through it and holds no open span for its producer, as
+        upstream's does (it steps past each message as soon as it is consumed). Otherwise
+        a restored Sequencer reads the message again as a duplicate."""
+        emit = self._emit
+        if self.dequeued is None or emit is None:
+            return
+        emit.min_clock = self._dequeued_clock
+        if emit.ring_start == -1 and self._replay is None:
+            # The dequeued envelope was the last one held: the committing message.
+            self._complete()
 
     def replay_range(self) -> tuple[str, int, int]:
         """(journal, begin, end): the bytes to re-read before the committed sequence can drain."""

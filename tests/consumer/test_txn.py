@@ -6,6 +6,7 @@ Each test names the exactly-once / liveness property it checks; see the review r
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -212,6 +213,36 @@ async def test_checkpoint_of_txn_closed_by_slow_consume_covers_its_last_message(
     first = store.commits[0]
     again = redelivered_after_restore(first.checkpoint, envs)
     assert not set(first.state) & set(again), (first.state, again, first.checkpoint)
+
+
+async def test_recovery_mid_stream_over_committed_only_input_opens_no_span(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A new primary recovers the checkpoint of a transaction that max_txn_duration closed
+    right after a committed (OUTSIDE_TXN) message, and reads on from its offsets. The input
+    holds committed messages only: none may be taken for part of a CONTINUE_TXN span (the
+    Sequencer logs "span discarded" when one is), and each is consumed once overall."""
+    envs = [outside(i) for i in range(6)]
+    store = FakeStore()
+    # max_txn_duration of 1ns: every transaction closes right after its first message.
+    txns, readers = make_txns(store, App(), max_txn=Duration(nanos=1))
+    for env in envs[:3]:
+        readers.queue.put_nowait(env)
+    await run_until(txns, lambda: len(store.commits) >= 2)
+    last = store.commits[1]  # The primary dies: this is its last durable commit.
+    assert last.state == [0, 1]
+
+    recovered = FakeStore(state=list(last.state), commits=[last])
+    cp = await recovered.restore_checkpoint(None)
+    txns, readers = make_txns(recovered, App(), max_txn=Duration(nanos=1), cp=cp)
+    start = checkpoint_offsets(cp).get(JOURNAL, 0)
+    for env in envs:
+        if env.begin >= start:  # As SourceReaders reads from the checkpoint's offsets.
+            readers.queue.put_nowait(env)
+    with caplog.at_level(logging.WARNING, logger="message.sequencer"):
+        await run_until(txns, lambda: len(recovered.state) >= len(envs))
+    assert recovered.state == list(range(len(envs)))
+    assert not caplog.records, caplog.text
 
 
 async def test_next_transaction_does_not_leak_into_a_commit_started_as_a_coroutine() -> None:

@@ -608,6 +608,76 @@ def test_states_round_trip_during_dequeue() -> None:
     expect_dequeue(seq2, a5, a6ack)
 
 
+def test_checkpoint_after_processing_the_last_message_of_a_sequence(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A consumer transaction may close right after consuming a committed message, before
+    stepping past it: it calls `mark_processed`, then checkpoints. When that message ends its
+    sequence (an OUTSIDE_TXN message, or the committing ACK), the checkpoint is the one
+    upstream writes after stepping: no open span, read through the message. Restored, the
+    Sequencer goes on over committed-only input without reporting a discarded span."""
+    gen = Gen()
+    seq = Sequencer(ring_size=4)
+    o1, o2, o3 = gen(A, 1, OUT), gen(A, 2, OUT), gen(A, 3, OUT)
+    assert queue(seq, o1) == [Q.OUTSIDE_COMMIT]
+    expect_dequeue(seq, o1)
+    assert queue(seq, o2) == [Q.OUTSIDE_COMMIT]
+    assert seq.step() and seq.dequeued is o2
+    seq.mark_processed()
+    states, offsets = seq.checkpoint(None), seq.read_through()
+    assert states == {(JOURNAL, A): ProducerState(2, -1)}
+    assert offsets == {JOURNAL: o2.end}
+    assert not seq.step()  # The sequence is complete.
+    assert seq.dequeued is None
+
+    restored = Sequencer(states, ring_size=4, offsets=offsets)
+    with caplog.at_level(logging.ERROR, logger="message.sequencer"):
+        for s in (seq, restored):
+            assert queue(s, o3) == [Q.OUTSIDE_COMMIT]
+            expect_dequeue(s, o3)
+            assert not s.has_pending()
+    assert not caplog.records, caplog.text
+
+    # The same for a transactional sequence: processing its ACK completes it, while
+    # processing a message inside it leaves the rest of the span to deliver.
+    b1, b2, b3ack = gen(B, 1, CONT), gen(B, 2, CONT), gen(B, 3, ACK)
+    assert queue(seq, b1, b2, b3ack) == [
+        Q.CONTINUE_BEGIN_SPAN,
+        Q.CONTINUE_EXTEND_SPAN,
+        Q.ACK_COMMIT_RING,
+    ]
+    assert seq.step() and seq.dequeued is b1
+    seq.mark_processed()
+    assert seq.checkpoint(None)[JOURNAL, B] == ProducerState(1, b1.begin)
+    assert seq.read_through() == {JOURNAL: b2.end}
+    assert seq.step() and seq.dequeued is b2
+    assert seq.step() and seq.dequeued is b3ack
+    seq.mark_processed()
+    assert seq.checkpoint(None)[JOURNAL, B] == ProducerState(3, -1)
+    assert seq.read_through() == {JOURNAL: b3ack.end}
+    assert not seq.step()
+
+
+def test_restored_state_of_a_processed_outside_message_read_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Checkpoints written before `mark_processed` completed a sequence hold, for a
+    consumed OUTSIDE_TXN message, the producer state (its clock, begin = its offset) with
+    reading resumed at that message. Read again it is a duplicate, and must not leave a span
+    open: the producer's next committed message is not 'after an open CONTINUE_TXN span'."""
+    gen = Gen()
+    o1, o2 = gen(A, 1, OUT), gen(A, 2, OUT)
+    seq = Sequencer({(JOURNAL, A): ProducerState(1, o1.begin)}, offsets={JOURNAL: o1.begin})
+    with caplog.at_level(logging.ERROR, logger="message.sequencer"):
+        assert queue(seq, o1) == [Q.OUTSIDE_ALREADY_ACKED]
+        assert not seq.step()
+        assert not seq.has_pending()
+        assert seq.checkpoint(None) == {(JOURNAL, A): ProducerState(1, -1)}
+        assert queue(seq, o2) == [Q.OUTSIDE_COMMIT]
+        expect_dequeue(seq, o2)
+    assert not caplog.records, caplog.text
+
+
 def test_checkpoint_prunes_idle_producers() -> None:
     gen = Gen()
     seq = Sequencer(ring_size=12)
@@ -877,9 +947,30 @@ def _scenario(draw: Any) -> tuple[list[_Rec], int, list[str]]:
         cursors[i] += 1
     ring_size = draw(st.integers(1, 8))
     actions = draw(
-        st.lists(st.sampled_from(["", "", "", "ckpt", "crash", "ckpt+crash"]), max_size=80)
+        st.lists(
+            st.sampled_from(
+                ["", "", "", "ckpt", "crash", "ckpt+crash", "mark+ckpt", "mark+ckpt+crash"]
+            ),
+            max_size=80,
+        )
     )
     return journal, ring_size, actions
+
+
+class _SpanDiscarded(list[str]):
+    """Collects what the Sequencer logs about discarded spans while in a `with` block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handler = logging.Handler(logging.ERROR)
+        self.handler.emit = lambda record: self.append(record.getMessage())  # type: ignore[method-assign]
+
+    def __enter__(self) -> _SpanDiscarded:
+        logging.getLogger("message.sequencer").addHandler(self.handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("message.sequencer").removeHandler(self.handler)
 
 
 @settings(max_examples=400, deadline=None)
@@ -906,11 +997,18 @@ def test_random_interleavings_commit_exactly_once(
     offsets: dict[str, int] = {}
     seq = Sequencer(ring_size=ring_size)
     replays = 0
+    discarded = _SpanDiscarded()
 
-    def act() -> bool:
-        """Maybe checkpoint and/or crash; True if the Sequencer was replaced."""
+    def act(processed: bool = False) -> bool:
+        """Maybe checkpoint and/or crash; True if the Sequencer was replaced. Once the
+        dequeued envelope is `processed` (only then), "mark" actions checkpoint it as such,
+        as a consumer transaction closing right after it does."""
         nonlocal seq, states, offsets, pending
+        if bool(actions and actions[-1].startswith("mark")) != processed:
+            return False
         action = actions.pop() if actions else ""
+        if "mark" in action:
+            seq.mark_processed()
         if "ckpt" in action:
             persisted.extend(pending)
             pending = []
@@ -921,28 +1019,34 @@ def test_random_interleavings_commit_exactly_once(
             return True
         return False
 
-    pos = 0
-    while pos < len(envs):
-        if act():
-            pos = bisect.bisect_left(begins, offsets.get(JOURNAL, 0))
-            continue
-        outcome = seq.queue_uncommitted(envs[pos])
-        pos += 1
-        if outcome is Q.ACK_COMMIT_REPLAY:
-            _, begin, end = seq.replay_range()
-            lo = bisect.bisect_left(begins, begin)
-            seq.start_replay(e for e in envs[lo:] if e.end <= end)
-            replays += 1
-        crashed = False
-        while seq.step():
-            assert seq.dequeued is not None
-            if act():  # Mid-dequeue: the dequeued envelope isn't processed yet.
+    with discarded:
+        pos = 0
+        while pos < len(envs):
+            if act():
                 pos = bisect.bisect_left(begins, offsets.get(JOURNAL, 0))
-                crashed = True
-                break
-            pending.append(index[id(seq.dequeued)])
-        assert crashed or seq.dequeued is None
+                continue
+            outcome = seq.queue_uncommitted(envs[pos])
+            pos += 1
+            if outcome is Q.ACK_COMMIT_REPLAY:
+                _, begin, end = seq.replay_range()
+                lo = bisect.bisect_left(begins, begin)
+                seq.start_replay(e for e in envs[lo:] if e.end <= end)
+                replays += 1
+            crashed = False
+            while seq.step():
+                assert seq.dequeued is not None
+                if act():  # Mid-dequeue: the dequeued envelope isn't processed yet.
+                    pos = bisect.bisect_left(begins, offsets.get(JOURNAL, 0))
+                    crashed = True
+                    break
+                pending.append(index[id(seq.dequeued)])
+                if act(processed=True):
+                    pos = bisect.bisect_left(begins, offsets.get(JOURNAL, 0))
+                    crashed = True
+                    break
+            assert crashed or seq.dequeued is None
     persisted.extend(pending)
+    assert not discarded, discarded  # No stream here mixes OUTSIDE_TXN into an open span.
 
     got = [recs[i] for i in persisted]
     want = [r for r in recs if r.committed]
