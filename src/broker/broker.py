@@ -153,6 +153,7 @@ class Broker:
         self._dropping: dict[str, asyncio.Task[None]] = {}
         # Spools of unserved journals waiting for the journal to pass them (broker.quarantine).
         self._pending_since: dict[tuple[str, int], float] = {}
+        self._reserving: set[str] = set()  # journals with a reservation being extended
         # Per-journal routing derived from the keyspace, valid while its generation holds
         # (every request consults them several times; each is a scan of the assignments).
         self._routing_generation = -1
@@ -779,6 +780,29 @@ class Broker:
         COUNTERS.reservations += 1
         if previous and previous < offset:
             self._spawn(self._remove_marker(store.url, replica.name, previous))
+
+    def reserve_ahead(self, replica: JournalReplica) -> None:
+        """After a commit: once the head is within half a span of the furthest reservation,
+        extend it in the background, so appends rarely wait for a marker write."""
+        if replica.spec.replication != 1 or not replica.has_stores:
+            return
+        half = span_for(replica.fragment_length) // 2
+        if replica.reservations.listed - replica.write_head > half:
+            return
+        if replica.name in self._reserving:
+            return
+        self._reserving.add(replica.name)
+
+        async def extend() -> None:
+            try:
+                if self.replicas.get(replica.name) is replica and self._is_primary(replica.name):
+                    await self.reserve(replica, replica.write_head + half + 1)
+            except ReservationError as err:
+                log.warning("reserving ahead failed journal=%s err=%s", replica.name, err)
+            finally:
+                self._reserving.discard(replica.name)
+
+        self._spawn(extend())
 
     async def _remove_marker(self, url: str, journal: str, offset: int) -> None:
         """Remove a reservation of ours that a newer one replaced (best effort)."""

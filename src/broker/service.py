@@ -487,6 +487,7 @@ class JournalService(pb_grpc.JournalServicer):
                 ):
                     replica.store_registers(regs)
                 replica.committed(spool)
+                self.b.reserve_ahead(replica)
             commit = pb.Fragment(
                 journal=replica.name, begin=begin, end=end, compression_codec=replica.codec
             )

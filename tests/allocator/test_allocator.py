@@ -641,3 +641,26 @@ async def test_member_session_lifecycle(etcd: RecordingEtcd) -> None:
     await successor.release()
     await successor.release()  # idempotent
     assert not (await etcd.get(key.encode())).kvs
+
+
+async def test_lease_validity_is_measured_from_the_last_confirmed_renewal(
+    etcd: RecordingEtcd,
+) -> None:
+    """`lease_valid_for` counts down from when a renewal etcd confirmed was sent, so a
+    process that did not renew for a TTL (paused, partitioned) sees its lease as possibly
+    lost before any watch says so."""
+    key = f"/session-test/{uuid.uuid4().hex[:12]}/members/a#1"
+    session = MemberSession(etcd, key, ttl=2)
+    assert session.lease_valid_for() <= 0  # not announced
+    await session.announce(b"x")
+    assert 1.0 < session.lease_valid_for() <= 2.0
+    renewing = asyncio.create_task(session.keep_alive())
+    await asyncio.sleep(2.5)  # renewed every ttl/3 meanwhile
+    assert session.lease_valid_for() > 0.5
+    renewing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await renewing
+    await asyncio.sleep(2.1)  # no renewal for a whole TTL
+    assert session.lease_valid_for() <= 0
+    await session.release()
+    assert session.lease_valid_for() <= 0

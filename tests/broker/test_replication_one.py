@@ -23,15 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from broker.client import AppendService, JournalClient, OffsetNotYetAvailable, RetryReader
 from broker.client.errors import OffsetJump
 from broker.protocol import protocol_pb2 as pb
+from broker.protocol import protocol_pb2_grpc as pb_grpc
+from broker.quarantine import list_quarantined
+from broker.testing.broker import BrokerProcess
 from broker.testing.cluster import BrokerCluster
 from broker.testing.etcd import EtcdServer
 
+from .conftest import append
 from .test_cluster import create, primary_suffix, stubs, wait_route
 
 _names = itertools.count()
@@ -272,3 +277,50 @@ async def test_replication_one_fault_trials(
 ) -> None:
     for _ in range(6):
         await trial(*cluster, fault)
+
+
+async def test_a_leftover_spool_that_conflicts_is_quarantined_not_published(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """A broker restarts with acknowledged content in its spool, but meanwhile another
+    primary wrote different bytes at those offsets (here: one that ignored the offset
+    reservation, whose marker is removed from the store). The leftover is set aside."""
+    store = tmp_path / "store"
+    store.mkdir()
+    root = f"/test-quarantine/{os.getpid()}/{next(_names)}"
+    a = BrokerProcess(etcd_server.endpoint, root=root, suffix="broker-a", spool_dir=tmp_path / "a")
+    b = BrokerProcess(etcd_server.endpoint, root=root, suffix="broker-b", spool_dir=tmp_path / "b")
+    s = journal_spec(f"r1/conflict-{next(_names)}", store)
+    with a, b:
+        b.stop()
+        async with grpc.aio.insecure_channel(a.endpoint) as ch:
+            stub = pb_grpc.JournalStub(ch)
+            await create(stub, s)
+            assert (await append(stub, s.name, b"from a\n" * 10)).status == pb.OK
+        a.kill()
+        markers = [f for f in store_fragments(store, s.name) if f[0] == f[1]]
+        assert markers, "the primary reserved no offsets before acknowledging"
+        for p in (store / s.name).rglob("*.raw"):
+            p.unlink()
+        b.start()
+        async with grpc.aio.insecure_channel(b.endpoint) as ch:
+            stub = pb_grpc.JournalStub(ch)
+            deadline = time.monotonic() + 30
+            while True:  # until a's lease has expired and b is primary
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    if (await append(stub, s.name, b"from b, longer\n" * 10)).status == pb.OK:
+                        break
+                assert time.monotonic() < deadline, "b did not become primary"
+                await asyncio.sleep(0.5)
+        b.stop()  # persists its spool: [0, 150) of other bytes
+        assert [f[:2] for f in store_fragments(store, s.name) if f[0] < f[1]] == [(0, 150)]
+        a.extra_args = ["--journal-limit", "0"]
+        a.start()
+        [q] = list_quarantined(a.spool_dir)
+        assert (q.journal, q.begin, q.end) == (s.name, 0, 70)
+        assert "differs from fragment [0, 150)" in q.reason
+        assert q.path.read_bytes() == b"from a\n" * 10
+        assert "QUARANTINED spool" in a.tail_log()
+    contents = [f[2] for f in store_fragments(store, s.name) if f[0] < f[1]]
+    assert contents == [b"from b, longer\n" * 10], "the conflicting spool was published"
+    check_store(store, s.name)
