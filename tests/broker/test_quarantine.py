@@ -50,7 +50,8 @@ def test_verdicts(
 def test_a_mismatch_names_its_offset_and_source(spool: Path) -> None:
     cmp = Comparison(spool, 1000, 1100)
     cmp.observe(1000, at(1000, 45) + b"!", "fragment [0, 2000) in file:///s/")
-    assert cmp.verdict(None).reason == "differs from fragment [0, 2000) in file:///s/ at offset 1045"
+    reason = cmp.verdict(None).reason
+    assert reason == "differs from fragment [0, 2000) in file:///s/ at offset 1045"
 
 
 def test_quarantined_spools_are_listed(tmp_path: Path, spool: Path) -> None:
