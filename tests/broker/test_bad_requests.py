@@ -3,7 +3,9 @@ code a client can act on (never UNKNOWN or INTERNAL for the client's own mistake
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import pytest
@@ -12,8 +14,10 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.service import MAX_MESSAGE_SIZE
 from broker.testing.broker import BrokerProcess
+from broker.testing.cluster import BrokerCluster
+from broker.testing.etcd import EtcdServer
 
-from .conftest import MakeJournal, append, read_all
+from .conftest import MakeJournal, append, journal_spec, read_all
 
 
 async def test_oversized_content_message_is_resource_exhausted_naming_the_limit(
@@ -124,3 +128,54 @@ async def test_bytes_that_are_not_a_protobuf_are_invalid_argument(
                         pass
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
     assert "protocol." in (err.value.details() or "")  # names the message it expected
+
+
+@pytest.fixture(scope="module")
+def two_brokers(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BrokerCluster]:
+    root = f"/test-bad-requests/{os.getpid()}"
+    with BrokerCluster(
+        etcd_server.endpoint, root=root, spool_root=tmp_path_factory.mktemp("two"), zones=["a", "b"]
+    ) as c:
+        yield c
+
+
+async def test_bad_append_through_a_proxying_broker_gets_the_same_answers(
+    two_brokers: BrokerCluster,
+) -> None:
+    async with (
+        grpc.aio.insecure_channel(two_brokers.endpoints[0]) as ch0,
+        grpc.aio.insecure_channel(two_brokers.endpoints[1]) as ch1,
+    ):
+        stubs = [pb_grpc.JournalStub(ch0), pb_grpc.JournalStub(ch1)]
+        spec = journal_spec("tests/bad-proxied")
+        resp = await stubs[0].Apply(pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
+        assert resp.status == pb.OK
+        async with asyncio.timeout(30):
+            while True:  # until the journal has its primary
+                r = await append(stubs[0], spec.name)
+                if r.status == pb.OK:
+                    break
+                await asyncio.sleep(0.1)
+        primary = r.header.process_id.suffix
+        via = next(stubs[i] for i, b in enumerate(two_brokers.brokers) if b.suffix != primary)
+
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await append(via, spec.name, b"x" * (MAX_MESSAGE_SIZE + 1))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert str(MAX_MESSAGE_SIZE) in (err.value.details() or "")
+
+        async def naming_another() -> AsyncIterator[pb.AppendRequest]:
+            yield pb.AppendRequest(journal=spec.name)
+            yield pb.AppendRequest(journal="tests/another-journal", content=b"other")
+            yield pb.AppendRequest()
+
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await via.Append(naming_another())
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "journal" in (err.value.details() or "").lower()
+
+        r = await append(via, spec.name, b"after\n")
+        assert r.status == pb.OK and r.commit.begin == 0
+        assert r.header.process_id.suffix == primary  # proxied
