@@ -53,7 +53,13 @@ from broker.protocol.validation import split_journal_meta
 from broker.quarantine import WAIT_LIMIT, Comparison, Verdict, quarantine
 from broker.replica import JournalReplica
 from broker.replication import Pipeline, ReplicationError, RouteKey, route_key
-from broker.reservation import ReservationError, is_marker, marker, span_for
+from broker.reservation import (
+    ReservationError,
+    ReservationStoreError,
+    is_marker,
+    marker,
+    span_for,
+)
 from broker.spool import COMMITS_SUFFIX, SPOOL_SUFFIX, SpoolError
 
 PEER_CHANNEL_OPTIONS = [
@@ -67,6 +73,9 @@ log = logging.getLogger(__name__)
 
 PENDING_RETRY = 2.0
 """Seconds before a spool of an unserved journal that must wait is judged again."""
+
+RESERVE_RETRIES = (0.2, 0.5, 1.0)
+"""Delays between attempts to write a reservation marker before the append is refused."""
 
 LEASE_MARGIN = 0.5
 """Seconds of certain lease left that reserving offsets requires (clock-rate slack)."""
@@ -352,7 +361,7 @@ class Broker:
     # --- lifecycle ------------------------------------------------------------------------
     def _lock_spool_dir(self) -> None:
         self.cfg.spool_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.cfg.spool_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.cfg.spool_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as err:
@@ -764,12 +773,18 @@ class Broker:
             )
         offset = end + span_for(replica.fragment_length)
         store = store_for_url(replica.spec.fragment.stores[0])
-        try:
-            await store.persist(marker(replica.name, offset), self._empty_file())
-        except (FragmentStoreError, OSError) as err:
-            raise ReservationError(
-                f"{replica.name}: cannot reserve offsets up to {offset} in {store.url}: {err}"
-            ) from err
+        for delay in (*RESERVE_RETRIES, None):
+            try:
+                await store.persist(marker(replica.name, offset), self._empty_file())
+                break
+            except (FragmentStoreError, OSError) as err:
+                if delay is None:
+                    replica.store_health_error = str(err)
+                    raise ReservationStoreError(
+                        f"{replica.name}: cannot reserve offsets up to {offset} (replication 1 "
+                        f"reserves offsets in its first store before acknowledging): {err}"
+                    ) from err
+                await asyncio.sleep(delay)
         if self.session.lease_valid_for() <= LEASE_MARGIN:
             raise ReservationError(
                 f"{replica.name}: this broker's etcd lease may have expired while reserving "

@@ -52,6 +52,11 @@ class ReservationError(Exception):
     that needed them is rolled back."""
 
 
+class ReservationStoreError(ReservationError):
+    """The journal's first fragment store failed the reservation's write (the append is
+    answered FRAGMENT_STORE_UNHEALTHY, as upstream answers appends to an unhealthy store)."""
+
+
 def span_for(fragment_length: int) -> int:
     """How far past an append's end a new reservation reaches: two fragments, at least
     `MIN_SPAN`, so that a busy journal writes a marker about once per two fragments."""

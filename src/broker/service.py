@@ -47,7 +47,7 @@ from broker.replication import (
     route_key,
 )
 from broker.request_guard import add_guarded_service, drain_requests
-from broker.reservation import ReservationError
+from broker.reservation import ReservationError, ReservationStoreError
 from broker.spool import SpoolError
 
 log = logging.getLogger(__name__)
@@ -462,6 +462,12 @@ class JournalService(pb_grpc.JournalServicer):
                     if not isinstance(err, ReservationError):
                         raise
                     log.warning("append refused journal=%s err=%s", replica.name, err)
+                    if isinstance(err, ReservationStoreError):
+                        return pb.AppendResponse(
+                            status=pb.FRAGMENT_STORE_UNHEALTHY,
+                            header=header,
+                            store_health_error=str(err),
+                        )
                     await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
                 try:  # every peer commits before we do
                     if replicating:

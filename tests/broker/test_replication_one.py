@@ -36,7 +36,7 @@ from broker.testing.broker import BrokerProcess
 from broker.testing.cluster import BrokerCluster
 from broker.testing.etcd import EtcdServer
 
-from .conftest import append
+from .conftest import MakeJournal, append, read_all
 from .test_cluster import create, primary_suffix, stubs, wait_route
 
 _names = itertools.count()
@@ -324,3 +324,22 @@ async def test_a_leftover_spool_that_conflicts_is_quarantined_not_published(
     contents = [f[2] for f in store_fragments(store, s.name) if f[0] < f[1]]
     assert contents == [b"from b, longer\n" * 10], "the conflicting spool was published"
     check_store(store, s.name)
+
+
+async def test_an_append_that_cannot_reserve_offsets_is_refused_and_rolled_back(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal, tmp_path: Path
+) -> None:
+    """A replication-1 primary whose store cannot take the reservation does not acknowledge
+    (as upstream refuses appends to a journal whose store is unhealthy)."""
+    store = tmp_path / "unmounted"
+    spec = await make_journal("unreserved", store=f"file://{store}/")
+    resp = await append(stub, spec.name, b"not acknowledged\n")
+    assert resp.status == pb.FRAGMENT_STORE_UNHEALTHY
+    assert "cannot reserve offsets" in resp.store_health_error
+    assert "root directory" in resp.store_health_error
+    store.mkdir()
+    resp = await append(stub, spec.name, b"acknowledged\n")
+    assert resp.status == pb.OK and (resp.commit.begin, resp.commit.end) == (0, 13)
+    content, _ = await read_all(stub, spec.name)
+    assert content == b"acknowledged\n"
+    assert [f[:2] for f in store_fragments(store, spec.name)] == [(4 << 20 | 13,) * 2]

@@ -71,6 +71,7 @@ def make_topic(client: JournalClient, tmp_path: Path) -> MakeTopic:
 
     async def make(count: int = 1, content_type: str = JSON) -> Topic:
         topic = f"t{next(_names)}-{os.getpid()}"
+        (tmp_path / "store").mkdir(exist_ok=True)
         changes = [
             pb.ApplyRequest.Change(
                 upsert=topic_spec(

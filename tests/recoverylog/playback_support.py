@@ -56,6 +56,7 @@ def make_log(client: JournalClient, tmp_path: Path) -> MakeLog:
             compression_codec=pb.NONE,
             refresh_interval=Duration(seconds=60),
         )
+        (tmp_path / "store").mkdir(exist_ok=True)
         frag.stores.append(f"file://{tmp_path}/store/")
         spec = pb.JournalSpec(name=name, replication=1, fragment=frag)
         spec.labels.labels.add(name="content-type", value=RECOVERYLOG_CONTENT_TYPE)

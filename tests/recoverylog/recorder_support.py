@@ -61,6 +61,7 @@ def make_rec_log(rec_client: JournalClient, tmp_path: Path) -> MakeLog:
         frag = pb.JournalSpec.Fragment(
             length=1 << 26, compression_codec=pb.NONE, refresh_interval=Duration(seconds=60)
         )
+        (tmp_path / "store").mkdir(exist_ok=True)
         frag.stores.append(f"file://{tmp_path}/store/")
         spec = pb.JournalSpec(name=name, replication=1, fragment=frag)
         spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")

@@ -59,6 +59,7 @@ def make_journal(client: JournalClient, tmp_path: Path) -> MakeJournal:
 
     async def make(prefix: str = "c", **kw: object) -> pb.JournalSpec:
         name = f"client/{prefix}-{next(_names)}"
+        (tmp_path / "store").mkdir(exist_ok=True)
         spec = journal_spec(name, f"file://{tmp_path}/store/", **kw)  # type: ignore[arg-type]
         await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
         return spec

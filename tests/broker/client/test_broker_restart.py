@@ -25,6 +25,7 @@ async def test_retry_reader_survives_broker_kill_and_restart(
     proc.start()
     try:
         async with JournalClient(proc.endpoint) as client:
+            (tmp_path / "store").mkdir()
             spec = journal_spec("restart/journal", f"file://{tmp_path}/store/")
             await apply_journals(
                 client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)])

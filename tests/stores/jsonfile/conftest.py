@@ -53,6 +53,7 @@ def make_log(client: JournalClient, tmp_path: Path) -> MakeLog:
         frag = pb.JournalSpec.Fragment(
             length=1 << 26, compression_codec=pb.NONE, refresh_interval=Duration(seconds=60)
         )
+        (tmp_path / "fragments").mkdir(exist_ok=True)
         frag.stores.append(f"file://{tmp_path / 'fragments'}/")
         spec = pb.JournalSpec(name=name, replication=1, fragment=frag)
         spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")

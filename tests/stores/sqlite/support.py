@@ -53,6 +53,7 @@ async def apply_log(client: JournalClient, name: str, store_dir: Path) -> str:
     frag = pb.JournalSpec.Fragment(
         length=1 << 26, compression_codec=pb.NONE, refresh_interval=Duration(seconds=60)
     )
+    store_dir.mkdir(parents=True, exist_ok=True)
     frag.stores.append(f"file://{store_dir}/")
     spec = pb.JournalSpec(name=name, replication=1, fragment=frag)
     spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")
