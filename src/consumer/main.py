@@ -6,18 +6,23 @@ application may add its own gRPC services by defining ``register_grpc(server, ru
 finds a shard's primary). HTTP on ``--http-port`` (same host; 0: none) serves ``/healthz``,
 ``/debug/shards`` and the handlers of the application's ``register_http(web_app, runtime)``
 (`consumer.http_api`). SIGTERM/SIGINT: hand shards over to other processes (up to
-``--drain-timeout``), then stop: the servers first (HTTP answers 503 to the application's
-routes once the drain is over, and waits a few seconds at most for requests in flight),
-then the runtime.
+``--drain-timeout``, and no longer than some other member can take them), then stop: the
+servers first (HTTP answers 503 to the application's routes once the drain is over, and
+waits a few seconds at most for requests in flight), then the runtime.
+
+A process whose etcd lease expired (it was paused, or cut off from etcd, for longer than
+``--lease-ttl``) has been fenced: its shards went to other members, and its recovery logs'
+hand-offs refuse its writes. It stops like a drained one, logs one WARNING line saying so,
+and exits with status `EXIT_FENCED`; restart it to rejoin.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import inspect
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -26,7 +31,7 @@ import grpc
 import grpc.aio
 
 from allocator.etcd import EtcdError
-from allocator.session import MemberExistsError
+from allocator.session import LeaseLostError, MemberExistsError
 from consumer.application import Application, IncompleteMessageProducer, check_message_producer
 from consumer.config import ConsumerConfig, parse_args
 from consumer.http_api import DEFAULT_SHUTDOWN_TIMEOUT, ConsumerHTTP, HTTPStartError
@@ -34,13 +39,29 @@ from consumer.protocol import consumer_pb2_grpc as pb_grpc
 from consumer.runtime import ConsumerRuntime
 from consumer.shard_api import ShardAPI
 
-__all__ = ["ConsumerStartupError", "load_application", "main", "serve"]
+__all__ = [
+    "EXIT_FENCED",
+    "ConsumerFenced",
+    "ConsumerStartupError",
+    "load_application",
+    "main",
+    "serve",
+]
 
 log = logging.getLogger("consumer")
+
+EXIT_FENCED = 3
+"""Exit status of a consumer that was fenced: its etcd lease expired (`ConsumerFenced`)."""
 
 
 class ConsumerStartupError(Exception):
     """The consumer cannot start (bad application, etcd unreachable, address in use...)."""
+
+
+class ConsumerFenced(Exception):
+    """The member's etcd lease expired while the process ran (it was paused, or cut off from
+    etcd, for longer than ``--lease-ttl``): its shards were handed to other members, and it
+    has stopped. Restart the process to rejoin. ``__cause__`` is the `LeaseLostError`."""
 
 
 def load_application(ref: str) -> Application:
@@ -141,15 +162,36 @@ async def _serve(
     )
     background = asyncio.create_task(runtime.run_background(), name="consumer-background")
     stopped = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait({background, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait({background, stopped}, return_when=asyncio.FIRST_COMPLETED)
     log.info("stopping")
     if http is not None:
         http.set_draining()
     if not background.done() and cfg.drain_timeout > 0:
         await runtime.drain(cfg.drain_timeout)
     await _stop(runtime, server, http, background)
-    if background in done and background.exception() is not None:
-        raise background.exception()  # type: ignore[misc]
+    failure = None if background.cancelled() else background.exception()
+    if failure is not None:
+        lost = _lease_lost(failure)
+        if lost is not None:
+            raise ConsumerFenced(
+                f"the lease of member {cfg.zone}#{cfg.suffix} expired (the process was paused, "
+                f"or cut off from etcd, for longer than --lease-ttl {cfg.lease_ttl}s), so its "
+                "shards were handed to other members; restart it to rejoin"
+            ) from lost
+        raise failure
+
+
+def _lease_lost(err: BaseException) -> LeaseLostError | None:
+    """The `LeaseLostError` that ended the background loops, if that is what ended them
+    (they run in a task group: it comes wrapped in an exception group)."""
+    if isinstance(err, LeaseLostError):
+        return err
+    if isinstance(err, BaseExceptionGroup):
+        for inner in err.exceptions:
+            found = _lease_lost(inner)
+            if found is not None:
+                return found
+    return None
 
 
 async def _stop(
@@ -173,12 +215,17 @@ async def _stop(
         elif isinstance(err, BaseException):
             raise err
     background.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await background
+    # Waited for, not awaited: had it failed (its lease lost), awaiting it would raise here,
+    # and the replicas would be left to asyncio.run's teardown, commits cut off mid-way.
+    await asyncio.wait({background})
     await runtime.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Stores, their recovery-log playbacks and fusefs backing files hold the application's
+    # state: private to the consumer's user (docs/file-modes.md). Set first, so it covers
+    # what RocksDB, SQLite and the fusefs process (which inherits it) create.
+    os.umask(0o077)
     cfg = parse_args(argv)
     logging.basicConfig(
         level=cfg.log_level.upper(),
@@ -191,6 +238,10 @@ def main(argv: list[str] | None = None) -> None:
     except ConsumerStartupError as err:
         print(f"gazette-consumer: {err}", file=sys.stderr)
         sys.exit(2)
+    except ConsumerFenced as err:
+        # Normal for a process that lost its lease: said once, without a traceback.
+        log.warning("fenced: %s", err)
+        sys.exit(EXIT_FENCED)
 
 
 if __name__ == "__main__":

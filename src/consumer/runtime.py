@@ -47,7 +47,7 @@ from consumer.protocol import pb
 from consumer.replica import ReplicaContext, ShardReplica
 from consumer.shard_api import shard_route
 from consumer.spec import ShardKeys, decode_consumer_value, desired_replication
-from fusefs.mount import ServerPool
+from fusefs.mount import ServerPool, collect_killed
 
 __all__ = ["ConsumerRuntime", "Resolution"]
 
@@ -176,6 +176,7 @@ class ConsumerRuntime:
             await asyncio.gather(*self._stopping.values(), return_exceptions=True)
         if self._fusefs_pool is not None:
             await self._fusefs_pool.close()
+        await collect_killed()  # The fusefs processes of destroyed stores.
         if self.session is not None:
             with contextlib.suppress(EtcdError):
                 await self.session.release()

@@ -168,7 +168,10 @@ class RecordingOperations(pyfuse3.Operations):
         try:
             self._link.check()
         except RecordingFailed as err:
-            log.error("mutation refused: %s", err)
+            # Fenced, the refusal is expected (a newer primary owns the log; logged once).
+            log.log(
+                logging.INFO if self._link.fenced else logging.ERROR, "mutation refused: %s", err
+            )
             raise FUSEError(errno.EIO) from None
 
     @staticmethod
@@ -549,5 +552,5 @@ class RecordingOperations(pyfuse3.Operations):
         try:
             await self._link.barrier(confirm=False)  # A file sync: no fence check needed.
         except RecordingFailed as err:
-            log.error("fsync failed: %s", err)
+            log.log(logging.INFO if self._link.fenced else logging.ERROR, "fsync failed: %s", err)
             raise FUSEError(errno.EIO) from None

@@ -19,6 +19,8 @@ over while an append is in flight still share the next one.
 `barrier` hands everything over and resolves (in trio) once a Recorder barrier behind it
 commits: every operation queued before the call is then in the log. Once recording failed
 (e.g. the log was fenced by a new primary), every later mutating handler and barrier fails.
+The failure is logged once: a fence as a WARNING (a newer primary took the log over, as it
+should once this process's shard moved), anything else as an ERROR.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from recoverylog.op_batch import (
     apply_ops,
     from_thread,
 )
-from recoverylog.recorder import Recorder
+from recoverylog.recorder import Recorder, RecorderFenced
 
 __all__ = ["RecordingFailed", "RecordingLink"]
 
@@ -78,6 +80,26 @@ class RecordingLink:
     @property
     def error(self) -> BaseException | None:
         return self._error
+
+    @property
+    def fenced(self) -> bool:
+        """Whether recording ended because another author fenced the log (module docs)."""
+        return isinstance(self._error, RecorderFenced)
+
+    def _failed(self, err: BaseException) -> None:
+        """Recording failed with `err` (either thread): remember and log it, once."""
+        if self._error is not None:
+            return
+        self._error = err
+        if isinstance(err, RecorderFenced):
+            log.warning(
+                "recording fenced: another author took the log over (a newer primary); "
+                "file changes are refused from now on log=%s err=%r",
+                self._rec.log,
+                err,
+            )
+        else:
+            log.error("recording failed log=%s err=%r", self._rec.log, err)
 
     # -- Trio thread -------------------------------------------------------------------------
 
@@ -146,8 +168,7 @@ class RecordingLink:
         try:
             head = int(cfut.result().commit.end)
         except BaseException as err:
-            if self._error is None:
-                self._error = err
+            self._failed(err)
             raise RecordingFailed(f"recording to {self._rec.log} failed: {err!r}") from err
         self.barriers += 1
         return head
@@ -165,8 +186,7 @@ class RecordingLink:
         try:
             apply_ops(rec, ops)
         except BaseException as err:  # The Recorder is broken, or a bug in the handlers.
-            log.error("recording failed log=%s err=%r", rec.log, err)
-            self._error = err
+            self._failed(err)
 
     def _barrier(self, confirm: bool) -> asyncio.Future[pb.AppendResponse]:
         if self._error is not None:

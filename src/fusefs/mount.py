@@ -18,7 +18,13 @@ pre-started process exits when its control pipe closes.
 No stale mount is left if either process dies: the fusefs process stops and unmounts when
 its control pipe closes or on SIGTERM (its parent-death signal); if the fusefs process dies,
 `stop`/`kill`/`close` (and `FuseMount.start` on failure) detach the mount with
-``fusermount3 -u -z``.
+``fusermount3 -u -z``. `FuseMount.exited` says whether the process is gone (an owner that did
+not end it learns so: its recording is lost).
+
+The event loop must collect a process's exit and pipes before it closes: left to the loop's
+teardown, they fail to close ("Event loop is closed"). `stop` and `kill` do; an owner that
+kills the process synchronously (`RocksDBStore.destroy`) hands the rest to
+`FuseMount.collect_later`, and the program awaits `collect_killed` before its loop ends.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ __all__ = [
     "MountStopped",
     "PrestartedServer",
     "ServerPool",
+    "collect_killed",
     "force_unmount",
     "is_mounted",
     "mounts_under",
@@ -116,6 +123,12 @@ class FuseMount:
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def exited(self) -> bool:
+        """Whether the fusefs process has exited (or is a zombie), whoever ended it. Exact at
+        the call, before the event loop has noticed the exit."""
+        return self._gone or self.proc.returncode is not None or not _running(self.proc.pid)
 
     @classmethod
     async def start(
@@ -297,12 +310,30 @@ class FuseMount:
         if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
-            await self.proc.wait()
+        await self._collect()
+        force_unmount(self.mountpoint)
+        self.remove_hand_over()
+
+    async def _collect(self) -> None:
+        """Wait for the ended process's exit and the end of both its pipes: the loop then has
+        closed everything of it (module docs)."""
+        stdin = self.proc.stdin
+        if stdin is not None:
+            stdin.close()
+            with contextlib.suppress(Exception):  # A pipe broken by the process's death.
+                await stdin.wait_closed()
+        await self.proc.wait()
         if self._reader is not None:
             with contextlib.suppress(BaseException):
                 await self._reader
-        force_unmount(self.mountpoint)
-        self.remove_hand_over()
+
+    def collect_later(self) -> None:
+        """For an owner that killed the process itself and cannot wait (`RocksDBStore.destroy`
+        runs outside the loop's awaits): collect its exit and pipes on the loop in the
+        background; `collect_killed` waits for every such collection."""
+        task = asyncio.get_running_loop().create_task(self._collect())
+        _collecting.add(task)
+        task.add_done_callback(_collecting.discard)
 
     def remove_hand_over(self) -> None:
         """Remove the files handed to the process (its configuration and FSMs), as `kill`
@@ -314,6 +345,27 @@ class FuseMount:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+_collecting: set[asyncio.Task[None]] = set()
+"""Collections started by `FuseMount.collect_later`, until done."""
+
+
+async def collect_killed() -> None:
+    """Wait until every process handed to `FuseMount.collect_later` is collected. A program
+    that destroys RocksDB stores calls it before its event loop ends (module docs)."""
+    while _collecting:
+        await asyncio.wait(set(_collecting))
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` exists and is neither a zombie nor dead."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 async def _spawn(config: str, log_level: str | None) -> asyncio.subprocess.Process:

@@ -19,6 +19,7 @@ from broker.client.list import apply_journals
 from broker.protocol import protocol_pb2 as bpb
 from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer
+from consumer.main import EXIT_FENCED
 from consumer.protocol import consumer_pb2_grpc as pb_grpc
 from consumer.protocol import pb
 from consumer.testing import ConsumerProcess
@@ -333,8 +334,16 @@ async def test_zombie_primary_cannot_commit_after_handoff(
         stop.set()
         await feeder
         await check_totals(client, stubs[survivor], s, expected)
+        # The zombie learns its lease is gone and exits by itself: a fenced exit, which its
+        # log says plainly (no ERROR, no traceback) and its exit status names.
+        assert procs[zombie].proc is not None
+        code = await asyncio.to_thread(procs[zombie].proc.wait, 30)
         log = procs[zombie].tail_log(200_000)
-        assert "shard unassigned shard=shard-000" in log, log[-3000:]
+        assert code == EXIT_FENCED, log[-3000:]
+        assert "fenced: the lease of member z" in log, log[-3000:]
+        # (" ERROR ": the fusefs process's log lines, which tell a fence from a failure.)
+        for bad in ("level=ERROR", " ERROR ", "Traceback", "Event loop is closed", "Cancelled"):
+            assert bad not in log, log[-6000:]
 
 
 async def test_graceful_exit_hands_off_without_standbys(

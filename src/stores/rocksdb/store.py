@@ -435,7 +435,14 @@ class RocksDBStore:
     def _fail(self, err: BaseException) -> None:
         if self._error is None:
             self._error = err
-            log.error("rocksdb store commit failed err=%r", err)
+            if isinstance(err, asyncio.CancelledError):
+                # Its owner released the store with the commit in flight (the shard stopped):
+                # that commit is not acknowledged, and is no error of the store.
+                log.info("rocksdb store commit abandoned: the store is being released")
+            else:
+                # A warning: the shard reports the failure (an error) if it is still running;
+                # a zombie being stopped sees its commits fail because its log was fenced.
+                log.warning("rocksdb store failed: a commit failed err=%r", err)
 
     async def _write(self, batch: WriteBatch, overlay: dict[bytes, Any]) -> None:
         """Write `batch` (unsynced), the transaction whose writes `overlay` holds. A write
@@ -524,7 +531,8 @@ class RocksDBStore:
         backing directory, the mount's directory and the info LOG (and `open`'s workdir).
 
         Must be called from outside the event loop's running tasks' critical path: it kills
-        the fusefs process (detaching the mount)."""
+        the fusefs process (detaching the mount). The loop collects the process's exit in
+        the background: await `fusefs.collect_killed()` before the loop ends."""
         self._closed = True
         # fusefs first: closing the database flushes (log round trips through the mount, with
         # the GIL held); once fusefs is dead, file operations on the mount fail at once. Its
@@ -536,6 +544,8 @@ class RocksDBStore:
                 proc.kill()
             _wait_exited(proc.pid)
         self.mount.remove_hand_over()
+        with contextlib.suppress(RuntimeError):  # No running loop: none to collect it on.
+            self.mount.collect_later()  # Its exit and pipes (`fusefs.collect_killed`).
         self._exec.shutdown(wait=True)  # A flush or compaction under way: let it end.
         self._sync_exec.shutdown(wait=True)
         self._wal.close()
