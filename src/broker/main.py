@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 
@@ -114,6 +115,9 @@ async def _serve(cfg: BrokerConfig, broker: Broker, http: BrokerHTTP | None) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Spools, registers, cached fragments: journal content, private to the broker's user
+    # (docs/file-modes.md). Set first, so it covers every file the process makes.
+    os.umask(0o077)
     cfg = parse_args(argv)
     logging.basicConfig(
         level=cfg.log_level.upper(),

@@ -74,8 +74,8 @@ class Spool:
         self.sync = sync
         self._sha1 = sha1 or hashlib.sha1()
         self.first_append_time: float | None = None
-        self._fd = os.open(files.content, os.O_RDWR | os.O_CREAT, 0o644)
-        self._commits_fd = os.open(files.commits, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = os.open(files.content, os.O_RDWR | os.O_CREAT, 0o600)
+        self._commits_fd = os.open(files.commits, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
     @classmethod
     def create(

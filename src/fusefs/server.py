@@ -375,6 +375,9 @@ class _Server:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # The backing files hold a store's content: private to our user (docs/file-modes.md),
+    # whatever umask the process was started with.
+    os.umask(0o077)
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(
         level=os.environ.get("FUSEFS_LOG_LEVEL", "WARNING"),

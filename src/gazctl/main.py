@@ -182,6 +182,7 @@ def run(argv: Sequence[str] | None = None, io: Streams | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: ``gazctl ...``."""
+    os.umask(0o077)  # Files gazctl writes (recoveries, offsets) are private: docs/file-modes.md
     return run(argv)
 
 

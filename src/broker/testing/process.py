@@ -15,6 +15,10 @@ from typing import Self
 from broker.testing.etcd import free_port
 
 
+def _private_opener(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
+
+
 class ProcessUnavailable(RuntimeError):
     """The process exited or did not report ready in time."""
 
@@ -53,8 +57,9 @@ class ReadyProcess(abc.ABC):
 
     def start(self, timeout: float | None = None) -> Self:
         timeout = self.start_timeout if timeout is None else timeout
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
+        # Private, as the process's own files are (docs/file-modes.md).
+        self.log_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        log = open(self.log_path, "ab", opener=_private_opener)
         start_at = log.tell()
         env = {**os.environ, **self.extra_env}
         self.proc = subprocess.Popen(

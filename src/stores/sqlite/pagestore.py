@@ -148,7 +148,7 @@ def rebuild(sources: Sequence[Path], target: Path) -> RebuildStats:
     """
     records = bytes_read = 0
     torn = False
-    fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         for src in sources:
             if is_wal_generation(src):
