@@ -138,7 +138,8 @@ def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
         "--drain-timeout",
         type=float,
         default=d.drain_timeout,
-        help="on SIGTERM, seconds to wait for shards to move to other processes (0: none)",
+        help="on SIGTERM, seconds to wait at most for shards to move to other processes "
+        "(0: none); shards no other process can take, and FAILED ones, are not waited for",
     )
     p.add_argument(
         "--log-level", default=_env("LOG_LEVEL", d.log_level), help="log level [LOG_LEVEL]"

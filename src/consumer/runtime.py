@@ -12,7 +12,10 @@ assignment's mod revision. `resolve` answers where a shard is served (the Resolv
 upstream): here, or the primary's endpoint for proxying.
 
 Graceful exit (`drain`): the member marks itself exiting, the allocator moves its shards
-away (each successor reaching STANDBY first), and the process returns once none is left.
+away (each successor reaching STANDBY first), and the process returns once none is left that
+another member could take: a FAILED replica is not waited for (it serves nothing; its shard
+is assigned anew once this process is gone), nor a shard the allocator can place nowhere
+else (no other live member with room).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from allocator.allocator import Allocator, wait_until_no_assignments
+from allocator.allocator import Allocator
 from allocator.etcd import Compare, Etcd, EtcdError, op_put
 from allocator.keyspace import KeySpace, KeyValue
 from allocator.model import (
@@ -38,6 +41,7 @@ from allocator.model import (
     parse_assignment_key,
 )
 from allocator.session import MemberSession
+from allocator.solver import solve
 from broker.client import JournalClient
 from broker.protocol import protocol_pb2 as bpb
 from consumer.application import Application, MessageProducer, ResolveArgs
@@ -148,7 +152,8 @@ class ConsumerRuntime:
 
     async def drain(self, timeout: float) -> bool:
         """Graceful exit: mark this member exiting; wait (up to `timeout`) until the allocator
-        moved every shard away. Returns whether it got there."""
+        moved away every shard another member can take (module docs). Returns whether it got
+        there."""
         assert self.session is not None
         spec = pb.ConsumerSpec()
         spec.CopyFrom(self.spec)
@@ -161,12 +166,38 @@ class ConsumerRuntime:
         log.info("exiting: waiting for shards to move away count=%d", len(self._mine()))
         try:
             async with asyncio.timeout(timeout):
-                await wait_until_no_assignments(self.keyspace, self.cfg.root, self.member_id)
+                while self._movable():
+                    await self.keyspace.wait_for_change(self.keyspace.revision)
         except TimeoutError:
             log.warning("drain timed out with %d shards still assigned", len(self._mine()))
             return False
-        log.info("drained: no shards assigned")
+        left = sorted(self._mine())
+        if left:
+            log.info(
+                "drained: no other member can take the shards left (they are released as "
+                "this process exits) shards=%s",
+                ",".join(left),
+            )
+        else:
+            log.info("drained: no shards assigned")
         return True
+
+    def _movable(self) -> list[str]:
+        """Shards assigned here that the allocator can still move to another member: all of
+        them until this member's exiting flag is in the keyspace; then those not FAILED here
+        which the solver places on some other member."""
+        mine = self._mine()
+        if not mine:
+            return []
+        assert self.allocator is not None
+        state = self.allocator.state()
+        me = state.members.get(self.member_id)
+        if me is None or not me.exiting:
+            return sorted(mine)
+        # The leader's own solution, computed here: solve() is a function of the state.
+        desired = solve(state.items.values(), state.members.values(), state.current())
+        failed = {s for s, r in self.replicas.items() if r.status.code == Code.FAILED}
+        return sorted(s for s in mine if s not in failed and desired.get(s))
 
     async def shutdown(self) -> None:
         """Stop every replica, release the member session and close connections."""

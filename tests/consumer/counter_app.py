@@ -1,5 +1,6 @@
 """A test consumer application: sums `Add` messages per key in a RocksDB store and publishes
-each key's new total (exactly once) to the journal named by env COUNTER_OUTPUT, if set.
+each key's new total (exactly once) to the journal named by env COUNTER_OUTPUT, if set. An
+Add of key `POISON` fails the shard (tests of FAILED shards).
 
 Run by `gazette-consumer tests.consumer.counter_app:Counter` in the runtime tests."""
 
@@ -15,6 +16,12 @@ from message import CONTENT_TYPE_JSON_LINES, JSONMessage
 from message.envelope import Envelope
 from message.publisher import Publisher
 from stores.rocksdb.store import RocksDBStore
+
+POISON = "poison"
+
+
+class PoisonMessage(Exception):
+    """An Add of key `POISON` was consumed."""
 
 
 @dataclass
@@ -46,6 +53,8 @@ class Counter:
         self, shard: Shard, store: RocksDBStore, env: Envelope, pub: Publisher
     ) -> None:
         msg: Add = env.message
+        if msg.key == POISON:
+            raise PoisonMessage(f"consumed an Add of key {POISON!r} (it fails the shard)")
         pending = self.pending.setdefault(shard.id, {})
         current = pending.get(msg.key)
         if current is None:

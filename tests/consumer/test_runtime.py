@@ -26,7 +26,7 @@ from consumer.testing import ConsumerProcess
 from message import CONTENT_TYPE_JSON_LINES
 from message.iterators import ReadCommittedIter
 from message.publisher import Publisher
-from tests.consumer.counter_app import Add, Total
+from tests.consumer.counter_app import POISON, Add, Total
 
 REPO = Path(__file__).resolve().parents[2]
 _names = itertools.count()
@@ -407,6 +407,43 @@ async def test_graceful_exit_hands_off_without_standbys(
                 last_t, last_v = t, v
         print(f"graceful hand-off: SIGTERM to exit {stopped_in:.2f}s, longest stall {stall:.2f}s")
         assert stall < 5.0, f"processing stalled {stall:.2f}s during the hand-off"
+
+
+@pytest.mark.parametrize("status", ["primary", "failed"])
+async def test_last_consumer_exits_without_waiting_out_the_drain(
+    status: str,
+    setup_factory: list[Setup],
+    etcd_server: EtcdServer,
+    broker: BrokerProcess,
+    client: JournalClient,
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to the only consumer of an application, whose shard is PRIMARY or FAILED: no
+    other member can take it, so the process exits at once instead of waiting out
+    --drain-timeout (60 s by default)."""
+    s = Setup(etcd_server, broker, tmp_path, shards=1)
+    setup_factory.append(s)
+    await s.create_journals(client)
+    proc = s.consumer(0).start()
+    async with grpc.aio.insecure_channel(proc.endpoint) as ch:
+        stub = pb_grpc.ShardStub(ch)
+        await apply_shards(stub, s.shard_specs(hot_standbys=1))
+        await wait_for(ready_on(stub, [pb.ReplicaStatus.PRIMARY]), "a primary")
+        if status == "failed":
+            async with AppendService(client) as svc:
+                pub = Publisher(svc)
+                pub.publish_committed(
+                    lambda _m: (s.inputs[0], CONTENT_TYPE_JSON_LINES), Add(POISON, 1)
+                )
+                await pub.barrier()
+            await wait_for(ready_on(stub, [pb.ReplicaStatus.FAILED]), "the shard FAILED")
+    t0 = time.monotonic()
+    await asyncio.to_thread(proc.stop)
+    took = time.monotonic() - t0
+    log = proc.tail_log(100_000)
+    assert took < 10.0, f"SIGTERM to exit took {took:.1f}s:\n{log[-3000:]}"
+    assert "no other member can take the shards left" in log, log[-3000:]
+    assert "drain timed out" not in log
 
 
 async def test_spec_changes_apply_to_a_running_shard(
