@@ -55,6 +55,12 @@ CHUNK_SIZE = 256 << 10
 messages move ~3x the bytes/s of 1 MiB messages through grpc.aio (docs/broker.md)."""
 
 
+OUTCOME_TIMEOUT = 5.0
+"""Seconds an `Appender` waits for the outcome of a call one of whose operations failed. Such
+a call has normally ended already (its stream broke, or the broker answered early); one that
+has not by then is cancelled, and the operation's error raised."""
+
+
 class AppendRetriesExhausted(Exception):
     """An append kept failing with retryable errors (unreachable brokers, routing statuses)
     for longer than its ``retry_for``. `__cause__` is the last error."""
@@ -138,15 +144,33 @@ class Appender:
         try:
             await write
         except Exception as err:  # noqa: BLE001 - gRPC raises several types here
-            # The broker may have finished the RPC already (e.g. it refused the append with
-            # INSUFFICIENT_JOURNAL_BROKERS while we were still writing; gRPC then fails the
-            # write with InvalidStateError, INTERNAL or a cygrpc ExecuteBatchError): its
-            # response or status says why.
-            await self._finish()
+            await self._outcome_after(err)
             raise RuntimeError(
                 f"broker ended the append RPC of {self.request.journal} while it was being "
                 f"written ({err!r}) but answered OK"
             ) from None
+
+    async def _outcome_after(self, err: Exception) -> pb.AppendResponse:
+        """The call's outcome once one of its operations failed with `err`.
+
+        The broker may have finished the RPC already (e.g. it refused the append with
+        INSUFFICIENT_JOURNAL_BROKERS while we were still writing), or died: gRPC then fails
+        the operation with InvalidStateError, INTERNAL, or a raw core `InternalError`
+        (``ExecuteBatchError``), a direct call with UNAVAILABLE. Whichever it was, the
+        call's response or status says what happened, as for any append: returns the
+        response if it is OK (the append committed), else raises as `_finish`. If the call
+        does not end within `OUTCOME_TIMEOUT`, it is cancelled and `err` is raised.
+        """
+        timeout = asyncio.timeout(OUTCOME_TIMEOUT)
+        try:
+            async with timeout:
+                return await self._finish()
+        except TimeoutError:
+            if not timeout.expired():
+                raise
+        self._cancel()
+        self.client.invalidate_route(self.request.journal)
+        raise err
 
     async def write(self, data: bytes) -> None:
         """Stream `data` to the broker (in chunks of at most `CHUNK_SIZE`). Not yet committed.
@@ -197,14 +221,20 @@ class Appender:
         """Commit everything written, and return the broker's response.
 
         Raises the `BrokerError` subclass of a non-OK status (e.g. `WrongAppendOffset`,
-        `RegisterMismatch`), or `grpc.aio.AioRpcError` on transport failure. If `close` is
-        cancelled, or the connection fails while it runs, the append may or may not have
-        committed.
+        `RegisterMismatch`), or `grpc.aio.AioRpcError` on transport failure (rarely a raw
+        transport error that `is_transient_rpc_error` knows, from a call that would not
+        end). If `close` is cancelled, or the connection fails while it runs, the append
+        may or may not have committed.
         """
         try:
             call = await self._start()
             await self._send(pb.AppendRequest())
-            await call.done_writing()
+            try:
+                await call.done_writing()
+            except Exception as err:  # noqa: BLE001 - gRPC raises several types here
+                # As for a failed write, the call's outcome tells: an OK answer means the
+                # broker had our commit message and the half-close, and committed.
+                return await self._outcome_after(err)
             return await self._finish()
         except BaseException:
             self._cancel()
@@ -215,8 +245,9 @@ class Appender:
         call, self._finished = self._call, True
         try:
             resp = await call
-        except grpc.aio.AioRpcError:
-            self.client.invalidate_route(self.request.journal)
+        except Exception as err:
+            if isinstance(err, grpc.aio.AioRpcError) or is_transient_rpc_error(err):
+                self.client.invalidate_route(self.request.journal)
             raise
         self._call = None
         self.response = resp
@@ -266,7 +297,10 @@ class Appender:
         try:
             await call.done_writing()
             await asyncio.wait_for(call, timeout=5.0)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError):
+        except Exception:  # noqa: BLE001
+            # Whatever ended the call (the broker's answer to the half-close, a dead broker,
+            # a stream gRPC already found broken: ExecuteBatchError...), nothing written is
+            # visible; an abort runs on error paths, whose error this must not replace.
             pass
         finally:
             call.cancel()

@@ -104,7 +104,8 @@ class DirectAppendCall:
             if kind not in (RESPONSE, ERROR):
                 raise DirectProtocolError(f"unexpected frame {kind!r} of {len(payload)} bytes")
             return kind, payload
-        except (asyncio.IncompleteReadError, ConnectionError) as err:
+        except (asyncio.IncompleteReadError, OSError) as err:
+            # Any socket error (a reset, a timeout, an unreachable host), as `append`.
             raise _unavailable(self._target, f"connection lost ({err!r})") from None
         except DirectProtocolError as err:
             raise _unavailable(self._target, str(err)) from None
@@ -131,7 +132,7 @@ class DirectAppendCall:
             for part in _coalesced(parts):
                 conn.writer.write(part)
             await conn.writer.drain()
-        except ConnectionError as err:
+        except OSError as err:  # drain() raises the socket's error, whatever it was.
             raise _unavailable(self._target, f"connection lost ({err!r})") from None
 
     async def write(self, msg: pb.AppendRequest) -> None:

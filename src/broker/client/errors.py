@@ -5,8 +5,9 @@ match on types (``except WrongAppendOffset``) rather than comparing enum values.
 the journal and offset that explain it where they are known.
 
 Transport failures (the gRPC call itself failed: connection refused, broker killed, stream reset)
-are *not* wrapped: they surface as `grpc.aio.AioRpcError`. `is_transient_rpc_error` tells which of
-those a retrying caller should retry.
+are *not* wrapped: they surface as `grpc.aio.AioRpcError`, or, where grpc.aio or a socket raises
+them raw (a gRPC core `InternalError` such as ``ExecuteBatchError``, a ``ConnectionError``), as
+those. `is_transient_rpc_error` tells which of them a retrying caller should retry.
 """
 
 from __future__ import annotations
@@ -253,11 +254,14 @@ def is_transient_rpc_error(err: BaseException) -> bool:
     Connection loss, a broker restarting (UNAVAILABLE), a stream cancelled or reset by the
     peer (CANCELLED: a cancellation of our own surfaces as `asyncio.CancelledError` instead)
     and broker-side internal errors are transient; INVALID_ARGUMENT, UNIMPLEMENTED,
-    PERMISSION_DENIED and the like are not.
+    PERMISSION_DENIED and the like are not. So are the raw errors a dying peer makes a call
+    operation raise: a gRPC core `grpc.aio.InternalError` (``ExecuteBatchError``: e.g.
+    ``done_writing()`` on a stream that broke) and a socket's ``ConnectionError``; not
+    ``grpc.aio.UsageError``, which is a misuse of the API.
     """
     if isinstance(err, grpc.aio.AioRpcError):
         return err.code() in _TRANSIENT_CODES
-    return False
+    return isinstance(err, grpc.aio.InternalError | ConnectionError)
 
 
 @dataclass(frozen=True, slots=True)

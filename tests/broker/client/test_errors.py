@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
+
 import grpc
 import grpc.aio
 import pytest
+from grpc._cython import cygrpc
 
 from broker.client import errors
 from broker.client.errors import (
@@ -77,6 +80,27 @@ def _rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
 def test_transient_rpc_errors(code: grpc.StatusCode, transient: bool) -> None:
     assert is_transient_rpc_error(_rpc_error(code)) is transient
     assert not is_transient_rpc_error(ValueError())
+
+
+@pytest.mark.parametrize(
+    ("err", "transient"),
+    [
+        # Raised raw by grpc.aio call operations on a stream a dying broker broke.
+        (cygrpc.ExecuteBatchError('Failed "execute_batch": (<SendClose...>,)'), True),
+        (grpc.aio.InternalError("core"), True),
+        # A socket's, on a direct append.
+        (ConnectionResetError(errno.ECONNRESET, "reset"), True),
+        (BrokenPipeError(errno.EPIPE, "broken pipe"), True),
+        (ConnectionRefusedError(errno.ECONNREFUSED, "refused"), True),
+        # Misuse and local failures are not the transport's.
+        (grpc.aio.UsageError("wrong API style"), False),
+        (OSError(errno.ENOSPC, "No space left on device"), False),
+        (RuntimeError("JournalClient is closed"), False),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else None,
+)
+def test_raw_transport_errors(err: BaseException, transient: bool) -> None:
+    assert is_transient_rpc_error(err) is transient
 
 
 def test_offset_jump_skipped() -> None:
