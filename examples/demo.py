@@ -137,18 +137,9 @@ def wait_persisted(broker: BrokerProcess, minimum: int, timeout: float = 30) -> 
         time.sleep(0.5)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--lines", type=int, default=5000, help="lines to append")
-    parser.add_argument("--keep", action="store_true", help="keep the data directory")
-    args = parser.parse_args()
-
-    data = Path(tempfile.mkdtemp(prefix="gazette-demo-"))
-    store = data / "fragments"
-    store.mkdir()
-    specs = data / "journals.yaml"
-    specs.write_text(
-        textwrap.dedent(f"""\
+def journals_yaml(store: Path) -> str:
+    """The demo's journal specs, as ``gazctl journals apply`` reads them."""
+    return textwrap.dedent(f"""\
         # Journals under examples/demo/ share this configuration.
         name: examples/demo/
         replication: 3            # every append commits on three brokers
@@ -167,7 +158,19 @@ def main() -> None:
               - name: content-type
                 value: application/x-ndjson
         """)
-    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lines", type=int, default=5000, help="lines to append")
+    parser.add_argument("--keep", action="store_true", help="keep the data directory")
+    args = parser.parse_args()
+
+    data = Path(tempfile.mkdtemp(prefix="gazette-demo-"))
+    store = data / "fragments"
+    store.mkdir()
+    specs = data / "journals.yaml"
+    specs.write_text(journals_yaml(store))
 
     t_start = time.monotonic()
     step("starting etcd on loopback")

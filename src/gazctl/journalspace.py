@@ -16,8 +16,12 @@ applies to every child listed under it.
       - name: examples/b
         labels: [{name: content-type, value: application/x-ndjson}]
 
-`journals:` is accepted as a synonym of `children:`. A node's `revision` is the etcd
-mod revision the change expects (0: create; -1: whatever the current one is).
+Children are listed in name order and labels in (name, value) order, without duplicates:
+upstream's gazctl refuses a tree otherwise, and so does this one, naming the first node or
+label out of place (a tree valid here stays valid for upstream's tools). `journals:` is
+accepted as a synonym of `children:`, and labels as a mapping of name to value. A node's
+`revision` is the etcd mod revision the change expects (0: create; -1: whatever the current
+one is).
 
 `push_down` makes every terminal node's spec explicit; `hoist` is its inverse, moving values
 shared by all children up into their parent; `tree_from_journals` builds the tree of a
@@ -36,7 +40,7 @@ from broker.protocol import labels as label_ops
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol.errors import ValidationError, context
 from broker.protocol.validation import validate_journal_name
-from gazctl.specyaml import SPEC_KEYS, spec_from_yaml, spec_to_yaml
+from gazctl.specyaml import SPEC_KEYS, spec_from_yaml, spec_to_yaml, yaml_int
 
 __all__ = [
     "Node",
@@ -88,15 +92,20 @@ class Node:
                 )
             if not self.children:
                 raise ValidationError(f"directory node {self.name!r} needs children")
-            seen: set[str] = set()
-            for child in self.children:
+            for i, child in enumerate(self.children):
                 if not child.name.startswith(self.name) or child.name == self.name:
                     raise ValidationError(
                         f"child {child.name!r} must be named under its parent {self.name!r}"
                     )
-                if child.name in seen:
+                prev = self.children[i - 1].name if i else None
+                if prev == child.name:
                     raise ValidationError(f"duplicate node {child.name!r}")
-                seen.add(child.name)
+                if prev is not None and prev > child.name:
+                    # Upstream's Node.Validate: "expected Children to be ordered".
+                    raise ValidationError(
+                        f"children of {self.name!r} must be in name order, as upstream gazctl "
+                        f"requires: {child.name!r} (children[{i}]) goes before {prev!r}"
+                    )
                 child.validate()
             return
         with context(self.name):
@@ -178,7 +187,6 @@ def parse_tree(doc: object) -> Node:
     if not isinstance(doc, Mapping):
         raise ValidationError(f"expected a mapping describing a journal tree, not {doc!r}")
     root = _parse_node(doc)
-    _sort(root)
     root.validate()
     return root
 
@@ -198,10 +206,7 @@ def _parse_node(doc: Mapping[str, Any]) -> Node:
                 raise ValidationError(f"expected true or false ({doc['delete']!r})", ["delete"])
             node.delete = doc["delete"]
         if "revision" in doc and doc["revision"] is not None:
-            rev = doc["revision"]
-            if isinstance(rev, bool) or not isinstance(rev, int):
-                raise ValidationError(f"expected an integer ({rev!r})", ["revision"])
-            node.revision = rev
+            node.revision = yaml_int(doc["revision"], "revision")
         if doc.get("comment"):
             node.comment = str(doc["comment"])
         if "children" in doc and "journals" in doc:
@@ -214,12 +219,6 @@ def _parse_node(doc: Mapping[str, Any]) -> Node:
                 raise ValidationError(f"expected a node mapping ({child!r})", ["children"])
             node.children.append(_parse_node(child))
     return node
-
-
-def _sort(node: Node) -> None:
-    node.children.sort(key=lambda c: c.name)
-    for c in node.children:
-        _sort(c)
 
 
 def load_tree(text: str) -> Node:

@@ -32,11 +32,17 @@ from typing import Any
 
 import yaml
 
-from broker.protocol import protocol_pb2 as bpb
 from broker.protocol.errors import ValidationError, context
 from broker.protocol.labels import intersect, subtract, union
 from consumer.protocol import pb
-from gazctl.specyaml import format_duration, parse_duration
+from gazctl.specyaml import (
+    INT32,
+    UINT32,
+    format_duration,
+    labels_from_yaml,
+    parse_duration,
+    yaml_int,
+)
 
 __all__ = [
     "SHARD_KEYS",
@@ -90,14 +96,6 @@ def _check_keys(doc: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
             raise ValidationError(f"unknown field {key!r} (expected one of {', '.join(allowed)})")
 
 
-def _int(value: object, name: str, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError(f"expected an integer ({value!r})", [name])
-    if minimum is not None and value < minimum:
-        raise ValidationError(f"expected an integer >= {minimum} ({value!r})", [name])
-    return value
-
-
 def _str(value: object, name: str) -> str:
     if not isinstance(value, str):
         raise ValidationError(f"expected a string ({value!r})", [name])
@@ -110,33 +108,16 @@ def _bool(value: object, name: str) -> bool:
     return value
 
 
-def _labels_from_yaml(value: object, out: bpb.LabelSet) -> None:
-    items: list[tuple[str, str]] = []
-    if isinstance(value, Mapping):
-        items = [(str(k), "" if v is None else str(v)) for k, v in value.items()]
-    elif isinstance(value, list):
-        for i, lb in enumerate(value):
-            with context(f"[{i}]"):
-                if not isinstance(lb, Mapping):
-                    raise ValidationError(f"expected a {{name, value}} mapping ({lb!r})")
-                _check_keys(lb, ("name", "value"))
-                v = lb.get("value", "")
-                items.append((_str(lb.get("name"), "name"), "" if v is None else str(v)))
-    elif value is not None:
-        raise ValidationError(f"expected a list of {{name, value}} ({value!r})")
-    del out.labels[:]
-    for name, val in sorted(set(items)):
-        out.labels.add(name=name, value=val)
-
-
 def _sources_from_yaml(value: object, out: pb.ShardSpec) -> None:
     if value is None:
         value = []
     if not isinstance(value, list):
-        raise ValidationError(f"expected a list of {{journal, min_offset}} ({value!r})")
+        raise ValidationError(
+            f"expected a list of {{journal, min_offset}} ({value!r})", ["sources"]
+        )
     del out.sources[:]
     for i, src in enumerate(value):
-        with context(f"[{i}]"):
+        with context(f"sources[{i}]"):
             if isinstance(src, str):
                 src = {"journal": src}
             if not isinstance(src, Mapping):
@@ -144,7 +125,7 @@ def _sources_from_yaml(value: object, out: pb.ShardSpec) -> None:
             _check_keys(src, ("journal", "min_offset"))
             out.sources.add(
                 journal=_str(src.get("journal"), "journal"),
-                min_offset=_int(src.get("min_offset", 0) or 0, "min_offset"),
+                min_offset=yaml_int(src.get("min_offset", 0) or 0, "min_offset"),
             )
 
 
@@ -154,8 +135,7 @@ def spec_from_yaml(doc: Mapping[str, Any], out: pb.ShardSpec) -> None:
     if "id" in doc:
         out.id = _str(doc["id"], "id")
     if "sources" in doc:
-        with context("sources"):
-            _sources_from_yaml(doc["sources"], out)
+        _sources_from_yaml(doc["sources"], out)
     for key in _SCALARS:
         if key not in doc or doc[key] is None:
             continue
@@ -165,16 +145,16 @@ def spec_from_yaml(doc: Mapping[str, Any], out: pb.ShardSpec) -> None:
         elif key in ("disable", "disable_wait_for_ack"):
             setattr(out, key, _bool(value, key))
         else:
-            # hint_backups may be negative on the wire, and is then refused by validation.
-            minimum = None if key == "hint_backups" else 0
-            setattr(out, key, _int(value, key, minimum=minimum))
+            # hint_backups is an int32, which validation refuses negative; the others are
+            # uint32s.
+            bounds = INT32 if key == "hint_backups" else UINT32
+            setattr(out, key, yaml_int(value, key, bounds))
     for key in _DURATIONS:
         if key in doc and doc[key] is not None:
             with context(key):
                 getattr(out, key).CopyFrom(parse_duration(doc[key]))
     if "labels" in doc:
-        with context("labels"):
-            _labels_from_yaml(doc["labels"], out.labels)
+        labels_from_yaml(doc["labels"], out.labels)
 
 
 def spec_to_yaml(spec: pb.ShardSpec) -> dict[str, Any]:
@@ -366,7 +346,7 @@ def parse_set(doc: object) -> ShardSet:
             entry = ShardEntry(pb.ShardSpec())
             spec_from_yaml(item, entry.spec)
             if item.get("revision") is not None:
-                entry.revision = _int(item["revision"], "revision", minimum=-1)
+                entry.revision = yaml_int(item["revision"], "revision", minimum=-1)
             if item.get("delete") is not None:
                 entry.delete = _bool(item["delete"], "delete")
             if item.get("comment"):

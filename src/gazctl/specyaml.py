@@ -21,12 +21,25 @@ from broker.protocol import protocol_pb2 as pb
 from broker.protocol.errors import ValidationError, context
 
 __all__ = [
+    "INT32",
+    "INT64",
+    "UINT32",
     "parse_duration",
     "format_duration",
+    "labels_from_yaml",
     "spec_from_yaml",
     "spec_to_yaml",
+    "yaml_int",
     "SPEC_KEYS",
 ]
+
+INT32 = (-(1 << 31), (1 << 31) - 1)
+INT64 = (-(1 << 63), (1 << 63) - 1)
+UINT32 = (0, (1 << 32) - 1)
+"""Ranges of the integer types of spec fields (protobuf's, and Go's)."""
+
+_MAX_GO_DURATION_NS = (1 << 63) - 1
+"""Go's time.Duration is int64 nanoseconds: upstream's specs hold no longer duration."""
 
 _UNITS_NS = {
     "ns": 1,
@@ -49,6 +62,8 @@ def parse_duration(value: object) -> Duration:
     if isinstance(value, bool):
         raise ValidationError(f"invalid duration ({value!r})")
     if isinstance(value, int | float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValidationError(f"invalid duration ({value!r})")
         nanos = round(value * 1e9)
     elif isinstance(value, str):
         text = value.strip()
@@ -72,6 +87,13 @@ def parse_duration(value: object) -> Duration:
         nanos *= sign
     else:
         raise ValidationError(f"invalid duration ({value!r})")
+    if abs(nanos) > _MAX_GO_DURATION_NS:
+        limit = Duration()
+        limit.FromNanoseconds(_MAX_GO_DURATION_NS)
+        raise ValidationError(
+            f"invalid duration ({value!r}; beyond Go's time.Duration range of "
+            f"±{format_duration(limit)})"
+        )
     d = Duration()
     d.FromNanoseconds(nanos)
     return d
@@ -124,9 +146,20 @@ def _enum_value(wrapper: Any, value: object, what: str) -> int:
     raise ValidationError(f"invalid {what} ({value!r}; expected one of {names})")
 
 
-def _int(value: object, field: str) -> int:
+def yaml_int(
+    value: object, field: str, bounds: tuple[int, int] = INT64, *, minimum: int | None = None
+) -> int:
+    """`value` as an integer of the spec field `field` (its YAML key), whose type holds
+    `bounds`; `minimum`, if given, is a tighter lower bound. Raises ValidationError naming
+    `field` for anything else."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValidationError(f"expected an integer ({value!r})", [field])
+    if minimum is not None and minimum > bounds[0] and value < minimum:
+        raise ValidationError(f"expected an integer >= {minimum} ({value!r})", [field])
+    if not bounds[0] <= value <= bounds[1]:
+        raise ValidationError(
+            f"expected an integer from {bounds[0]} to {bounds[1]} ({value!r})", [field]
+        )
     return value
 
 
@@ -169,28 +202,45 @@ SPEC_KEYS = (
 """JournalSpec fields of the YAML form, in the order they are written."""
 
 
-def _labels_from_yaml(value: object, out: pb.LabelSet) -> None:
+def labels_from_yaml(value: object, out: pb.LabelSet, key: str = "labels") -> None:
+    """Replace the labels of `out` with those of the YAML `value` (of the spec key `key`): a
+    list of ``{name, value}`` in (name, value) order without duplicates, as upstream's
+    LabelSet requires (a list out of order is refused, naming the first label out of place),
+    or a mapping of name to value (this gazctl's shorthand, which has no order to keep)."""
     items: list[tuple[str, str]] = []
     if isinstance(value, Mapping):
-        for k, v in value.items():
-            items.append((str(k), "" if v is None else str(v)))
+        items = sorted((str(k), "" if v is None else str(v)) for k, v in value.items())
     elif isinstance(value, list):
         for i, lb in enumerate(value):
-            with context(f"[{i}]"):
+            with context(f"{key}[{i}]"):
                 m = _mapping(lb, "label")
                 _check_keys(m, ("name", "value"))
                 v = m.get("value", "")
-                items.append((_str(m.get("name"), "name"), "" if v is None else str(v)))
+                item = (_str(m.get("name"), "name"), "" if v is None else str(v))
+                if items and items[-1] >= item:
+                    if items[-1] == item:
+                        raise ValidationError(f"duplicate label {_label_text(item)}")
+                    raise ValidationError(
+                        "labels must be in (name, value) order without duplicates, as "
+                        f"upstream requires: {_label_text(item)} goes before "
+                        f"{_label_text(items[-1])}"
+                    )
+                items.append(item)
     elif value is not None:
-        raise ValidationError(f"expected a list of {{name, value}} ({value!r})")
-    for name, val in sorted(set(items)):
+        raise ValidationError(f"expected a list of {{name, value}} ({value!r})", [key])
+    del out.labels[:]
+    for name, val in items:
         out.labels.add(name=name, value=val)
+
+
+def _label_text(item: tuple[str, str]) -> str:
+    return f"{item[0]}={item[1]!r}"
 
 
 def _fragment_from_yaml(doc: Mapping[str, Any], out: pb.JournalSpec.Fragment) -> None:
     _check_keys(doc, _FRAGMENT_KEYS)
     if "length" in doc:
-        out.length = _int(doc["length"], "length")
+        out.length = yaml_int(doc["length"], "length")
     if "compression_codec" in doc:
         with context("compression_codec"):
             out.compression_codec = _enum_value(  # type: ignore[assignment]
@@ -217,10 +267,9 @@ def spec_from_yaml(doc: Mapping[str, Any], out: pb.JournalSpec) -> None:
     if "name" in doc:
         out.name = _str(doc["name"], "name")
     if "replication" in doc:
-        out.replication = _int(doc["replication"], "replication")
+        out.replication = yaml_int(doc["replication"], "replication", INT32)
     if "labels" in doc:
-        with context("labels"):
-            _labels_from_yaml(doc["labels"], out.labels)
+        labels_from_yaml(doc["labels"], out.labels)
     if "fragment" in doc and doc["fragment"] is not None:
         with context("fragment"):
             _fragment_from_yaml(_mapping(doc["fragment"], "fragment"), out.fragment)
@@ -228,7 +277,7 @@ def spec_from_yaml(doc: Mapping[str, Any], out: pb.JournalSpec) -> None:
         with context("flags"):
             out.flags = _enum_value(pb.JournalSpec.Flag, doc["flags"], "flags")
     if "max_append_rate" in doc:
-        out.max_append_rate = _int(doc["max_append_rate"], "max_append_rate")
+        out.max_append_rate = yaml_int(doc["max_append_rate"], "max_append_rate")
     if "suspend" in doc and doc["suspend"] is not None:
         with context("suspend"):
             s = _mapping(doc["suspend"], "suspend")
@@ -238,7 +287,7 @@ def spec_from_yaml(doc: Mapping[str, Any], out: pb.JournalSpec) -> None:
                     pb.JournalSpec.Suspend.Level, s["level"], "suspend level"
                 )
             if "offset" in s:
-                out.suspend.offset = _int(s["offset"], "offset")
+                out.suspend.offset = yaml_int(s["offset"], "offset")
 
 
 def _nonzero_duration(d: Duration) -> bool:

@@ -179,4 +179,5 @@ async def test_lines_append_that_gives_up_lands_nothing_after_it() -> None:
     assert rc == 1 and "append to a/b kept failing" in err, err
     calls = fb.journal.calls["Append"]
     assert len(calls) == 6, len(calls)  # The first batch's attempts, and nothing after.
-    assert took < 4, took
+    # One window (1 s) per queued batch would take over 10 s; allow for a loaded machine.
+    assert took < 8, took

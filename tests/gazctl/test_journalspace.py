@@ -251,3 +251,87 @@ def test_tree_from_listing_hoists_common_values_and_flattens_back() -> None:
     assert [(c.upsert, c.expect_mod_revision) for c in changes] == [
         (j.spec, j.mod_revision) for j in listing
     ]
+
+
+# --- upstream's rules: ordered children and labels, integers and durations in range ------
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (
+            # examples/word-count/journals.yaml had its children so, which upstream refuses.
+            "name: ex/\nchildren: [{name: ex/deltas/, children: [{name: ex/deltas/p0}]}, "
+            "{name: ex/counts}]",
+            "children of 'ex/' must be in name order, as upstream gazctl requires: "
+            "'ex/counts' (children[1]) goes before 'ex/deltas/'",
+        ),
+        (
+            "name: ex/\nchildren: [{name: ex/d/, children: [{name: ex/d/2}, {name: ex/d/1}]}]",
+            "children of 'ex/d/' must be in name order",
+        ),
+        ("name: aa/\nchildren: [{name: aa/bb}, {name: aa/bb}]", "duplicate node 'aa/bb'"),
+        (
+            "name: aa/bb\nlabels: [{name: zz}, {name: aa}]",
+            "aa/bb.labels[1]: labels must be in (name, value) order without duplicates, as "
+            "upstream requires: aa='' goes before zz=''",
+        ),
+        (
+            "name: aa/bb\nlabels: [{name: aa, value: '2'}, {name: aa, value: '1'}]",
+            "aa/bb.labels[1]: labels must be in (name, value) order",
+        ),
+        ("name: aa/bb\nlabels: [{name: aa}, {name: aa}]", "aa/bb.labels[1]: duplicate label aa=''"),
+    ],
+)
+def test_upstream_order_rules(doc: str, message: str) -> None:
+    """Children and labels are in the order upstream's gazctl requires (it refuses a tree
+    whose children are not ordered, and a spec whose labels are not), so that a tree this
+    gazctl takes is one upstream's takes too."""
+    with pytest.raises(ValidationError) as exc:
+        load_tree(doc)
+    assert message in str(exc.value)
+
+
+def test_label_mappings_are_sorted() -> None:
+    """Labels given as a mapping (this gazctl's shorthand) have no order to keep."""
+    (change,) = _flat("name: aa/bb\nlabels: {zz: '1', aa: '2'}")
+    assert [(lb.name, lb.value) for lb in change.upsert.labels.labels] == [
+        ("aa", "2"),
+        ("zz", "1"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (
+            "name: aa/bb\nfragment: {length: 99999999999999999999999}",
+            "aa/bb.fragment.length: expected an integer from -9223372036854775808 to "
+            "9223372036854775807 (99999999999999999999999)",
+        ),
+        (
+            "name: aa/bb\nreplication: 2147483648",
+            "aa/bb.replication: expected an integer from -2147483648 to 2147483647",
+        ),
+        ("name: aa/bb\nmax_append_rate: 9223372036854775808", "aa/bb.max_append_rate: expected"),
+        ("name: aa/bb\nsuspend: {offset: -9223372036854775809}", "aa/bb.suspend.offset: expected"),
+        ("name: aa/bb\nrevision: 9223372036854775808", "aa/bb.revision: expected an integer"),
+        ("name: aa/bb\nflags: 4294967296", "aa/bb.flags: invalid flags (4294967296"),
+        (
+            "name: aa/bb\nfragment: {retention: 9999999h}",
+            "aa/bb.fragment.retention: invalid duration ('9999999h'; beyond Go's "
+            "time.Duration range of ±2562047h47m16.854775807s)",
+        ),
+        (
+            "name: aa/bb\nfragment: {retention: 1.0e+30}",
+            "aa/bb.fragment.retention: invalid duration",
+        ),
+        ("name: aa/bb\nfragment: {retention: .nan}", "aa/bb.fragment.retention: invalid duration"),
+    ],
+)
+def test_out_of_range_numbers_name_their_key(doc: str, message: str) -> None:
+    """Numbers past what the spec's field (or Go's time.Duration) holds are refused naming
+    the YAML key, rather than ending in a traceback."""
+    with pytest.raises(ValidationError) as exc:
+        load_tree(doc)
+    assert message in str(exc.value)

@@ -46,13 +46,6 @@ fragment:
   compression_codec: NONE
   refresh_interval: 1m0s
 children:
-- name: PREFIXwords/
-  labels:
-  - name: content-type
-    value: application/x-ndjson
-  children:
-  - name: PREFIXwords/part-000
-  - name: PREFIXwords/part-001
 - name: PREFIXrecovery/
   labels:
   - name: content-type
@@ -60,6 +53,13 @@ children:
   children:
   - name: PREFIXrecovery/shard-000
   - name: PREFIXrecovery/shard-001
+- name: PREFIXwords/
+  labels:
+  - name: content-type
+    value: application/x-ndjson
+  children:
+  - name: PREFIXwords/part-000
+  - name: PREFIXwords/part-001
 """
 
 
@@ -239,7 +239,7 @@ def test_apply_dry_run_and_guards(shards: Gazctl, specs: str) -> None:
         ),
         (
             "shards:\n- id: shard-000\n  hot_standbys: -1\n",
-            "shards[shard-000].hot_standbys: expected an integer >= 0 (-1)",
+            "shards[shard-000].hot_standbys: expected an integer from 0 to 4294967295 (-1)",
         ),
         (
             "shards:\n- id: shard-000\n- id: shard-000\n",

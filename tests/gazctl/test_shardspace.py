@@ -122,3 +122,62 @@ def test_sources_as_names_and_label_mappings() -> None:
     spec = shard_set.shards[0].spec
     assert [s.journal for s in spec.sources] == ["b/journal", "a/journal"]  # order kept
     assert [(lb.name, lb.value) for lb in spec.labels.labels] == [("x", "1"), ("y", "")]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (
+            "shards:\n- id: s\n  hint_backups: 99999999999999999999999\n",
+            "shards[s].hint_backups: expected an integer from -2147483648 to 2147483647 "
+            "(99999999999999999999999)",
+        ),
+        (
+            "shards:\n- id: s\n  hot_standbys: 4294967296\n",
+            "shards[s].hot_standbys: expected an integer from 0 to 4294967295",
+        ),
+        ("shards:\n- id: s\n  ring_buffer_size: 4294967296\n", "shards[s].ring_buffer_size"),
+        ("common:\n  read_channel_size: 4294967296\n", "common.read_channel_size: expected"),
+        (
+            "shards:\n- id: s\n  sources: [{journal: a/b, min_offset: 9223372036854775808}]\n",
+            "shards[s].sources[0].min_offset: expected an integer from",
+        ),
+        ("shards:\n- id: s\n  revision: 9223372036854775808\n", "shards[s].revision: expected"),
+        (
+            "shards:\n- id: s\n  max_txn_duration: 3000000h\n",
+            "shards[s].max_txn_duration: invalid duration ('3000000h'; beyond Go's",
+        ),
+    ],
+)
+def test_out_of_range_numbers_name_their_key(doc: str, message: str) -> None:
+    """As journal specs: a number past its field's type is refused naming the YAML key."""
+    with pytest.raises(ValidationError) as exc:
+        load_set(doc)
+    assert message in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (
+            "common:\n  labels: [{name: b, value: '1'}, {name: a, value: '1'}]\n",
+            "common.labels[1]: labels must be in (name, value) order without duplicates, as "
+            "upstream requires: a='1' goes before b='1'",
+        ),
+        (
+            "shards:\n- id: s\n  labels: [{name: a}, {name: a}]\n",
+            "shards[s].labels[1]: duplicate label a=''",
+        ),
+    ],
+)
+def test_labels_in_upstream_order(doc: str, message: str) -> None:
+    """Shard labels are in the order upstream's LabelSet requires, as journal labels are."""
+    with pytest.raises(ValidationError) as exc:
+        load_set(doc)
+    assert message in str(exc.value)
+
+
+def test_shards_in_any_order() -> None:
+    """Upstream's shard set has no order rule (unlike a journal tree's children): kept."""
+    shard_set = load_set("shards:\n- id: s-b\n- id: s-a\n")
+    assert [e.spec.id for e in shard_set.shards] == ["s-b", "s-a"]

@@ -98,7 +98,10 @@ def shard_specs(
 
 
 def journals_yaml(partitions: int, store: str, replication: int = 1) -> str:
-    """`journal_specs` as ``gazctl journals apply`` YAML."""
+    """`journal_specs` as ``gazctl journals apply`` YAML.
+
+    Children are in name order and labels in (name, value) order, as upstream's gazctl
+    requires (it refuses the file otherwise)."""
     ndjson = f"{{name: content-type, value: {CONTENT_TYPE_JSON_LINES}}}"
     lines = [
         "name: examples/word-count/",
@@ -109,16 +112,16 @@ def journals_yaml(partitions: int, store: str, replication: int = 1) -> str:
         f'  stores: ["{store}"]',
         "  refresh_interval: 1m0s",
         "children:",
-        "  - name: examples/word-count/deltas/",
-        "    labels:",
-        f"      - {ndjson}",
-        f"      - {{name: {MESSAGE_TYPE_LABEL}, value: NGramDelta}}",
-        "    children:",
-        *(f"      - name: {deltas_partition(i)}" for i in range(partitions)),
         f"  - name: {COUNTS}",
         "    labels:",
-        f"      - {ndjson}",
         f"      - {{name: {MESSAGE_TYPE_LABEL}, value: NGramCount}}",
+        f"      - {ndjson}",
+        "  - name: examples/word-count/deltas/",
+        "    labels:",
+        f"      - {{name: {MESSAGE_TYPE_LABEL}, value: NGramDelta}}",
+        f"      - {ndjson}",
+        "    children:",
+        *(f"      - name: {deltas_partition(i)}" for i in range(partitions)),
         f"  - name: {RECOVERY_PREFIX}/",
         "    labels:",
         f"      - {{name: content-type, value: {RECOVERYLOG_CONTENT_TYPE}}}",
