@@ -74,6 +74,9 @@ log = logging.getLogger(__name__)
 PENDING_RETRY = 2.0
 """Seconds before a spool of an unserved journal that must wait is judged again."""
 
+RELIEF_INTERVAL = 2.0
+"""Seconds between two reliefs of a full spool disk."""
+
 RESERVE_RETRIES = (0.2, 0.5, 1.0)
 """Delays between attempts to write a reservation marker before the append is refused."""
 
@@ -163,6 +166,7 @@ class Broker:
         # Spools of unserved journals waiting for the journal to pass them (broker.quarantine).
         self._pending_since: dict[tuple[str, int], float] = {}
         self._reserving: set[str] = set()  # journals with a reservation being extended
+        self._relieved_at = -RELIEF_INTERVAL
         # Per-journal routing derived from the keyspace, valid while its generation holds
         # (every request consults them several times; each is a scan of the assignments).
         self._routing_generation = -1
@@ -795,6 +799,32 @@ class Broker:
         COUNTERS.reservations += 1
         if previous and previous < offset:
             self._spawn(self._remove_marker(store.url, replica.name, previous))
+
+    def relieve_disk(self) -> None:
+        """The spool disk is full: drop the fragment cache and roll every spool this broker
+        writes as primary, so the persist loop uploads them and removes their files. At most
+        once per `RELIEF_INTERVAL` (appends failing meanwhile just retry)."""
+        now = time.monotonic()
+        if now - self._relieved_at < RELIEF_INTERVAL:
+            return
+        self._relieved_at = now
+        COUNTERS.spool_disk_full += 1
+        freed = self.cache.clear()
+        rolling = [
+            r
+            for r in self.replicas.values()
+            if r.has_stores and r.spool is not None and len(r.spool) and self._is_primary(r.name)
+        ]
+        log.error(
+            "spool disk full dir=%s: dropped %d bytes of cached fragments, rolling %d spools "
+            "to persist and remove them (%d already queued)",
+            self.cfg.spool_dir,
+            freed,
+            len(rolling),
+            self.persist_queue.qsize(),
+        )
+        for replica in rolling:
+            self._spawn(self._roll_primary(replica))
 
     def reserve_ahead(self, replica: JournalReplica) -> None:
         """After a commit: once the head is within half a span of the furthest reservation,

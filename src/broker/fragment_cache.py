@@ -7,6 +7,7 @@ is detected (by its SHA1) before any of its bytes leave the broker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections import OrderedDict
@@ -72,6 +73,17 @@ class FragmentCache:
         entry = self._files.pop(key, None)
         if entry is not None:
             self._size -= entry[1]
+
+    def clear(self) -> int:
+        """Remove every cached file (e.g. to free a full spool disk); returns bytes freed.
+        Open descriptors stay valid; later reads fetch again."""
+        freed = self._size
+        for path, _size in self._files.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self._files.clear()
+        self._size = 0
+        return freed
 
     async def close(self) -> None:
         """Cancel in-flight fetches (their callers see CancelledError)."""

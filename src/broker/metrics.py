@@ -27,6 +27,8 @@ Ours, beyond upstream's (broker.reservation, broker.quarantine):
   of journals this broker no longer serves that conflicted with the journal's content and
   were set aside instead of persisted; ``gazette_spools_redundant_total``: such spools whose
   content the journal already held, dropped.
+- ``gazette_spool_disk_full_total``: times an append found the spool disk full (ENOSPC) and
+  the broker dropped its fragment cache and rolled its spools to persist and remove them.
 
 The counters are plain integers of this process (`COUNTERS`), updated where the events happen
 and rendered at each scrape.
@@ -67,6 +69,7 @@ class Counters:
     spools_quarantined: int = 0
     spool_quarantined_bytes: int = 0
     spools_redundant: int = 0
+    spool_disk_full: int = 0
 
 
 COUNTERS = Counters()
@@ -200,6 +203,11 @@ def render(write_heads: Iterable[tuple[str, int]], counters: Counters = COUNTERS
             "gazette_spools_redundant_total",
             counters.spools_redundant,
             "spools of unserved journals dropped because the journal already holds them",
+        ),
+        (
+            "gazette_spool_disk_full_total",
+            counters.spool_disk_full,
+            "times the spool disk was found full and spools were rolled to free it",
         ),
     ]
     families = [started, completed, heads]

@@ -48,7 +48,7 @@ from broker.replication import (
 )
 from broker.request_guard import add_guarded_service, drain_requests
 from broker.reservation import ReservationError, ReservationStoreError
-from broker.spool import SpoolError
+from broker.spool import SpoolDiskFull, SpoolError
 
 log = logging.getLogger(__name__)
 
@@ -441,8 +441,7 @@ class JournalService(pb_grpc.JournalServicer):
                         f"append stalled for over {self.b.cfg.chunk_timeout}s: rolled back",
                     )
                 if isinstance(err, SpoolError):
-                    log.error("spool write failed: %s", err)
-                    await context.abort(grpc.StatusCode.INTERNAL, str(err))
+                    await self._spool_failed(context, err, it)
                 raise
             begin, end = pending.begin, pending.end
             digest = b""
@@ -486,8 +485,7 @@ class JournalService(pb_grpc.JournalServicer):
                 try:
                     digest = pending.commit()
                 except SpoolError as err:
-                    log.error("spool commit failed: %s", err)
-                    await context.abort(grpc.StatusCode.INTERNAL, str(err))
+                    await self._spool_failed(context, err)
                 if regs is not replica.registers and not labels.label_set_equal(
                     regs, replica.registers
                 ):
@@ -508,6 +506,24 @@ class JournalService(pb_grpc.JournalServicer):
                 delayed_chunks=delayed,
                 store_health_error=replica.store_health_error,
             )
+
+    async def _spool_failed(
+        self, context: Any, err: SpoolError, unread: AsyncIterator[Any] | None = None
+    ) -> None:
+        """Answer an append whose spool write failed (after reading the rest of its stream,
+        `unread`, so the client gets the answer). A full disk is relieved (spools are rolled
+        and persisted, which removes them) and the client told to retry."""
+        log.error("spool write failed: %s", err)
+        if isinstance(err, SpoolDiskFull):
+            self.b.relieve_disk()
+        if unread is not None:
+            await drain_requests(unread, self.b.cfg.chunk_timeout)
+        if isinstance(err, SpoolDiskFull):
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{err}: the broker is persisting its spools to free the disk; retry",
+            )
+        await context.abort(grpc.StatusCode.INTERNAL, str(err))
 
     async def _proxy_append(
         self,
@@ -733,8 +749,7 @@ class JournalService(pb_grpc.JournalServicer):
         except ReplicationProtocolError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         except SpoolError as err:
-            log.error("replica spool write failed: %s", err)
-            await context.abort(grpc.StatusCode.INTERNAL, str(err))
+            await self._spool_failed(context, err)
         finally:
             route_change.cancel()
             follower.rollback()

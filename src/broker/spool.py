@@ -13,6 +13,8 @@ machine loss comes from replication; the commit log protects against process cra
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -34,6 +36,15 @@ COMMITS_SUFFIX = ".commits"
 
 class SpoolError(Exception):
     """A spool file could not be written or recovered."""
+
+
+class SpoolDiskFull(SpoolError):
+    """The spool's disk is full (ENOSPC, EDQUOT): the broker frees space where it can."""
+
+
+def _spool_error(message: str, err: OSError) -> SpoolError:
+    full = err.errno in (errno.ENOSPC, errno.EDQUOT)
+    return (SpoolDiskFull if full else SpoolError)(f"{message}: {err}")
 
 
 def spool_dir_for(root: Path, journal: str) -> Path:
@@ -170,9 +181,14 @@ class PendingAppend:
                 view = view[n:]
                 pos += n
         except OSError as err:
-            raise SpoolError(
+            # A write cut short (e.g. by ENOSPC) leaves bytes past `end` that a later rollback
+            # would not know of: drop them now.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.spool._fd, self.end - self.spool.begin)
+            raise _spool_error(
                 f"writing spool {self.spool.files.content} of journal {self.spool.journal} "
-                f"at offset {self.end}: {err}"
+                f"at offset {self.end}",
+                err,
             ) from err
         self._spool_sha1.update(data)
         self._append_sha1.update(data)
@@ -199,7 +215,7 @@ class PendingAppend:
             self.spool._commit(self.end, self._spool_sha1)
         except OSError as err:
             self.rollback()
-            raise SpoolError(f"committing spool of journal {self.spool.journal}: {err}") from err
+            raise _spool_error(f"committing spool of journal {self.spool.journal}", err) from err
         COUNTERS.spool_commits += 1
         COUNTERS.spool_commit_bytes += self.end - self.begin
         return self._append_sha1.digest()
