@@ -62,9 +62,16 @@ from broker.protocol.selector import format_label_selector, parse_label_selector
 from broker.protocol.sha1sum import sha1sum_hex
 from broker.protocol.validation import validate_journal_spec
 from gazctl.export import add_journals_export
-from gazctl.journalspace import apply_changes, dump_tree, load_tree, tree_from_journals
+from gazctl.journalspace import (
+    apply_changes,
+    check_required,
+    dump_tree,
+    load_tree,
+    tree_from_journals,
+)
 from gazctl.main import GazctlError, Streams, raise_if_txn_too_large
 from gazctl.output import apply_plan, render_table
+from gazctl.spec_errors import in_yaml_terms
 from gazctl.specyaml import format_duration, parse_duration
 from message.framing_fixed import FIXED_FRAME_HEADER_LENGTH, FIXED_FRAME_WORD
 from message.mapping import (
@@ -422,12 +429,13 @@ async def _apply_tree_text(
         for j in await list_all_journals(client):
             current[j.spec.name] = j.mod_revision
     changes = apply_changes(tree, current)
+    check_required(changes)
     for ch in changes:
         if ch.HasField("upsert"):
             try:
                 validate_journal_spec(ch.upsert)
             except ValidationError as err:
-                raise err.extend(ch.upsert.name) from None
+                raise in_yaml_terms(err, f"journal {ch.upsert.name}") from None
     req = pb.ApplyRequest(changes=changes)
     if dry_run:
         for line in apply_plan(req, lambda spec: spec.name):

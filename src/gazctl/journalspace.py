@@ -52,6 +52,7 @@ __all__ = [
     "intersect_specs",
     "subtract_specs",
     "apply_changes",
+    "check_required",
 ]
 
 _NODE_KEYS = (*SPEC_KEYS, "comment", "delete", "revision", "children", "journals")
@@ -352,3 +353,47 @@ def apply_changes(
         else:
             changes.append(pb.ApplyRequest.Change(upsert=node.spec, expect_mod_revision=rev))
     return changes
+
+
+REQUIRED = {
+    "replication": "replication (brokers per journal, 1 to 5)",
+    "fragment.length": "fragment.length (bytes per fragment, e.g. 536870912)",
+    "fragment.compression_codec": "fragment.compression_codec (NONE, GZIP, SNAPPY or ZSTANDARD)",
+    "fragment.refresh_interval": (
+        "fragment.refresh_interval (how often fragment stores are listed, 1s to 24h, e.g. 5m0s)"
+    ),
+}
+"""The fields a journal's spec must set (upstream has no defaults for them), with hints."""
+
+
+def _missing(spec: pb.JournalSpec) -> tuple[str, ...]:
+    f = spec.fragment
+    unset = {
+        "replication": spec.replication == 0,
+        "fragment.length": f.length == 0,
+        "fragment.compression_codec": f.compression_codec == pb.INVALID,
+        "fragment.refresh_interval": f.refresh_interval.ToNanoseconds() == 0,
+    }
+    return tuple(key for key in REQUIRED if unset[key])
+
+
+def check_required(changes: Iterable[pb.ApplyRequest.Change]) -> None:
+    """Raise one ValidationError naming every required field that the upserted (pushed
+    down) specs leave unset, and the journals lacking each, so that a user fixes them all at
+    once rather than one per try."""
+    lacking: dict[tuple[str, ...], list[str]] = {}
+    for ch in changes:
+        if ch.HasField("upsert") and (missing := _missing(ch.upsert)):
+            lacking.setdefault(missing, []).append(ch.upsert.name)
+    if not lacking:
+        return
+    groups = []
+    for missing, names in lacking.items():
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        subject = f"journals {shown} lack" if len(names) > 1 else f"journal {shown} lacks"
+        fields = ", ".join(REQUIRED[key] for key in missing)
+        groups.append(f"{subject} required fields: {fields}")
+    raise ValidationError(
+        "; ".join(groups) + ". Set them on each journal, or once on a directory node above "
+        "them (its children inherit what they leave unset)"
+    )

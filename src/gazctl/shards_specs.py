@@ -37,6 +37,7 @@ from consumer.spec import recovery_log_of, validate_shard_spec
 from gazctl.main import GazctlError, Streams, raise_if_txn_too_large
 from gazctl.output import apply_plan, render_table
 from gazctl.shardspace import apply_changes, dump_set, load_set, set_from_list
+from gazctl.spec_errors import in_yaml_terms
 from message.framing import UnknownFramingError, framing_for
 
 __all__ = ["DEFAULT_CONSUMER", "register_spec_commands"]
@@ -320,7 +321,7 @@ async def _apply_text(
             try:
                 validate_shard_spec(ch.upsert)
             except ValidationError as err:
-                raise err.extend(f"shard {ch.upsert.id}") from None
+                raise in_yaml_terms(err, f"shard {ch.upsert.id}") from None
     req = pb.ApplyRequest(changes=changes)
     if not args.skip_journal_check and any(ch.HasField("upsert") for ch in changes):
         async with JournalClient(args.broker, zone=args.zone) as jc:

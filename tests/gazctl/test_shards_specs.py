@@ -248,25 +248,36 @@ def test_apply_dry_run_and_guards(shards: Gazctl, specs: str) -> None:
         # Parsed, but invalid specs: refused before anything is sent.
         (
             "shards:\n- id: shard-000\n",
-            "shard shard-000.max_txn_duration: invalid value (0s; expected > 0s)",
+            "shard shard-000: max_txn_duration: invalid value (0s; expected > 0s)",
         ),
         (
             "common:\n  max_txn_duration: 1s\nshards:\n- id: sh#rd\n",
-            "shard sh#rd.id: not a valid token",
+            "shard sh#rd: id: not a valid token",
+        ),
+        (
+            "common:\n  max_txn_duration: 1s\n  labels: [{name: id, value: x}]\n"
+            "shards:\n- id: shard-000\n",
+            "shard shard-000: labels",
+        ),
+        (
+            "common:\n  max_txn_duration: 1s\n"
+            "shards:\n- id: shard-000\n  sources: [{journal: bb/cc}, {journal: aa/bb}]\n",
+            "shard shard-000: sources[1].journal",
         ),
         (
             "common:\n  max_txn_duration: 1s\n  recovery_log_prefix: recovery\n"
             "shards:\n- id: shard-000\n",
-            "shard shard-000.hint_prefix: not an absolute, clean, non-directory path",
+            "shard shard-000: hint_prefix: not an absolute, clean, non-directory path",
         ),
         (
             "common:\n  max_txn_duration: 1s\n  min_txn_duration: 1m\nshards:\n- id: shard-000\n",
-            "shard shard-000.min_txn_duration: invalid value (1m0s; expected <= "
+            "shard shard-000: min_txn_duration: invalid value (1m0s; expected <= "
             "max_txn_duration 1s",
         ),
     ],
 )
 def test_apply_bad_input(shards: Gazctl, text: str, message: str) -> None:
+    """Errors name the YAML keys a user wrote (and the shard), not upstream's Go fields."""
     r = shards("apply", stdin=text.encode())
     assert r.rc == 1
     assert r.err.startswith("gazctl: error:"), r.err
