@@ -440,6 +440,7 @@ async def _apply_tree_text(
     if dry_run:
         for line in apply_plan(req, lambda spec: spec.name):
             io.out(line)
+        _note_replication_one(changes, io)
         return 0
     if not changes:
         io.err("nothing to apply")
@@ -450,7 +451,25 @@ async def _apply_tree_text(
         raise_if_txn_too_large(err, len(changes), txn_size)
         raise
     io.err(f"applied {len(changes)} change(s) at revision {resp.header.etcd.revision}")
+    _note_replication_one(changes, io)
     return 0
+
+
+def _note_replication_one(changes: Sequence[pb.ApplyRequest.Change], io: Streams) -> None:
+    """Say what replication 1 promises, if an upserted spec asks for it (docs/broker.md)."""
+    names = [
+        ch.upsert.name for ch in changes if ch.HasField("upsert") and ch.upsert.replication == 1
+    ]
+    if not names:
+        return
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    io.err(
+        f"gazctl: note: replication 1 ({shown}): one broker holds what it acknowledged until "
+        "the fragment is persisted; if that machine or disk is lost for good, those appends "
+        "are lost (up to fragment.length bytes or one flush_interval; without --spool-sync "
+        "also at a power loss), and while a crashed broker is away readers meet a hole. "
+        "Use replication 2 or more to keep acknowledged appends (docs/broker.md)"
+    )
 
 
 async def cmd_apply(args: argparse.Namespace, io: Streams) -> int:

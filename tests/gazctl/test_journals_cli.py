@@ -54,6 +54,22 @@ def apply(gazctl: Gazctl, prefix: str, store: Path, **extra: str) -> None:
     assert "applied 2 change(s)" in r.err
 
 
+def test_apply_says_what_replication_1_promises(
+    gazctl: Gazctl, prefix: str, tmp_path: Path
+) -> None:
+    """A spec asking for replication 1 is applied with a note of what it may lose, and how
+    to avoid it; other replication factors get none."""
+    r = gazctl("journals", "apply", stdin=spec_yaml(prefix, tmp_path).encode())
+    assert r.rc == 0, r.err
+    assert (
+        f"gazctl: note: replication 1 ({prefix}clicks, {prefix}orders): one broker holds" in r.err
+    )
+    assert "Use replication 2 or more" in r.err and "--spool-sync" in r.err
+    text = spec_yaml(prefix, tmp_path).replace("replication: 1", "replication: 2")
+    r = gazctl("journals", "apply", "--dry-run", stdin=text.encode())
+    assert r.rc == 0 and "note" not in r.err, r.err
+
+
 def test_apply_list_and_reapply(gazctl: Gazctl, prefix: str, tmp_path: Path) -> None:
     dry = gazctl("journals", "apply", "--dry-run", stdin=spec_yaml(prefix, tmp_path).encode())
     assert dry.rc == 0 and f"# create {prefix}clicks (expect revision 0)" in dry.text
