@@ -69,7 +69,7 @@ from gazctl.journalspace import (
     load_tree,
     tree_from_journals,
 )
-from gazctl.main import GazctlError, Streams, raise_if_txn_too_large
+from gazctl.main import GazctlError, Streams, kept_edit_error, raise_if_txn_too_large
 from gazctl.output import apply_plan, render_table
 from gazctl.spec_errors import in_yaml_terms
 from gazctl.specyaml import format_duration, parse_duration
@@ -508,7 +508,12 @@ async def cmd_edit(args: argparse.Namespace, io: Streams) -> int:
         if edited == original or not body.strip():
             io.err("no changes")
             return 0
-        return await _apply_tree_text(client, edited, io, dry_run=False, txn_size=args.max_txn_size)
+        try:
+            return await _apply_tree_text(
+                client, edited, io, dry_run=False, txn_size=args.max_txn_size
+            )
+        except (ValidationError, GazctlError, BrokerError) as err:
+            raise kept_edit_error(err, edited, "journals apply") from err
 
 
 # --- read -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ __all__ = [
     "GazctlError",
     "TransactionTooLarge",
     "raise_if_txn_too_large",
+    "kept_edit_error",
     "build_parser",
     "DEFAULT_BROKER",
 ]
@@ -58,6 +60,20 @@ class GazctlError(Exception):
 class TransactionTooLarge(GazctlError):
     """An apply has more changes than etcd takes in one transaction (its ``--max-txn-ops``,
     128 by default)."""
+
+
+def kept_edit_error(err: Exception, edited: str, apply_command: str) -> GazctlError:
+    """The error of an ``edit`` whose result could not be applied: the edited text is kept
+    in a new file (so the edit is not lost), which the message names with the command that
+    applies it once fixed. The caller raises it from `err`."""
+    fd, path = tempfile.mkstemp(prefix="gazctl-edit-", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(edited)
+    out = GazctlError(
+        f"{err} (the edit is kept in {path}: fix it, then `gazctl {apply_command} --specs {path}`)"
+    )
+    out.exit_status = err.exit_status if isinstance(err, GazctlError) else 1
+    return out
 
 
 ETCD_TOO_MANY_OPS = "too many operations in txn request"

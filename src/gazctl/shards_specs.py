@@ -34,7 +34,7 @@ from consumer.shard_client import (
     unassign_shards,
 )
 from consumer.spec import recovery_log_of, validate_shard_spec
-from gazctl.main import GazctlError, Streams, raise_if_txn_too_large
+from gazctl.main import GazctlError, Streams, kept_edit_error, raise_if_txn_too_large
 from gazctl.output import apply_plan, render_table
 from gazctl.shardspace import apply_changes, dump_set, load_set, set_from_list
 from gazctl.spec_errors import in_yaml_terms
@@ -379,7 +379,12 @@ async def cmd_edit(args: argparse.Namespace, io: Streams) -> int:
         if edited == original or not body.strip():
             io.err("no changes")
             return 0
-        return await _apply_text(sc, args, edited, io, dry_run=False, txn_size=args.max_txn_size)
+        try:
+            return await _apply_text(
+                sc, args, edited, io, dry_run=False, txn_size=args.max_txn_size
+            )
+        except (ValidationError, GazctlError, ShardStatusError) as err:
+            raise kept_edit_error(err, edited, "shards apply") from err
 
 
 # --- unassign ---------------------------------------------------------------------------

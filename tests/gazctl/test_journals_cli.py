@@ -254,6 +254,26 @@ def test_edit_applies_editor_changes(
     r = gazctl("journals", "edit", "-l", f"name:prefix={prefix}")
     assert r.rc == 0 and "no changes" in r.err
 
+    # An edit that cannot be applied (a new journal out of name order) is kept, not lost.
+    script.write_text(
+        textwrap.dedent(
+            f"""\
+        import sys, yaml
+        path = sys.argv[1]
+        doc = yaml.safe_load(open(path))
+        doc["children"].append({{"name": "{prefix}apples"}})
+        open(path, "w").write(yaml.safe_dump(doc))
+        """
+        )
+    )
+    monkeypatch.setenv("EDITOR", f"{sys.executable} {script}")
+    r = gazctl("journals", "edit", "-l", f"name:prefix={prefix}")
+    assert r.rc == 1 and "must be in name order" in r.err and r.err.count("\n") == 1, r.err
+    kept = Path(r.err.split("the edit is kept in ")[1].split(":")[0])
+    assert f"{prefix}apples" in kept.read_text()
+    assert f"`gazctl journals apply --specs {kept}`" in r.err
+    kept.unlink()
+
 
 def test_fragments_prune_and_store_health(gazctl: Gazctl, prefix: str, tmp_path: Path) -> None:
     store = tmp_path / "store"

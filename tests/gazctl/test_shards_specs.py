@@ -322,6 +322,26 @@ def test_edit(shards: Gazctl, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, s
     r = shards("edit", "-l", "app=word-count")
     assert r.rc == 1 and "nothing applied" in r.err
 
+    # An edit that cannot be applied is kept in a file the error names, not lost.
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys, yaml
+            path = sys.argv[1]
+            doc = yaml.safe_load(open(path))
+            doc["shards"][0]["max_txn_duration"] = "soon"
+            open(path, "w").write(yaml.safe_dump(doc))
+            """
+        )
+    )
+    monkeypatch.setenv("EDITOR", f"{sys.executable} {script}")
+    r = shards("edit", "-l", "app=word-count")
+    assert r.rc == 1 and "invalid duration ('soon'" in r.err and r.err.count("\n") == 1, r.err
+    kept = Path(r.err.split("the edit is kept in ")[1].split(":")[0])
+    assert "max_txn_duration: soon" in kept.read_text()
+    assert f"`gazctl shards apply --specs {kept}`" in r.err
+    kept.unlink()
+
     r = shards("edit", "-l", "app=none")
     assert r.rc == 1 and "no shards match" in r.err
 
