@@ -794,11 +794,11 @@ class Broker:
                 f"{replica.name}: this broker's etcd lease may have expired while reserving "
                 "offsets; another broker may be primary"
             )
-        previous = reservations.own
         reservations.wrote(offset, sync=replica.sync)
         COUNTERS.reservations += 1
-        if previous and previous < offset:
-            self._spawn(self._remove_marker(store.url, replica.name, previous))
+        replaced = reservations.replaced()
+        if replaced:
+            self._spawn(self._remove_markers(store.url, replica.name, replaced))
 
     def relieve_disk(self) -> None:
         """The spool disk is full: drop the fragment cache and roll every spool this broker
@@ -849,14 +849,16 @@ class Broker:
 
         self._spawn(extend())
 
-    async def _remove_marker(self, url: str, journal: str, offset: int) -> None:
-        """Remove a reservation of ours that a newer one replaced (best effort)."""
-        try:
-            await store_for_url(url).remove(marker(journal, offset))
-        except (FragmentStoreError, OSError) as err:
-            log.warning(
-                "cannot remove old reservation journal=%s at=%d err=%s", journal, offset, err
-            )
+    async def _remove_markers(self, url: str, journal: str, offsets: list[int]) -> None:
+        """Remove reservations that a newer one replaced (best effort: a marker left behind
+        only reserves offsets below the newer one)."""
+        for offset in offsets:
+            try:
+                await store_for_url(url).remove(marker(journal, offset))
+            except (FragmentStoreError, OSError) as err:
+                log.warning(
+                    "cannot remove old reservation journal=%s at=%d err=%s", journal, offset, err
+                )
 
     def _empty_file(self) -> Path:
         path = self.cfg.spool_dir / "empty"

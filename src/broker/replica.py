@@ -210,6 +210,7 @@ class JournalReplica:
                 if is_marker(f):
                     if i == 0:
                         reserved = max(reserved or 0, f.end)
+                        self.reservations.markers.add(f.end)
                 else:
                     listed.append(f)
             if i == 0 and reserved is None:

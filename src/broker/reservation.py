@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.protocol import protocol_pb2 as pb
@@ -93,6 +93,8 @@ class Reservations:
     listed: int = 0
     own: int = 0
     known: bool = False
+    markers: set[int] = field(default_factory=set)
+    """Markers known to be in the store (listed, or written here), to remove once replaced."""
 
     def load(self) -> None:
         try:
@@ -110,6 +112,7 @@ class Reservations:
         """This broker wrote the marker at `offset`: remember it durably."""
         self.listed = max(self.listed, offset)
         self.own = max(self.own, offset)
+        self.markers.add(offset)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
@@ -122,6 +125,13 @@ class Reservations:
         except OSError as err:
             # Only costs a hole at our own restart: we then treat the marker as someone else's.
             log.error("cannot record own reservation path=%s err=%s", self.path, err)
+
+    def replaced(self) -> list[int]:
+        """Known markers below the furthest one: they reserve nothing more, and are
+        forgotten here as the caller removes them from the store."""
+        old = sorted(m for m in self.markers if m < self.listed)
+        self.markers.difference_update(old)
+        return old
 
     def fresh_start(self, head: int) -> int:
         """Where a fresh primary whose head is `head` starts: beyond every reservation but

@@ -259,6 +259,8 @@ async def trial(cluster: BrokerCluster, store: Path, fault: Literal["stop", "kil
         assert not changed, f"bytes a reader saw changed afterwards at offsets {changed[:5]}"
         assert len(seen.read) > 50, "the tailing reader read nothing"
     check_store(store, s.name)
+    markers = [f[0] for f in store_fragments(store, s.name) if f[0] == f[1]]
+    assert 1 <= len(markers) <= 2, f"replaced reservations were not removed: {markers}"
     quarantined = list((victim.spool_dir / "quarantine").rglob("*.spool"))
     assert not quarantined, f"spools were set aside although nothing conflicted: {quarantined}"
 

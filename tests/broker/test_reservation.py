@@ -43,3 +43,14 @@ def test_markers_are_empty_fragments_named_like_any() -> None:
     assert is_marker(m) and (m.begin, m.end) == (1 << 20, 1 << 20)
     assert span_for(128 << 10) == MIN_SPAN
     assert span_for(512 << 20) == 1 << 30
+
+
+def test_replaced_markers_are_handed_out_once(tmp_path: Path) -> None:
+    r = Reservations(tmp_path / "reserved")
+    r.markers.update({100, 300})  # listed: another primary's, and an older one
+    r.saw(300)
+    r.wrote(900, sync=False)
+    assert r.replaced() == [100, 300]
+    assert r.replaced() == []
+    r.wrote(2000, sync=False)
+    assert r.replaced() == [900]
