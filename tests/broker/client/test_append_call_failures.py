@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import errno
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,34 +134,36 @@ async def _append_via_service(client: ScriptedClient) -> tuple[AppendService, An
             return svc, err
 
 
-# Each is the first attempt of an append; the next attempt succeeds.
-TRANSIENT = {
-    "done_writing fails in gRPC core, call ends UNAVAILABLE": Script(
+# Each makes the first attempt of an append (fresh errors for each test); the next succeeds.
+TRANSIENT: dict[str, Callable[[], Script]] = {
+    "done_writing fails in gRPC core, call ends UNAVAILABLE": lambda: Script(
         error=_batch_error(),
         fail_done_writing=True,
         outcome=_rpc(grpc.StatusCode.UNAVAILABLE),
     ),
-    "done_writing fails in gRPC core, call never ends": Script(
+    "done_writing fails in gRPC core, call never ends": lambda: Script(
         error=_batch_error(), fail_done_writing=True, outcome=HANG
     ),
-    "done_writing's socket is reset, call ends UNAVAILABLE": Script(
+    "done_writing's socket is reset, call ends UNAVAILABLE": lambda: Script(
         error=ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"),
         fail_done_writing=True,
         outcome=_rpc(grpc.StatusCode.UNAVAILABLE),
     ),
-    "a write fails in gRPC core, call never ends": Script(
+    "a write fails in gRPC core, call never ends": lambda: Script(
         error=cygrpc.InternalError("write failed"), fail_write=1, outcome=HANG
     ),
-    "awaiting the call fails in gRPC core": Script(outcome=_batch_error()),
-    "awaiting the call finds the socket reset": Script(
+    "awaiting the call fails in gRPC core": lambda: Script(outcome=_batch_error()),
+    "awaiting the call finds the socket reset": lambda: Script(
         outcome=ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")
     ),
 }
 
 
 @pytest.mark.parametrize("first", TRANSIENT.values(), ids=TRANSIENT.keys())
-async def test_append_service_retries_what_a_dying_broker_raises(first: Script) -> None:
-    client = ScriptedClient(first)
+async def test_append_service_retries_what_a_dying_broker_raises(
+    first: Callable[[], Script],
+) -> None:
+    client = ScriptedClient(first())
     svc, result = await _append_via_service(client)
     assert result == OK
     assert svc.rpc_count == 2 and svc.appends_committed == 1
@@ -171,8 +173,8 @@ async def test_append_service_retries_what_a_dying_broker_raises(first: Script) 
 
 
 @pytest.mark.parametrize("first", TRANSIENT.values(), ids=TRANSIENT.keys())
-async def test_append_retries_what_a_dying_broker_raises(first: Script) -> None:
-    client = ScriptedClient(first)
+async def test_append_retries_what_a_dying_broker_raises(first: Callable[[], Script]) -> None:
+    client = ScriptedClient(first())
     resp = await append(
         client, pb.AppendRequest(journal="fake/j"), b"hi", backoff_fn=lambda _: 0.01
     )
@@ -181,9 +183,9 @@ async def test_append_retries_what_a_dying_broker_raises(first: Script) -> None:
 
 
 # The broker answered before the stream broke: its answer decides.
-TERMINAL = {
+TERMINAL: dict[str, tuple[Callable[[], Script], type[Exception]]] = {
     "RegisterMismatch": (
-        Script(
+        lambda: Script(
             error=_batch_error(),
             fail_done_writing=True,
             outcome=pb.AppendResponse(status=pb.REGISTER_MISMATCH),
@@ -191,7 +193,7 @@ TERMINAL = {
         RegisterMismatch,
     ),
     "JournalNotFound": (
-        Script(
+        lambda: Script(
             error=_batch_error(),
             fail_write=1,
             outcome=pb.AppendResponse(status=pb.JOURNAL_NOT_FOUND),
@@ -199,7 +201,7 @@ TERMINAL = {
         JournalNotFound,
     ),
     "INVALID_ARGUMENT": (
-        Script(
+        lambda: Script(
             error=_batch_error(),
             fail_done_writing=True,
             outcome=_rpc(grpc.StatusCode.INVALID_ARGUMENT),
@@ -211,9 +213,9 @@ TERMINAL = {
 
 @pytest.mark.parametrize(("first", "error"), TERMINAL.values(), ids=TERMINAL.keys())
 async def test_the_brokers_refusal_still_fails_the_append(
-    first: Script, error: type[Exception]
+    first: Callable[[], Script], error: type[Exception]
 ) -> None:
-    client = ScriptedClient(first)
+    client = ScriptedClient(first())
     svc, result = await _append_via_service(client)
     assert type(result) is error, result
     assert svc.rpc_count == 1 and svc.appends_committed == 0
