@@ -11,6 +11,7 @@ import sys
 
 import grpc
 
+from allocator.session import LeaseLostError
 from broker.broker import Broker, BrokerStartupError
 from broker.config import BrokerConfig, http_host, parse_args
 from broker.direct import DirectAppendServer, port_handler
@@ -27,6 +28,8 @@ GRPC_OPTIONS = [
     ("grpc.so_reuseport", 0),
 ]
 STOP_GRACE = 5.0
+LEASE_LOST_EXIT = 3
+"""Exit status of a broker whose etcd lease was lost."""
 """Seconds appends in progress get to finish once the broker stops serving."""
 
 
@@ -125,10 +128,24 @@ def main(argv: list[str] | None = None) -> None:
         stream=sys.stderr,
     )
     try:
-        asyncio.run(serve(cfg))
+        _run(cfg)
     except BrokerStartupError as err:
         print(f"gazette-broker: {err}", file=sys.stderr)
         sys.exit(2)
+
+
+def _run(cfg: BrokerConfig) -> None:
+    try:
+        asyncio.run(serve(cfg))
+    except* LeaseLostError as group:
+        # Paused or cut off from etcd past --lease-ttl: our journals belong to other brokers
+        # now. Spools were judged and published (or kept) on the way out; a supervisor
+        # restarts us as a new member.
+        log.error(
+            "exiting: this broker's etcd lease was lost (%s); its journals moved to other brokers",
+            group.exceptions[0],
+        )
+        sys.exit(LEASE_LOST_EXIT)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from broker.client import AppendService, JournalClient, OffsetNotYetAvailable, RetryReader
 from broker.client.errors import OffsetJump
+from broker.main import LEASE_LOST_EXIT
 from broker.protocol import protocol_pb2 as pb
 from broker.protocol import protocol_pb2_grpc as pb_grpc
 from broker.quarantine import list_quarantined
@@ -232,7 +233,8 @@ async def trial(cluster: BrokerCluster, store: Path, fault: Literal["stop", "kil
         if fault == "stop":
             victim.resume()  # a zombie: its lease is gone, it finds out and exits
             assert victim.proc is not None
-            await asyncio.to_thread(victim.proc.wait, 60)
+            assert await asyncio.to_thread(victim.proc.wait, 60) == LEASE_LOST_EXIT
+            assert "exiting: this broker's etcd lease was lost" in victim.tail_log()
         await asyncio.to_thread(victim.start)  # leftover spools are judged at start
         await asyncio.sleep(1.0)
         stop.set()
