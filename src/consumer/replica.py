@@ -7,10 +7,12 @@ primary (slot 0), it completes recovery:
 1. injects a hand-off no-op with a new author into the log and reads through it: the log's
    fence register now names this process, so the previous primary's writes fail;
 2. builds the store from the played files (`Application.new_store`) and restores its
-   Checkpoint; re-appends the checkpoint's ACK intents (a previous primary may have crashed
-   between its commit and its ACKs);
-3. rotates the hints it recovered from into the backups, and writes new primary hints every
-   `hint_interval`;
+   Checkpoint; writes the hints of the recovered state as the shard's ``backup.0`` (shifting
+   older backups along; retried until it succeeds), as upstream does on every recovery;
+   re-appends the checkpoint's ACK intents (a previous primary may have crashed between its
+   commit and its ACKs);
+3. writes primary hints every `hint_interval` (the first one interval after recovery, as
+   upstream);
 4. runs transactions (`consumer.txn`) with status PRIMARY, over the journals of the spec's
    sources, or over what the Application produces if it is a `MessageProducer`. When a
    producer returns, its last transaction commits and the producer starts again from the
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 import logging
 import shutil
 from collections.abc import Callable
@@ -76,6 +79,10 @@ PRODUCER_IDLE_PAUSE = 0.05
 """Seconds before restarting a MessageProducer that returned without delivering anything."""
 PRODUCER_IDLE_PAUSE_MAX = 2.0
 """Longest such pause (it doubles while the producer stays idle)."""
+RECOVERED_HINTS_RETRY = 0.05
+"""Seconds before retrying to store a new primary's recovered hints (doubling per retry)."""
+RECOVERED_HINTS_RETRY_MAX = 5.0
+"""Longest such pause."""
 
 
 @dataclass
@@ -182,8 +189,14 @@ class ShardReplica:
     async def _serve(self) -> None:
         recovered = await self._recover()
         shard = self.shard
+        # Taken before the store records on from the recovered FSM.
+        recovered_hints = _recovered_hints(recovered)
         self.store = store = await self._new_store(recovered)
         cp = await store.restore_checkpoint(shard)
+        if recovered_hints is not None:
+            # Only once the checkpoint restored: a store that cannot be opened must not
+            # push good backup hints out.
+            await self._store_recovered_hints(recovered_hints)
         publisher = Publisher(self.append_service)
         # A previous primary may have committed without appending its ACKs: append them
         # again (a duplicate ACK is harmless), before reading anything.
@@ -193,8 +206,6 @@ class ShardReplica:
             resp = await aa.done()
             publish_at[aa.journal] = resp.commit.end
         await shard._set_progress(checkpoint_offsets(cp), publish_at)
-        if recovered is not None:
-            await self._rotate_hints(recovered.hints)
         self._set_status(Code.PRIMARY)
         log.info("shard primary shard=%s checkpoint_sources=%d", self.id, len(cp.sources))
         async with asyncio.TaskGroup() as tg:
@@ -396,26 +407,42 @@ class ShardReplica:
         a = self.shard.assignment
         return Compare(a.key.encode(), "create", a.create_revision)
 
-    async def _rotate_hints(self, hints: rpb.FSMHints | None) -> None:
-        if hints is None or not self.spec.hint_prefix:
+    async def _store_recovered_hints(self, hints: rpb.FSMHints) -> None:
+        """Write `hints` (of the recovered state) as ``backup.0``, shifting the older backups
+        along, guarded on our assignment. Retried (with a growing pause) until it succeeds:
+        a new primary has then always written backup hints, which upstream's pruning
+        requires. Cancellation (the assignment went away) ends the retries."""
+        if not self.spec.hint_prefix:
             return
-        try:
-            await rotate_backup_hints(
-                self.ctx.etcd,
-                self.spec.hint_prefix,
-                self.id,
-                hints,
-                self.spec.hint_backups,
-                guard=self._guard(),
-            )
-        except (HintsConflict, HintsGuardFailed, EtcdError) as err:
-            log.warning("cannot rotate backup hints shard=%s err=%s", self.id, err)
+        for attempt in itertools.count():
+            try:
+                await rotate_backup_hints(
+                    self.ctx.etcd,
+                    self.spec.hint_prefix,
+                    self.id,
+                    hints,
+                    self.spec.hint_backups,
+                    guard=self._guard(),  # Taken again each time: the assignment may move.
+                )
+                return
+            except (HintsConflict, HintsGuardFailed, EtcdError) as err:
+                pause = min(RECOVERED_HINTS_RETRY * 2**attempt, RECOVERED_HINTS_RETRY_MAX)
+                log.warning(
+                    "cannot store recovered hints (will retry) shard=%s attempt=%d "
+                    "retry_in=%.2fs err=%s",
+                    self.id,
+                    attempt,
+                    pause,
+                    err,
+                )
+                await asyncio.sleep(pause)
 
     async def _hints_loop(self) -> None:
-        """Write primary hints now (recovery done) and every `hint_interval`."""
+        """Write primary hints every `hint_interval`, the first one interval after recovery
+        (the recovered state is in ``backup.0`` meanwhile)."""
         while True:
-            await self.store_hints()
             await asyncio.sleep(self.ctx.hint_interval)
+            await self.store_hints()
 
     async def store_hints(self) -> bool:
         """Write the store's current hints as the shard's primary hints. Returns whether it
@@ -441,6 +468,17 @@ class ShardReplica:
             except Exception as err:  # noqa: BLE001
                 log.warning("destroying the store failed shard=%s err=%s", self.id, err)
         shutil.rmtree(self.directory.parent, ignore_errors=True)
+
+
+def _recovered_hints(recovered: RecoveredLog | None) -> rpb.FSMHints | None:
+    """Hints of the state played from the recovery log (None without a log, or when the
+    played ops end in another log than the shard's: upstream then writes none either)."""
+    if recovered is None:
+        return None
+    fsm = recovered.fsm
+    if fsm.last_log != recovered.log:
+        return None
+    return fsm.build_hints(fsm.last_log)
 
 
 async def _first_of(task: asyncio.Future[Any], other: Any) -> None:

@@ -314,6 +314,27 @@ async def test_progress_covers_trailing_messages_that_commit_nothing() -> None:
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_progress_covers_the_last_message_of_a_txn_closed_by_max_duration() -> None:
+    """Stat(read_through=write head) returns once the last message is committed, also when
+    max_txn_duration closed its transaction right after consuming it (before the Sequencer
+    stepped past it) and nothing follows."""
+    store = FakeStore()
+    txns, readers = make_txns(store, App(), max_txn=Duration(nanos=1))
+    readers.queue.put_nowait(outside(0))
+    task = asyncio.create_task(txns.run())
+    try:
+        async with asyncio.timeout(2.0):
+            await txns.shard.wait_read_through({JOURNAL: 10})
+    except TimeoutError:
+        raise AssertionError(
+            f"progress stuck at {txns.shard.progress()[0]} though message 0 [0, 10) is "
+            f"committed: {store.commits[-1].checkpoint if store.commits else None}"
+        ) from None
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 class WaitForStore(FakeStore):
     """Records how many futures each commit was told to wait for."""
 

@@ -1,0 +1,172 @@
+"""New primaries after failovers, with the real runtime: etcd, a broker, and `gazette-consumer`
+processes of the counter application (tests/consumer/counter_app.py, RocksDB over fusefs).
+
+What a new primary leaves behind, on every path to PRIMARY (the first assignment, and a hot
+standby promoted after its primary's SIGKILL): backup hints of the state it recovered, written
+as upstream's consumers write them; and a Sequencer restored from a checkpoint taken mid-stream
+that goes on over committed-only input without taking any of it for a transaction span."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc.aio
+import pytest
+
+from broker.client import AppendService, JournalClient
+from broker.testing.broker import BrokerProcess
+from broker.testing.etcd import EtcdServer
+from consumer.protocol import consumer_pb2_grpc as pb_grpc
+from consumer.protocol import pb
+from consumer.testing import ConsumerProcess
+from message import CONTENT_TYPE_JSON_LINES
+from message.publisher import Publisher
+from recoverylog import recoverylog_pb2 as rpb
+from tests.consumer.counter_app import Add
+from tests.consumer.test_runtime import (
+    REPO,
+    Setup,
+    apply_shards,
+    check_totals,
+    primary_of,
+    ready_on,
+    wait_for,
+)
+
+HINT_INTERVAL = 600
+"""Seconds between primary hints writes: longer than the test, so none is due."""
+
+
+@pytest.fixture
+def setups() -> Iterator[list[Setup]]:
+    made: list[Setup] = []
+    yield made
+    for s in made:
+        s.close()
+
+
+def consumer(s: Setup, i: int) -> ConsumerProcess:
+    """Consumer `i` of `s`'s counter application, writing primary hints every
+    `HINT_INTERVAL`."""
+    c = ConsumerProcess(
+        "tests.consumer.counter_app:Counter",
+        s.etcd.endpoint,
+        [s.broker.endpoint],
+        root=s.root,
+        zone=f"z{i % 2}",
+        suffix=f"consumer-{i}",
+        workdir=s.tmp / f"consumer-{i}",
+        extra_env={"COUNTER_OUTPUT": s.output, "PYTHONPATH": str(REPO)},
+        extra_args=["--hint-interval", str(HINT_INTERVAL)],
+    )
+    s.consumers.append(c)
+    return c
+
+
+async def feed_committed(
+    client: JournalClient, journal: str, stop: asyncio.Event, expected: dict[str, int]
+) -> None:
+    """Publish committed Adds (OUTSIDE_TXN only), a few at a time, until `stop`; `expected`
+    sums what was acknowledged."""
+    async with AppendService(client) as svc:
+        pub = Publisher(svc)
+        mapping = lambda _m: (journal, CONTENT_TYPE_JSON_LINES)  # noqa: E731
+        i = 0
+        while not stop.is_set():
+            for _ in range(5):
+                key = f"k{i % 7}"
+                pub.publish_committed(mapping, Add(key, i))
+                await pub.barrier()
+                expected[key] = expected.get(key, 0) + i
+                i += 1
+            await asyncio.sleep(0.05)
+
+
+async def hints_of(
+    stub: pb_grpc.ShardStub,
+) -> tuple[rpb.FSMHints | None, list[rpb.FSMHints | None]]:
+    """The shard's primary hints and its backup slots (None where none is stored)."""
+    resp = await stub.GetHints(pb.GetHintsRequest(shard="shard-000"))
+    assert resp.status == pb.OK, resp
+    primary = resp.primary_hints.hints if resp.primary_hints.HasField("hints") else None
+    return primary, [b.hints if b.HasField("hints") else None for b in resp.backup_hints]
+
+
+async def test_new_primaries_write_backup_hints_and_resume_committed_input_cleanly(
+    setups: list[Setup],
+    etcd_server: EtcdServer,
+    broker: BrokerProcess,
+    client: JournalClient,
+    tmp_path: Path,
+) -> None:
+    """Two processes start together (the standby loads hints before any exist); the shard
+    commits one message per transaction (max_txn_duration 1 ns: every checkpoint is taken
+    right after a committed message); its primary is SIGKILLed mid-stream twice.
+
+    - Each new primary writes the hints of the state it recovered as ``backup.0``, shifting
+      the older backups, before it reports PRIMARY, as upstream's consumers do: the first
+      primary (of an empty log), and each promoted standby, whatever hints it started from
+      (none; then ``backup.0``). Primary hints wait for the hints interval, as upstream's.
+    - Each new primary reads on from its predecessor's last checkpoint without the
+      Sequencer reporting a discarded span, and the totals stay exact."""
+    s = Setup(etcd_server, broker, tmp_path, shards=1)
+    setups.append(s)
+    await s.create_journals(client)
+    spec = s.shard_specs(hot_standbys=1)[0]
+    spec.max_txn_duration.FromNanoseconds(1)
+    recovery_log = f"{s.prefix}/recovery/shard-000"
+    procs = {c.suffix: c for c in (consumer(s, 0).start(), consumer(s, 1).start())}
+    both = [pb.ReplicaStatus.STANDBY, pb.ReplicaStatus.PRIMARY]
+    async with (
+        grpc.aio.insecure_channel(s.consumers[0].endpoint) as ch0,
+        grpc.aio.insecure_channel(s.consumers[1].endpoint) as ch1,
+    ):
+        stubs = {"consumer-0": pb_grpc.ShardStub(ch0), "consumer-1": pb_grpc.ShardStub(ch1)}
+        stub = stubs["consumer-0"]
+        await apply_shards(stub, [spec])
+        await wait_for(ready_on(stub, both), "a primary and a standby")
+
+        primary, backups = await hints_of(stub)
+        assert primary is None  # Not before the hints interval.
+        assert len(backups) == spec.hint_backups == 2
+        first = backups[0]
+        assert first is not None, "the first primary wrote no backup hints"
+        assert first.log == recovery_log
+        assert backups[1] is None
+
+        expected: dict[str, int] = {}
+        stop = asyncio.Event()
+        feeder = asyncio.create_task(feed_committed(client, s.inputs[0], stop, expected))
+        previous = first
+        for _ in range(2):
+            await asyncio.sleep(1.5)  # The primary commits transactions.
+            victim = await primary_of(stub, "shard-000")
+            survivor = next(k for k in procs if k != victim)
+            procs[victim].kill()
+
+            async def promoted(survivor: str = survivor) -> bool:
+                return await primary_of(stubs[survivor], "shard-000") == survivor
+
+            await wait_for(promoted, "the standby's promotion")
+            await wait_for(ready_on(stubs[survivor], [pb.ReplicaStatus.PRIMARY]), "PRIMARY")
+            primary, backups = await hints_of(stubs[survivor])
+            assert primary is None
+            recovered = backups[0]
+            assert recovered is not None and recovered.log == recovery_log
+            assert recovered.live_nodes, "backup hints of the promoted standby have no files"
+            assert recovered != previous
+            assert backups[1] == previous  # Shifted along.
+            previous = recovered
+            procs[victim].start()
+            await wait_for(ready_on(stubs[survivor], both), "a new standby")
+            assert not feeder.done()
+        await asyncio.sleep(1.0)  # The last primary reads on.
+        stop.set()
+        await feeder
+        await check_totals(client, stubs[await primary_of(stub, "shard-000")], s, expected)
+
+    logs = b"".join(p.log_path.read_bytes() for p in procs.values())
+    assert b"span discarded" not in logs
+    assert b"level=ERROR logger=message.sequencer" not in logs
