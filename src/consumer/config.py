@@ -132,7 +132,8 @@ def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
         "--hint-interval",
         type=float,
         default=d.hint_interval,
-        help="seconds between primary hints writes",
+        help="seconds between primary hints writes (the first one this long after a shard "
+        "becomes primary; backup hints are written at each recovery)",
     )
     p.add_argument(
         "--drain-timeout",

@@ -375,8 +375,9 @@ async def test_rocksdb_shards_export_while_consuming(
         finally:
             refusing.close()
 
-        # A new primary recovers from the primary hints and keeps them as backup.0:
-        # an export from them plays the log on from an older point, to the same kind of state.
+        # A new primary keeps the hints of the state it recovered as backup.0 (before it
+        # serves Stat): an export from them plays the log on from an older point, to the
+        # same kind of state.
         assert app.consumer is not None
         app.consumer.kill()  # A lone consumer's graceful stop waits --drain-timeout...
         await asyncio.to_thread(app.consumer.start)
