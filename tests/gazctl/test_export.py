@@ -60,6 +60,8 @@ async def _publish(endpoint: str, prefix: str) -> None:
 
 def _setup(gazctl: Gazctl, broker: BrokerProcess, prefix: str, tmp_path: Path) -> str:
     topic = prefix.strip("/").replace("/", "-")
+    # Replication-1 primaries reserve offsets in the store before acknowledging: it exists.
+    (tmp_path / "store").mkdir()
     specs = SPECS.format(prefix=prefix, topic=topic, store=tmp_path / "store")
     r = gazctl("journals", "apply", "--specs", "-", stdin=specs.encode())
     assert r.rc == 0, r.err
