@@ -294,6 +294,8 @@ def parse_time(text: str, *, now: float | None = None) -> int:
     text = text.strip()
     now = time.time() if now is None else now
     if text.isdigit():
+        if int(text) >= 1 << 63:
+            raise GazctlError(f"invalid time {text!r} (unix seconds beyond 2^63-1)")
         return int(text)
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -657,6 +659,17 @@ async def _progress(state: _ReadState, interval: float) -> None:
             )
 
 
+def _offset(value: object, journal: str, path: str) -> int:
+    """An offset of the --offsets file `path`: an integer from -1 (the write head) to
+    2^63-1. Raises GazctlError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value < 1 << 63:
+        raise GazctlError(
+            f"--offsets {path}: the offset of {journal} must be an integer from -1 to "
+            f"{(1 << 63) - 1} (not {value!r})"
+        )
+    return value
+
+
 async def cmd_read(args: argparse.Namespace, io: Streams) -> int:
     begin: dict[str, int] = {}
     if args.offsets:
@@ -666,7 +679,7 @@ async def cmd_read(args: argparse.Namespace, io: Streams) -> int:
             raise GazctlError(f"--offsets {args.offsets}: invalid JSON: {err}") from None
         if not isinstance(loaded, dict):
             raise GazctlError(f"--offsets {args.offsets}: expected a JSON object")
-        begin = {str(k): int(v) for k, v in loaded.items()}
+        begin = {str(k): _offset(v, k, args.offsets) for k, v in loaded.items()}
     from_unix = parse_time(args.from_time) if args.from_time else 0
     sel = _selector(args.selector)
 

@@ -87,3 +87,18 @@ def test_jumps_taken_by_from_time_are_no_gaps() -> None:
     gaps = _Gaps(from_time=False)
     gaps.jumped(jump(0, 100))
     assert gaps.take(delivering=False) == [jump(0, 100)]
+
+
+@pytest.mark.parametrize("bad", ['"12"', "1e30", "99999999999999999999", "-2", "true"])
+def test_read_refuses_bad_offsets_files(gazctl: Gazctl, tmp_path: Path, bad: str) -> None:
+    """Offsets that no journal has are refused in one line naming the journal (they ended in
+    tracebacks)."""
+    offsets = tmp_path / "offsets.json"
+    offsets.write_text(f'{{"gz/x/y": {bad}}}')
+    r = gazctl("journals", "read", "-l", "name=gz/x/y", "--offsets", str(offsets))
+    assert r.rc == 1 and r.err.count("\n") == 1, r.err
+    assert r.err.startswith(
+        f"gazctl: error: --offsets {offsets}: the offset of gz/x/y must be an integer from -1"
+    ), r.err
+    r = gazctl("journals", "read", "-l", "name=gz/x/y", "--from", "99999999999999999999")
+    assert r.rc == 1 and "invalid time" in r.err and r.err.count("\n") == 1, r.err
