@@ -9,21 +9,27 @@ that goes on over committed-only input without taking any of it for a transactio
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc.aio
 import pytest
 
+import consumer.replica as replica_mod
+from allocator.etcd import Etcd
 from broker.client import AppendService, JournalClient
 from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer
 from consumer.protocol import consumer_pb2_grpc as pb_grpc
 from consumer.protocol import pb
+from consumer.replica import ReplicaContext, ShardReplica
 from consumer.testing import ConsumerProcess
 from message import CONTENT_TYPE_JSON_LINES
 from message.publisher import Publisher
 from recoverylog import recoverylog_pb2 as rpb
+from recoverylog.hints_etcd import load_hints
 from tests.consumer.counter_app import Add
 from tests.consumer.test_runtime import (
     REPO,
@@ -170,3 +176,47 @@ async def test_new_primaries_write_backup_hints_and_resume_committed_input_clean
     logs = b"".join(p.log_path.read_bytes() for p in procs.values())
     assert b"span discarded" not in logs
     assert b"level=ERROR logger=message.sequencer" not in logs
+
+
+@dataclass
+class AssignmentKV:
+    """The fields of an assignment's KeyValue that hints writes are guarded on."""
+
+    key: str
+    create_revision: int
+
+
+async def test_recovered_hints_are_retried_until_they_are_stored(
+    etcd_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Storing a new primary's recovered hints fails while its assignment guard does not
+    hold (here: a stale assignment, as while the runtime has not yet seen the new one): it
+    is retried, not given up, and the hints are stored once the guard holds."""
+    monkeypatch.setattr(replica_mod, "RECOVERED_HINTS_RETRY", 0.01)
+    root = f"/test-failover/{os.getpid()}-{tmp_path.name}"
+    akey = f"{root}/assign/shard-000#z0#consumer-0#0"
+    hints = rpb.FSMHints(log=f"{root}/recovery/shard-000")
+    async with Etcd(etcd_server.endpoint) as etcd:
+        await etcd.put(akey.encode(), b"")
+        created = int((await etcd.get(akey.encode())).kvs[0].create_revision)
+        ctx = ReplicaContext(
+            app=None,  # type: ignore[arg-type]
+            etcd=etcd,
+            client=None,  # type: ignore[arg-type]
+            broker_endpoint="",
+            workdir=tmp_path,
+            root=root,
+            status_changed=lambda: None,
+        )
+        spec = pb.ShardSpec(id="shard-000", hint_prefix=f"{root}/hints", hint_backups=2)
+        replica = ShardReplica(ctx, spec, AssignmentKV(akey, created + 1000))
+        storing = asyncio.create_task(replica._store_recovered_hints(hints))
+        try:
+            await asyncio.sleep(0.3)
+            assert not storing.done()
+            assert await load_hints(etcd, spec.hint_prefix, spec.id, backups=2) == [None] * 3
+            replica.shard.assignment = AssignmentKV(akey, created)
+            await asyncio.wait_for(storing, 10)
+        finally:
+            storing.cancel()
+        assert await load_hints(etcd, spec.hint_prefix, spec.id, backups=2) == [None, hints, None]
