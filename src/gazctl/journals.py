@@ -1,5 +1,5 @@
 """``gazctl journals ...``: list, apply, edit, read, append, fragments, prune, store-health,
-export (to Parquet, `gazctl.export`).
+export (to Parquet, `gazctl.export`), quarantined (`gazctl.quarantined`).
 
 Each command opens one `JournalClient` to ``--broker`` for its duration. Label selectors
 (``-l``) use Gazette's syntax: ``app=clicks, region in (us, eu), !deprecated``,
@@ -71,6 +71,7 @@ from gazctl.journalspace import (
 )
 from gazctl.main import GazctlError, Streams, kept_edit_error, raise_if_txn_too_large
 from gazctl.output import apply_plan, render_table
+from gazctl.quarantined import add_journals_quarantined
 from gazctl.spec_errors import in_yaml_terms
 from gazctl.specyaml import format_duration, parse_duration
 from message.framing_fixed import FIXED_FRAME_HEADER_LENGTH, FIXED_FRAME_WORD
@@ -223,6 +224,7 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
     )
 
     add_journals_export(cmds, common)
+    add_journals_quarantined(cmds, common)
 
 
 # --- helpers ----------------------------------------------------------------------------

@@ -395,9 +395,10 @@ async def test_restarted_broker_persists_spools_of_journals_it_no_longer_serves(
             await create(stub, s)
             resp = await append(stub, s.name, b"acknowledged, not yet persisted\n")
             assert resp.status == pb.OK
-        assert not list(store.rglob("*.raw"))
+        # Only the (empty) offset reservation of a replication-1 primary is there yet.
+        assert not [p.read_bytes() for p in store.rglob("*.raw") if p.stat().st_size]
         b.kill()
         b.extra_args = ["--journal-limit", "0"]
         b.start()
-        persisted = list(store.rglob("*.raw"))
-        assert [p.read_bytes() for p in persisted] == [b"acknowledged, not yet persisted\n"]
+        persisted = [p.read_bytes() for p in store.rglob("*.raw") if p.stat().st_size]
+        assert persisted == [b"acknowledged, not yet persisted\n"]

@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
 import itertools
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -36,6 +38,8 @@ from broker.quarantine import list_quarantined
 from broker.testing.broker import BrokerProcess
 from broker.testing.cluster import BrokerCluster
 from broker.testing.etcd import EtcdServer
+from gazctl.main import Streams
+from gazctl.main import run as gazctl_run
 
 from .conftest import MakeJournal, append, read_all
 from .test_cluster import create, primary_suffix, stubs, wait_route
@@ -164,6 +168,13 @@ def holds(lines: dict[int, bytes], commit: tuple[int, int], seq: int) -> bool:
             return True
         offset += len(line)
     return False
+
+
+def gazctl_quarantined(*args: str) -> str:
+    out = Streams(stdin=io.BytesIO(), stdout=io.BytesIO(), stderr=io.StringIO())
+    assert gazctl_run(["journals", "quarantined", *args], out) == 0, out.stderr
+    assert isinstance(out.stdout, io.BytesIO)
+    return out.stdout.getvalue().decode()
 
 
 def store_fragments(store: Path, journal: str) -> list[tuple[int, int, bytes]]:
@@ -325,6 +336,12 @@ async def test_a_leftover_spool_that_conflicts_is_quarantined_not_published(
         assert "differs from fragment [0, 150)" in q.reason
         assert q.path.read_bytes() == b"from a\n" * 10
         assert "QUARANTINED spool" in a.tail_log()
+        listed = await asyncio.to_thread(
+            gazctl_quarantined, "--spool-dir", str(a.spool_dir), "-o", "json"
+        )
+        assert json.loads(listed)["reason"] == q.reason
+        table = await asyncio.to_thread(gazctl_quarantined, "--spool-dir", str(a.spool_dir))
+        assert s.name in table and str(q.path) in table and "differs from fragment" in table
     contents = [f[2] for f in store_fragments(store, s.name) if f[0] < f[1]]
     assert contents == [b"from b, longer\n" * 10], "the conflicting spool was published"
     check_store(store, s.name)
