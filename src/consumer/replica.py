@@ -21,8 +21,11 @@ primary (slot 0), it completes recovery:
    process that lost its assignment fence out the new primary).
 
 Any error sets FAILED with the error message; the replica stays FAILED (and assigned) until
-it is unassigned (``gazctl shards unassign --failed``). Cancellation (unassigned, or process
-exit) stops processing; a commit in flight is allowed to finish; the store is destroyed.
+it is unassigned (``gazctl shards unassign --failed``), unless the store lost its recording
+process (`consumer.store.RecordingLost`, set as `recording_lost`): the runtime then gives the
+assignment up itself, so that a standby takes over (docs/consumer.md). Cancellation
+(unassigned, or process exit) stops processing; a commit in flight is allowed to finish; the
+store is destroyed.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from consumer.application import Application, MessageProducer, Shard, check_mess
 from consumer.message_producer import ProducedMessages
 from consumer.protocol import pb
 from consumer.spec import read_channel_size, recovery_log_of, ring_buffer_size
-from consumer.store import RecoveredLog, Store
+from consumer.store import RecordingLost, RecoveredLog, Store, recording_lost
 from consumer.txn import (
     MessageSource,
     SourceReaders,
@@ -131,6 +134,8 @@ class ShardReplica:
         self.settled = asyncio.Event()
         """Set once the replica is PRIMARY or FAILED (a primary's recovery is over)."""
         self._task: asyncio.Task[None] | None = None
+        self.recording_lost: RecordingLost | None = None
+        """Why the replica FAILED, if its store's recording process died (module docs)."""
 
     # --- control (from the runtime) ---------------------------------------------------------
     def start(self) -> None:
@@ -181,7 +186,18 @@ class ShardReplica:
             raise
         except Exception as err:  # noqa: BLE001 - the shard fails, the process goes on
             cause = _root_cause(err)
-            log.error("shard failed shard=%s err=%s", self.id, cause, exc_info=cause)
+            lost = recording_lost(self.store)  # Asked before `_release` ends the store.
+            if lost is not None:
+                log.warning(
+                    "shard lost its store's recording process; handing it over shard=%s "
+                    "err=%s failure=%r",
+                    self.id,
+                    lost,
+                    cause,
+                )
+                self.recording_lost = cause = lost  # Before the runtime hears of FAILED.
+            else:
+                log.error("shard failed shard=%s err=%s", self.id, cause, exc_info=cause)
             self.shard.stopping.set()
             self._set_status(Code.FAILED, f"{type(cause).__name__}: {cause}")
             self._release()

@@ -16,6 +16,12 @@ away (each successor reaching STANDBY first), and the process returns once none 
 another member could take: a FAILED replica is not waited for (it serves nothing; its shard
 is assigned anew once this process is gone), nor a shard the allocator can place nowhere
 else (no other live member with room).
+
+A replica FAILED because its store lost its recording process (`consumer.store.RecordingLost`:
+RocksDB's fusefs process died) gives its assignment up (`_give_up`): the allocator promotes a
+standby, or assigns the shard anew, and the log has everything acknowledged. Not twice within
+`RECORDING_LOST_INTERVAL` for one shard here: a recording process that keeps dying leaves the
+replica FAILED, for the operator.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +38,7 @@ import grpc
 import grpc.aio
 
 from allocator.allocator import Allocator
-from allocator.etcd import Compare, Etcd, EtcdError, op_put
+from allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
 from allocator.keyspace import KeySpace, KeyValue
 from allocator.model import (
     Assignment,
@@ -58,6 +65,10 @@ __all__ = ["ConsumerRuntime", "Resolution"]
 log = logging.getLogger(__name__)
 
 Code = pb.ReplicaStatus.Code
+
+RECORDING_LOST_INTERVAL = 60.0
+"""Seconds within which a shard's replica here gives its assignment up for a lost recording
+process only once (module docs)."""
 
 
 @dataclass
@@ -94,6 +105,11 @@ class ConsumerRuntime:
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._stubs: dict[str, Any] = {}
         self._channels: list[grpc.aio.Channel] = []
+        # Replicas that lost their store's recording process, by shard: (the replica, whether
+        # it gives its assignment up, the create revision of the assignment it failed under);
+        # and when one last gave it up (`_give_up`).
+        self._lost: dict[str, tuple[ShardReplica, bool, int]] = {}
+        self._lost_at: dict[str, float] = {}
         # fusefs processes kept ready once a RocksDB standby is here (`fusefs.mount`).
         self._fusefs_pool = ServerPool(size=cfg.fusefs_prestart) if cfg.fusefs_prestart else None
 
@@ -266,6 +282,8 @@ class ConsumerRuntime:
             replica.shard.assignment = akv
             if slot == 0 and not replica.is_primary:
                 replica.promote()
+            if replica.recording_lost is not None and await self._give_up(shard_id, akv, replica):
+                continue  # Its FAILED status is not advertised: the assignment goes.
             if not isinstance(akv.value, pb.ReplicaStatus) or akv.value != replica.status:
                 await self._advertise(akv, replica.status)
         for shard_id in list(self.replicas):
@@ -277,20 +295,58 @@ class ConsumerRuntime:
                 # A demoted primary stops (its successor fences the log anyway) and comes
                 # back as a standby once its directory is released; so does a replica whose
                 # spec changed its sources, logs or buffers.
-                del self.replicas[shard_id]
                 why = "demoted" if demoted else "restarted (spec)" if respec else "unassigned"
-                log.info("shard %s shard=%s", why, shard_id)
-                task = asyncio.create_task(replica.stop())
-                self._stopping[shard_id] = task
-
-                def stopped(_t: asyncio.Task[None], shard_id: str = shard_id) -> None:
-                    del self._stopping[shard_id]
-                    self._reconcile.set()  # It may be assigned here again meanwhile.
-
-                task.add_done_callback(stopped)
+                self._stop_replica(shard_id, why)
                 if shard_id in mine:
                     # Still assigned: say at once that this replica is not serving any more.
                     await self._advertise(mine[shard_id][0], pb.ReplicaStatus(code=Code.IDLE))
+
+    def _stop_replica(self, shard_id: str, why: str) -> None:
+        """Stop the replica of `shard_id` (in the background: a new replica of the shard
+        waits for it in `_stopping`)."""
+        replica = self.replicas.pop(shard_id)
+        log.info("shard %s shard=%s", why, shard_id)
+        task = asyncio.create_task(replica.stop())
+        self._stopping[shard_id] = task
+
+        def stopped(_t: asyncio.Task[None]) -> None:
+            del self._stopping[shard_id]
+            self._reconcile.set()  # It may be assigned here again meanwhile.
+
+        task.add_done_callback(stopped)
+
+    async def _give_up(self, shard_id: str, akv: KeyValue[Any], replica: ShardReplica) -> bool:
+        """Whether `replica`, FAILED for a lost recording process, gives its assignment `akv`
+        up (module docs). Decided once per replica. If so, the assignment it failed under is
+        removed (guarded by its mod revision: a stale view is retried at the next change of
+        the keyspace), and the replica is stopped once it is gone: a new assignment of the
+        shard here gets a new replica."""
+        decided = self._lost.get(shard_id)
+        if decided is None or decided[0] is not replica:
+            now = time.monotonic()
+            last = self._lost_at.get(shard_id)
+            give_up = last is None or now - last >= RECORDING_LOST_INTERVAL
+            if give_up:
+                self._lost_at[shard_id] = now
+                log.info("shard gives its assignment up (recording lost) shard=%s", shard_id)
+            else:
+                log.error(
+                    "shard lost its recording process again within %.0fs: left FAILED, "
+                    "for the operator (gazctl shards unassign --failed) shard=%s",
+                    RECORDING_LOST_INTERVAL,
+                    shard_id,
+                )
+            decided = self._lost[shard_id] = (replica, give_up, akv.create_revision)
+        if not decided[1]:
+            return False
+        if akv.create_revision == decided[2]:  # Still the assignment it failed under.
+            assert self.etcd is not None
+            key = akv.key.encode()
+            resp = await self.etcd.txn([Compare(key, "mod", akv.mod_revision)], [op_delete(key)])
+            if not resp.succeeded:
+                return True
+        self._stop_replica(shard_id, "gave its assignment up (recording lost)")
+        return True
 
     async def _advertise(self, akv: KeyValue[Any], status: pb.ReplicaStatus) -> None:
         """Write `status` as the value of our assignment (guarded by its mod revision)."""

@@ -5,6 +5,12 @@ through, producer states, pending ACK intents) that produced it; both commit ato
 Recorded stores (RocksDB, SQLite, JSON files) keep their files in a directory played back
 from the shard's recovery log and record every change into it: the runtime hands them a
 `RecoveredLog`. Remote stores (SQLStore) ignore it.
+
+A store recorded by a process of its own (RocksDB's fusefs process) may lose it: that is no
+fault of the application, and nothing acknowledged is lost (every commit reported durable is
+in the log). Such a store answers `recording_lost()`; the runtime then hands the shard to
+another replica, which recovers it from the log, instead of leaving it FAILED
+(docs/consumer.md, "Shard lifecycle").
 """
 
 from __future__ import annotations
@@ -23,7 +29,15 @@ if TYPE_CHECKING:
     from recoverylog.fsm import FSM
     from recoverylog.recorder import Recorder
 
-__all__ = ["Checkpoint", "OpFuture", "RecoveredLog", "Shard", "Store"]
+__all__ = [
+    "Checkpoint",
+    "OpFuture",
+    "RecordingLost",
+    "RecoveredLog",
+    "Shard",
+    "Store",
+    "recording_lost",
+]
 
 Checkpoint: TypeAlias = pb.Checkpoint
 """A ``consumer.Checkpoint`` (the empty message is the checkpoint of a new store)."""
@@ -33,6 +47,23 @@ Shard: TypeAlias = Any
 
 OpFuture: TypeAlias = Awaitable[Any]
 """An operation in flight (an append, a commit): awaiting it raises if the operation failed."""
+
+
+class RecordingLost(Exception):
+    """The process recording a store into its recovery log died while the store was open
+    (e.g. the fusefs process of a RocksDB store was killed): the store can record nothing
+    more. Not the application's fault, and nothing acknowledged is lost; the shard recovers
+    from its log on another replica (module docs)."""
+
+
+def recording_lost(store: object) -> RecordingLost | None:
+    """`store`'s `RecordingLost` if its recording process died, else None (also for a store
+    with no recording process: one without a ``recording_lost()`` method)."""
+    check = getattr(store, "recording_lost", None)
+    if check is None:
+        return None
+    lost = check()
+    return lost if isinstance(lost, RecordingLost) else None
 
 
 @dataclass
@@ -93,6 +124,9 @@ class Store(Protocol):
     - `restore_checkpoint` is called once per store, at shard start-up, before any
       `start_commit` (it may take a fence, as SQLStore's does).
     - `destroy` is called once nothing uses the store any more.
+
+    Optionally, a store recorded by a process of its own defines ``recording_lost() ->
+    RecordingLost | None``: checked when the shard fails, before `destroy` (module docs).
     """
 
     def start_commit(

@@ -128,7 +128,7 @@ class FuseMount:
     def exited(self) -> bool:
         """Whether the fusefs process has exited (or is a zombie), whoever ended it. Exact at
         the call, before the event loop has noticed the exit."""
-        return self._gone or self.proc.returncode is not None or not _running(self.proc.pid)
+        return self.proc.returncode is not None or not _running(self.proc.pid)
 
     @classmethod
     async def start(
@@ -307,7 +307,7 @@ class FuseMount:
 
     async def kill(self) -> None:
         """Kill the process if it still runs and detach the mount; idempotent."""
-        if self.proc.returncode is None:
+        if not self.exited:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
         await self._collect()

@@ -44,6 +44,8 @@ class Counter:
 
     async def new_store(self, shard: Shard, recovered: RecoveredLog | None) -> RocksDBStore:
         assert recovered is not None, "the counter needs a recovery log"
+        # A replica of the shard may have failed here mid-transaction: its sums are void.
+        self.pending.pop(shard.id, None)
         return await RocksDBStore.from_recovered(recovered)
 
     def new_message(self, spec: Any) -> Add:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -407,6 +409,72 @@ async def test_graceful_exit_hands_off_without_standbys(
                 last_t, last_v = t, v
         print(f"graceful hand-off: SIGTERM to exit {stopped_in:.2f}s, longest stall {stall:.2f}s")
         assert stall < 5.0, f"processing stalled {stall:.2f}s during the hand-off"
+
+
+def fusefs_pid(proc: ConsumerProcess) -> int:
+    """The pid of the fusefs process that last mounted a store for `proc`."""
+    found = re.findall(rb"fusefs ready pid=(\d+) mountpoint=", proc.log_path.read_bytes())
+    assert found, proc.tail_log()
+    return int(found[-1])
+
+
+@pytest.mark.parametrize("hot_standbys", [1, 0])
+async def test_a_killed_fusefs_process_hands_the_shard_over(
+    hot_standbys: int,
+    setup_factory: list[Setup],
+    etcd_server: EtcdServer,
+    broker: BrokerProcess,
+    client: JournalClient,
+    tmp_path: Path,
+) -> None:
+    """SIGKILL of the fusefs process recording a primary's RocksDB store (the application's
+    I/O then fails with "Transport endpoint is not connected"): the shard does not stay
+    FAILED. With a hot standby, the standby takes over and the process that lost its fusefs
+    serves a new standby; without, a replica assigned anew recovers it. Totals stay exact."""
+    s = Setup(etcd_server, broker, tmp_path, shards=1)
+    setup_factory.append(s)
+    await s.create_journals(client)
+    procs = {c.suffix: c for c in (s.consumer(0).start(), s.consumer(1).start())}
+    async with (
+        grpc.aio.insecure_channel(s.consumers[0].endpoint) as ch0,
+        grpc.aio.insecure_channel(s.consumers[1].endpoint) as ch1,
+    ):
+        stubs = {"consumer-0": pb_grpc.ShardStub(ch0), "consumer-1": pb_grpc.ShardStub(ch1)}
+        await apply_shards(stubs["consumer-0"], s.shard_specs(hot_standbys=hot_standbys))
+        codes = [pb.ReplicaStatus.PRIMARY] + [pb.ReplicaStatus.STANDBY] * hot_standbys
+        await wait_for(ready_on(stubs["consumer-0"], codes), "the shard's replicas")
+        expected: dict[str, int] = {}
+        stop = asyncio.Event()
+        feeder = asyncio.create_task(feed(client, s.inputs[0], stop, expected))
+        try:
+            await asyncio.sleep(1.0)
+            victim = await primary_of(stubs["consumer-0"], "shard-000")
+            os.kill(fusefs_pid(procs[victim]), signal.SIGKILL)
+
+            async def handed_over() -> bool:
+                log = procs[victim].log_path.read_bytes()
+                return b"gave its assignment up (recording lost)" in log
+
+            await wait_for(handed_over, "the replica to give its assignment up")
+            if hot_standbys:
+                survivor = next(k for k in procs if k != victim)
+
+                async def promoted() -> bool:
+                    return await primary_of(stubs[survivor], "shard-000") == survivor
+
+                await wait_for(promoted, "the standby's promotion")
+            await wait_for(ready_on(stubs["consumer-0"], codes), "the shard's replicas again")
+            await asyncio.sleep(1.0)  # The new primary commits transactions.
+            assert not feeder.done()
+        finally:
+            stop.set()
+            await asyncio.wait({feeder}, timeout=30)
+        await feeder
+        primary = await primary_of(stubs["consumer-0"], "shard-000")
+        await check_totals(client, stubs[primary], s, expected)
+        log = procs[victim].tail_log(200_000)
+        assert "shard lost its store's recording process; handing it over" in log, log[-3000:]
+        assert "shard failed" not in log, log[-3000:]
 
 
 @pytest.mark.parametrize("status", ["primary", "failed"])

@@ -40,7 +40,7 @@ from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOption
 
 from broker.client import AppendService, JournalClient
 from consumer.protocol import pb
-from consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard
+from consumer.store import Checkpoint, OpFuture, RecordingLost, RecoveredLog, Shard
 from fusefs import FuseMount, force_unmount, is_mounted
 from recoverylog import recoverylog_pb2 as rpb
 from recoverylog.author import new_author
@@ -270,6 +270,16 @@ class RocksDBStore:
         """The database's directory (on the mount)."""
         return self.mount.mountpoint
 
+    def recording_lost(self) -> RecordingLost | None:
+        """A `RecordingLost` if the fusefs process exited while the store was open (killed,
+        or crashed; not ended by `close` or `destroy`), else None."""
+        if self._closed or not self.mount.exited:
+            return None
+        return RecordingLost(
+            f"the fusefs process (pid {self.mount.pid}) recording {self.mount.config.log} "
+            f"exited while its RocksDB store at {self.mount.mountpoint} was open"
+        )
+
     def _check(self) -> None:
         if self._error is not None:
             raise StoreFailed(f"store failed: {self._error!r}") from self._error
@@ -403,7 +413,11 @@ class RocksDBStore:
                 written.set_result(None)
             task = asyncio.current_task()
             being_cancelled = task is not None and task.cancelling() > 0
-            if prev_commit is not None and not being_cancelled:
+            if being_cancelled:
+                # Cancelled by its owner (or with the task awaiting it): it ends cancelled. As
+                # a StoreFailed, the cancellation of a shard being stopped read as its failure.
+                raise
+            if prev_commit is not None:
                 # Resolve in order, failures too (a dependency's CancelledError included).
                 await asyncio.wait([prev_commit])
             if isinstance(err, StoreFailed):
@@ -539,7 +553,9 @@ class RocksDBStore:
         # watchdog may detach the mount meanwhile, and RocksDB's close then writes into the
         # plain directory beneath: removed below, with the rest.
         proc = self.mount.proc
-        if proc.returncode is None:
+        if not self.mount.exited:
+            # (Not signalled once dead: the signal's poll could reap it before the loop's
+            # child watcher, which would then warn of an unknown child.)
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             _wait_exited(proc.pid)

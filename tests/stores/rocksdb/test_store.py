@@ -181,6 +181,36 @@ async def test_pipelined_commits(
         await store2.close()
 
 
+async def test_a_commit_cancelled_with_its_owner_ends_cancelled(
+    fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
+) -> None:
+    """A task awaiting a commit that is cancelled (a shard being stopped) cancels the commit,
+    which then ends cancelled, not with StoreFailed: the owner's cancellation must not turn
+    into a store failure (a stopped zombie logged "shard failed ... commit failed:
+    CancelledError()"). The store has failed all the same: a later commit fails."""
+    loop = asyncio.get_running_loop()
+    log = await make_log("rocks")
+    store = await RocksDBStore.open(fuse_broker.endpoint, log, no_stale_mounts / "w")
+    try:
+        gate: asyncio.Future[None] = loop.create_future()
+        store.put(b"\x01a", b"1")
+        commit = store.start_commit(None, labeled("c1"), [gate])
+
+        async def owner() -> None:
+            await commit
+
+        task = asyncio.ensure_future(owner())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.wait([task])
+        assert task.cancelled()
+        assert commit.cancelled()  # type: ignore[attr-defined]
+        with pytest.raises(StoreFailed):
+            await store.start_commit(None, labeled("c2"), [])
+    finally:
+        await store.close()
+
+
 async def test_commit_failures_cancellations_and_close(
     client: JournalClient, fuse_broker: BrokerProcess, make_log: MakeLog, no_stale_mounts: Path
 ) -> None:
