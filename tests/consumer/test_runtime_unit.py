@@ -14,6 +14,7 @@ from allocator.model import MemberID, assignment_key, item_key, member_key
 from consumer.config import ConsumerConfig
 from consumer.protocol import pb
 from consumer.runtime import ConsumerRuntime
+from consumer.store import RecordingLost
 from tests.consumer.test_txn import JOURNAL, FakeReaders, FakeStore
 
 Code = pb.ReplicaStatus.Code
@@ -168,3 +169,77 @@ async def test_reassigned_shard_waits_for_its_stopping_replica(
             await r.stop()
         for t in list(rt._stopping.values()) if isinstance(rt._stopping, dict) else rt._stopping:
             t.cancel()
+
+
+class RecordingEtcd(FakeEtcd):
+    """Keeps the operations of every transaction."""
+
+    def __init__(self) -> None:
+        self.ops: list[Any] = []
+
+    async def txn(self, compares: Any, ops: Any) -> Any:
+        self.ops.extend(ops)
+        return await super().txn(compares, ops)
+
+
+class LostRecordingStore(FakeStore):
+    """A store whose recording process has died: its commits fail, and it says why."""
+
+    def __init__(self) -> None:
+        super().__init__(fail_commits=True)
+
+    def recording_lost(self) -> RecordingLost:
+        return RecordingLost("the recording process exited")
+
+
+class LostRecordingApp(IdleApp):
+    def new_store(self, shard: Any, recovered: Any) -> FakeStore:
+        return LostRecordingStore()
+
+
+async def test_a_lost_recording_gives_the_assignment_up_once_a_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica FAILED because its store lost its recording process: the process removes
+    its assignment (a standby, or a replica assigned anew, takes over) instead of
+    advertising FAILED. The shard's next replica here losing it again within
+    RECORDING_LOST_INTERVAL stays FAILED (advertised), for the operator."""
+    monkeypatch.setattr(replica_mod, "SourceReaders", OneMessageReaders)
+    rt, ks, me = make_runtime(tmp_path)
+    rt.app = LostRecordingApp()  # type: ignore[assignment]
+    etcd = rt.etcd = RecordingEtcd()  # type: ignore[assignment]
+    akey = assignment_key(ROOT, "shard", me, 0)
+    try:
+        for attempt in range(2):
+            etcd.ops.clear()
+            ks.put(akey, pb.ReplicaStatus())
+            await rt._reconcile_once()
+            replica = rt.replicas["shard"]
+            async with asyncio.timeout(5):
+                while replica.status.code != Code.FAILED:
+                    await asyncio.sleep(0.01)
+            assert replica.recording_lost is not None
+            await rt._reconcile_once()
+            deletes = [op for op in etcd.ops if op.HasField("request_delete_range")]
+            puts = [
+                pb.ReplicaStatus.FromString(op.request_put.value)
+                for op in etcd.ops
+                if op.HasField("request_put")
+            ]
+            if attempt == 0:
+                # Given up: removed, never advertised FAILED; the replica stops.
+                assert [op.request_delete_range.key for op in deletes] == [akey.encode()]
+                assert all(st.code != Code.FAILED for st in puts), puts
+                assert "shard" not in rt.replicas
+                del ks.kvs[akey]
+                async with asyncio.timeout(5):
+                    while rt._stopping:
+                        await asyncio.sleep(0.01)
+            else:
+                # Lost again within the interval: left FAILED, and advertised so.
+                assert deletes == []
+                assert [st.code for st in puts][-1:] == [Code.FAILED], puts
+                assert rt.replicas["shard"] is replica
+    finally:
+        for r in list(rt.replicas.values()):
+            await r.stop()
