@@ -19,7 +19,10 @@ import grpc.aio
 import pytest
 from aiohttp import web
 
+from allocator.etcd import Etcd
+from allocator.model import MemberID, member_key
 from broker.client import AppendService, JournalClient
+from broker.protocol import protocol_pb2 as bpb
 from broker.testing.broker import BrokerProcess
 from broker.testing.etcd import EtcdServer, free_port
 from consumer.config import ConsumerConfig, parse_args
@@ -155,23 +158,40 @@ async def test_app_handler_and_builtin_endpoints_of_a_consumer_process(
         async with http.get(f"{base}/no-such-path") as resp:
             assert resp.status == 404
 
-        # SIGTERM: while it tries to hand its shard over (nobody to take it: it waits out
-        # --drain-timeout), the process says it is draining.
-        assert proc.proc is not None
-        proc.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 2.5
-        seen = None
-        while time.monotonic() < deadline:
+        # SIGTERM: while it tries to hand its shard over, the process says it is draining.
+        # The shard goes to a member that never takes it (announced here, it runs nothing):
+        # the drain waits out --drain-timeout (with nobody to take it, it would not wait).
+        async with Etcd(s.etcd.endpoint) as etcd:
+            lease = await etcd.grant_lease(30)
+            ghost = MemberID("local", "ghost")
+            spec = pb.ConsumerSpec(
+                process_spec=bpb.ProcessSpec(
+                    id=bpb.ProcessSpec.ID(zone=ghost.zone, suffix=ghost.suffix),
+                    endpoint="http://127.0.0.1:1",
+                ),
+                shard_limit=10,
+            )
+            await etcd.put(
+                member_key(s.root, ghost).encode(), spec.SerializeToString(), lease=lease
+            )
             try:
-                status, body = await get_json(http, f"{base}/healthz")
-            except aiohttp.ClientError:
-                break
-            if status == 503:
-                seen = body["status"]
-                break
-            await asyncio.sleep(0.05)
-        assert seen == "draining"
-        await asyncio.to_thread(proc.stop)
+                assert proc.proc is not None
+                proc.proc.send_signal(signal.SIGTERM)
+                deadline = time.monotonic() + 2.5
+                seen = None
+                while time.monotonic() < deadline:
+                    try:
+                        status, body = await get_json(http, f"{base}/healthz")
+                    except aiohttp.ClientError:
+                        break
+                    if status == 503:
+                        seen = body["status"]
+                        break
+                    await asyncio.sleep(0.05)
+                assert seen == "draining"
+                await asyncio.to_thread(proc.stop)
+            finally:
+                await etcd.revoke_lease(lease)
 
 
 async def test_http_port_in_use_fails_the_start_clearly(setup: Setup) -> None:
