@@ -271,6 +271,11 @@ async def trial(cluster: BrokerCluster, store: Path, fault: Literal["stop", "kil
         changed = [off for off, line in seen.read.items() if off in final and final[off] != line]
         assert not changed, f"bytes a reader saw changed afterwards at offsets {changed[:5]}"
         assert len(seen.read) > 50, "the tailing reader read nothing"
+    skipped = sum(j.to_offset - j.from_offset for j in seen.jumps)
+    print(
+        f"{fault}: {len(seen.acked)} acknowledged, all readable at their offsets; the tailing "
+        f"reader saw {len(seen.read)} records, jumped {len(seen.jumps)}x over {skipped} bytes"
+    )
     check_store(store, s.name)
     markers = [f[0] for f in store_fragments(store, s.name) if f[0] == f[1]]
     assert 1 <= len(markers) <= 2, f"replaced reservations were not removed: {markers}"
