@@ -755,7 +755,9 @@ class Broker:
                     start,
                 )
                 COUNTERS.reservation_rolls += 1
+                hole_from = replica.write_head
                 self._enqueue(replica, replica.roll_to(start))
+                replica.hole = (hole_from, start, time.monotonic() + self.cfg.hole_wait)
         replica.continuity = True
 
     async def reserve(self, replica: JournalReplica, end: int) -> None:
@@ -1005,6 +1007,9 @@ class Broker:
             # Not ours to serve (any more): publish only what cannot fork the journal.
             if not await self._publishable(replica, entry):
                 return
+            unowned = True
+        else:
+            unowned = False
         persisted = None
         if stores:
             persisted = await store_for_url(stores[0]).persist(entry.spec, entry.local_path)
@@ -1022,6 +1027,21 @@ class Broker:
         stem = entry.local_path.name[: -len(SPOOL_SUFFIX)]
         for p in (entry.local_path, entry.local_path.with_name(stem + COMMITS_SUFFIX)):
             p.unlink(missing_ok=True)
+        if unowned and replica.spec.replication == 1 and entry.end >= replica.write_head:
+            await self._close_hole(replica, entry.end)
+
+    async def _close_hole(self, replica: JournalReplica, end: int) -> None:
+        """Our last spool of a replication-1 journal we no longer serve is published: a
+        marker at its end tells the journal's new primary that nothing more of ours will
+        come, so its readers stop waiting in the hole it left (broker.reservation)."""
+        try:
+            await store_for_url(replica.spec.fragment.stores[0]).persist(
+                marker(replica.name, end), self._empty_file()
+            )
+        except (FragmentStoreError, OSError) as err:
+            log.warning(
+                "cannot mark our content's end journal=%s at=%d err=%s", replica.name, end, err
+            )
 
     async def _publishable(self, replica: JournalReplica, entry: FragmentEntry) -> bool:
         """Judge a spool of a journal this broker does not serve (broker.quarantine): True

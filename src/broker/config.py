@@ -55,6 +55,9 @@ class BrokerConfig:
     cache_bytes: int = 1 << 30
     journal_limit: int = 1024
     drain_timeout: float = 30.0
+    hole_wait: float = 30.0
+    """Seconds blocking reads wait at the hole a new replication-1 primary leaves after a crash
+    (broker.reservation) for the old primary to publish what it acknowledged there."""
     log_level: str = "INFO"
     http_port: int = 0
     """Port of the HTTP server (``/healthz``, ``/debug/metrics``) on the host of `listen`;
@@ -152,6 +155,14 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         default=float(_env("BROKER_DRAIN_TIMEOUT", str(d.drain_timeout))),
         help="at SIGTERM, seconds to wait for journals to move to other brokers (0: none)",
     )
+    p.add_argument(
+        "--hole-wait",
+        type=float,
+        default=float(_env("BROKER_HOLE_WAIT", str(d.hole_wait))),
+        help="seconds blocking reads wait at the offsets a new primary of a replication-1 "
+        "journal skipped after a crash, for the old broker to publish them, before jumping "
+        "over them (default %(default)s) [BROKER_HOLE_WAIT]",
+    )
     p.add_argument("--log-level", default=_env("LOG_LEVEL", d.log_level))
     p.add_argument(
         "--http-port",
@@ -169,6 +180,8 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         "port, which clients discover over gRPC; -1: none [BROKER_DIRECT_PORT]",
     )
     a = p.parse_args(argv)
+    if a.hole_wait < 0:
+        p.error(f"--hole-wait must be >= 0, not {a.hole_wait}")
     if a.lease_ttl < 2:
         p.error("--lease-ttl must be at least 2 seconds")
     if not 0 <= a.http_port <= 65535:
@@ -192,6 +205,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         cache_bytes=a.cache_bytes,
         journal_limit=a.journal_limit,
         drain_timeout=a.drain_timeout,
+        hole_wait=a.hole_wait,
         log_level=a.log_level,
         http_port=a.http_port,
         direct_port=a.direct_port,

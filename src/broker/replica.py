@@ -93,6 +93,11 @@ class JournalReplica:
         # primary's pipeline, or it decided where its own primary spool starts.
         self.reservations = Reservations(self.directory / "reserved")
         self.continuity = False
+        # The offsets a fresh primary skipped, and until when (monotonic) blocking readers
+        # wait there for the old primary's content to be published.
+        self.hole: tuple[int, int, float] | None = None
+        self.hole_closed = 0  # the end of the old primary's content, once it says so
+        self._relisting: asyncio.Future[None] | None = None
 
     # --- configuration -----------------------------------------------------------------
     @property
@@ -191,6 +196,19 @@ class JournalReplica:
         async with self.lock:
             self.apply_listing(listing)
 
+    def in_hole(self, offset: int) -> bool:
+        """Whether `offset` lies in the hole this primary skipped, while readers wait there."""
+        hole = self.hole
+        if hole is None or not hole[0] <= offset < hole[1] or time.monotonic() >= hole[2]:
+            return False
+        return offset < self.hole_closed or not self.hole_closed
+
+    async def relist_shared(self) -> None:
+        """`relist()`, one listing shared by every concurrent caller."""
+        if self._relisting is None or self._relisting.done():
+            self._relisting = asyncio.ensure_future(self.relist())
+        await asyncio.shield(self._relisting)
+
     async def list_stores(self) -> Listing:
         """Fragments of every store of the journal, and the errors of stores that failed."""
         epoch = self.index_epoch
@@ -228,6 +246,11 @@ class JournalReplica:
         self.store_health_error = "; ".join(errors)
         if listing.reserved is not None:
             self.reservations.saw(listing.reserved)
+        if self.hole is not None:
+            begin, end, _until = self.hole
+            closing = [m for m in self.reservations.markers if begin < m < end]
+            if closing:
+                self.hole_closed = max(self.hole_closed, *closing)
         if errors or listing.epoch != self.index_epoch:
             for f in listed:
                 self.index.add(FragmentEntry(spec=f))

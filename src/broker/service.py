@@ -56,6 +56,7 @@ READ_CHUNK = 1 << 18  # content bytes per ReadResponse
 LIST_PAGE = 25  # journals per ListResponse (reference §1)
 DEFAULT_FRAGMENTS_PAGE = 1000
 GAP_RECHECKS = 4  # store listings a read takes at a hole in the index before jumping over it
+HOLE_RECHECK = 1.0  # seconds between listings while a blocking read waits in a fresh hole
 MAX_MESSAGE_SIZE = 64 << 20
 """Largest request message served (64 MiB, as our clients' `broker.client.journal_client`
 limit); a larger one is answered RESOURCE_EXHAUSTED naming it. The gRPC server must receive
@@ -249,6 +250,12 @@ class JournalService(pb_grpc.JournalServicer):
             entry, found = replica.index.find(offset)
             if not found:
                 if entry is not None and offset < replica.write_head:
+                    if request.block and replica.in_hole(offset):
+                        # Skipped by this fresh primary: the old one may be back soon to
+                        # publish what it acknowledged here (broker.reservation).
+                        await asyncio.sleep(HOLE_RECHECK)
+                        await replica.relist_shared()
+                        continue
                     if gap_checks < GAP_RECHECKS and replica.has_stores:
                         # After a failover, a range may be persisted by another replica but
                         # not yet listed here: look at the stores again before jumping.

@@ -13,7 +13,7 @@ import itertools
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -228,9 +228,13 @@ async def produce(
     stop: asyncio.Event,
     acked: list[int],
     gaps: list[float] | None = None,
+    *,
+    line: Callable[[int], bytes] = lambda n: f"{n:08d}\n".encode(),
+    commits: dict[int, tuple[int, int]] | None = None,
 ) -> None:
-    """Append numbered lines (up to 20 in flight) until `stop`; record acknowledged numbers
-    in order, and the longest wait for an acknowledgement in `gaps`."""
+    """Append numbered lines (`line(n)`, up to 20 in flight) until `stop`; record
+    acknowledged numbers in order, the longest wait for an acknowledgement in `gaps`, and
+    the commit that acknowledged each in `commits` ([begin, end): appends may be batched)."""
     seq = 0
     inflight: list[tuple[int, Any]] = []
     last = time.monotonic()
@@ -238,8 +242,10 @@ async def produce(
     async def ack_oldest() -> None:
         nonlocal last
         n, a = inflight.pop(0)
-        await a.done()  # raises if the append failed
+        resp = await a.done()  # raises if the append failed
         acked.append(n)
+        if commits is not None:
+            commits[n] = (resp.commit.begin, resp.commit.end)
         now = time.monotonic()
         if gaps is not None:
             gaps.append(now - last)
@@ -247,7 +253,7 @@ async def produce(
 
     while not stop.is_set():
         a = svc.start_append(pb.AppendRequest(journal=journal))
-        a.write(f"{seq:08d}\n".encode())
+        a.write(line(seq))
         a.release()
         inflight.append((seq, a))
         seq += 1

@@ -62,3 +62,15 @@ def test_direct_port_defaults_to_a_free_port_and_is_checked(
     with pytest.raises(SystemExit):
         broker_args(["--direct-port", "70000"])
     assert "--direct-port must be a port number" in capsys.readouterr().err
+
+
+def test_hole_wait_defaults_and_is_checked(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert broker_args([]).hole_wait == 30.0
+    assert broker_args(["--hole-wait", "0"]).hole_wait == 0.0
+    monkeypatch.setenv("BROKER_HOLE_WAIT", "5")
+    assert broker_args([]).hole_wait == 5.0
+    with pytest.raises(SystemExit):
+        broker_args(["--hole-wait", "-1"])
+    assert "--hole-wait must be >= 0" in capsys.readouterr().err
