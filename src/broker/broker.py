@@ -167,6 +167,9 @@ class Broker:
         self._pending_since: dict[tuple[str, int], float] = {}
         self._reserving: set[str] = set()  # journals with a reservation being extended
         self._relieved_at = -RELIEF_INTERVAL
+        # How long judging a spool may read the journal's primary: short while starting
+        # (the lease is not kept alive yet), then as an append's chunk.
+        self._judging_timeout = cfg.chunk_timeout
         # Per-journal routing derived from the keyspace, valid while its generation holds
         # (every request consults them several times; each is a scan of the assignments).
         self._routing_generation = -1
@@ -436,6 +439,13 @@ class Broker:
         root = self.cfg.spool_dir / "journals"
         if not root.is_dir():
             return
+        self._judging_timeout = min(self.cfg.chunk_timeout, self.cfg.lease_ttl / 4)
+        try:
+            await self._persist_leftovers(root)
+        finally:
+            self._judging_timeout = self.cfg.chunk_timeout
+
+    async def _persist_leftovers(self, root: Path) -> None:
         journals = sorted({str(p.parent.relative_to(root)) for p in root.rglob("*" + SPOOL_SUFFIX)})
         for name in journals:
             kv = self.keyspace.get(self.keys.item(name))
@@ -712,7 +722,8 @@ class Broker:
         if route.primary < 0 or key[0][route.primary] != (self.cfg.zone, self.cfg.suffix):
             raise ReplicationError(f"this broker is not the primary of {replica.name}")
         if not replica.continuity:
-            self._start_fresh(replica)
+            await self._start_fresh(replica)
+        replica.reservations.tenure = 0  # a new tenure (or route): it writes its own marker
         p = Pipeline(
             replica,
             route,
@@ -728,7 +739,7 @@ class Broker:
         log.info("replication synchronised journal=%s peers=%d", replica.name, len(p.peers))
         return p
 
-    def _start_fresh(self, replica: JournalReplica) -> None:
+    async def _start_fresh(self, replica: JournalReplica) -> None:
         """Where the spool of a primary that did not follow the previous primary starts.
 
         A replication-1 journal starts beyond every offset reservation but our own
@@ -736,12 +747,15 @@ class Broker:
         handed out again. Other journals synchronise with their peers instead."""
         if replica.spec.replication == 1 and replica.has_stores:
             reservations = replica.reservations
-            if not reservations.known:
-                replica.last_refresh = 0.0  # list at the next flush tick
+            # A listing from now, not from when this replica was made: the previous primary
+            # may have reserved more since (we hold the lock: no append runs meanwhile).
+            listing = await replica.list_stores()
+            if listing.reserved is None:
                 raise ReplicationError(
-                    f"{replica.name}: the fragment store was not listed yet, so the offsets "
-                    "an earlier primary reserved are unknown"
+                    f"{replica.name}: the fragment store cannot be listed, so the offsets an "
+                    f"earlier primary reserved are unknown: {'; '.join(listing.errors)}"
                 )
+            replica.apply_listing(listing)
             start = reservations.fresh_start(replica.write_head)
             if start > replica.write_head:
                 log.warning(
@@ -757,7 +771,7 @@ class Broker:
                 COUNTERS.reservation_rolls += 1
                 hole_from = replica.write_head
                 self._enqueue(replica, replica.roll_to(start))
-                replica.hole = (hole_from, start, time.monotonic() + self.cfg.hole_wait)
+                replica.open_hole(hole_from, start, self.cfg.hole_wait)
         replica.continuity = True
 
     async def reserve(self, replica: JournalReplica, end: int) -> None:
@@ -770,14 +784,16 @@ class Broker:
         if replica.spec.replication != 1 or not replica.has_stores:
             return
         reservations = replica.reservations
-        if reservations.covers(end):
-            return
+        # Every commit, not only those needing a marker: a primary cut off from etcd past
+        # its lease may have a successor already.
         if self.session is None or self.session.lease_valid_for() <= LEASE_MARGIN:
             raise ReservationError(
                 f"{replica.name}: this broker's etcd lease may have expired; another broker "
                 "may be primary"
             )
-        offset = end + span_for(replica.fragment_length)
+        if reservations.covers(end):
+            return
+        offset = reservations.next_marker(end, span_for(replica.fragment_length))
         store = store_for_url(replica.spec.fragment.stores[0])
         for delay in (*RESERVE_RETRIES, None):
             try:
@@ -834,7 +850,7 @@ class Broker:
         if replica.spec.replication != 1 or not replica.has_stores:
             return
         half = span_for(replica.fragment_length) // 2
-        if replica.reservations.listed - replica.write_head > half:
+        if replica.reservations.tenure - replica.write_head > half:
             return
         if replica.name in self._reserving:
             return
@@ -1027,7 +1043,7 @@ class Broker:
         stem = entry.local_path.name[: -len(SPOOL_SUFFIX)]
         for p in (entry.local_path, entry.local_path.with_name(stem + COMMITS_SUFFIX)):
             p.unlink(missing_ok=True)
-        if unowned and replica.spec.replication == 1 and entry.end >= replica.write_head:
+        if unowned and replica.spec.replication == 1 and entry.end >= replica.local_end:
             await self._close_hole(replica, entry.end)
 
     async def _close_hole(self, replica: JournalReplica, end: int) -> None:
@@ -1078,6 +1094,8 @@ class Broker:
             COUNTERS.spools_redundant += 1
             entry.local_path.unlink(missing_ok=True)
             commits.unlink(missing_ok=True)
+            if replica.spec.replication == 1 and entry.end >= replica.local_end:
+                await self._close_hole(replica, entry.end)  # e.g. published before a crash
         else:
             quarantine(self.cfg.spool_dir, entry.spec, entry.local_path, commits, verdict.reason)
         replica.mark_persisted(entry, None)
@@ -1089,13 +1107,20 @@ class Broker:
         cmp = Comparison(entry.local_path, entry.begin, entry.end)
         for url in replica.spec.fragment.stores:
             store = store_for_url(url)
-            for f in await store.list(replica.name):
+            try:
+                listed = await store.list(replica.name)
+            except FragmentStoreError as err:
+                raise SpoolPending(f"cannot list {url} to compare: {err}") from err
+            for f in listed:
                 if is_marker(f) or f.end <= entry.begin or f.begin >= entry.end:
                     continue
-                with tempfile.TemporaryDirectory(dir=self.cfg.spool_dir) as tmp:
-                    dest = Path(tmp) / "fragment"
-                    await store.fetch(f, dest)
-                    data = await asyncio.to_thread(dest.read_bytes)
+                try:
+                    with tempfile.TemporaryDirectory(dir=self.cfg.spool_dir) as tmp:
+                        dest = Path(tmp) / "fragment"
+                        await store.fetch(f, dest)
+                        data = await asyncio.to_thread(dest.read_bytes)
+                except (FragmentStoreError, OSError) as err:
+                    raise SpoolPending(f"cannot read [{f.begin}, {f.end}) of {url}: {err}") from err
                 cmp.observe(f.begin, data, f"fragment [{f.begin}, {f.end}) in {url}")
         own = replica.reservations.own if replica.spec.replication == 1 else 0
         if cmp.mismatch or own >= entry.end:
@@ -1118,7 +1143,7 @@ class Broker:
         req = pb.ReadRequest(journal=journal, offset=begin, end_offset=end, block=False)
         head = begin
         try:
-            async with asyncio.timeout(self.cfg.chunk_timeout):
+            async with asyncio.timeout(self._judging_timeout):
                 async for resp in self.peer_stub(endpoint).Read(req):
                     if resp.status == pb.JOURNAL_NOT_FOUND:
                         return None

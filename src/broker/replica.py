@@ -38,6 +38,8 @@ class Listing:
     epoch: int
     reserved: int | None = None
     """The furthest reservation marker in the first store, None if that store failed."""
+    markers: tuple[int, ...] = ()
+    """Every marker listed in the first store."""
 
 
 DEFAULT_FRAGMENT_LENGTH = 1 << 29  # upstream's default of 512 MiB
@@ -96,7 +98,10 @@ class JournalReplica:
         # The offsets a fresh primary skipped, and until when (monotonic) blocking readers
         # wait there for the old primary's content to be published.
         self.hole: tuple[int, int, float] | None = None
-        self.hole_closed = 0  # the end of the old primary's content, once it says so
+        self.hole_closed: int | None = None  # where the old primary's content ends, once said
+        self._markers_before_hole: frozenset[int] = frozenset()
+        # The end of the furthest spool this replica wrote or recovered itself.
+        self.local_end = 0
         self._relisting: asyncio.Future[None] | None = None
 
     # --- configuration -----------------------------------------------------------------
@@ -164,6 +169,7 @@ class JournalReplica:
         pending: list[FragmentEntry] = []
         for r in recovered:
             spec = r.fragment(self.codec)
+            self.local_end = max(self.local_end, spec.end)
             # The first append time of a recovered spool is not kept: its mtime stands in.
             spec.path_postfix = self.postfix(r.files.content.stat().st_mtime)
             entry = FragmentEntry(spec=spec, local_path=r.files.content)
@@ -201,7 +207,15 @@ class JournalReplica:
         hole = self.hole
         if hole is None or not hole[0] <= offset < hole[1] or time.monotonic() >= hole[2]:
             return False
-        return offset < self.hole_closed or not self.hole_closed
+        return self.hole_closed is None or offset < self.hole_closed
+
+    def open_hole(self, begin: int, end: int, wait: float) -> None:
+        """This fresh primary skipped [begin, end): blocking readers wait there up to `wait`
+        seconds, until a marker that the old primary writes after it (in the listing)
+        says where its content ends."""
+        self.hole = (begin, end, time.monotonic() + wait)
+        self.hole_closed = None
+        self._markers_before_hole = frozenset(self.reservations.markers)
 
     async def relist_shared(self) -> None:
         """`relist()`, one listing shared by every concurrent caller."""
@@ -215,6 +229,7 @@ class JournalReplica:
         listed: list[pb.Fragment] = []
         errors: list[str] = []
         reserved: int | None = None
+        markers: list[int] = []
         for i, url in enumerate(self.spec.fragment.stores):
             try:
                 fragments = await store_for_url(url).list(self.name)
@@ -228,12 +243,13 @@ class JournalReplica:
                 if is_marker(f):
                     if i == 0:
                         reserved = max(reserved or 0, f.end)
+                        markers.append(f.end)
                         self.reservations.markers.add(f.end)
                 else:
                     listed.append(f)
             if i == 0 and reserved is None:
                 reserved = 0
-        return Listing(listed, errors, epoch, reserved)
+        return Listing(listed, errors, epoch, reserved, tuple(markers))
 
     def apply_listing(self, listing: Listing) -> None:
         """Make the index local entries plus the listed fragments (caller holds `lock`).
@@ -248,9 +264,13 @@ class JournalReplica:
             self.reservations.saw(listing.reserved)
         if self.hole is not None:
             begin, end, _until = self.hole
-            closing = [m for m in self.reservations.markers if begin < m < end]
+            closing = [
+                m
+                for m in listing.markers
+                if begin <= m < end and m not in self._markers_before_hole
+            ]
             if closing:
-                self.hole_closed = max(self.hole_closed, *closing)
+                self.hole_closed = max(self.hole_closed or 0, *closing)
         if errors or listing.epoch != self.index_epoch:
             for f in listed:
                 self.index.add(FragmentEntry(spec=f))
@@ -338,6 +358,7 @@ class JournalReplica:
         spec = s.fragment()
         spec.path_postfix = self.postfix(s.first_append_time or time.time())
         entry = FragmentEntry(spec=spec, local_path=s.content_path)
+        self.local_end = max(self.local_end, spec.end)
         s.close()
         COUNTERS.spool_completed += 1
         self.spool = None

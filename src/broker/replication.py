@@ -115,26 +115,27 @@ class Follower:
         """Apply a proposal: commit pending content it describes, roll to an empty fragment
         at or beyond our end, or confirm our current fragment; else PROPOSAL_MISMATCH."""
         replica = self.replica
-        # Following a live primary: our spool continues the journal (broker.reservation).
-        replica.continuity = True
         spool = replica.ensure_spool()
         pending, self.pending = self.pending, None
         if pending is not None and len(pending) and same_fragment(proposal, pending.proposal()):
             pending.commit()
             _adopt_registers(replica, registers)
             replica.committed(spool)
+            replica.continuity = True  # following a live primary (broker.reservation)
             return pb.ReplicateResponse(status=pb.OK)
         if pending is not None:
             pending.rollback()
         current = spool.fragment()
         if same_fragment(proposal, current):
             _adopt_registers(replica, registers)
+            replica.continuity = True  # following a live primary (broker.reservation)
             return pb.ReplicateResponse(status=pb.OK)
         if proposal.begin == proposal.end and proposal.end >= replica.write_head:
             # With the proposal's codec: our spec may lag the primary's.
             self.enqueue(replica.roll_to(proposal.end, proposal.compression_codec))
             _adopt_registers(replica, registers)
             log.info("peer rolled journal=%s to=%d", replica.name, proposal.end)
+            replica.continuity = True  # following a live primary (broker.reservation)
             return pb.ReplicateResponse(status=pb.OK)
         return pb.ReplicateResponse(
             status=pb.PROPOSAL_MISMATCH, fragment=current, registers=replica.registers

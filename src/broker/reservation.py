@@ -9,12 +9,15 @@ and the old broker's spools, persisted later, would overlap different content.
 So a replication-1 primary *reserves* offsets before it acknowledges content there. A
 reservation is a zero-length fragment ``[R, R)`` written to the journal's first fragment store
 (an empty object named like any fragment, `000...R-000...R-<sha1 of nothing>.raw`). Before
-committing an append that ends beyond the furthest reservation it knows, the primary writes a
-new one a span further on, and it does so only while its etcd lease is certainly held
-(`MemberSession.lease_valid_for`, read before and after the write). A broker that becomes
-primary without having followed the previous primary's pipeline (a *fresh* primary) starts its
-spool at the furthest reservation in the store, unless that reservation is its own (it was
-the last primary and its local spools hold everything it acknowledged). Content an old primary
+committing an append that ends beyond the furthest reservation it wrote in its current tenure
+as primary (so its first commit always writes one), the primary writes a new one a span beyond
+both that append and the furthest marker it knows: the furthest marker in the store is always
+the latest primary's. It commits, and writes markers, only while its etcd lease is certainly
+held (`MemberSession.lease_valid_for`, read before and after a marker's write). A broker
+that becomes primary without having followed the previous primary's pipeline (a *fresh*
+primary) lists the store again and starts its spool at the furthest reservation there, unless
+that reservation is its own (it was the last primary and its local spools hold everything it
+acknowledged). Content an old primary
 acknowledged therefore always lies below the offsets a later primary writes: it can be
 persisted whenever that broker comes back, and readers that saw it never see other bytes at
 those offsets. The price is a hole of up to one span in the journal's offsets after a crash
@@ -93,6 +96,8 @@ class Reservations:
     listed: int = 0
     own: int = 0
     known: bool = False
+    tenure: int = 0
+    """The furthest marker written in this broker's current tenure as primary (0: none)."""
     markers: set[int] = field(default_factory=set)
     """Markers known to be in the store (listed, or written here), to remove once replaced."""
 
@@ -108,10 +113,15 @@ class Reservations:
         self.listed = max(self.listed, offset)
         self.known = True
 
+    def next_marker(self, end: int, span: int) -> int:
+        """Where the marker that covers content up to `end` goes."""
+        return max(end, self.listed) + span
+
     def wrote(self, offset: int, *, sync: bool) -> None:
         """This broker wrote the marker at `offset`: remember it durably."""
         self.listed = max(self.listed, offset)
         self.own = max(self.own, offset)
+        self.tenure = max(self.tenure, offset)
         self.markers.add(offset)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -141,5 +151,8 @@ class Reservations:
         return head
 
     def covers(self, end: int) -> bool:
-        """Whether content up to `end` may be acknowledged without a new reservation."""
-        return end <= self.listed
+        """Whether content up to `end` may be acknowledged without a new reservation: only
+        below a marker of our current tenure (another primary's marker proves nothing of
+        what we may write, and a tenure without a marker of its own could be mistaken later
+        for the previous primary's)."""
+        return end <= self.tenure

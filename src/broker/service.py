@@ -249,13 +249,13 @@ class JournalService(pb_grpc.JournalServicer):
                 return
             entry, found = replica.index.find(offset)
             if not found:
+                if offset < replica.write_head and request.block and replica.in_hole(offset):
+                    # Skipped by this fresh primary: the old one may be back soon to publish
+                    # what it acknowledged here (broker.reservation).
+                    await asyncio.sleep(HOLE_RECHECK)
+                    await replica.relist_shared()
+                    continue
                 if entry is not None and offset < replica.write_head:
-                    if request.block and replica.in_hole(offset):
-                        # Skipped by this fresh primary: the old one may be back soon to
-                        # publish what it acknowledged here (broker.reservation).
-                        await asyncio.sleep(HOLE_RECHECK)
-                        await replica.relist_shared()
-                        continue
                     if gap_checks < GAP_RECHECKS and replica.has_stores:
                         # After a failover, a range may be persisted by another replica but
                         # not yet listed here: look at the stores again before jumping.

@@ -85,6 +85,9 @@ PRODUCER_IDLE_PAUSE_MAX = 2.0
 RECOVERED_HINTS_RETRY = 0.05
 """Seconds before retrying to store a new primary's recovered hints (doubling per retry)."""
 RECOVERED_HINTS_RETRY_MAX = 5.0
+RECOVERED_HINTS_ETCD_ATTEMPTS = 10
+"""etcd failures storing a new primary's recovered hints before it serves without them
+(guard failures and conflicts are retried for as long as the assignment stays)."""
 """Longest such pause."""
 
 
@@ -442,6 +445,17 @@ class ShardReplica:
                 )
                 return
             except (HintsConflict, HintsGuardFailed, EtcdError) as err:
+                if isinstance(err, EtcdError) and attempt >= RECOVERED_HINTS_ETCD_ATTEMPTS:
+                    # etcd refuses it for good (too many backups for one transaction, hints
+                    # too large): serving beats waiting for ever; pruning will refuse.
+                    log.error(
+                        "cannot store recovered hints after %d attempts; serving without "
+                        "backup hints shard=%s err=%s",
+                        attempt + 1,
+                        self.id,
+                        err,
+                    )
+                    return
                 pause = min(RECOVERED_HINTS_RETRY * 2**attempt, RECOVERED_HINTS_RETRY_MAX)
                 log.warning(
                     "cannot store recovered hints (will retry) shard=%s attempt=%d "

@@ -345,6 +345,9 @@ class ConsumerRuntime:
             resp = await self.etcd.txn([Compare(key, "mod", akv.mod_revision)], [op_delete(key)])
             if not resp.succeeded:
                 return True
+            # Until our mirror has the delete, a reconcile would start a new replica for it.
+            with contextlib.suppress(TimeoutError):
+                await self.keyspace.wait_for_revision(int(resp.header.revision), timeout=10.0)
         self._stop_replica(shard_id, "gave its assignment up (recording lost)")
         return True
 

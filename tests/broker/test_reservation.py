@@ -54,3 +54,18 @@ def test_replaced_markers_are_handed_out_once(tmp_path: Path) -> None:
     assert r.replaced() == []
     r.wrote(2000, sync=False)
     assert r.replaced() == [900]
+
+
+def test_only_a_marker_of_this_tenure_covers_an_append(tmp_path: Path) -> None:
+    """A primary that took over gracefully below the previous primary's marker still writes
+    its own before acknowledging: else, were it to crash, the previous primary could come
+    back, find its own marker the furthest, and continue below this one's content."""
+    r = Reservations(tmp_path / "reserved")
+    r.saw(10_000)  # the previous primary's
+    assert not r.covers(100)
+    at = r.next_marker(100, MIN_SPAN)
+    assert at == 10_000 + MIN_SPAN  # beyond every marker: the furthest is the newest's
+    r.wrote(at, sync=False)
+    assert r.covers(100) and r.covers(at) and not r.covers(at + 1)
+    r.tenure = 0  # a new tenure (the pipeline was opened again)
+    assert not r.covers(100)
