@@ -48,6 +48,10 @@ class FakeKeySpace:
         self.kvs: dict[str, KeyValue[Any]] = {}
         self.revision = 1
         self.header = EtcdHeader(1, 1, 1, 1)
+        self.awaited: list[int] = []  # revisions waited for
+
+    async def wait_for_revision(self, revision: int, timeout: float | None = None) -> None:
+        self.awaited.append(revision)
 
     def put(self, key: str, value: Any) -> None:
         self.revision += 1
@@ -60,10 +64,17 @@ class FakeKeySpace:
         return [kv for k, kv in sorted(self.kvs.items()) if k.startswith(prefix)]
 
 
+TXN_REVISION = 1000
+
+
 class FakeEtcd:
     async def txn(self, compares: Any, ops: Any) -> Any:
+        class Header:
+            revision = TXN_REVISION
+
         class R:
             succeeded = True
+            header = Header()
 
         return R()
 
@@ -229,6 +240,9 @@ async def test_a_lost_recording_gives_the_assignment_up_once_a_minute(
             if attempt == 0:
                 # Given up: removed, never advertised FAILED; the replica stops.
                 assert [op.request_delete_range.key for op in deletes] == [akey.encode()]
+                # ... and the delete is in the mirror before the replica stops (else a
+                # reconcile would start a new replica for the deleted assignment).
+                assert ks.awaited == [TXN_REVISION]
                 assert all(st.code != Code.FAILED for st in puts), puts
                 assert "shard" not in rt.replicas
                 del ks.kvs[akey]
