@@ -21,10 +21,10 @@ scanner: $(SCANNER)
 sqlite-vfs: $(SQLITE_VFS)
 
 $(SQLITE_VFS): src/stores/sqlite/_recvfs.c src/stores/sqlite/native.py $(STAMP) | apt
-	$(PY) -m stores.sqlite.native build
+	$(PY) -m gazette.stores.sqlite.native build
 
 $(SCANNER): src/stores/rocksdb/_scan.c src/stores/rocksdb/scan.py $(STAMP) | apt
-	$(PY) -m stores.rocksdb.scan build
+	$(PY) -m gazette.stores.rocksdb.scan build
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -49,15 +49,20 @@ check-protos: venv
 	$(PY) tools/gen_protos.py --check
 
 lint: venv
-	$(VENV)/bin/ruff check src tests bench tools
+	$(VENV)/bin/ruff check src tests bench tools examples
 	$(VENV)/bin/ruff format --check src tests bench tools examples
 
-typecheck: venv
+# mypy sees the `gazette` package through a link (setuptools maps it onto src/; mypy cannot).
+TYPECHECK_LINK := build/typecheck/gazette
+
+$(TYPECHECK_LINK):
+	mkdir -p $(dir $@) && ln -sfn ../../src $@
+
+typecheck: venv $(TYPECHECK_LINK)
 	$(VENV)/bin/mypy
 
-test: deps
+test: deps lint typecheck
 	$(PY) tools/gen_protos.py --check
-	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest -q
 
 demo: deps

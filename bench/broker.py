@@ -33,10 +33,10 @@ from pathlib import Path
 import grpc
 from google.protobuf.duration_pb2 import Duration
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
 
 MiB = 1 << 20
 # 256 KiB messages: measured ~3x the loopback gRPC throughput of single 1 MiB messages.
@@ -104,7 +104,7 @@ async def append_mbps(stub: pb_grpc.JournalStub, journal: str, total: int) -> fl
 
 async def append_service_rate(endpoint: str, journal: str, count: int) -> float | None:
     try:
-        from broker.client import AppendService, JournalClient
+        from gazette.broker.client import AppendService, JournalClient
     except ImportError:
         say("append_service: client library not available; skipped")
         return None
@@ -126,7 +126,7 @@ async def append_service_rate(endpoint: str, journal: str, count: int) -> float 
 
 async def append_latency(endpoint: str, journal: str, count: int) -> tuple[float, float, float]:
     """(p50 ms, p99 ms, appends/s) of `count` sequential 100-byte appends."""
-    from broker.client import JournalClient, append
+    from gazette.broker.client import JournalClient, append
 
     msg = b"x" * 99 + b"\n"
     req = pb.AppendRequest(journal=journal)

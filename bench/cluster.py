@@ -35,11 +35,17 @@ from pathlib import Path
 
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import JournalClient, append, apply_journals, list_all_journals, name_selector
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
-from broker.testing.cluster import BrokerCluster
-from broker.testing.etcd import EtcdServer
+from gazette.broker.client import (
+    JournalClient,
+    append,
+    apply_journals,
+    list_all_journals,
+    name_selector,
+)
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.cluster import BrokerCluster
+from gazette.broker.testing.etcd import EtcdServer
 
 MiB = 1 << 20
 ZONES = ["zone-a", "zone-b", "zone-a"]

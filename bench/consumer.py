@@ -46,16 +46,16 @@ import aiohttp
 import grpc.aio
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import AppendService, JournalClient, apply_journals
-from broker.protocol import protocol_pb2 as bpb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from consumer.protocol import consumer_pb2_grpc as pb_grpc
-from consumer.protocol import pb
-from consumer.testing import ConsumerProcess
-from message import CONTENT_TYPE_JSON_LINES
-from message.iterators import ReadCommittedIter
-from message.publisher import Publisher
+from gazette.broker.client import AppendService, JournalClient, apply_journals
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
+from gazette.consumer.protocol import pb
+from gazette.consumer.testing import ConsumerProcess
+from gazette.message import CONTENT_TYPE_JSON_LINES
+from gazette.message.iterators import ReadCommittedIter
+from gazette.message.publisher import Publisher
 
 APPS = Path(__file__).resolve().parent / "apps"
 sys.path.insert(0, str(APPS))
@@ -358,7 +358,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 def _wait_unmounted(tmp: Path, timeout: float = 10.0) -> None:
     """Wait until the fusefs mounts of killed consumers under `tmp` are gone (each unmounts
     itself when its parent dies), so that removing `tmp` does not walk into one."""
-    from fusefs.mount import force_unmount, mounts_under
+    from gazette.fusefs.mount import force_unmount, mounts_under
 
     deadline = time.monotonic() + timeout
     while mounts_under(tmp) and time.monotonic() < deadline:

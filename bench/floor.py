@@ -65,7 +65,7 @@ import apsw
 import grpc
 from grpc import aio
 
-from broker.testing.process import free_port
+from gazette.broker.testing.process import free_port
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 CHUNK = 256 << 10  # Content message size, as the client's appends.
@@ -412,7 +412,7 @@ class RocksWork:
     def open(self, directory: Path, capture: bool) -> Opened:
         from rocksdict import Rdict, WriteBatch, WriteOptions
 
-        from stores.rocksdb.store import CHECKPOINT_KEY, recorded_options
+        from gazette.stores.rocksdb.store import CHECKPOINT_KEY, recorded_options
 
         db = Rdict(str(directory), recorded_options())
         sync = WriteOptions()

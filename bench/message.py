@@ -41,22 +41,22 @@ from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import (
+from gazette.broker.client import (
     AppendService,
     JournalClient,
     OffsetNotYetAvailable,
     apply_journals,
     list_all_journals,
 )
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.selector import parse_label_selector
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from message import JSONMessage
-from message.iterators import ReadCommittedIter
-from message.mapping import modulo_mapping
-from message.publisher import Publisher
-from message.sequencer import Sequencer
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.selector import parse_label_selector
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.message import JSONMessage
+from gazette.message.iterators import ReadCommittedIter
+from gazette.message.mapping import modulo_mapping
+from gazette.message.publisher import Publisher
+from gazette.message.sequencer import Sequencer
 
 TARGET = 100_000
 MESSAGE_SIZE = 100

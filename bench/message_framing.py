@@ -21,7 +21,7 @@ from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
 
-from message import (  # noqa: E402
+from gazette.message import (  # noqa: E402
     CSV_FRAMING,
     JSON_FRAMING,
     PROTO_FIXED_FRAMING,
@@ -77,7 +77,7 @@ def main() -> None:
     args = parser.parse_args()
     n = 20_000 if args.quick else 100_000
 
-    from broker.protocol import protocol_pb2 as pb
+    from gazette.broker.protocol import protocol_pb2 as pb
 
     uid = build_uuid(new_producer_id(), Clock(123456789 << 4), Flags.CONTINUE_TXN)
     jm = JsonMsg(user="user-12345", page="/index.html", n=42, score=0.5)

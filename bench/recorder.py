@@ -27,12 +27,12 @@ from pathlib import Path
 
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import AppendService, JournalClient, apply_journals
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from recoverylog.fsm import FSM
-from recoverylog.recorder import Recorder
+from gazette.broker.client import AppendService, JournalClient, apply_journals
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.recorder import Recorder
 
 MiB = 1 << 20
 

@@ -45,17 +45,17 @@ from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import AppendService, JournalClient, RetryReader, apply_journals
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from recoverylog import _crc32c
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.codec import DecodedOp, OpDecoder, PayloadChunk, encode_op
-from recoverylog.fsm import FSM, FSMError
-from recoverylog.player import Player
-from recoverylog.recorder import Recorder
-from recoverylog.segments import flatten_hints
+from gazette.broker.client import AppendService, JournalClient, RetryReader, apply_journals
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.recoverylog import _crc32c
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.codec import DecodedOp, OpDecoder, PayloadChunk, encode_op
+from gazette.recoverylog.fsm import FSM, FSMError
+from gazette.recoverylog.player import Player
+from gazette.recoverylog.recorder import Recorder
+from gazette.recoverylog.segments import flatten_hints
 
 LOG = "bench/recovery/log"
 MiB = 1 << 20

@@ -55,12 +55,12 @@ from typing import Any
 from google.protobuf.duration_pb2 import Duration
 from rocksdict import Rdict, WriteBatch, WriteOptions
 
-from broker.client import JournalClient, apply_journals
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from consumer.protocol import pb as cpb
-from stores.rocksdb import CHECKPOINT_KEY, RocksDBStore, recorded_options
+from gazette.broker.client import JournalClient, apply_journals
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.protocol import pb as cpb
+from gazette.stores.rocksdb import CHECKPOINT_KEY, RocksDBStore, recorded_options
 
 MiB = 1 << 20
 PIPELINED = 2

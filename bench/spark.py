@@ -57,18 +57,23 @@ from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
 
-from allocator.etcd import Etcd
-from broker.client import AppendService, JournalClient, OffsetNotYetAvailable, apply_journals
-from broker.protocol import protocol_pb2 as bpb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from consumer.protocol import pb
-from consumer.spec import ShardKeys
-from message import CONTENT_TYPE_JSON_LINES, JSONMessage
-from message.iterators import ReadCommittedIter
-from message.publisher import Publisher
-from recoverylog.hints_etcd import store_primary_hints
-from stores.rocksdb import RocksDBStore
+from gazette.allocator.etcd import Etcd
+from gazette.broker.client import (
+    AppendService,
+    JournalClient,
+    OffsetNotYetAvailable,
+    apply_journals,
+)
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.protocol import pb
+from gazette.consumer.spec import ShardKeys
+from gazette.message import CONTENT_TYPE_JSON_LINES, JSONMessage
+from gazette.message.iterators import ReadCommittedIter
+from gazette.message.publisher import Publisher
+from gazette.recoverylog.hints_etcd import store_primary_hints
+from gazette.stores.rocksdb import RocksDBStore
 
 SHARD = "bench-part-000"
 ROOT = "/bench/spark"
@@ -180,9 +185,9 @@ async def read_committed(broker: str, names: list[str]) -> int:
 
 
 def playback_seconds(options: dict[str, str]) -> float:
-    from consumer.spark.options import ShardsOptions
-    from consumer.spark.playback import played_shard
-    from consumer.spark.resolve import resolve_shards_sync
+    from gazette.consumer.spark.options import ShardsOptions
+    from gazette.consumer.spark.playback import played_shard
+    from gazette.consumer.spark.resolve import resolve_shards_sync
 
     opts = ShardsOptions.parse(options)
     (plan,) = resolve_shards_sync(opts)
@@ -286,9 +291,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         say(f"Spark local[2] started in {spark_s:.1f}s")
         from pyspark.sql import functions as F
 
-        import consumer.spark
+        from gazette.consumer import spark as gazette_spark
 
-        consumer.spark.register(spark)
+        gazette_spark.register(spark)
         spark.dataSource.register(parquet_source())
 
         if args.splits:

@@ -59,15 +59,15 @@ from pathlib import Path
 import apsw
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import AppendService, JournalClient, apply_journals
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from consumer.protocol import pb as cpb
-from recoverylog.fsm import FSM
-from recoverylog.recorder import Recorder
-from recoverylog.remote import RemoteRecorder
-from stores.sqlite import SQLiteStore
+from gazette.broker.client import AppendService, JournalClient, apply_journals
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.protocol import pb as cpb
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.recorder import Recorder
+from gazette.recoverylog.remote import RemoteRecorder
+from gazette.stores.sqlite import SQLiteStore
 
 MiB = 1 << 20
 SCHEMA = """

@@ -34,11 +34,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from broker.client import JournalClient, list_all_journals, name_selector
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
-from broker.testing.cluster import BrokerCluster
-from broker.testing.etcd import EtcdServer
+from gazette.broker.client import JournalClient, list_all_journals, name_selector
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.cluster import BrokerCluster
+from gazette.broker.testing.etcd import EtcdServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "word-count"))
 from word_count import demo as word_count_demo  # noqa: E402
@@ -53,7 +53,7 @@ def step(msg: str) -> None:
 
 def gazctl_cmd(broker: BrokerProcess, *args: str) -> tuple[list[str], dict[str, str]]:
     env = {**os.environ, "BROKER_ADDRESS": broker.endpoint}
-    return [sys.executable, "-m", "gazctl.main", "journals", *args], env
+    return [sys.executable, "-m", "gazette.gazctl.main", "journals", *args], env
 
 
 def gazctl(

@@ -25,9 +25,9 @@ PROTO_DIR = ROOT / "proto"
 
 # proto file -> (output directory relative to src/, python package of that directory)
 TARGETS: dict[str, tuple[str, str]] = {
-    "protocol.proto": ("broker/protocol", "broker.protocol"),
-    "recoverylog.proto": ("recoverylog", "recoverylog"),
-    "consumer.proto": ("consumer/protocol", "consumer.protocol"),
+    "protocol.proto": ("broker/protocol", "gazette.broker.protocol"),
+    "recoverylog.proto": ("recoverylog", "gazette.recoverylog"),
+    "consumer.proto": ("consumer/protocol", "gazette.consumer.protocol"),
 }
 
 

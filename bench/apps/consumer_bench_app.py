@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from message import CONTENT_TYPE_JSON_LINES, JSONMessage
-from stores.rocksdb.store import RocksDBStore
+from gazette.message import CONTENT_TYPE_JSON_LINES, JSONMessage
+from gazette.stores.rocksdb.store import RocksDBStore
 
 
 @dataclass

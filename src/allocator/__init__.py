@@ -20,10 +20,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from allocator.allocator import Allocator, Change, plan_changes, wait_until_no_assignments
-    from allocator.etcd import Compare, Etcd, EtcdError
-    from allocator.keyspace import KeySpace, KeyValue
-    from allocator.model import (
+    from gazette.allocator.allocator import (
+        Allocator,
+        Change,
+        plan_changes,
+        wait_until_no_assignments,
+    )
+    from gazette.allocator.etcd import Compare, Etcd, EtcdError
+    from gazette.allocator.keyspace import KeySpace, KeyValue
+    from gazette.allocator.model import (
         Assignment,
         Item,
         Member,
@@ -33,31 +38,31 @@ if TYPE_CHECKING:
         member_key,
         parse_assignment_key,
     )
-    from allocator.session import LeaseLostError, MemberExistsError, MemberSession
-    from allocator.solver import solve
+    from gazette.allocator.session import LeaseLostError, MemberExistsError, MemberSession
+    from gazette.allocator.solver import solve
 
 _EXPORTS = {
-    "Allocator": "allocator.allocator",
-    "Change": "allocator.allocator",
-    "plan_changes": "allocator.allocator",
-    "wait_until_no_assignments": "allocator.allocator",
-    "Compare": "allocator.etcd",
-    "Etcd": "allocator.etcd",
-    "EtcdError": "allocator.etcd",
-    "KeySpace": "allocator.keyspace",
-    "KeyValue": "allocator.keyspace",
-    "Assignment": "allocator.model",
-    "Item": "allocator.model",
-    "Member": "allocator.model",
-    "MemberID": "allocator.model",
-    "State": "allocator.model",
-    "assignment_key": "allocator.model",
-    "member_key": "allocator.model",
-    "parse_assignment_key": "allocator.model",
-    "LeaseLostError": "allocator.session",
-    "MemberExistsError": "allocator.session",
-    "MemberSession": "allocator.session",
-    "solve": "allocator.solver",
+    "Allocator": "gazette.allocator.allocator",
+    "Change": "gazette.allocator.allocator",
+    "plan_changes": "gazette.allocator.allocator",
+    "wait_until_no_assignments": "gazette.allocator.allocator",
+    "Compare": "gazette.allocator.etcd",
+    "Etcd": "gazette.allocator.etcd",
+    "EtcdError": "gazette.allocator.etcd",
+    "KeySpace": "gazette.allocator.keyspace",
+    "KeyValue": "gazette.allocator.keyspace",
+    "Assignment": "gazette.allocator.model",
+    "Item": "gazette.allocator.model",
+    "Member": "gazette.allocator.model",
+    "MemberID": "gazette.allocator.model",
+    "State": "gazette.allocator.model",
+    "assignment_key": "gazette.allocator.model",
+    "member_key": "gazette.allocator.model",
+    "parse_assignment_key": "gazette.allocator.model",
+    "LeaseLostError": "gazette.allocator.session",
+    "MemberExistsError": "gazette.allocator.session",
+    "MemberSession": "gazette.allocator.session",
+    "solve": "gazette.allocator.solver",
 }
 
 __all__ = [

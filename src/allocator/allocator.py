@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
-from allocator.keyspace import KeySpace
-from allocator.model import (
+from gazette.allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
+from gazette.allocator.keyspace import KeySpace
+from gazette.allocator.model import (
     Assignment,
     Item,
     MemberID,
@@ -34,7 +34,7 @@ from allocator.model import (
     item_key,
     parse_assignment_key,
 )
-from allocator.solver import solve
+from gazette.allocator.solver import solve
 
 log = logging.getLogger(__name__)
 

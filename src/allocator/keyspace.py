@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from allocator.etcd import Etcd, EtcdError
+from gazette.allocator.etcd import Etcd, EtcdError
 
 log = logging.getLogger(__name__)
 

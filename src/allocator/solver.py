@@ -34,7 +34,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 
-from allocator.model import Item, Member, MemberID
+from gazette.allocator.model import Item, Member, MemberID
 
 
 def solve(

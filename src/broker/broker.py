@@ -26,10 +26,10 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from allocator.allocator import Allocator, wait_until_no_assignments
-from allocator.etcd import Compare, Etcd, EtcdError, op_put
-from allocator.keyspace import KeySpace, KeyValue
-from allocator.model import (
+from gazette.allocator.allocator import Allocator, wait_until_no_assignments
+from gazette.allocator.etcd import Compare, Etcd, EtcdError, op_put
+from gazette.allocator.keyspace import KeySpace, KeyValue
+from gazette.allocator.model import (
     Assignment,
     Item,
     MemberID,
@@ -40,27 +40,27 @@ from allocator.model import (
     members_prefix,
     parse_assignment_key,
 )
-from allocator.session import MemberExistsError, MemberSession
-from broker.client.route_cache import endpoint_to_target
-from broker.config import BrokerConfig
-from broker.fragment.coverset import FragmentEntry
-from broker.fragment.store import FragmentStoreError, store_for_url
-from broker.fragment_cache import FragmentCache
-from broker.metrics import COUNTERS
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.protocol.validation import split_journal_meta
-from broker.quarantine import WAIT_LIMIT, Comparison, Verdict, quarantine
-from broker.replica import JournalReplica
-from broker.replication import Pipeline, ReplicationError, RouteKey, route_key
-from broker.reservation import (
+from gazette.allocator.session import MemberExistsError, MemberSession
+from gazette.broker.client.route_cache import endpoint_to_target
+from gazette.broker.config import BrokerConfig
+from gazette.broker.fragment.coverset import FragmentEntry
+from gazette.broker.fragment.store import FragmentStoreError, store_for_url
+from gazette.broker.fragment_cache import FragmentCache
+from gazette.broker.metrics import COUNTERS
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.protocol.validation import split_journal_meta
+from gazette.broker.quarantine import WAIT_LIMIT, Comparison, Verdict, quarantine
+from gazette.broker.replica import JournalReplica
+from gazette.broker.replication import Pipeline, ReplicationError, RouteKey, route_key
+from gazette.broker.reservation import (
     ReservationError,
     ReservationStoreError,
     is_marker,
     marker,
     span_for,
 )
-from broker.spool import COMMITS_SUFFIX, SPOOL_SUFFIX, SpoolError
+from gazette.broker.spool import COMMITS_SUFFIX, SPOOL_SUFFIX, SpoolError
 
 PEER_CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),

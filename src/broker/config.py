@@ -14,7 +14,11 @@ def default_suffix(hostname: str | None = None) -> str:
     suffix where it is not one: a suffix is 4..128 token characters (``[A-Za-z0-9-_+/.]``),
     so a short name such as ``vm`` becomes ``vm-host`` and other characters become ``-``.
     Deterministic, so a restarted process takes the same identity."""
-    from broker.protocol.validation import MAX_SUFFIX_LENGTH, MIN_SUFFIX_LENGTH, TOKEN_SYMBOLS
+    from gazette.broker.protocol.validation import (
+        MAX_SUFFIX_LENGTH,
+        MIN_SUFFIX_LENGTH,
+        TOKEN_SYMBOLS,
+    )
 
     name = socket.gethostname() if hostname is None else hostname
     name = "".join(c if c.isascii() and (c.isalnum() or c in TOKEN_SYMBOLS) else "-" for c in name)
@@ -28,9 +32,9 @@ def check_process_id(
 ) -> None:
     """Exits through `parser` (status 2) if --zone/--suffix (environment variables
     `env_names`) do not make a valid ProcessSpec.ID."""
-    from broker.protocol import protocol_pb2 as pb
-    from broker.protocol.errors import ValidationError
-    from broker.protocol.validation import validate_process_id
+    from gazette.broker.protocol import protocol_pb2 as pb
+    from gazette.broker.protocol.errors import ValidationError
+    from gazette.broker.protocol.validation import validate_process_id
 
     try:
         validate_process_id(pb.ProcessSpec.ID(zone=zone, suffix=suffix))

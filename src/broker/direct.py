@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.direct import (
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.direct import (
     END,
     ERROR,
     MAGIC,
@@ -27,7 +27,7 @@ from broker.protocol.direct import (
     frame,
     read_frame,
 )
-from broker.service import JournalService
+from gazette.broker.service import JournalService
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ import os
 from collections import OrderedDict
 from pathlib import Path
 
-from broker.fragment.store import store_for_url
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.fragment_name import content_name
+from gazette.broker.fragment.store import store_for_url
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.fragment_name import content_name
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from broker import metrics
-from broker.prometheus import CONTENT_TYPE
+from gazette.broker import metrics
+from gazette.broker.prometheus import CONTENT_TYPE
 
 if TYPE_CHECKING:
-    from broker.broker import Broker
+    from gazette.broker.broker import Broker
 
 __all__ = ["BrokerHTTP"]
 

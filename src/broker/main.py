@@ -11,13 +11,13 @@ import sys
 
 import grpc
 
-from allocator.session import LeaseLostError
-from broker.broker import Broker, BrokerStartupError
-from broker.config import BrokerConfig, http_host, parse_args
-from broker.direct import DirectAppendServer, port_handler
-from broker.http_api import BrokerHTTP
-from broker.request_guard import transport_limit
-from broker.service import MAX_MESSAGE_SIZE, JournalService, add_journal_service
+from gazette.allocator.session import LeaseLostError
+from gazette.broker.broker import Broker, BrokerStartupError
+from gazette.broker.config import BrokerConfig, http_host, parse_args
+from gazette.broker.direct import DirectAppendServer, port_handler
+from gazette.broker.http_api import BrokerHTTP
+from gazette.broker.request_guard import transport_limit
+from gazette.broker.service import MAX_MESSAGE_SIZE, JournalService, add_journal_service
 
 log = logging.getLogger("broker")
 

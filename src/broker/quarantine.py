@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from broker.metrics import COUNTERS
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.sha1sum import sha1sum_hex
+from gazette.broker.metrics import COUNTERS
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.sha1sum import sha1sum_hex
 
 log = logging.getLogger(__name__)
 

@@ -18,13 +18,13 @@ from pathlib import Path
 
 from google.protobuf.duration_pb2 import Duration
 
-from broker.fragment.coverset import CoverSet, FragmentEntry
-from broker.fragment.postfix import PostfixTemplateError, evaluate_postfix_template
-from broker.fragment.store import FragmentStoreError, store_for_url
-from broker.metrics import COUNTERS
-from broker.protocol import protocol_pb2 as pb
-from broker.reservation import Reservations, is_marker
-from broker.spool import Spool, recover_spools, spool_dir_for
+from gazette.broker.fragment.coverset import CoverSet, FragmentEntry
+from gazette.broker.fragment.postfix import PostfixTemplateError, evaluate_postfix_template
+from gazette.broker.fragment.store import FragmentStoreError, store_for_url
+from gazette.broker.metrics import COUNTERS
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.reservation import Reservations, is_marker
+from gazette.broker.spool import Spool, recover_spools, spool_dir_for
 
 log = logging.getLogger(__name__)
 

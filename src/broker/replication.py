@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
-from broker.fragment.coverset import FragmentEntry
-from broker.protocol import labels
-from broker.protocol import protocol_pb2 as pb
-from broker.replica import JournalReplica
-from broker.spool import PendingAppend
+from gazette.broker.fragment.coverset import FragmentEntry
+from gazette.broker.protocol import labels
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.replica import JournalReplica
+from gazette.broker.spool import PendingAppend
 
 if TYPE_CHECKING:
-    from broker.protocol.protocol_pb2_grpc import JournalAsyncStub as JournalStub
+    from gazette.broker.protocol.protocol_pb2_grpc import JournalAsyncStub as JournalStub
 else:
     JournalStub = Any
 

@@ -39,8 +39,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.sha1sum import sha1sum_from_digest
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.sha1sum import sha1sum_from_digest
 
 log = logging.getLogger(__name__)
 

@@ -20,18 +20,18 @@ from typing import Any
 
 import grpc
 
-from allocator.etcd import Compare, EtcdError, op_delete, op_put
-from broker.broker import Broker, Resolution
-from broker.fragment.postfix import PostfixTemplateError, evaluate_postfix_template
-from broker.fragment.store import FragmentCorrupted, FragmentStoreError, store_for_url
-from broker.metrics import counted
-from broker.protocol import labels
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.protocol.errors import ValidationError
-from broker.protocol.selector import journal_labels_with_meta, matches
-from broker.protocol.sha1sum import sha1sum_from_digest
-from broker.protocol.validation import (
+from gazette.allocator.etcd import Compare, EtcdError, op_delete, op_put
+from gazette.broker.broker import Broker, Resolution
+from gazette.broker.fragment.postfix import PostfixTemplateError, evaluate_postfix_template
+from gazette.broker.fragment.store import FragmentCorrupted, FragmentStoreError, store_for_url
+from gazette.broker.metrics import counted
+from gazette.broker.protocol import labels
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.protocol.errors import ValidationError
+from gazette.broker.protocol.selector import journal_labels_with_meta, matches
+from gazette.broker.protocol.sha1sum import sha1sum_from_digest
+from gazette.broker.protocol.validation import (
     validate_apply_request,
     validate_first_append_request,
     validate_fragments_request,
@@ -39,16 +39,16 @@ from broker.protocol.validation import (
     validate_list_request,
     validate_read_request,
 )
-from broker.replica import JournalReplica
-from broker.replication import (
+from gazette.broker.replica import JournalReplica
+from gazette.broker.replication import (
     Follower,
     ReplicationError,
     ReplicationProtocolError,
     route_key,
 )
-from broker.request_guard import add_guarded_service, drain_requests
-from broker.reservation import ReservationError, ReservationStoreError
-from broker.spool import SpoolDiskFull, SpoolError
+from gazette.broker.request_guard import add_guarded_service, drain_requests
+from gazette.broker.reservation import ReservationError, ReservationStoreError
+from gazette.broker.spool import SpoolDiskFull, SpoolError
 
 log = logging.getLogger(__name__)
 

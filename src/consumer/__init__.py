@@ -5,6 +5,6 @@ protocol (`consumer.protocol`); the Service, shards and transactions come with t
 issue.
 """
 
-from consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard, Store
+from gazette.consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard, Store
 
 __all__ = ["Checkpoint", "OpFuture", "RecoveredLog", "Shard", "Store"]

@@ -28,16 +28,16 @@ from collections.abc import AsyncIterable, Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from broker.protocol import protocol_pb2 as bpb
-from consumer.protocol import pb
-from consumer.store import OpFuture, RecoveredLog, Store
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.consumer.protocol import pb
+from gazette.consumer.store import OpFuture, RecoveredLog, Store
 
 if TYPE_CHECKING:
-    from broker.client import AppendService, JournalClient
-    from consumer.message_producer import MessageSink
-    from message.envelope import Envelope
-    from message.publisher import Publisher
-    from recoverylog import recoverylog_pb2 as rpb
+    from gazette.broker.client import AppendService, JournalClient
+    from gazette.consumer.message_producer import MessageSink
+    from gazette.message.envelope import Envelope
+    from gazette.message.publisher import Publisher
+    from gazette.recoverylog import recoverylog_pb2 as rpb
 
 __all__ = [
     "MESSAGE_PRODUCER_METHODS",

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.config import check_process_id, default_suffix, http_host
+from gazette.broker.config import check_process_id, default_suffix, http_host
 
 
 @dataclass(frozen=True)

@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from consumer import metrics
-from consumer.protocol import pb
+from gazette.consumer import metrics
+from gazette.consumer.protocol import pb
 
 if TYPE_CHECKING:
-    from consumer.runtime import ConsumerRuntime
+    from gazette.consumer.runtime import ConsumerRuntime
 
 __all__ = ["DEFAULT_SHUTDOWN_TIMEOUT", "ConsumerHTTP", "HTTPAddressInUse", "HTTPStartError"]
 

@@ -30,14 +30,18 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from allocator.etcd import EtcdError
-from allocator.session import LeaseLostError, MemberExistsError
-from consumer.application import Application, IncompleteMessageProducer, check_message_producer
-from consumer.config import ConsumerConfig, parse_args
-from consumer.http_api import DEFAULT_SHUTDOWN_TIMEOUT, ConsumerHTTP, HTTPStartError
-from consumer.protocol import consumer_pb2_grpc as pb_grpc
-from consumer.runtime import ConsumerRuntime
-from consumer.shard_api import ShardAPI
+from gazette.allocator.etcd import EtcdError
+from gazette.allocator.session import LeaseLostError, MemberExistsError
+from gazette.consumer.application import (
+    Application,
+    IncompleteMessageProducer,
+    check_message_producer,
+)
+from gazette.consumer.config import ConsumerConfig, parse_args
+from gazette.consumer.http_api import DEFAULT_SHUTDOWN_TIMEOUT, ConsumerHTTP, HTTPStartError
+from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
+from gazette.consumer.runtime import ConsumerRuntime
+from gazette.consumer.shard_api import ShardAPI
 
 __all__ = [
     "EXIT_FENCED",

@@ -16,16 +16,16 @@ import inspect
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from broker.protocol import protocol_pb2 as bpb
-from consumer.protocol import pb
-from consumer.store import Store
-from consumer.txn import SOURCE_DONE, SourceItem
-from message.envelope import Envelope
-from message.iterators import NewMessageFunc, ReadUncommittedIter
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.consumer.protocol import pb
+from gazette.consumer.store import Store
+from gazette.consumer.txn import SOURCE_DONE, SourceItem
+from gazette.message.envelope import Envelope
+from gazette.message.iterators import NewMessageFunc, ReadUncommittedIter
 
 if TYPE_CHECKING:
-    from broker.client import JournalClient
-    from consumer.application import MessageProducer, Shard
+    from gazette.broker.client import JournalClient
+    from gazette.consumer.application import MessageProducer, Shard
 
 __all__ = [
     "MessageSink",

@@ -37,15 +37,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from broker.client.metrics import client_families
-from broker.prometheus import CONTENT_TYPE, Family
-from broker.prometheus import render as render_families
-from consumer.protocol import pb
-from consumer.txn import PHASES
-from recoverylog import player
+from gazette.broker.client.metrics import client_families
+from gazette.broker.prometheus import CONTENT_TYPE, Family
+from gazette.broker.prometheus import render as render_families
+from gazette.consumer.protocol import pb
+from gazette.consumer.txn import PHASES
+from gazette.recoverylog import player
 
 if TYPE_CHECKING:
-    from consumer.replica import ShardReplica
+    from gazette.consumer.replica import ShardReplica
 
 __all__ = ["CONTENT_TYPE", "render"]
 

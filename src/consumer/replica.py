@@ -42,14 +42,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from allocator.etcd import Compare, Etcd, EtcdError
-from broker.client import AppendService, JournalClient
-from consumer.application import Application, MessageProducer, Shard, check_message_producer
-from consumer.message_producer import ProducedMessages
-from consumer.protocol import pb
-from consumer.spec import read_channel_size, recovery_log_of, ring_buffer_size
-from consumer.store import RecordingLost, RecoveredLog, Store, recording_lost
-from consumer.txn import (
+from gazette.allocator.etcd import Compare, Etcd, EtcdError
+from gazette.broker.client import AppendService, JournalClient
+from gazette.consumer.application import Application, MessageProducer, Shard, check_message_producer
+from gazette.consumer.message_producer import ProducedMessages
+from gazette.consumer.protocol import pb
+from gazette.consumer.spec import read_channel_size, recovery_log_of, ring_buffer_size
+from gazette.consumer.store import RecordingLost, RecoveredLog, Store, recording_lost
+from gazette.consumer.txn import (
     MessageSource,
     SourceReaders,
     Transactions,
@@ -57,20 +57,20 @@ from consumer.txn import (
     checkpoint_offsets,
     sequencer_from_checkpoint,
 )
-from message.publisher import AckIntent, Publisher
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.author import new_author
-from recoverylog.hints_etcd import (
+from gazette.message.publisher import AckIntent, Publisher
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.author import new_author
+from gazette.recoverylog.hints_etcd import (
     HintsConflict,
     HintsGuardFailed,
     load_hints,
     rotate_backup_hints,
     store_primary_hints,
 )
-from recoverylog.player import TAIL, PlaybackProgress, Player
+from gazette.recoverylog.player import TAIL, PlaybackProgress, Player
 
 if TYPE_CHECKING:
-    from fusefs.mount import ServerPool
+    from gazette.fusefs.mount import ServerPool
 
 __all__ = ["ReplicaContext", "ShardReplica"]
 

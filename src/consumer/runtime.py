@@ -37,28 +37,28 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from allocator.allocator import Allocator
-from allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
-from allocator.keyspace import KeySpace, KeyValue
-from allocator.model import (
+from gazette.allocator.allocator import Allocator
+from gazette.allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
+from gazette.allocator.keyspace import KeySpace, KeyValue
+from gazette.allocator.model import (
     Assignment,
     Item,
     MemberID,
     member_key,
     parse_assignment_key,
 )
-from allocator.session import MemberSession
-from allocator.solver import solve
-from broker.client import JournalClient
-from broker.protocol import protocol_pb2 as bpb
-from consumer.application import Application, MessageProducer, ResolveArgs
-from consumer.config import ConsumerConfig
-from consumer.protocol import consumer_pb2_grpc as pb_grpc
-from consumer.protocol import pb
-from consumer.replica import ReplicaContext, ShardReplica
-from consumer.shard_api import shard_route
-from consumer.spec import ShardKeys, decode_consumer_value, desired_replication
-from fusefs.mount import ServerPool, collect_killed
+from gazette.allocator.session import MemberSession
+from gazette.allocator.solver import solve
+from gazette.broker.client import JournalClient
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.consumer.application import Application, MessageProducer, ResolveArgs
+from gazette.consumer.config import ConsumerConfig
+from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
+from gazette.consumer.protocol import pb
+from gazette.consumer.replica import ReplicaContext, ShardReplica
+from gazette.consumer.shard_api import shard_route
+from gazette.consumer.spec import ShardKeys, decode_consumer_value, desired_replication
+from gazette.fusefs.mount import ServerPool, collect_killed
 
 __all__ = ["ConsumerRuntime", "Resolution"]
 

@@ -17,15 +17,15 @@ from typing import Any
 
 import grpc
 
-from allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
-from allocator.keyspace import KeySpace
-from allocator.model import parse_assignment_key
-from broker.protocol import protocol_pb2 as bpb
-from broker.protocol.errors import ValidationError
-from broker.protocol.selector import matches
-from consumer.protocol import consumer_pb2_grpc as pb_grpc
-from consumer.protocol import pb
-from consumer.spec import (
+from gazette.allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
+from gazette.allocator.keyspace import KeySpace
+from gazette.allocator.model import parse_assignment_key
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.protocol.errors import ValidationError
+from gazette.broker.protocol.selector import matches
+from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
+from gazette.consumer.protocol import pb
+from gazette.consumer.spec import (
     ShardKeys,
     recovery_log_of,
     shard_labels,
@@ -35,8 +35,8 @@ from consumer.spec import (
     validate_stat_request,
     validate_unassign_request,
 )
-from recoverylog.hints_etcd import encode_hints, load_hints, primary_hints_key
-from recoverylog.segments import InvalidHints
+from gazette.recoverylog.hints_etcd import encode_hints, load_hints, primary_hints_key
+from gazette.recoverylog.segments import InvalidHints
 
 __all__ = ["ShardAPI", "StatFunc"]
 

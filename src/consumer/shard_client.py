@@ -12,10 +12,10 @@ from collections.abc import Sequence
 import grpc
 import grpc.aio
 
-from broker.client.route_cache import endpoint_to_target
-from broker.protocol import protocol_pb2 as bpb
-from consumer.protocol import consumer_pb2_grpc as pb_grpc
-from consumer.protocol import pb
+from gazette.broker.client.route_cache import endpoint_to_target
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
+from gazette.consumer.protocol import pb
 
 __all__ = [
     "ShardClient",

@@ -18,16 +18,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from allocator.model import (
+from gazette.allocator.model import (
     assignments_prefix,
     items_prefix,
     members_prefix,
     parse_assignment_key,
 )
-from broker.protocol import protocol_pb2 as bpb
-from broker.protocol.errors import ValidationError, context
-from broker.protocol.labels import add_label, union
-from broker.protocol.validation import (
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.protocol.errors import ValidationError, context
+from gazette.broker.protocol.labels import add_label, union
+from gazette.broker.protocol.validation import (
     TOKEN_SYMBOLS,
     validate_header,
     validate_journal_name,
@@ -36,9 +36,9 @@ from broker.protocol.validation import (
     validate_process_spec,
     validate_token,
 )
-from consumer.protocol import pb
-from recoverylog.hints import validate_hints
-from recoverylog.segments import InvalidHints, live_log_segments
+from gazette.consumer.protocol import pb
+from gazette.recoverylog.hints import validate_hints
+from gazette.recoverylog.segments import InvalidHints, live_log_segments
 
 __all__ = [
     "DEFAULT_READ_CHANNEL_SIZE",

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from consumer.protocol import pb
+from gazette.consumer.protocol import pb
 
 if TYPE_CHECKING:
-    from broker.client import AppendService, JournalClient
-    from fusefs.mount import ServerPool
-    from recoverylog import recoverylog_pb2 as rpb
-    from recoverylog.fsm import FSM
-    from recoverylog.recorder import Recorder
+    from gazette.broker.client import AppendService, JournalClient
+    from gazette.fusefs.mount import ServerPool
+    from gazette.recoverylog import recoverylog_pb2 as rpb
+    from gazette.recoverylog.fsm import FSM
+    from gazette.recoverylog.recorder import Recorder
 
 __all__ = [
     "Checkpoint",
@@ -97,7 +97,7 @@ class RecoveredLog:
 
     def recorder(self) -> Recorder:
         """A Recorder of `directory` into `log`, continuing the played FSM."""
-        from recoverylog.recorder import Recorder
+        from gazette.recoverylog.recorder import Recorder
 
         return Recorder(
             self.fsm,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from broker.testing.etcd import free_port
-from broker.testing.process import ProcessUnavailable, ReadyProcess
+from gazette.broker.testing.etcd import free_port
+from gazette.broker.testing.process import ProcessUnavailable, ReadyProcess
 
 __all__ = ["ConsumerProcess", "ConsumerUnavailable"]
 
@@ -62,7 +62,7 @@ class ConsumerProcess(ReadyProcess):
         return [
             sys.executable,
             "-m",
-            "consumer.main",
+            "gazette.consumer.main",
             self.app,
             "--etcd",
             self.etcd_endpoint,

@@ -40,21 +40,21 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
-from broker.protocol import protocol_pb2 as bpb
-from consumer.application import Application, BeginFinisher, Shard
-from consumer.protocol import pb
-from consumer.store import Store
-from message.envelope import Envelope
-from message.iterators import ReadUncommittedIter, read_range
-from message.publisher import AckIntent, Publisher
-from message.sequencer import (
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.consumer.application import Application, BeginFinisher, Shard
+from gazette.consumer.protocol import pb
+from gazette.consumer.store import Store
+from gazette.message.envelope import Envelope
+from gazette.message.iterators import ReadUncommittedIter, read_range
+from gazette.message.publisher import AckIntent, Publisher
+from gazette.message.sequencer import (
     MustStartReplay,
     ProducerState,
     QueueOutcome,
     Sequencer,
     states_from_checkpoint,
 )
-from message.uuid import Flags
+from gazette.message.uuid import Flags
 
 __all__ = [
     "PHASES",

@@ -7,7 +7,7 @@ back from the log, and offers `barrier`, `stats` and `stop`. An ``fsync`` on the
 once everything recorded so far is committed to the log.
 """
 
-from fusefs.mount import (
+from gazette.fusefs.mount import (
     FuseMount,
     MountFailed,
     MountStopped,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from recoverylog.handover import dump_fsm, load_fsm
+from gazette.recoverylog.handover import dump_fsm, load_fsm
 
 __all__ = ["MountConfig", "dump_fsm", "load_fsm"]
 

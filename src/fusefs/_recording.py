@@ -32,8 +32,8 @@ from typing import Any
 
 import trio
 
-from broker.protocol import protocol_pb2 as pb
-from recoverylog.op_batch import (
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.recoverylog.op_batch import (
     CREATE,
     LINK,
     RENAME,
@@ -44,7 +44,7 @@ from recoverylog.op_batch import (
     apply_ops,
     from_thread,
 )
-from recoverylog.recorder import Recorder, RecorderFenced
+from gazette.recoverylog.recorder import Recorder, RecorderFenced
 
 __all__ = ["RecordingFailed", "RecordingLink"]
 

@@ -44,10 +44,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fusefs._config import MountConfig, dump_fsm, load_fsm
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.fsm import FSM
-from recoverylog.hints import hints_from_json
+from gazette.fusefs._config import MountConfig, dump_fsm, load_fsm
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.hints import hints_from_json
 
 __all__ = [
     "FuseMount",
@@ -373,12 +373,10 @@ async def _spawn(config: str, log_level: str | None) -> asyncio.subprocess.Proce
     env = dict(os.environ)
     if log_level is not None:
         env["FUSEFS_LOG_LEVEL"] = log_level
-    src = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "fusefs.server",
+        "gazette.fusefs.server",
         config,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
@@ -500,7 +498,7 @@ async def play_for_mount(
     """Play `log_name` into `backing` (wiped first) and hand the log off to `author`: the
     returned FSM is what `FuseMount.start` records onwards from (with the default
     ``fence_log``). `client` is a `JournalClient`; `hints` optional `FSMHints`."""
-    from recoverylog.player import TAIL, Player
+    from gazette.recoverylog.player import TAIL, Player
 
     player = Player(client, log_name, hints, Path(backing))
     player.inject_handoff(author)

@@ -1,4 +1,4 @@
-"""The fusefs process: ``python -m fusefs.server CONFIG``.
+"""The fusefs process: ``python -m gazette.fusefs.server CONFIG``.
 
 Mounts a `RecordingOperations` filesystem (pyfuse3 on trio, main thread) over the backing
 directory and records into the recovery log through a Recorder on an asyncio loop in a
@@ -37,15 +37,15 @@ from typing import Any
 import pyfuse3
 import trio
 
-from fusefs._config import MountConfig, dump_fsm, load_fsm
-from fusefs._ops import RecordingOperations
-from fusefs._recording import RecordingFailed, RecordingLink
-from recoverylog.handover import set_parent_death_signal
-from recoverylog.hints import hints_to_json
+from gazette.fusefs._config import MountConfig, dump_fsm, load_fsm
+from gazette.fusefs._ops import RecordingOperations
+from gazette.fusefs._recording import RecordingFailed, RecordingLink
+from gazette.recoverylog.handover import set_parent_death_signal
+from gazette.recoverylog.hints import hints_to_json
 
 __all__ = ["MountConfig", "main"]
 
-log = logging.getLogger("fusefs.server")
+log = logging.getLogger("gazette.fusefs.server")
 
 TICK = 0.05  # Seconds between hand-overs of queued ops to the Recorder's loop.
 STOP_BARRIER_TIMEOUT = 10.0  # Longest wait for the final barrier of a stop.
@@ -179,8 +179,8 @@ class _Server:
 
     async def _setup(self) -> tuple[RecordingLink, int]:
         # Runs on the asyncio loop.
-        from broker.client import AppendService, JournalClient
-        from recoverylog.recorder import Recorder
+        from gazette.broker.client import AppendService, JournalClient
+        from gazette.recoverylog.recorder import Recorder
 
         with open(self.cfg.fsm_in, "rb") as f:
             fsm, _ = load_fsm(f.read())

@@ -1,7 +1,7 @@
-"""``python -m gazctl``: the same as the ``gazctl`` command."""
+"""``python -m gazette.gazctl``: the same as the ``gazctl`` command."""
 
 import sys
 
-from gazctl.main import main
+from gazette.gazctl.main import main
 
 sys.exit(main())

@@ -19,8 +19,8 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any
 
-from gazctl.main import GazctlError, Streams
-from message.uuid import (
+from gazette.gazctl.main import GazctlError, Streams
+from gazette.message.uuid import (
     Flags,
     build_uuid,
     clock_from_unix_ns,

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gazctl.main import GazctlError, Streams
+from gazette.gazctl.main import GazctlError, Streams
 
 __all__ = [
     "add_journals_export",
@@ -257,12 +257,12 @@ def _progress(spark: Any, io: Streams, interval: float, stop: threading.Event) -
 
 def _register(spark: Any, fmt: str) -> None:
     if fmt == "gazette-journals":
-        from consumer.spark.journals_source import GazetteJournalsDataSource
+        from gazette.consumer.spark.journals_source import GazetteJournalsDataSource
 
         spark.dataSource.register(GazetteJournalsDataSource)
         return
     try:
-        import consumer.spark as cs
+        import gazette.consumer.spark as cs
     except ImportError as err:
         raise GazctlError(f"the {fmt} data source is not available: {err}") from None
     cs.register(spark)

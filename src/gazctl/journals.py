@@ -32,7 +32,7 @@ import grpc.aio
 from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import (
+from gazette.broker.client import (
     AppendService,
     AsyncAppend,
     JournalClient,
@@ -47,35 +47,35 @@ from broker.client import (
     name_selector,
     watch_journals,
 )
-from broker.client.appender import RetryWindow
-from broker.client.errors import (
+from gazette.broker.client.appender import RetryWindow
+from gazette.broker.client.errors import (
     BrokerError,
     OffsetJump,
     describe_error,
     is_transient_rpc_error,
 )
-from broker.client.retry_reader import backoff
-from broker.fragment.store import store_for_url
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.errors import ValidationError
-from broker.protocol.selector import format_label_selector, parse_label_selector
-from broker.protocol.sha1sum import sha1sum_hex
-from broker.protocol.validation import validate_journal_spec
-from gazctl.export import add_journals_export
-from gazctl.journalspace import (
+from gazette.broker.client.retry_reader import backoff
+from gazette.broker.fragment.store import store_for_url
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.errors import ValidationError
+from gazette.broker.protocol.selector import format_label_selector, parse_label_selector
+from gazette.broker.protocol.sha1sum import sha1sum_hex
+from gazette.broker.protocol.validation import validate_journal_spec
+from gazette.gazctl.export import add_journals_export
+from gazette.gazctl.journalspace import (
     apply_changes,
     check_required,
     dump_tree,
     load_tree,
     tree_from_journals,
 )
-from gazctl.main import GazctlError, Streams, kept_edit_error, raise_if_txn_too_large
-from gazctl.output import apply_plan, render_table
-from gazctl.quarantined import add_journals_quarantined
-from gazctl.spec_errors import in_yaml_terms
-from gazctl.specyaml import format_duration, parse_duration
-from message.framing_fixed import FIXED_FRAME_HEADER_LENGTH, FIXED_FRAME_WORD
-from message.mapping import (
+from gazette.gazctl.main import GazctlError, Streams, kept_edit_error, raise_if_txn_too_large
+from gazette.gazctl.output import apply_plan, render_table
+from gazette.gazctl.quarantined import add_journals_quarantined
+from gazette.gazctl.spec_errors import in_yaml_terms
+from gazette.gazctl.specyaml import format_duration, parse_duration
+from gazette.message.framing_fixed import FIXED_FRAME_HEADER_LENGTH, FIXED_FRAME_WORD
+from gazette.message.mapping import (
     MappingError,
     MappingFunc,
     direct_mapping,
@@ -83,7 +83,7 @@ from message.mapping import (
     random_mapping,
     rendezvous_mapping,
 )
-from message.publisher import JournalBatcher
+from gazette.message.publisher import JournalBatcher
 
 __all__ = ["register", "parse_time", "ReadGap"]
 

@@ -36,11 +36,11 @@ from typing import Any
 
 import yaml
 
-from broker.protocol import labels as label_ops
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.errors import ValidationError, context
-from broker.protocol.validation import validate_journal_name
-from gazctl.specyaml import SPEC_KEYS, spec_from_yaml, spec_to_yaml, yaml_int
+from gazette.broker.protocol import labels as label_ops
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.errors import ValidationError, context
+from gazette.broker.protocol.validation import validate_journal_name
+from gazette.gazctl.specyaml import SPEC_KEYS, spec_from_yaml, spec_to_yaml, yaml_int
 
 __all__ = [
     "Node",

@@ -28,10 +28,10 @@ from typing import IO, Protocol
 import grpc
 import grpc.aio
 
-from broker.client.appender import AppendRetriesExhausted
-from broker.client.errors import BrokerError
-from broker.fragment.store import FragmentStoreError
-from broker.protocol.errors import ValidationError
+from gazette.broker.client.appender import AppendRetriesExhausted
+from gazette.broker.client.errors import BrokerError
+from gazette.broker.fragment.store import FragmentStoreError
+from gazette.broker.protocol.errors import ValidationError
 
 __all__ = [
     "main",
@@ -146,7 +146,7 @@ def _common_options() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser of gazctl."""
-    from gazctl import attach_uuids, journals, shards
+    from gazette.gazctl import attach_uuids, journals, shards
 
     parser = argparse.ArgumentParser(
         prog="gazctl", description="Command line interface of Gazette brokers and consumers."
@@ -203,9 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as ``python -m gazctl.main``, this file is the module ``__main__``, while the
+    # Run as ``python -m gazette.gazctl.main``, this file is the module ``__main__``, while the
     # commands raise the errors of ``gazctl.main``: call that module's `main`, so that its
     # `run` catches them (else they'd end in tracebacks).
-    from gazctl.main import main as _main
+    from gazette.gazctl.main import main as _main
 
     sys.exit(_main())

@@ -15,8 +15,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from broker.quarantine import list_quarantined
-from gazctl.main import GazctlError, Streams
+from gazette.broker.quarantine import list_quarantined
+from gazette.gazctl.main import GazctlError, Streams
 
 HELP = "list spools a broker set aside because they conflict with their journal"
 

@@ -29,17 +29,17 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from allocator.etcd import Etcd, EtcdError
-from broker.client import JournalClient
-from gazctl.export import add_shards_export
-from gazctl.main import GazctlError, Streams
-from gazctl.shards_specs import register_spec_commands
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.hints import hints_from_bytes
-from recoverylog.hints_etcd import load_hints
-from recoverylog.player import PlaybackError, PlaybackProgress, Player
-from recoverylog.prune import PruneError, prune_log
-from recoverylog.segments import InconsistentSegments, InvalidHints, live_log_segments
+from gazette.allocator.etcd import Etcd, EtcdError
+from gazette.broker.client import JournalClient
+from gazette.gazctl.export import add_shards_export
+from gazette.gazctl.main import GazctlError, Streams
+from gazette.gazctl.shards_specs import register_spec_commands
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.hints import hints_from_bytes
+from gazette.recoverylog.hints_etcd import load_hints
+from gazette.recoverylog.player import PlaybackError, PlaybackProgress, Player
+from gazette.recoverylog.prune import PruneError, prune_log
+from gazette.recoverylog.segments import InconsistentSegments, InvalidHints, live_log_segments
 
 __all__ = ["register"]
 

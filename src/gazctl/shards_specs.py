@@ -18,14 +18,14 @@ import grpc
 import grpc.aio
 from google.protobuf import json_format
 
-from broker.client import JournalClient, get_journal
-from broker.client.errors import JournalNotFound
-from broker.protocol import protocol_pb2 as bpb
-from broker.protocol.errors import ValidationError
-from broker.protocol.labels import value_of
-from broker.protocol.selector import parse_label_selector
-from consumer.protocol import pb
-from consumer.shard_client import (
+from gazette.broker.client import JournalClient, get_journal
+from gazette.broker.client.errors import JournalNotFound
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.protocol.errors import ValidationError
+from gazette.broker.protocol.labels import value_of
+from gazette.broker.protocol.selector import parse_label_selector
+from gazette.consumer.protocol import pb
+from gazette.consumer.shard_client import (
     ShardClient,
     ShardStatusError,
     apply_shards_in_batches,
@@ -33,12 +33,12 @@ from consumer.shard_client import (
     stat_shard,
     unassign_shards,
 )
-from consumer.spec import recovery_log_of, validate_shard_spec
-from gazctl.main import GazctlError, Streams, kept_edit_error, raise_if_txn_too_large
-from gazctl.output import apply_plan, render_table
-from gazctl.shardspace import apply_changes, dump_set, load_set, set_from_list
-from gazctl.spec_errors import in_yaml_terms
-from message.framing import UnknownFramingError, framing_for
+from gazette.consumer.spec import recovery_log_of, validate_shard_spec
+from gazette.gazctl.main import GazctlError, Streams, kept_edit_error, raise_if_txn_too_large
+from gazette.gazctl.output import apply_plan, render_table
+from gazette.gazctl.shardspace import apply_changes, dump_set, load_set, set_from_list
+from gazette.gazctl.spec_errors import in_yaml_terms
+from gazette.message.framing import UnknownFramingError, framing_for
 
 __all__ = ["DEFAULT_CONSUMER", "register_spec_commands"]
 

@@ -32,10 +32,10 @@ from typing import Any
 
 import yaml
 
-from broker.protocol.errors import ValidationError, context
-from broker.protocol.labels import intersect, subtract, union
-from consumer.protocol import pb
-from gazctl.specyaml import (
+from gazette.broker.protocol.errors import ValidationError, context
+from gazette.broker.protocol.labels import intersect, subtract, union
+from gazette.consumer.protocol import pb
+from gazette.gazctl.specyaml import (
     INT32,
     UINT32,
     format_duration,

@@ -13,9 +13,9 @@ import re
 
 from google.protobuf.descriptor import Descriptor
 
-from broker.protocol import protocol_pb2 as bpb
-from broker.protocol.errors import ValidationError
-from consumer.protocol import pb as cpb
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.protocol.errors import ValidationError
+from gazette.consumer.protocol import pb as cpb
 
 __all__ = ["in_yaml_terms"]
 

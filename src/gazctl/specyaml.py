@@ -17,8 +17,8 @@ from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.errors import ValidationError, context
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.errors import ValidationError, context
 
 __all__ = [
     "INT32",

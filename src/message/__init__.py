@@ -6,9 +6,9 @@ transaction. Journals hold messages laid out by a `Framing`, chosen by the journ
 `CSVMessage` and `ProtoMessage` make dataclasses and generated protobuf messages into Messages.
 """
 
-from message.csv_message import CSVMessage
-from message.envelope import Envelope, Message, Validator
-from message.framing import (
+from gazette.message.csv_message import CSVMessage
+from gazette.message.envelope import Envelope, Message, Validator
+from gazette.message.framing import (
     CONTENT_TYPE_CSV,
     CONTENT_TYPE_JSON_LINES,
     CONTENT_TYPE_LABEL,
@@ -27,8 +27,8 @@ from message.framing import (
     known_content_types,
     register_framing,
 )
-from message.framing_csv import CSV_FRAMING, CSVFrameable, CSVFraming
-from message.framing_fixed import (
+from gazette.message.framing_csv import CSV_FRAMING, CSVFrameable, CSVFraming
+from gazette.message.framing_fixed import (
     FIXED_FRAME_HEADER_LENGTH,
     FIXED_FRAME_WORD,
     PROTO_FIXED_FRAMING,
@@ -36,9 +36,9 @@ from message.framing_fixed import (
     ProtoFrameable,
     encode_fixed_frame,
 )
-from message.framing_json import JSON_FRAMING, JSONFrameable, JSONFraming
-from message.json_message import JSONMessage
-from message.mapping import (
+from gazette.message.framing_json import JSON_FRAMING, JSONFrameable, JSONFraming
+from gazette.message.json_message import JSONMessage
+from gazette.message.mapping import (
     JournalNotInPartitions,
     MappingError,
     MappingFunc,
@@ -51,8 +51,8 @@ from message.mapping import (
     random_mapping,
     rendezvous_mapping,
 )
-from message.proto_message import ProtoMessage
-from message.sequencer import (
+from gazette.message.proto_message import ProtoMessage
+from gazette.message.sequencer import (
     MustStartReplay,
     ProducerState,
     QueueOutcome,
@@ -63,7 +63,7 @@ from message.sequencer import (
     states_from_checkpoint,
     states_to_checkpoint,
 )
-from message.uuid import (
+from gazette.message.uuid import (
     GREGORIAN_OFFSET_100NS,
     Clock,
     Flags,
@@ -82,17 +82,17 @@ from message.uuid import (
 )
 
 # The publisher and iterators speak to brokers (grpc): imported on first use, so that
-# `import message` stays cheap for code that only frames or sequences messages.
+# `import gazette.message` stays cheap for code that only frames or sequences messages.
 _LAZY = {
-    "Publisher": "message.publisher",
-    "AckIntent": "message.publisher",
-    "JournalBatcher": "message.publisher",
-    "DEFAULT_MAX_BATCH_BYTES": "message.publisher",
-    "ReadUncommittedIter": "message.iterators",
-    "ReadCommittedIter": "message.iterators",
-    "NewMessageFunc": "message.iterators",
-    "MessageDecodeError": "message.iterators",
-    "TruncatedFrame": "message.iterators",
+    "Publisher": "gazette.message.publisher",
+    "AckIntent": "gazette.message.publisher",
+    "JournalBatcher": "gazette.message.publisher",
+    "DEFAULT_MAX_BATCH_BYTES": "gazette.message.publisher",
+    "ReadUncommittedIter": "gazette.message.iterators",
+    "ReadCommittedIter": "gazette.message.iterators",
+    "NewMessageFunc": "gazette.message.iterators",
+    "MessageDecodeError": "gazette.message.iterators",
+    "TruncatedFrame": "gazette.message.iterators",
 }
 
 

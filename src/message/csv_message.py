@@ -25,8 +25,8 @@ import uuid as _uuid
 from collections.abc import Callable
 from typing import Any
 
-from message._dataclass_message import DataclassMessage, field_types, optional_of
-from message.framing import UnmarshalError
+from gazette.message._dataclass_message import DataclassMessage, field_types, optional_of
+from gazette.message.framing import UnmarshalError
 
 __all__ = ["CSVMessage"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from broker.protocol import protocol_pb2 as pb
+    from gazette.broker.protocol import protocol_pb2 as pb
 
 __all__ = [
     "CONTENT_TYPE_LABEL",
@@ -228,7 +228,7 @@ def _load_builtins() -> None:
         return
     _builtins_loaded = True
     # Each module registers its framing on import, via _register_builtin.
-    from message import framing_csv, framing_fixed, framing_json  # noqa: F401
+    from gazette.message import framing_csv, framing_fixed, framing_json  # noqa: F401
 
 
 def _register_builtin(f: Framing) -> None:
@@ -261,7 +261,7 @@ def framing_for(content_type: str) -> Framing:
 
 def framing_for_spec(spec: pb.JournalSpec) -> Framing:
     """The framing of a journal, by its `content-type` label."""
-    from broker.protocol.labels import value_of
+    from gazette.broker.protocol.labels import value_of
 
     content_type = value_of(spec.labels, CONTENT_TYPE_LABEL)
     if not content_type:

@@ -26,7 +26,7 @@ import csv
 import uuid as _uuid
 from typing import Protocol, runtime_checkable
 
-from message.framing import (
+from gazette.message.framing import (
     CONTENT_TYPE_CSV,
     DEFAULT_MAX_FRAME_SIZE,
     Desync,

@@ -40,7 +40,7 @@ import struct
 from enum import Enum
 from typing import Protocol, runtime_checkable
 
-from message.framing import (
+from gazette.message.framing import (
     CONTENT_TYPE_PROTO_FIXED,
     DEFAULT_MAX_FRAME_SIZE,
     Desync,

@@ -29,7 +29,7 @@ import json
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from message.framing import (
+from gazette.message.framing import (
     CONTENT_TYPE_JSON_LINES,
     DEFAULT_MAX_FRAME_SIZE,
     Desync,

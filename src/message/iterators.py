@@ -25,12 +25,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from broker.client.journal_client import JournalClient
-from broker.client.list import get_journal
-from broker.client.retry_reader import RetryReader
-from broker.protocol import protocol_pb2 as pb
-from message.envelope import Envelope
-from message.framing import (
+from gazette.broker.client.journal_client import JournalClient
+from gazette.broker.client.list import get_journal
+from gazette.broker.client.retry_reader import RetryReader
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.message.envelope import Envelope
+from gazette.message.framing import (
     CONTENT_TYPE_LABEL,
     Desync,
     Frame,
@@ -38,7 +38,7 @@ from message.framing import (
     Framing,
     framing_for_spec,
 )
-from message.sequencer import MustStartReplay, QueueOutcome, Sequencer
+from gazette.message.sequencer import MustStartReplay, QueueOutcome, Sequencer
 
 __all__ = [
     "NewMessageFunc",

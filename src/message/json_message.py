@@ -40,9 +40,9 @@ import uuid as _uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from message._dataclass_message import DataclassMessage, field_types, optional_of
-from message.framing import UnmarshalError
-from message.framing_json import encode_json as _encode_json_value
+from gazette.message._dataclass_message import DataclassMessage, field_types, optional_of
+from gazette.message.framing import UnmarshalError
+from gazette.message.framing_json import encode_json as _encode_json_value
 
 __all__ = ["JSONMessage"]
 

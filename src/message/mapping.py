@@ -28,8 +28,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from broker.protocol import protocol_pb2 as pb
-from message.framing import CONTENT_TYPE_LABEL
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.message.framing import CONTENT_TYPE_LABEL
 
 __all__ = [
     "MappingFunc",

@@ -53,11 +53,11 @@ from collections.abc import Iterable
 from time import time_ns as _time_ns
 from typing import Any, NamedTuple
 
-from broker.client.append_service import AppendAborted, AppendService, AsyncAppend
-from broker.protocol import protocol_pb2 as pb
-from message.framing import Framing, framing_for
-from message.mapping import MappingFunc
-from message.uuid import (
+from gazette.broker.client.append_service import AppendAborted, AppendService, AsyncAppend
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.message.framing import Framing, framing_for
+from gazette.message.mapping import MappingFunc
+from gazette.message.uuid import (
     GREGORIAN_OFFSET_100NS,
     UUID_SLOTS_VERIFIED,
     Clock,

@@ -40,8 +40,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from message.envelope import Envelope
-from message.uuid import Flags, ProducerID
+from gazette.message.envelope import Envelope
+from gazette.message.uuid import Flags, ProducerID
 
 __all__ = [
     "DEFAULT_PRUNE_HORIZON_NS",

@@ -16,8 +16,8 @@ The Recorder and Player speak to brokers (grpc) and are imported on first use, s
 sans-I/O core stays cheap to import.
 """
 
-from recoverylog.author import AUTHOR_LABEL, author_fence, format_author, new_author
-from recoverylog.codec import (
+from gazette.recoverylog.author import AUTHOR_LABEL, author_fence, format_author, new_author
+from gazette.recoverylog.codec import (
     HEADER_LENGTH,
     MAGIC,
     DecodedOp,
@@ -30,7 +30,7 @@ from recoverylog.codec import (
     encode_op,
     encode_write,
 )
-from recoverylog.fsm import (
+from gazette.recoverylog.fsm import (
     FSM,
     ChecksumMismatch,
     ExpectedHintedFnode,
@@ -44,8 +44,13 @@ from recoverylog.fsm import (
     WrongChecksum,
     WrongSeqNo,
 )
-from recoverylog.hints import hints_from_bytes, hints_from_json, hints_to_json, validate_hints
-from recoverylog.segments import (
+from gazette.recoverylog.hints import (
+    hints_from_bytes,
+    hints_from_json,
+    hints_to_json,
+    validate_hints,
+)
+from gazette.recoverylog.segments import (
     AuthorMismatch,
     FirstChecksumMismatch,
     InconsistentSegments,
@@ -65,9 +70,9 @@ from recoverylog.segments import (
 _LAZY = {
     **dict.fromkeys(
         ["Recorder", "RecorderBroken", "RecorderFenced", "RecorderInconsistent", "InvalidPath"],
-        "recoverylog.recorder",
+        "gazette.recoverylog.recorder",
     ),
-    **dict.fromkeys(["RecordedFS", "NotRecorded"], "recoverylog.recorded_files"),
+    **dict.fromkeys(["RecordedFS", "NotRecorded"], "gazette.recoverylog.recorded_files"),
     **dict.fromkeys(
         [
             "Player",
@@ -80,7 +85,7 @@ _LAZY = {
             "EXIT_AT_HEAD",
             "TAIL",
         ],
-        "recoverylog.player",
+        "gazette.recoverylog.player",
     ),
 }
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2 as pb
 
 __all__ = ["AUTHOR_LABEL", "author_fence", "format_author", "new_author"]
 

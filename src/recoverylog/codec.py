@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog import recoverylog_pb2 as rpb
 
 __all__ = [
     "DEFAULT_MAX_FRAME_LENGTH",

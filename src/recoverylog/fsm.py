@@ -23,9 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from recoverylog import _crc32c
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.segments import InvalidHints, copy_segment, live_log_segments
+from gazette.recoverylog import _crc32c
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.segments import InvalidHints, copy_segment, live_log_segments
 
 __all__ = [
     "FSM",

@@ -8,8 +8,8 @@ from __future__ import annotations
 import ctypes
 import pickle
 
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.fsm import FSM, FnodeState
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.fsm import FSM, FnodeState
 
 __all__ = ["dump_fsm", "load_fsm", "set_parent_death_signal"]
 

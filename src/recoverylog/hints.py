@@ -15,9 +15,9 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from broker.protocol.errors import ValidationError, context
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.segments import InvalidHints, copy_segment, validate_segment
+from gazette.broker.protocol.errors import ValidationError, context
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.segments import InvalidHints, copy_segment, validate_segment
 
 __all__ = [
     "InvalidHints",

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Final, TypeVar
 
-from recoverylog.recorder import Recorder
+from gazette.recoverylog.recorder import Recorder
 
 __all__ = [
     "CREATE",

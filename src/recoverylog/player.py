@@ -47,13 +47,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from broker.client import JournalClient, RetryReader, append
-from broker.client.errors import OffsetJump
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.errors import ValidationError
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.author import author_fence, format_author
-from recoverylog.codec import (
+from gazette.broker.client import JournalClient, RetryReader, append
+from gazette.broker.client.errors import OffsetJump
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.errors import ValidationError
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.author import author_fence, format_author
+from gazette.recoverylog.codec import (
     DecodedOp,
     Desync,
     OpDecodeError,
@@ -62,9 +62,9 @@ from recoverylog.codec import (
     PayloadEnd,
     encode_op,
 )
-from recoverylog.fsm import FSM, FnodeNotTracked, FSMError, NotHintedAuthor, WrongSeqNo
-from recoverylog.hints import validate_hints
-from recoverylog.segments import InvalidHints, format_segment
+from gazette.recoverylog.fsm import FSM, FnodeNotTracked, FSMError, NotHintedAuthor, WrongSeqNo
+from gazette.recoverylog.hints import validate_hints
+from gazette.recoverylog.segments import InvalidHints, format_segment
 
 __all__ = [
     "EXIT_AT_HEAD",

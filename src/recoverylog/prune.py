@@ -28,11 +28,11 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from broker.client import JournalClient, list_all_fragments
-from broker.fragment.store import store_for_url
-from broker.protocol import protocol_pb2 as pb
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.segments import live_log_segments
+from gazette.broker.client import JournalClient, list_all_fragments
+from gazette.broker.fragment.store import store_for_url
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.segments import live_log_segments
 
 __all__ = [
     "HintsWithoutLiveFiles",

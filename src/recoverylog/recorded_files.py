@@ -42,8 +42,8 @@ import weakref
 from pathlib import Path
 from types import TracebackType
 
-from broker.protocol import protocol_pb2 as pb
-from recoverylog.recorder import Recorder, RecorderError
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.recoverylog.recorder import Recorder, RecorderError
 
 __all__ = ["NotRecorded", "RecordedFS", "RecordedFile", "WRITE_BUFFER_SIZE"]
 

@@ -48,18 +48,18 @@ from collections import deque
 from pathlib import Path
 from typing import Any, NoReturn
 
-from broker.client.append_service import (
+from gazette.broker.client.append_service import (
     BUFFER_IN_MEMORY_LIMIT,
     AppendService,
     AsyncAppend,
     DependencyFailed,
 )
-from broker.client.errors import RegisterMismatch
-from broker.protocol import protocol_pb2 as pb
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.author import author_fence, format_author
-from recoverylog.codec import HEADER_LENGTH, encode_op
-from recoverylog.fsm import FSM, FSMError
+from gazette.broker.client.errors import RegisterMismatch
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.author import author_fence, format_author
+from gazette.recoverylog.codec import HEADER_LENGTH, encode_op
+from gazette.recoverylog.fsm import FSM, FSMError
 
 __all__ = [
     "MAX_WRITE_CHUNK",

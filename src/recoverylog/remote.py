@@ -4,7 +4,7 @@ A store that observes its file operations in Python (the SQLite VFS) and records
 the same process pays for the recording (the Recorder, the append client, their event
 loop) with the store's own time: both need the GIL. `RemoteRecorder.start` runs the
 Recorder, its `JournalClient` and `AppendService` in a child process
-(``python -m recoverylog.remote_server``) and hands it the FSM to record onwards from; the
+(``python -m gazette.recoverylog.remote_server``) and hands it the FSM to record onwards from; the
 store's thread then sends its operations with `record` (``sendmsg`` of their own buffers,
 which releases the GIL) and the event loop only asks for barriers and waits for them
 (docs/sqlite-store.md, "The recorder process").
@@ -32,11 +32,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.fsm import FSM
-from recoverylog.handover import dump_fsm, load_fsm
-from recoverylog.op_batch import Op, OpView
-from recoverylog.recorder import RecorderFenced
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.handover import dump_fsm, load_fsm
+from gazette.recoverylog.op_batch import Op, OpView
+from gazette.recoverylog.recorder import RecorderFenced
 
 __all__ = ["RecorderGone", "RemoteRecorder", "RemoteRecorderFenced", "RemoteRecordingFailed"]
 
@@ -175,7 +175,7 @@ class RemoteRecorder:
                 [
                     sys.executable,
                     "-m",
-                    "recoverylog.remote_server",
+                    "gazette.recoverylog.remote_server",
                     str(child_down.fileno()),
                     str(child_up.fileno()),
                     str(os.getpid()),

@@ -1,4 +1,4 @@
-"""The recorder process: ``python -m recoverylog.remote_server DOWN_FD UP_FD PARENT_PID``.
+"""The recorder process: ``python -m gazette.recoverylog.remote_server DOWN_FD UP_FD PARENT_PID``.
 
 Started by `RemoteRecorder.start` (see `recoverylog.remote` for the protocol): reads the
 configuration and FSM from the first frame of DOWN_FD, records onwards through a Recorder,
@@ -19,9 +19,9 @@ import struct
 import sys
 from typing import Any
 
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.handover import set_parent_death_signal
-from recoverylog.remote import (
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.handover import set_parent_death_signal
+from gazette.recoverylog.remote import (
     BARRIER,
     CLOSE,
     CLOSED,
@@ -38,15 +38,15 @@ from recoverylog.remote import (
     failure_payload,
 )
 
-log = logging.getLogger("recoverylog.remote_server")
+log = logging.getLogger("gazette.recoverylog.remote_server")
 
 
 async def serve(down_fd: int, up_fd: int) -> int:
     """Serve the parent until its socket ends or it closes us; the exit status."""
-    from broker.client import AppendService, JournalClient
-    from recoverylog.handover import dump_fsm
-    from recoverylog.op_batch import apply_ops
-    from recoverylog.recorder import Recorder
+    from gazette.broker.client import AppendService, JournalClient
+    from gazette.recoverylog.handover import dump_fsm
+    from gazette.recoverylog.op_batch import apply_ops
+    from gazette.recoverylog.recorder import Recorder
 
     loop = asyncio.get_running_loop()
     down = socket.socket(fileno=down_fd)

@@ -17,9 +17,9 @@ import bisect
 from collections.abc import Iterable, Iterator, Sequence
 from typing import overload
 
-from broker.protocol.errors import ValidationError, context
-from broker.protocol.validation import validate_journal_name
-from recoverylog import recoverylog_pb2 as rpb
+from gazette.broker.protocol.errors import ValidationError, context
+from gazette.broker.protocol.validation import validate_journal_name
+from gazette.recoverylog import recoverylog_pb2 as rpb
 
 __all__ = [
     "AuthorMismatch",

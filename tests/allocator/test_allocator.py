@@ -13,16 +13,16 @@ from typing import Any
 
 import pytest
 
-from allocator.allocator import (
+from gazette.allocator.allocator import (
     Allocator,
     Change,
     batch_changes,
     plan_changes,
     wait_until_no_assignments,
 )
-from allocator.etcd import Compare, Etcd, EtcdError, op_put
-from allocator.keyspace import KeySpace
-from allocator.model import (
+from gazette.allocator.etcd import Compare, Etcd, EtcdError, op_put
+from gazette.allocator.keyspace import KeySpace
+from gazette.allocator.model import (
     Assignment,
     Item,
     Member,
@@ -33,8 +33,8 @@ from allocator.model import (
     member_key,
     parse_assignment_key,
 )
-from allocator.session import LeaseLostError, MemberExistsError, MemberSession
-from broker.testing.etcd import EtcdServer
+from gazette.allocator.session import LeaseLostError, MemberExistsError, MemberSession
+from gazette.broker.testing.etcd import EtcdServer
 
 ROOT = "/r"
 

@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 import os
 
-from allocator.etcd import Compare, Etcd, op_put, prefix_range_end
-from allocator.keyspace import KeySpace
-from broker.testing.etcd import EtcdServer
+from gazette.allocator.etcd import Compare, Etcd, op_put, prefix_range_end
+from gazette.allocator.keyspace import KeySpace
+from gazette.broker.testing.etcd import EtcdServer
 
 
 def test_prefix_range_end() -> None:

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocator.model import Item, Member, MemberID
-from allocator.solver import solve
+from gazette.allocator.model import Item, Member, MemberID
+from gazette.allocator.solver import solve
 
 Desired = dict[str, list[MemberID]]
 

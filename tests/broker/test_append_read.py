@@ -8,9 +8,9 @@ import hashlib
 import grpc
 import pytest
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.protocol.sha1sum import sha1sum_from_digest
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.protocol.sha1sum import sha1sum_from_digest
 
 from .conftest import MakeJournal, append, read_all
 

@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 import pytest
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.service import MAX_MESSAGE_SIZE
-from broker.testing.broker import BrokerProcess
-from broker.testing.cluster import BrokerCluster
-from broker.testing.etcd import EtcdServer
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.service import MAX_MESSAGE_SIZE
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.cluster import BrokerCluster
+from gazette.broker.testing.etcd import EtcdServer
 
 from .conftest import MakeJournal, append, journal_spec, read_all
 

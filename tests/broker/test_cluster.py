@@ -21,12 +21,12 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import AppendService, JournalClient
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.testing.broker import BrokerProcess
-from broker.testing.cluster import BrokerCluster
-from broker.testing.etcd import EtcdServer
+from gazette.broker.client import AppendService, JournalClient
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.cluster import BrokerCluster
+from gazette.broker.testing.etcd import EtcdServer
 
 from .conftest import append, read_all
 from .test_direct import RESPONSE, Raw, committed

@@ -6,11 +6,11 @@ import socket
 
 import pytest
 
-from broker.config import default_suffix
-from broker.config import parse_args as broker_args
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.validation import validate_process_id
-from consumer.config import parse_args as consumer_args
+from gazette.broker.config import default_suffix
+from gazette.broker.config import parse_args as broker_args
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.validation import validate_process_id
+from gazette.consumer.config import parse_args as consumer_args
 
 
 @pytest.mark.parametrize(

@@ -19,13 +19,13 @@ from typing import Any
 import grpc
 import pytest
 
-from broker.client import Appender, JournalClient
-from broker.client.direct import DirectAppends
-from broker.client.errors import JournalNotFound, WrongAppendOffset
-from broker.direct import READ_AHEAD, DirectAppendServer, _Frames
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.protocol.direct import (
+from gazette.broker.client import Appender, JournalClient
+from gazette.broker.client.direct import DirectAppends
+from gazette.broker.client.errors import JournalNotFound, WrongAppendOffset
+from gazette.broker.direct import READ_AHEAD, DirectAppendServer, _Frames
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.protocol.direct import (
     END,
     ERROR,
     HEADER,
@@ -35,9 +35,9 @@ from broker.protocol.direct import (
     SERVICE_METHOD,
     decode_error,
 )
-from broker.protocol.sha1sum import sha1sum_from_digest
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
+from gazette.broker.protocol.sha1sum import sha1sum_from_digest
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
 from tests.broker.conftest import MakeJournal, append, read_all
 
 Answer = tuple[bytes, pb.AppendResponse | tuple[grpc.StatusCode, str]]

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import grpc
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.spool import COMMITS_SUFFIX, SPOOL_SUFFIX
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.spool import COMMITS_SUFFIX, SPOOL_SUFFIX
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
 from tests.file_modes import entries, not_private, open_umask
 
 from .conftest import append, journal_spec, read_all

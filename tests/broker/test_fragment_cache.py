@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-import broker.fragment_cache as fc
-from broker.protocol import protocol_pb2 as pb
+import gazette.broker.fragment_cache as fc
+from gazette.broker.protocol import protocol_pb2 as pb
 
 
 class SlowStore:

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 
 from .conftest import MakeJournal, append, read_all
 

@@ -19,11 +19,11 @@ import aiohttp
 import grpc
 import pytest
 
-from broker.metrics import ERROR, counted
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer, free_port
+from gazette.broker.metrics import ERROR, counted
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer, free_port
 from tests.prometheus_text import parse as parse_metrics
 
 from .conftest import append, journal_spec, read_all
@@ -101,8 +101,8 @@ def test_http_port_in_use_fails_the_start(etcd_server: EtcdServer, tmp_path: Pat
         taken.listen()
         port = taken.getsockname()[1]
         out = subprocess.run(
-            [sys.executable, "-m", "broker.main", "--etcd", etcd_server.endpoint, "--suffix",
-             "broker-taken", "--root",
+            [sys.executable, "-m", "gazette.broker.main", "--etcd", etcd_server.endpoint,
+             "--suffix", "broker-taken", "--root",
              f"/test-http-taken/{os.getpid()}", "--listen", f"127.0.0.1:{free_port()}",
              "--spool-dir", str(tmp_path), "--http-port", str(port)],
             capture_output=True, text=True, timeout=60,
@@ -119,7 +119,7 @@ def test_healthz_answers_starting_until_the_broker_serves(tmp_path: Path) -> Non
         silent.listen()
         port, grpc_port = free_port(), free_port()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.main", "--etcd",
+            [sys.executable, "-m", "gazette.broker.main", "--etcd",
              f"http://127.0.0.1:{silent.getsockname()[1]}", "--suffix", "broker-starting",
              "--listen", f"127.0.0.1:{grpc_port}", "--spool-dir", str(tmp_path),
              "--http-port", str(port)],
@@ -147,7 +147,7 @@ def test_healthz_answers_starting_until_the_broker_serves(tmp_path: Path) -> Non
 async def test_counted_statuses_of_unary_and_streaming_methods() -> None:
     """Upstream's statuses: ok, the response's other status, or <error> for an exception
     (including a cancellation) in unary and streaming methods alike."""
-    from broker.metrics import COUNTERS
+    from gazette.broker.metrics import COUNTERS
 
     class Service:
         @counted("TestUnary")
@@ -197,7 +197,7 @@ async def test_counted_statuses_of_unary_and_streaming_methods() -> None:
 async def test_a_stream_closed_between_responses_closes_the_method_at_once() -> None:
     """aclose() of a counted stream between responses runs the method's cleanup then (not
     when the garbage collector gets to it), and counts the call as an error."""
-    from broker.metrics import COUNTERS
+    from gazette.broker.metrics import COUNTERS
 
     cleaned: list[str] = []
 
@@ -223,8 +223,8 @@ async def test_grpc_port_in_use_fails_the_start_and_releases_the_member(
 ) -> None:
     """The broker registered before it found its gRPC port taken: it exits with code 2 and
     a clear message, and its member key is gone at once (not after the lease's TTL)."""
-    from allocator.etcd import Etcd
-    from allocator.model import members_prefix
+    from gazette.allocator.etcd import Etcd
+    from gazette.allocator.model import members_prefix
 
     root = f"/test-grpc-taken/{os.getpid()}"
     with socket.socket() as taken:
@@ -233,8 +233,8 @@ async def test_grpc_port_in_use_fails_the_start_and_releases_the_member(
         port = taken.getsockname()[1]
         out = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "broker.main", "--etcd", etcd_server.endpoint, "--suffix",
-             "broker-taken", "--root", root, "--listen", f"127.0.0.1:{port}",
+            [sys.executable, "-m", "gazette.broker.main", "--etcd", etcd_server.endpoint,
+             "--suffix", "broker-taken", "--root", root, "--listen", f"127.0.0.1:{port}",
              "--spool-dir", str(tmp_path)],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip

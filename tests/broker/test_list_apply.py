@@ -7,9 +7,9 @@ import asyncio
 import grpc
 import pytest
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.protocol.selector import parse_label_selector
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.protocol.selector import parse_label_selector
 
 from .conftest import journal_spec
 

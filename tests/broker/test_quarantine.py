@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.sha1sum import sha1sum_from_digest
-from broker.quarantine import Comparison, list_quarantined, quarantine
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.sha1sum import sha1sum_from_digest
+from gazette.broker.quarantine import Comparison, list_quarantined, quarantine
 
 SPOOL = b"0123456789" * 10  # offsets [1000, 1100)
 

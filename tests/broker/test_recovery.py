@@ -13,11 +13,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from broker.testing.s3 import MotoS3Server
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.broker.testing.s3 import MotoS3Server
 
 from .conftest import append, journal_spec, read_all
 

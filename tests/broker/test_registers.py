@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 
 from .conftest import MakeJournal, append
 

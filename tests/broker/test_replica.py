@@ -5,10 +5,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from broker.fragment.store import store_for_url
-from broker.protocol import protocol_pb2 as pb
-from broker.replica import JournalReplica, Listing
-from broker.spool import Spool
+from gazette.broker.fragment.store import store_for_url
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.replica import JournalReplica, Listing
+from gazette.broker.spool import Spool
 
 from .conftest import journal_spec
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from broker.fragment.coverset import FragmentEntry
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.sha1sum import sha1sum_from_digest
-from broker.replica import JournalReplica
-from broker.replication import (
+from gazette.broker.fragment.coverset import FragmentEntry
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.sha1sum import sha1sum_from_digest
+from gazette.broker.replica import JournalReplica
+from gazette.broker.replication import (
     Follower,
     Pipeline,
     ReplicationError,

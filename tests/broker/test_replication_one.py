@@ -29,17 +29,17 @@ import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import AppendService, JournalClient, OffsetNotYetAvailable, RetryReader
-from broker.client.errors import OffsetJump
-from broker.main import LEASE_LOST_EXIT
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
-from broker.quarantine import list_quarantined
-from broker.testing.broker import BrokerProcess
-from broker.testing.cluster import BrokerCluster
-from broker.testing.etcd import EtcdServer
-from gazctl.main import Streams
-from gazctl.main import run as gazctl_run
+from gazette.broker.client import AppendService, JournalClient, OffsetNotYetAvailable, RetryReader
+from gazette.broker.client.errors import OffsetJump
+from gazette.broker.main import LEASE_LOST_EXIT
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.quarantine import list_quarantined
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.cluster import BrokerCluster
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.gazctl.main import Streams
+from gazette.gazctl.main import run as gazctl_run
 
 from .conftest import MakeJournal, append, read_all
 from .test_cluster import create, primary_suffix, produce, stubs, wait_route

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.reservation import MIN_SPAN, Reservations, is_marker, marker, span_for
+from gazette.broker.reservation import MIN_SPAN, Reservations, is_marker, marker, span_for
 
 
 @pytest.mark.parametrize(

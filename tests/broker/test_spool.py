@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.sha1sum import sha1sum_from_digest
-from broker.spool import Spool, recover_spools
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.sha1sum import sha1sum_from_digest
+from gazette.broker.spool import Spool, recover_spools
 
 
 def test_commit_rollback_and_fragment(tmp_path: Path) -> None:

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from broker.client import JournalClient
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
+from gazette.broker.client import JournalClient
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 
 

@@ -10,12 +10,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from consumer.application import Shard
-from consumer.store import RecoveredLog
-from message import CONTENT_TYPE_JSON_LINES, JSONMessage
-from message.envelope import Envelope
-from message.publisher import Publisher
-from stores.rocksdb.store import RocksDBStore
+from gazette.consumer.application import Shard
+from gazette.consumer.store import RecoveredLog
+from gazette.message import CONTENT_TYPE_JSON_LINES, JSONMessage
+from gazette.message.envelope import Envelope
+from gazette.message.publisher import Publisher
+from gazette.stores.rocksdb.store import RocksDBStore
 
 POISON = "poison"
 

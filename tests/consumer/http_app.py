@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from consumer.protocol import pb
-from consumer.runtime import ConsumerRuntime
-from stores.rocksdb.store import RocksDBStore
+from gazette.consumer.protocol import pb
+from gazette.consumer.runtime import ConsumerRuntime
+from gazette.stores.rocksdb.store import RocksDBStore
 from tests.consumer.counter_app import Counter
 
 __all__ = ["HTTPCounter"]

@@ -13,18 +13,18 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-from broker.protocol import protocol_pb2 as bpb
-from broker.protocol.labels import value_of
-from consumer.application import ResolveArgs, Shard
-from consumer.message_producer import MessageSink, read_journal_range
-from consumer.protocol import pb
-from consumer.store import RecoveredLog
-from consumer.txn import checkpoint_offsets
-from message import CONTENT_TYPE_JSON_LINES
-from message.envelope import Envelope
-from message.iterators import ReadUncommittedIter
-from message.publisher import Publisher
-from stores.jsonfile import JSONFileStore
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.protocol.labels import value_of
+from gazette.consumer.application import ResolveArgs, Shard
+from gazette.consumer.message_producer import MessageSink, read_journal_range
+from gazette.consumer.protocol import pb
+from gazette.consumer.store import RecoveredLog
+from gazette.consumer.txn import checkpoint_offsets
+from gazette.message import CONTENT_TYPE_JSON_LINES
+from gazette.message.envelope import Envelope
+from gazette.message.iterators import ReadUncommittedIter
+from gazette.message.publisher import Publisher
+from gazette.stores.jsonfile import JSONFileStore
 from tests.consumer.counter_app import Add, Total
 
 __all__ = ["INPUT_LABEL", "Add", "ProducedCounter"]

@@ -18,15 +18,15 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
-from allocator.etcd import Etcd
-from allocator.keyspace import KeySpace
-from allocator.model import MemberID, assignment_key, member_key
-from broker.protocol import protocol_pb2 as bpb
-from broker.testing.etcd import free_port
-from consumer.protocol import consumer_pb2_grpc as pb_grpc
-from consumer.protocol import pb
-from consumer.shard_api import ShardAPI
-from consumer.spec import ShardKeys, decode_consumer_value
+from gazette.allocator.etcd import Etcd
+from gazette.allocator.keyspace import KeySpace
+from gazette.allocator.model import MemberID, assignment_key, member_key
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.testing.etcd import free_port
+from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
+from gazette.consumer.protocol import pb
+from gazette.consumer.shard_api import ShardAPI
+from gazette.consumer.spec import ShardKeys, decode_consumer_value
 
 T = TypeVar("T")
 

@@ -17,19 +17,19 @@ from pathlib import Path
 import grpc.aio
 import pytest
 
-import consumer.replica as replica_mod
-from allocator.etcd import Etcd
-from broker.client import AppendService, JournalClient
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from consumer.protocol import consumer_pb2_grpc as pb_grpc
-from consumer.protocol import pb
-from consumer.replica import ReplicaContext, ShardReplica
-from consumer.testing import ConsumerProcess
-from message import CONTENT_TYPE_JSON_LINES
-from message.publisher import Publisher
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.hints_etcd import load_hints
+import gazette.consumer.replica as replica_mod
+from gazette.allocator.etcd import Etcd
+from gazette.broker.client import AppendService, JournalClient
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
+from gazette.consumer.protocol import pb
+from gazette.consumer.replica import ReplicaContext, ShardReplica
+from gazette.consumer.testing import ConsumerProcess
+from gazette.message import CONTENT_TYPE_JSON_LINES
+from gazette.message.publisher import Publisher
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.hints_etcd import load_hints
 from tests.consumer.counter_app import Add
 from tests.consumer.test_runtime import (
     REPO,

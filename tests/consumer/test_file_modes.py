@@ -12,11 +12,11 @@ from pathlib import Path
 import grpc.aio
 import pytest
 
-from broker.client import JournalClient
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from consumer.protocol import consumer_pb2_grpc as pb_grpc
-from consumer.protocol import pb
+from gazette.broker.client import JournalClient
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
+from gazette.consumer.protocol import pb
 from tests.consumer.test_runtime import (
     Setup,
     apply_shards,

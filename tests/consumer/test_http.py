@@ -19,20 +19,20 @@ import grpc.aio
 import pytest
 from aiohttp import web
 
-from allocator.etcd import Etcd
-from allocator.model import MemberID, member_key
-from broker.client import AppendService, JournalClient
-from broker.protocol import protocol_pb2 as bpb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer, free_port
-from consumer.config import ConsumerConfig, parse_args
-from consumer.http_api import DEFAULT_SHUTDOWN_TIMEOUT, ConsumerHTTP, HTTPAddressInUse
-from consumer.protocol import consumer_pb2_grpc as pb_grpc
-from consumer.protocol import pb
-from consumer.runtime import ConsumerRuntime
-from consumer.testing import ConsumerProcess, ConsumerUnavailable
-from message import CONTENT_TYPE_JSON_LINES
-from message.publisher import Publisher
+from gazette.allocator.etcd import Etcd
+from gazette.allocator.model import MemberID, member_key
+from gazette.broker.client import AppendService, JournalClient
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer, free_port
+from gazette.consumer.config import ConsumerConfig, parse_args
+from gazette.consumer.http_api import DEFAULT_SHUTDOWN_TIMEOUT, ConsumerHTTP, HTTPAddressInUse
+from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
+from gazette.consumer.protocol import pb
+from gazette.consumer.runtime import ConsumerRuntime
+from gazette.consumer.testing import ConsumerProcess, ConsumerUnavailable
+from gazette.message import CONTENT_TYPE_JSON_LINES
+from gazette.message.publisher import Publisher
 from tests.consumer.counter_app import Add
 from tests.consumer.test_runtime import (
     Setup,
@@ -336,7 +336,7 @@ class _Recorder:
 async def test_exit_closes_http_before_the_runtime_shuts_down() -> None:
     """After the drain the HTTP server stops admitting application requests and is closed
     before `runtime.shutdown()` (a handler must not run on a shut-down runtime)."""
-    from consumer.main import _stop
+    from gazette.consumer.main import _stop
 
     calls: list[str] = []
     runtime = ConsumerRuntime(ConsumerConfig(zone="z", suffix="s"), None)  # type: ignore[arg-type]
@@ -445,8 +445,8 @@ async def test_word_count_http_query_answers_503_when_it_cannot_answer(
     monkeypatch.syspath_prepend(str(REPO / "examples" / "word-count"))
     from word_count.app import WordCount
 
-    from broker.protocol import protocol_pb2 as bpb
-    from consumer.runtime import Resolution
+    from gazette.broker.protocol import protocol_pb2 as bpb
+    from gazette.consumer.runtime import Resolution
 
     if failure == "proxied call":
         dead = f"127.0.0.1:{free_port()}"

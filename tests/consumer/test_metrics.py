@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumer.metrics import render
-from consumer.protocol import pb
-from consumer.txn import PHASES, TxnStats
+from gazette.consumer.metrics import render
+from gazette.consumer.protocol import pb
+from gazette.consumer.txn import PHASES, TxnStats
 from tests.prometheus_text import parse
 
 
@@ -84,7 +84,7 @@ def test_render_of_no_replicas_is_just_the_families() -> None:
     assert text.count("# TYPE gazette_shard_") == 6
     assert "# TYPE gazette_append_bytes_total counter" in text
     assert "# TYPE gazette_read_bytes_total counter" in text
-    from recoverylog import player
+    from gazette.recoverylog import player
 
     samples = parse(text)
     assert samples[("gazette_recoverylog_recovered_bytes_total", ())] == player.recovered_bytes

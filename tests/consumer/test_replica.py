@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-import consumer.replica as replica_mod
-from consumer.protocol import pb
-from consumer.replica import ReplicaContext, ShardReplica
+import gazette.consumer.replica as replica_mod
+from gazette.consumer.protocol import pb
+from gazette.consumer.replica import ReplicaContext, ShardReplica
 from tests.consumer.test_txn import JOURNAL, FakeReaders, FakeStore, outside
 
 Code = pb.ReplicaStatus.Code

@@ -16,18 +16,18 @@ import grpc.aio
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import AppendService, JournalClient
-from broker.client.list import apply_journals
-from broker.protocol import protocol_pb2 as bpb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from consumer.main import EXIT_FENCED
-from consumer.protocol import consumer_pb2_grpc as pb_grpc
-from consumer.protocol import pb
-from consumer.testing import ConsumerProcess
-from message import CONTENT_TYPE_JSON_LINES
-from message.iterators import ReadCommittedIter
-from message.publisher import Publisher
+from gazette.broker.client import AppendService, JournalClient
+from gazette.broker.client.list import apply_journals
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.main import EXIT_FENCED
+from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
+from gazette.consumer.protocol import pb
+from gazette.consumer.testing import ConsumerProcess
+from gazette.message import CONTENT_TYPE_JSON_LINES
+from gazette.message.iterators import ReadCommittedIter
+from gazette.message.publisher import Publisher
 from tests.consumer.counter_app import POISON, Add, Total
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-import consumer.replica as replica_mod
-from allocator.keyspace import EtcdHeader, KeyValue
-from allocator.model import MemberID, assignment_key, item_key, member_key
-from consumer.config import ConsumerConfig
-from consumer.protocol import pb
-from consumer.runtime import ConsumerRuntime
-from consumer.store import RecordingLost
+import gazette.consumer.replica as replica_mod
+from gazette.allocator.keyspace import EtcdHeader, KeyValue
+from gazette.allocator.model import MemberID, assignment_key, item_key, member_key
+from gazette.consumer.config import ConsumerConfig
+from gazette.consumer.protocol import pb
+from gazette.consumer.runtime import ConsumerRuntime
+from gazette.consumer.store import RecordingLost
 from tests.consumer.test_txn import JOURNAL, FakeReaders, FakeStore
 
 Code = pb.ReplicaStatus.Code

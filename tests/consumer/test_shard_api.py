@@ -9,11 +9,11 @@ import grpc.aio
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from allocator.etcd import Etcd
-from broker.protocol.selector import parse_label_selector
-from broker.testing.etcd import EtcdServer
-from consumer.protocol import pb
-from consumer.shard_client import (
+from gazette.allocator.etcd import Etcd
+from gazette.broker.protocol.selector import parse_label_selector
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.protocol import pb
+from gazette.consumer.shard_client import (
     ShardClient,
     ShardStatusError,
     apply_shards,
@@ -22,8 +22,8 @@ from consumer.shard_client import (
     stat_shard,
     unassign_shards,
 )
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.hints_etcd import backup_hints_key, encode_hints
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.hints_etcd import backup_hints_key, encode_hints
 
 from .shard_api_server import ShardAPIServer
 

@@ -7,11 +7,11 @@ from collections.abc import Callable
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from broker.protocol import protocol_pb2 as bpb
-from broker.protocol.errors import ValidationError
-from broker.protocol.selector import matches, parse_label_selector
-from consumer.protocol import pb
-from consumer.spec import (
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.protocol.errors import ValidationError
+from gazette.broker.protocol.selector import matches, parse_label_selector
+from gazette.consumer.protocol import pb
+from gazette.consumer.spec import (
     decode_consumer_value,
     desired_replication,
     read_channel_size,

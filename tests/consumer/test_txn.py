@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client.append_service import AppendService
-from broker.protocol import protocol_pb2 as bpb
-from consumer.application import Shard
-from consumer.protocol import pb
-from consumer.txn import Transactions, checkpoint_offsets, sequencer_from_checkpoint
-from message import CONTENT_TYPE_JSON_LINES, JSONMessage
-from message.envelope import Envelope
-from message.publisher import Publisher
-from message.sequencer import Sequencer
-from message.uuid import Flags, ProducerID, build_uuid
+from gazette.broker.client.append_service import AppendService
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.consumer.application import Shard
+from gazette.consumer.protocol import pb
+from gazette.consumer.txn import Transactions, checkpoint_offsets, sequencer_from_checkpoint
+from gazette.message import CONTENT_TYPE_JSON_LINES, JSONMessage
+from gazette.message.envelope import Envelope
+from gazette.message.publisher import Publisher
+from gazette.message.sequencer import Sequencer
+from gazette.message.uuid import Flags, ProducerID, build_uuid
 
 JOURNAL = "review/in"
 P = ProducerID(bytes.fromhex("01000000000a"))
@@ -239,7 +239,7 @@ async def test_recovery_mid_stream_over_committed_only_input_opens_no_span(
     for env in envs:
         if env.begin >= start:  # As SourceReaders reads from the checkpoint's offsets.
             readers.queue.put_nowait(env)
-    with caplog.at_level(logging.WARNING, logger="message.sequencer"):
+    with caplog.at_level(logging.WARNING, logger="gazette.message.sequencer"):
         await run_until(txns, lambda: len(recovered.state) >= len(envs))
     assert recovered.state == list(range(len(envs)))
     assert not caplog.records, caplog.text
@@ -658,7 +658,7 @@ async def test_stats_count_bytes_and_time_each_phase() -> None:
     """The counters behind /debug/metrics: bytes read, and the seconds of each phase (the
     loop's own add up to at most its wall time; consuming is the application's time, waiting
     for the previous commit is stalling, committing covers the store's delay)."""
-    from consumer.txn import PHASES
+    from gazette.consumer.txn import PHASES
 
     store = GatedCommitStore()
     txns, readers = make_txns(store, App(consume_delay=0.005), max_txn=Duration(seconds=1))

@@ -21,16 +21,16 @@ from word_count.messages import COUNTS, NGramCount, deltas_partition, shard_id
 from word_count.query import QueryError, query_channel
 from word_count.specs import journal_specs, shard_specs
 
-from broker.client import JournalClient
-from broker.client.list import apply_journals
-from broker.protocol import protocol_pb2 as bpb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from consumer.protocol import consumer_pb2_grpc as pb_grpc
-from consumer.protocol import pb
-from consumer.testing import ConsumerProcess
-from message.iterators import ReadCommittedIter
-from message.mapping import fnv1a_32
+from gazette.broker.client import JournalClient
+from gazette.broker.client.list import apply_journals
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
+from gazette.consumer.protocol import pb
+from gazette.consumer.testing import ConsumerProcess
+from gazette.message.iterators import ReadCommittedIter
+from gazette.message.mapping import fnv1a_32
 from tests.conftest import session_broker
 from tests.examples.conftest import WORD_COUNT
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import JournalClient
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from fusefs import force_unmount, is_mounted, mounts_under
+from gazette.broker.client import JournalClient
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.fusefs import force_unmount, is_mounted, mounts_under
 from tests.conftest import session_broker
 from tests.stores.sqlite.support import apply_log
 

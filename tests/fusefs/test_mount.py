@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 
-import fusefs
-from broker.client import JournalClient
-from broker.testing.broker import BrokerProcess
-from fusefs import FuseMount, MountFailed, is_mounted, play_for_mount
-from recoverylog.fsm import FSM
-from recoverylog.player import Player
+from gazette.broker.client import JournalClient
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.fusefs import FuseMount, MountFailed, is_mounted, play_for_mount
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.player import Player
 from tests.fusefs.support import MakeLog, client, fuse_broker, make_log, no_stale_mounts, tree
 
 __all__ = ["client", "fuse_broker", "make_log", "no_stale_mounts"]
@@ -292,21 +291,20 @@ async def test_sigterm_stops_cleanly(
 async def _start_parent(script: str, *args: str) -> asyncio.subprocess.Process:
     """A Python process running `script` with `args`, on the code under test, its stdout
     piped to us."""
-    src = Path(fusefs.__file__).resolve().parents[1]
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
         script,
         *args,
         stdout=asyncio.subprocess.PIPE,
-        env=dict(os.environ, PYTHONPATH=str(src)),
+        env=dict(os.environ),
     )
 
 
 _PARENT = """
 import asyncio, os, signal, sys
-from broker.client import JournalClient
-from fusefs import FuseMount, play_for_mount
+from gazette.broker.client import JournalClient
+from gazette.fusefs import FuseMount, play_for_mount
 
 async def main(endpoint: str, log: str, root: str, how: str) -> None:
     async with JournalClient(endpoint) as client:
@@ -353,8 +351,8 @@ async def test_a_mount_outliving_its_parent_cleans_up(
 
 _UNREACHABLE_PARENT = """
 import os, subprocess, sys
-from fusefs._config import MountConfig, dump_fsm
-from recoverylog.fsm import FSM
+from gazette.fusefs._config import MountConfig, dump_fsm
+from gazette.recoverylog.fsm import FSM
 
 root = sys.argv[1]
 hand_over = root + "/hand-over"
@@ -369,7 +367,7 @@ cfg = MountConfig(  # A broker nobody answers at: Recorder.open retries its fenc
 with open(hand_over + "/config.json", "w") as f:
     f.write(cfg.dumps())
 proc = subprocess.Popen(
-    [sys.executable, "-m", "fusefs.server", hand_over + "/config.json"],
+    [sys.executable, "-m", "gazette.fusefs.server", hand_over + "/config.json"],
     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(root + "/fusefs.log", "wb"),
 )
 print(proc.pid, flush=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusefs._recording import RecordingLink
-from recoverylog.op_batch import CREATE, WRITE
+from gazette.fusefs._recording import RecordingLink
+from gazette.recoverylog.op_batch import CREATE, WRITE
 
 
 class _Loop:

@@ -7,7 +7,7 @@ import contextlib
 import threading
 from types import TracebackType
 
-from broker.testing.etcd import free_port
+from gazette.broker.testing.etcd import free_port
 
 
 class LateListener:

@@ -8,8 +8,8 @@ import time
 import uuid
 from pathlib import Path
 
-from gazctl.main import Streams, run
-from message.uuid import Flags, clock_from_unix_ns, get_clock, get_flags, get_producer_id
+from gazette.gazctl.main import Streams, run
+from gazette.message.uuid import Flags, clock_from_unix_ns, get_clock, get_flags, get_producer_id
 
 
 def attach(*argv: str, stdin: bytes = b"") -> tuple[int, bytes, str]:

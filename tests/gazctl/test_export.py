@@ -12,16 +12,16 @@ from typing import Any
 import pyarrow.parquet as pq
 from google.protobuf.duration_pb2 import Duration
 
-from allocator.etcd import Etcd
-from broker.client import AppendService, JournalClient, apply_journals
-from broker.protocol import protocol_pb2 as bpb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from consumer.protocol import pb
-from consumer.spec import ShardKeys
-from message.publisher import Publisher
-from recoverylog.hints_etcd import store_primary_hints
-from stores.rocksdb import RocksDBStore
+from gazette.allocator.etcd import Etcd
+from gazette.broker.client import AppendService, JournalClient, apply_journals
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.protocol import pb
+from gazette.consumer.spec import ShardKeys
+from gazette.message.publisher import Publisher
+from gazette.recoverylog.hints_etcd import store_primary_hints
+from gazette.stores.rocksdb import RocksDBStore
 from tests.consumer.spark.conftest import spark  # noqa: F401 -- the session fixture
 from tests.gazctl.conftest import Gazctl
 from tests.message.notes import Note

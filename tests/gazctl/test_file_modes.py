@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from broker.testing.broker import BrokerProcess
+from gazette.broker.testing.broker import BrokerProcess
 from tests.file_modes import OPEN_UMASK
 
 

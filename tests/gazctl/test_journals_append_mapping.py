@@ -7,8 +7,8 @@ import struct
 import textwrap
 from pathlib import Path
 
-from broker.protocol import protocol_pb2 as pb
-from message.mapping import modulo_mapping, rendezvous_mapping
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.message.mapping import modulo_mapping, rendezvous_mapping
 
 from .conftest import Gazctl
 
@@ -158,7 +158,7 @@ async def test_lines_append_that_gives_up_lands_nothing_after_it() -> None:
     import io
     import time
 
-    from gazctl.main import Streams, run
+    from gazette.gazctl.main import Streams, run
     from tests.broker.client.fake_broker import FakeBroker
 
     async with FakeBroker() as fb:

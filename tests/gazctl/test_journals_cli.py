@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from broker.testing.broker import BrokerProcess
+from gazette.broker.testing.broker import BrokerProcess
 
 from .conftest import Gazctl
 from .late_listener import LateListener
@@ -178,7 +178,7 @@ def test_read_block_streams_until_interrupted(gazctl_broker, prefix: str, tmp_pa
     store = tmp_path / "store"
     store.mkdir()
     subprocess.run(
-        [sys.executable, "-m", "gazctl.main", "journals", "apply"],
+        [sys.executable, "-m", "gazette.gazctl.main", "journals", "apply"],
         input=spec_yaml(prefix, store).encode(),
         env=env,
         check=True,
@@ -187,7 +187,7 @@ def test_read_block_streams_until_interrupted(gazctl_broker, prefix: str, tmp_pa
         [
             sys.executable,
             "-m",
-            "gazctl.main",
+            "gazette.gazctl.main",
             "journals",
             "read",
             "-l",
@@ -205,7 +205,7 @@ def test_read_block_streams_until_interrupted(gazctl_broker, prefix: str, tmp_pa
             [
                 sys.executable,
                 "-m",
-                "gazctl.main",
+                "gazette.gazctl.main",
                 "journals",
                 "append",
                 "--journal",
@@ -375,7 +375,7 @@ def test_append_gives_up_on_unreachable_brokers(
     assert "'-1' is not a number of seconds >= 0 or 'forever'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("module", ["gazctl.main", "gazctl"])
+@pytest.mark.parametrize("module", ["gazette.gazctl.main", "gazette.gazctl"])
 @pytest.mark.parametrize(
     "argv, error",
     [
@@ -406,7 +406,7 @@ def test_list_watch_prints_snapshots(gazctl_broker, prefix: str, tmp_path: Path)
         [
             sys.executable,
             "-m",
-            "gazctl.main",
+            "gazette.gazctl.main",
             "journals",
             "list",
             "--watch",
@@ -425,7 +425,7 @@ def test_list_watch_prints_snapshots(gazctl_broker, prefix: str, tmp_path: Path)
         store = tmp_path / "store"
         store.mkdir()
         subprocess.run(
-            [sys.executable, "-m", "gazctl.main", "journals", "apply"],
+            [sys.executable, "-m", "gazette.gazctl.main", "journals", "apply"],
             input=spec_yaml(prefix, store).encode(),
             env=env,
             check=True,

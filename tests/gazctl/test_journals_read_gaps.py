@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.client.errors import OffsetJump
-from gazctl.journals import _Gaps
+from gazette.broker.client.errors import OffsetJump
+from gazette.gazctl.journals import _Gaps
 
 from .conftest import Gazctl
 

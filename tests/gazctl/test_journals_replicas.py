@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
-from broker.testing.cluster import BrokerCluster
-from broker.testing.etcd import EtcdServer
-from gazctl.journals import _journal_json, _replicas
-from gazctl.main import Streams, run
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.cluster import BrokerCluster
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.gazctl.journals import _journal_json, _replicas
+from gazette.gazctl.main import Streams, run
 
 from .conftest import Result
 

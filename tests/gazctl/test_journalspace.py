@@ -6,9 +6,9 @@ import pytest
 import yaml
 from google.protobuf.duration_pb2 import Duration
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.errors import ValidationError
-from gazctl.journalspace import (
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.errors import ValidationError
+from gazette.gazctl.journalspace import (
     Node,
     apply_changes,
     dump_tree,
@@ -16,7 +16,7 @@ from gazctl.journalspace import (
     parse_tree,
     tree_from_journals,
 )
-from gazctl.specyaml import format_duration, parse_duration
+from gazette.gazctl.specyaml import format_duration, parse_duration
 
 
 @pytest.mark.parametrize(

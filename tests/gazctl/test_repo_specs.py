@@ -22,13 +22,13 @@ from typing import Any
 import pytest
 import yaml
 
-from broker.protocol.errors import ValidationError
-from broker.protocol.validation import validate_journal_spec
-from consumer.spec import validate_shard_spec
-from gazctl.journalspace import apply_changes as journal_changes
-from gazctl.journalspace import load_tree
-from gazctl.shardspace import apply_changes as shard_changes
-from gazctl.shardspace import load_set
+from gazette.broker.protocol.errors import ValidationError
+from gazette.broker.protocol.validation import validate_journal_spec
+from gazette.consumer.spec import validate_shard_spec
+from gazette.gazctl.journalspace import apply_changes as journal_changes
+from gazette.gazctl.journalspace import load_tree
+from gazette.gazctl.shardspace import apply_changes as shard_changes
+from gazette.gazctl.shardspace import load_set
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from allocator.etcd import Etcd
-from broker.client import AppendService, JournalClient, apply_journals, list_all_fragments
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.fsm import FSM
-from recoverylog.hints import hints_to_json
-from recoverylog.hints_etcd import rotate_backup_hints, store_primary_hints
-from recoverylog.recorder import Recorder
+from gazette.allocator.etcd import Etcd
+from gazette.broker.client import AppendService, JournalClient, apply_journals, list_all_fragments
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.hints import hints_to_json
+from gazette.recoverylog.hints_etcd import rotate_backup_hints, store_primary_hints
+from gazette.recoverylog.recorder import Recorder
 
 from .conftest import Gazctl
 

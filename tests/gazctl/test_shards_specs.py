@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from consumer.protocol import pb
+from gazette.consumer.protocol import pb
 from tests.consumer.shard_api_server import ShardAPIServer
 
 from .conftest import Gazctl

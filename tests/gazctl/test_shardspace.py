@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from broker.protocol.errors import ValidationError
-from consumer.protocol import pb
-from gazctl.shardspace import (
+from gazette.broker.protocol.errors import ValidationError
+from gazette.consumer.protocol import pb
+from gazette.gazctl.shardspace import (
     ShardEntry,
     ShardSet,
     apply_changes,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from message import Desync, Frame, FrameDecoder
+from gazette.message import Desync, Frame, FrameDecoder
 
 
 def chunks(data: bytes, cuts: Iterable[int]) -> list[bytes]:

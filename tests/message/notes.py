@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from message import JSONMessage
+from gazette.message import JSONMessage
 
 JSON = "application/x-ndjson"
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from message import (
+from gazette.message import (
     CSV_FRAMING,
     Clock,
     CSVFraming,
@@ -23,7 +23,7 @@ from message import (
     UnmarshalError,
     build_uuid,
 )
-from message.framing_csv import format_csv_record, parse_csv_record
+from gazette.message.framing_csv import format_csv_record, parse_csv_record
 from tests.message.framing_support import assert_contiguous, chunks, decode, ranges
 
 UUID = build_uuid(ProducerID(bytes.fromhex("0102030405ff")), Clock(0x0123_4567_89AB_CDEF), 0)
@@ -186,7 +186,7 @@ def test_parse_csv_record() -> None:
 
 
 def test_leading_unicode_space_is_quoted_as_go_does() -> None:
-    from message.framing_csv import format_csv_record
+    from gazette.message.framing_csv import format_csv_record
 
     for lead in (" ", "\t", "\v", "\f", "\u0085", "\u00a0"):
         assert format_csv_record([lead + "x"]) == f'"{lead}x"\n'

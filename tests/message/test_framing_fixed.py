@@ -10,7 +10,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from message import (
+from gazette.message import (
     FIXED_FRAME_WORD,
     PROTO_FIXED_FRAMING,
     Clock,
@@ -24,7 +24,7 @@ from message import (
     build_uuid,
     encode_fixed_frame,
 )
-from message.framing_fixed import _Wire, check_wire_format
+from gazette.message.framing_fixed import _Wire, check_wire_format
 from tests.message.framing_support import assert_contiguous, chunks, decode, ranges
 
 UUID = build_uuid(ProducerID(bytes.fromhex("0102030405ff")), Clock(0x0123_4567_89AB_CDEF), 1)

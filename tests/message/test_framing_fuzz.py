@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from message import CSV_FRAMING, FIXED_FRAME_WORD, JSON_FRAMING, PROTO_FIXED_FRAMING
+from gazette.message import CSV_FRAMING, FIXED_FRAME_WORD, JSON_FRAMING, PROTO_FIXED_FRAMING
 from tests.message.framing_support import assert_contiguous, chunks, decode
 
 pieces = st.lists(

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from message import (
+from gazette.message import (
     JSON_FRAMING,
     Clock,
     Desync,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.protocol import protocol_pb2 as pb
-from message import (
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.message import (
     CSV_FRAMING,
     JSON_FRAMING,
     PROTO_FIXED_FRAMING,
@@ -17,7 +17,7 @@ from message import (
     known_content_types,
     register_framing,
 )
-from message import framing as framing_module
+from gazette.message import framing as framing_module
 
 
 def test_builtins_registered() -> None:

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from broker.client import AppendService, JournalClient, OffsetNotYetAvailable, append
-from broker.protocol import protocol_pb2 as pb
-from message import JSON_FRAMING
-from message.envelope import Envelope
-from message.iterators import MessageDecodeError, ReadUncommittedIter, TruncatedFrame
-from message.mapping import MappingFunc
-from message.publisher import Publisher
+from gazette.broker.client import AppendService, JournalClient, OffsetNotYetAvailable, append
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.message import JSON_FRAMING
+from gazette.message.envelope import Envelope
+from gazette.message.iterators import MessageDecodeError, ReadUncommittedIter, TruncatedFrame
+from gazette.message.mapping import MappingFunc
+from gazette.message.publisher import Publisher
 from tests.message.conftest import JSON, MakeTopic, Note
 
 

@@ -15,18 +15,18 @@ from typing import Any
 
 import pytest
 
-from broker.client import AppendService, JournalClient, OffsetNotYetAvailable
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.selector import format_label_selector
-from broker.testing.broker import BrokerProcess
-from message import CSVMessage, ProtoMessage
-from message.envelope import Envelope
-from message.framing_json import JSON_FRAMING
-from message.iterators import ReadCommittedIter, ReadUncommittedIter
-from message.mapping import MappingFunc, rendezvous_mapping
-from message.publisher import Publisher
-from message.sequencer import Sequencer
-from message.uuid import Clock, get_producer_id
+from gazette.broker.client import AppendService, JournalClient, OffsetNotYetAvailable
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.selector import format_label_selector
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.message import CSVMessage, ProtoMessage
+from gazette.message.envelope import Envelope
+from gazette.message.framing_json import JSON_FRAMING
+from gazette.message.iterators import ReadCommittedIter, ReadUncommittedIter
+from gazette.message.mapping import MappingFunc, rendezvous_mapping
+from gazette.message.publisher import Publisher
+from gazette.message.sequencer import Sequencer
+from gazette.message.uuid import Clock, get_producer_id
 from tests.message.conftest import MakeTopic, Note
 from tests.message.notes import JSON
 
@@ -180,7 +180,7 @@ class Producer:
             cwd=REPO,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'src'}"},
+            env={**os.environ, "PYTHONPATH": str(REPO)},
         )
         return cls(proc, name)
 
@@ -359,7 +359,7 @@ async def test_transactions_in_every_framing(
 
 
 async def _raw_append(client: JournalClient, journal: str, data: bytes) -> None:
-    from broker.client.append_service import AppendService as _Svc
+    from gazette.broker.client.append_service import AppendService as _Svc
 
     svc = _Svc(client)
     aa = svc.start_append(pb.AppendRequest(journal=journal))
@@ -372,8 +372,8 @@ async def _raw_append(client: JournalClient, journal: str, data: bytes) -> None:
 async def test_replay_over_an_undecodable_frame_still_delivers(
     client: JournalClient, make_topic: MakeTopic
 ) -> None:
-    from message.iterators import MessageDecodeError
-    from message.publisher import Publisher as _Pub
+    from gazette.message.iterators import MessageDecodeError
+    from gazette.message.publisher import Publisher as _Pub
 
     (j,) = (await make_topic(1)).names
     to_j = lambda msg: (j, JSON)  # noqa: E731
@@ -412,7 +412,7 @@ async def test_replay_over_an_undecodable_frame_still_delivers(
 async def test_restore_while_an_ack_at_offset_zero_was_dequeued(
     client: JournalClient, make_topic: MakeTopic
 ) -> None:
-    from message.publisher import fast_uuid
+    from gazette.message.publisher import fast_uuid
 
     (j,) = (await make_topic(1)).names
     ack = Note()

@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from broker.protocol import protocol_pb2 as pb
-from message.mapping import (
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.message.mapping import (
     JournalNotInPartitions,
     NoPartitions,
     direct_mapping,

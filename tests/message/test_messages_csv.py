@@ -10,8 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from message import CSV_FRAMING, Clock, CSVMessage, Frame, Message, UnmarshalError, build_uuid
-from message import ProducerID as PID
+from gazette.message import (
+    CSV_FRAMING,
+    Clock,
+    CSVMessage,
+    Frame,
+    Message,
+    UnmarshalError,
+    build_uuid,
+)
+from gazette.message import ProducerID as PID
 
 UUID = build_uuid(PID(bytes.fromhex("0102030405ff")), Clock(0x0123_4567_89AB_CDEF), 1)
 

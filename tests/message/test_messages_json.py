@@ -12,9 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from message import JSON_FRAMING, Clock, Flags, JSONMessage, Message, UnmarshalError, build_uuid
-from message import ProducerID as PID
-from message.framing_json import encode_json
+from gazette.message import (
+    JSON_FRAMING,
+    Clock,
+    Flags,
+    JSONMessage,
+    Message,
+    UnmarshalError,
+    build_uuid,
+)
+from gazette.message import ProducerID as PID
+from gazette.message.framing_json import encode_json
 
 UUID = build_uuid(PID(bytes.fromhex("0102030405ff")), Clock(0x0123_4567_89AB_CDEF), Flags.ACK_TXN)
 

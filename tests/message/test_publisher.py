@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.client import AppendService, JournalClient, OffsetNotYetAvailable
-from broker.protocol import protocol_pb2 as pb
-from message import JSON_FRAMING, Envelope, Flags, UnknownFramingError
-from message.iterators import ReadCommittedIter, ReadUncommittedIter
-from message.mapping import MappingFunc, NoPartitions, modulo_mapping, random_mapping
-from message.publisher import AckIntent, Publisher, fast_uuid
-from message.uuid import (
+from gazette.broker.client import AppendService, JournalClient, OffsetNotYetAvailable
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.message import JSON_FRAMING, Envelope, Flags, UnknownFramingError
+from gazette.message.iterators import ReadCommittedIter, ReadUncommittedIter
+from gazette.message.mapping import MappingFunc, NoPartitions, modulo_mapping, random_mapping
+from gazette.message.publisher import AckIntent, Publisher, fast_uuid
+from gazette.message.uuid import (
     Clock,
     ProducerID,
     build_uuid,

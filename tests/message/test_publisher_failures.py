@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from broker.client.append_service import AppendService, AsyncAppend
-from broker.client.errors import BrokerError
-from broker.protocol import protocol_pb2 as pb
-from message.envelope import Envelope
-from message.framing_json import JSON_FRAMING
-from message.mapping import MappingFunc
-from message.publisher import Publisher, PublisherBroken
-from message.sequencer import Sequencer
+from gazette.broker.client.append_service import AppendService, AsyncAppend
+from gazette.broker.client.errors import BrokerError
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.message.envelope import Envelope
+from gazette.message.framing_json import JSON_FRAMING
+from gazette.message.mapping import MappingFunc
+from gazette.message.publisher import Publisher, PublisherBroken
+from gazette.message.sequencer import Sequencer
 
 from .notes import JSON, Note
 

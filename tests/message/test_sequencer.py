@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from message.envelope import Envelope
-from message.sequencer import (
+from gazette.message.envelope import Envelope
+from gazette.message.sequencer import (
     DEFAULT_PRUNE_HORIZON_NS,
     MustStartReplay,
     ProducerKey,
@@ -27,7 +27,7 @@ from message.sequencer import (
     states_from_checkpoint,
     states_to_checkpoint,
 )
-from message.uuid import (
+from gazette.message.uuid import (
     Clock,
     Flags,
     ProducerID,
@@ -406,7 +406,7 @@ def test_outside_transaction_messages(caplog: pytest.LogCaptureFixture) -> None:
 
     # An open span before one is discarded.
     a3, a4, a5 = gen(A, 3, CONT), gen(A, 4, CONT), gen(A, 5, OUT)
-    with caplog.at_level(logging.ERROR, logger="message.sequencer"):
+    with caplog.at_level(logging.ERROR, logger="gazette.message.sequencer"):
         assert queue(seq, a3, a4, a5) == [
             Q.CONTINUE_BEGIN_SPAN,
             Q.CONTINUE_EXTEND_SPAN,
@@ -472,7 +472,7 @@ def test_ack_below_last_ack_falls_back_to_at_least_once(caplog: pytest.LogCaptur
 
     # An upstream shard recovered an older checkpoint and re-sends its ACK intent for clock 5.
     a5ack = gen(A, 5, ACK)
-    with caplog.at_level(logging.ERROR, logger="message.sequencer"):
+    with caplog.at_level(logging.ERROR, logger="gazette.message.sequencer"):
         assert queue(seq, a5ack) == [Q.ACK_ROLLBACK]
     assert "below the last ACK" in caplog.text
     assert seq.checkpoint(None) == {(JOURNAL, A): ProducerState(5, -1)}
@@ -487,7 +487,7 @@ def test_ack_below_last_ack_falls_back_to_at_least_once(caplog: pytest.LogCaptur
     expect_dequeue(seq, a6, a10again, a11again)
     # An ACK equal to the last is a plain rollback and logs nothing.
     caplog.clear()
-    with caplog.at_level(logging.ERROR, logger="message.sequencer"):
+    with caplog.at_level(logging.ERROR, logger="gazette.message.sequencer"):
         assert queue(seq, gen(A, 11, ACK)) == [Q.ACK_ROLLBACK]
     assert caplog.text == ""
 
@@ -631,7 +631,7 @@ def test_checkpoint_after_processing_the_last_message_of_a_sequence(
     assert seq.dequeued is None
 
     restored = Sequencer(states, ring_size=4, offsets=offsets)
-    with caplog.at_level(logging.ERROR, logger="message.sequencer"):
+    with caplog.at_level(logging.ERROR, logger="gazette.message.sequencer"):
         for s in (seq, restored):
             assert queue(s, o3) == [Q.OUTSIDE_COMMIT]
             expect_dequeue(s, o3)
@@ -668,7 +668,7 @@ def test_restored_state_of_a_processed_outside_message_read_again(
     gen = Gen()
     o1, o2 = gen(A, 1, OUT), gen(A, 2, OUT)
     seq = Sequencer({(JOURNAL, A): ProducerState(1, o1.begin)}, offsets={JOURNAL: o1.begin})
-    with caplog.at_level(logging.ERROR, logger="message.sequencer"):
+    with caplog.at_level(logging.ERROR, logger="gazette.message.sequencer"):
         assert queue(seq, o1) == [Q.OUTSIDE_ALREADY_ACKED]
         assert not seq.step()
         assert not seq.has_pending()
@@ -966,11 +966,11 @@ class _SpanDiscarded(list[str]):
         self.handler.emit = lambda record: self.append(record.getMessage())  # type: ignore[method-assign]
 
     def __enter__(self) -> _SpanDiscarded:
-        logging.getLogger("message.sequencer").addHandler(self.handler)
+        logging.getLogger("gazette.message.sequencer").addHandler(self.handler)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        logging.getLogger("message.sequencer").removeHandler(self.handler)
+        logging.getLogger("gazette.message.sequencer").removeHandler(self.handler)
 
 
 @settings(max_examples=400, deadline=None)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from message.uuid import (
+from gazette.message.uuid import (
     GREGORIAN_OFFSET_100NS,
     Clock,
     Flags,

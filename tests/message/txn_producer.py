@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from broker.client import AppendService, JournalClient, list_all_journals
-from broker.protocol.selector import parse_label_selector
-from message.mapping import rendezvous_mapping
-from message.publisher import Publisher
+from gazette.broker.client import AppendService, JournalClient, list_all_journals
+from gazette.broker.protocol.selector import parse_label_selector
+from gazette.message.mapping import rendezvous_mapping
+from gazette.message.publisher import Publisher
 from tests.message.notes import Note
 
 

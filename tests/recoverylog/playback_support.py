@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import JournalClient, append, apply_journals
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.author import author_fence
-from recoverylog.codec import HEADER_LENGTH, encode_op
-from recoverylog.fsm import FSM
+from gazette.broker.client import JournalClient, append, apply_journals
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.author import author_fence
+from gazette.recoverylog.codec import HEADER_LENGTH, encode_op
+from gazette.recoverylog.fsm import FSM
 from tests.conftest import session_broker
 
 _names = itertools.count()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.protocol import protocol_pb2 as pb
-from recoverylog.author import author_fence, format_author, new_author
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.recoverylog.author import author_fence, format_author, new_author
 
 
 def test_new_author_is_a_nonzero_uint32() -> None:

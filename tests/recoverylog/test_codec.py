@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from recoverylog import _crc32c
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.codec import (
+from gazette.recoverylog import _crc32c
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.codec import (
     HEADER_LENGTH,
     MAGIC,
     DecodedOp,
@@ -23,7 +23,7 @@ from recoverylog.codec import (
     encode_op,
     encode_write,
 )
-from recoverylog.fsm import FSM
+from gazette.recoverylog.fsm import FSM
 
 LOG = "a/recovery/log"
 

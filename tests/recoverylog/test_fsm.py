@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.fsm import (
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.fsm import (
     FSM,
     ExpectedHintedFnode,
     FnodeNotTracked,
@@ -26,7 +26,7 @@ from recoverylog.fsm import (
     WrongChecksum,
     WrongSeqNo,
 )
-from recoverylog.segments import InconsistentSegments, InvalidHints
+from gazette.recoverylog.segments import InconsistentSegments, InvalidHints
 
 LOG = "a/recovery/log"
 

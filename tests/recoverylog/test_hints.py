@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.protocol.errors import ValidationError
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.fsm import FSM
-from recoverylog.hints import (
+from gazette.broker.protocol.errors import ValidationError
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.hints import (
     InvalidHints,
     hints_from_bytes,
     hints_from_json,

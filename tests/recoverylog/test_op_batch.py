@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from recoverylog.op_batch import WRITE, WriteRun, from_thread
+from gazette.recoverylog.op_batch import WRITE, WriteRun, from_thread
 
 
 def test_a_write_run_joins_its_pieces_once_sealed() -> None:

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import JournalClient, RegisterMismatch, append
-from broker.protocol import protocol_pb2 as pb
-from recoverylog import player as player_module
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.author import author_fence
-from recoverylog.codec import MAGIC, encode_op
-from recoverylog.fsm import FSM
-from recoverylog.hints import hints_from_bytes, hints_to_json
-from recoverylog.player import (
+from gazette.broker.client import JournalClient, RegisterMismatch, append
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.recoverylog import player as player_module
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.author import author_fence
+from gazette.recoverylog.codec import MAGIC, encode_op
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.hints import hints_from_bytes, hints_to_json
+from gazette.recoverylog.player import (
     EXIT_AT_HEAD,
     FNODE_STAGING_DIR,
     TAIL,
@@ -32,7 +32,7 @@ from recoverylog.player import (
     _relative_path,
     check_playback_directory,
 )
-from recoverylog.segments import InvalidHints
+from gazette.recoverylog.segments import InvalidHints
 from tests.recoverylog.playback_support import (
     LogWriter,
     MakeLog,

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import AppendService, JournalClient, RetryReader
-from broker.protocol import protocol_pb2 as pb
-from recoverylog.fsm import FSM
-from recoverylog.player import TAIL, Player, PlayerState
-from recoverylog.recorder import Recorder, RecorderFenced
+from gazette.broker.client import AppendService, JournalClient, RetryReader
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.player import TAIL, Player, PlayerState
+from gazette.recoverylog.recorder import Recorder, RecorderFenced
 from tests.recoverylog.playback_support import (
     MakeLog,
     client,

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import AppendService, JournalClient, list_all_fragments
-from broker.fragment.store import store_for_url
-from broker.protocol import protocol_pb2 as pb
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.codec import DecodedOp, OpDecoder
-from recoverylog.fsm import FSM
-from recoverylog.player import Player
-from recoverylog.prune import (
+from gazette.broker.client import AppendService, JournalClient, list_all_fragments
+from gazette.broker.fragment.store import store_for_url
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.codec import DecodedOp, OpDecoder
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.player import Player
+from gazette.recoverylog.prune import (
     HintsWithoutLiveFiles,
     LogNotHinted,
     MissingHints,
@@ -25,8 +25,8 @@ from recoverylog.prune import (
     plan_prune,
     prune_log,
 )
-from recoverylog.recorder import Recorder
-from recoverylog.segments import InvalidHints, flatten_hints
+from gazette.recoverylog.recorder import Recorder
+from gazette.recoverylog.segments import InvalidHints, flatten_hints
 from tests.recoverylog.playback_support import (
     MakeLog,
     client,

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import AppendService, JournalClient, append
-from broker.protocol import protocol_pb2 as pb
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.author import author_fence
-from recoverylog.codec import encode_op
-from recoverylog.fsm import FSM
-from recoverylog.recorded_files import WRITE_BUFFER_SIZE, NotRecorded, RecordedFS
-from recoverylog.recorder import InvalidPath, Recorder, RecorderFenced
+from gazette.broker.client import AppendService, JournalClient, append
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.author import author_fence
+from gazette.recoverylog.codec import encode_op
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.recorded_files import WRITE_BUFFER_SIZE, NotRecorded, RecordedFS
+from gazette.recoverylog.recorder import InvalidPath, Recorder, RecorderFenced
 from tests.recoverylog.recorder_support import (
     MakeLog,
     Replay,

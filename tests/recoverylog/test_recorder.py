@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import AppendService, JournalClient, RegisterMismatch, append
-from broker.protocol import protocol_pb2 as pb
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.author import author_fence
-from recoverylog.codec import HEADER_LENGTH, DecodedOp, OpDecoder, PayloadChunk, encode_op
-from recoverylog.fsm import FSM, FnodeNotTracked, WrongSeqNo
-from recoverylog.hints import hints_from_bytes, hints_to_json, validate_hints
-from recoverylog.recorder import (
+from gazette.broker.client import AppendService, JournalClient, RegisterMismatch, append
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.author import author_fence
+from gazette.recoverylog.codec import HEADER_LENGTH, DecodedOp, OpDecoder, PayloadChunk, encode_op
+from gazette.recoverylog.fsm import FSM, FnodeNotTracked, WrongSeqNo
+from gazette.recoverylog.hints import hints_from_bytes, hints_to_json, validate_hints
+from gazette.recoverylog.recorder import (
     MAX_WRITE_CHUNK,
     InvalidPath,
     PathExists,

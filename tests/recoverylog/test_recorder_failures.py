@@ -11,11 +11,21 @@ import grpc
 import grpc.aio
 import pytest
 
-from broker.client import AppendAborted, AppendService, FragmentStoreUnhealthy, JournalClient
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
-from recoverylog.fsm import FSM
-from recoverylog.recorder import MAX_WRITE_CHUNK, Recorder, RecorderBroken, WriteHeadRegressed
+from gazette.broker.client import (
+    AppendAborted,
+    AppendService,
+    FragmentStoreUnhealthy,
+    JournalClient,
+)
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.recorder import (
+    MAX_WRITE_CHUNK,
+    Recorder,
+    RecorderBroken,
+    WriteHeadRegressed,
+)
 
 LOG = "fake/recovery-log"
 

@@ -7,13 +7,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from broker.client import AppendService, JournalClient
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.codec import DecodedOp, OpDecoder
-from recoverylog.fsm import FSM
-from recoverylog.player import Player
-from recoverylog.recorder import MAX_WRITE_CHUNK, Recorder
-from recoverylog.segments import flatten_hints
+from gazette.broker.client import AppendService, JournalClient
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.codec import DecodedOp, OpDecoder
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.player import Player
+from gazette.recoverylog.recorder import MAX_WRITE_CHUNK, Recorder
+from gazette.recoverylog.segments import flatten_hints
 from tests.recoverylog.playback_support import (
     MakeLog,
     client,

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import AppendService, JournalClient
-from broker.testing.broker import BrokerProcess
-from recoverylog.fsm import FSM
-from recoverylog.hints import validate_hints
-from recoverylog.op_batch import CREATE, RENAME, WRITE, Op
-from recoverylog.recorder import Recorder
-from recoverylog.remote import (
+from gazette.broker.client import AppendService, JournalClient
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.hints import validate_hints
+from gazette.recoverylog.op_batch import CREATE, RENAME, WRITE, Op
+from gazette.recoverylog.recorder import Recorder
+from gazette.recoverylog.remote import (
     HEADER,
     MAX_IOVECS,
     RecorderGone,

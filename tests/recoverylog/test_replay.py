@@ -8,8 +8,8 @@ import copy
 from hypothesis import given
 from hypothesis import strategies as st
 
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.codec import (
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.codec import (
     HEADER_LENGTH,
     DecodedOp,
     OpDecoder,
@@ -17,8 +17,8 @@ from recoverylog.codec import (
     PayloadEnd,
     encode_op,
 )
-from recoverylog.fsm import FSM, FSMError, WrongSeqNo
-from recoverylog.hints import hints_from_bytes, hints_to_json
+from gazette.recoverylog.fsm import FSM, FSMError, WrongSeqNo
+from gazette.recoverylog.hints import hints_from_bytes, hints_to_json
 
 LOG = "a/recovery/log"
 A, B = 0xA, 0xB

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.protocol.errors import ValidationError
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.segments import (
+from gazette.broker.protocol.errors import ValidationError
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.segments import (
     AuthorMismatch,
     FirstChecksumMismatch,
     InconsistentSegments,

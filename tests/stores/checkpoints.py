@@ -3,7 +3,7 @@ every field of ``consumer.Checkpoint`` (sources read through, producers, ACK int
 
 from __future__ import annotations
 
-from consumer.protocol import pb
+from gazette.consumer.protocol import pb
 
 __all__ = ["labeled", "rich"]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from broker.client import AppendService, JournalClient
-from consumer.store import RecoveredLog
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.player import TAIL, Player
+from gazette.broker.client import AppendService, JournalClient
+from gazette.consumer.store import RecoveredLog
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.player import TAIL, Player
 
 __all__ = ["recovered_log"]
 

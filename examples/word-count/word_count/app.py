@@ -35,16 +35,16 @@ import grpc
 import grpc.aio
 from aiohttp import web
 
-from broker.client import list_all_journals
-from broker.protocol import protocol_pb2 as bpb
-from consumer.application import Shard
-from consumer.protocol import pb
-from consumer.runtime import ConsumerRuntime
-from consumer.store import RecoveredLog
-from message.envelope import Envelope
-from message.mapping import fnv1a_32
-from message.publisher import Publisher
-from stores.rocksdb.store import RocksDBStore
+from gazette.broker.client import list_all_journals
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.consumer.application import Shard
+from gazette.consumer.protocol import pb
+from gazette.consumer.runtime import ConsumerRuntime
+from gazette.consumer.store import RecoveredLog
+from gazette.message.envelope import Envelope
+from gazette.message.mapping import fnv1a_32
+from gazette.message.publisher import Publisher
+from gazette.stores.rocksdb.store import RocksDBStore
 from word_count.messages import CONTENT_TYPE, COUNTS, NGramCount, NGramDelta, deltas_selector
 
 __all__ = ["KEY_PREFIX", "QUERY_METHOD", "SERVICE", "WordCount"]

@@ -28,11 +28,11 @@ from typing import cast
 
 import grpc.aio
 
-from broker.client import JournalClient
-from broker.protocol import protocol_pb2 as bpb
-from consumer.protocol import consumer_pb2_grpc as pb_grpc
-from consumer.protocol import pb
-from consumer.testing import ConsumerProcess
+from gazette.broker.client import JournalClient
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
+from gazette.consumer.protocol import pb
+from gazette.consumer.testing import ConsumerProcess
 from word_count.messages import deltas_partition, ngrams, shard_id, words
 from word_count.query import query
 from word_count.specs import journals_yaml, shards_yaml
@@ -98,7 +98,7 @@ class Tools:
         return proc.stdout.decode() + proc.stderr.decode()
 
     def gazctl(self, *args: str) -> str:
-        return self.run("-m", "gazctl.main", *args)
+        return self.run("-m", "gazette.gazctl.main", *args)
 
 
 async def _statuses(endpoint: str) -> dict[str, dict[str, int]]:
@@ -284,7 +284,7 @@ def spark_export(etcd: str, brokers: list[str], expected: Counter[str]) -> None:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    import consumer.spark
+    from gazette.consumer import spark as gazette_spark
 
     spark = (
         SparkSession.builder.master("local[2]")
@@ -297,7 +297,7 @@ def spark_export(etcd: str, brokers: list[str], expected: Counter[str]) -> None:
     )
     try:
         spark.sparkContext.setLogLevel("ERROR")
-        consumer.spark.register(spark)
+        gazette_spark.register(spark)
         print(f"    local[2] Spark session started in {time.monotonic() - t0:.1f}s")
         options = {
             "etcd": etcd,
@@ -337,8 +337,8 @@ def spark_export(etcd: str, brokers: list[str], expected: Counter[str]) -> None:
 
 
 def main() -> None:
-    from broker.testing.broker import BrokerProcess
-    from broker.testing.etcd import EtcdServer
+    from gazette.broker.testing.broker import BrokerProcess
+    from gazette.broker.testing.etcd import EtcdServer
 
     data = Path(tempfile.mkdtemp(prefix="word-count-demo-"))
     with EtcdServer() as etcd:

@@ -18,10 +18,10 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 
-from broker.client import AppendService, JournalClient, list_all_journals
-from broker.protocol import protocol_pb2 as bpb
-from message.mapping import NoPartitions, modulo_mapping
-from message.publisher import Publisher
+from gazette.broker.client import AppendService, JournalClient, list_all_journals
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.message.mapping import NoPartitions, modulo_mapping
+from gazette.message.publisher import Publisher
 from word_count.messages import NGramDelta, deltas_selector, ngrams, words
 
 __all__ = ["Feeder", "feed_text", "main"]

@@ -6,8 +6,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from broker.protocol import protocol_pb2 as bpb
-from message import CONTENT_TYPE_JSON_LINES, JSONMessage
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.message import CONTENT_TYPE_JSON_LINES, JSONMessage
 
 __all__ = [
     "COUNTS",

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from google.protobuf.duration_pb2 import Duration
 
-from broker.protocol import protocol_pb2 as bpb
-from consumer.protocol import pb
-from message import CONTENT_TYPE_JSON_LINES
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.consumer.protocol import pb
+from gazette.message import CONTENT_TYPE_JSON_LINES
 from word_count.messages import (
     COUNTS,
     MESSAGE_TYPE_LABEL,

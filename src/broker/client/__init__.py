@@ -16,19 +16,19 @@ Everything is asyncio (grpc.aio). A typical use::
         print(await rr.readline())
 """
 
-from broker.client.append_service import (
+from gazette.broker.client.append_service import (
     AppendAborted,
     AppendService,
     AsyncAppend,
     DependencyFailed,
 )
-from broker.client.appender import (
+from gazette.broker.client.appender import (
     Appender,
     AppendRetriesExhausted,
     append,
     is_retryable_append_error,
 )
-from broker.client.errors import (
+from gazette.broker.client.errors import (
     BrokerError,
     EtcdTransactionFailed,
     FragmentStoreUnhealthy,
@@ -49,9 +49,9 @@ from broker.client.errors import (
     error_for_status,
     is_transient_rpc_error,
 )
-from broker.client.fragment_reader import VerifiedFragment, fetch_verified_fragment
-from broker.client.journal_client import JournalClient, JournalStub
-from broker.client.list import (
+from gazette.broker.client.fragment_reader import VerifiedFragment, fetch_verified_fragment
+from gazette.broker.client.journal_client import JournalClient, JournalStub
+from gazette.broker.client.list import (
     PolledList,
     apply_journals,
     apply_journals_in_batches,
@@ -63,9 +63,9 @@ from broker.client.list import (
     name_selector,
     watch_journals,
 )
-from broker.client.reader import Reader
-from broker.client.retry_reader import RetryReader, backoff
-from broker.client.route_cache import RouteCache
+from gazette.broker.client.reader import Reader
+from gazette.broker.client.retry_reader import RetryReader, backoff
+from gazette.broker.client.route_cache import RouteCache
 
 __all__ = [
     "AppendAborted",

@@ -38,16 +38,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
-from broker.client.appender import (
+from gazette.broker.client.appender import (
     CHUNK_SIZE,
     Appender,
     RetryWindow,
     is_retryable_append_error,
 )
-from broker.client.errors import describe_error
-from broker.client.journal_client import JournalClient
-from broker.client.retry_reader import backoff
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.client.errors import describe_error
+from gazette.broker.client.journal_client import JournalClient
+from gazette.broker.client.retry_reader import backoff
+from gazette.broker.protocol import protocol_pb2 as pb
 
 __all__ = [
     "AppendService",

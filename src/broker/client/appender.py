@@ -22,20 +22,20 @@ from typing import IO, TYPE_CHECKING
 import grpc
 import grpc.aio
 
-from broker.client.errors import (
+from gazette.broker.client.errors import (
     ROUTING_STATUSES,
     BrokerError,
     describe_error,
     error_for_status,
     is_transient_rpc_error,
 )
-from broker.client.journal_client import JournalClient
-from broker.client.metrics import CLIENT
-from broker.client.retry_reader import backoff
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.client.journal_client import JournalClient
+from gazette.broker.client.metrics import CLIENT
+from gazette.broker.client.retry_reader import backoff
+from gazette.broker.protocol import protocol_pb2 as pb
 
 if TYPE_CHECKING:
-    from broker.client.direct import DirectAppendCall
+    from gazette.broker.client.direct import DirectAppendCall
 
     AppendCall = grpc.aio.StreamUnaryCall[pb.AppendRequest, pb.AppendResponse] | DirectAppendCall
 

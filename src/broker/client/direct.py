@@ -21,8 +21,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.direct import (
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.direct import (
     END,
     ERROR,
     HEADER,

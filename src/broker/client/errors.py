@@ -17,7 +17,7 @@ from typing import ClassVar, cast
 
 import grpc
 
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2 as pb
 
 __all__ = [
     "BrokerError",

@@ -19,11 +19,11 @@ import urllib.parse
 import urllib.request
 from typing import IO, BinaryIO, cast
 
-from broker.client.metrics import CLIENT
-from broker.fragment.codecs import CorruptContentError, UnknownCodecError, decompress_to
-from broker.fragment.store import FragmentCorrupted
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.sha1sum import sha1sum_to_digest
+from gazette.broker.client.metrics import CLIENT
+from gazette.broker.fragment.codecs import CorruptContentError, UnknownCodecError, decompress_to
+from gazette.broker.fragment.store import FragmentCorrupted
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.sha1sum import sha1sum_to_digest
 
 __all__ = ["VerifiedFragment", "fetch_verified_fragment", "SPOOL_IN_MEMORY_LIMIT"]
 

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
-from broker.client.direct import DirectAppendCall, DirectAppends
-from broker.client.route_cache import RouteCache, endpoint_to_target, pick_endpoint
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.client.direct import DirectAppendCall, DirectAppends
+from gazette.broker.client.route_cache import RouteCache, endpoint_to_target, pick_endpoint
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 
 if TYPE_CHECKING:
-    from broker.protocol.protocol_pb2_grpc import JournalAsyncStub as JournalStub
+    from gazette.broker.protocol.protocol_pb2_grpc import JournalAsyncStub as JournalStub
 
     AppendCall = grpc.aio.StreamUnaryCall[pb.AppendRequest, pb.AppendResponse]
 else:

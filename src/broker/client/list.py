@@ -16,10 +16,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import grpc.aio
 
-from broker.client.errors import JournalNotFound, error_for_status
-from broker.client.journal_client import JournalClient
-from broker.client.retry_reader import backoff
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.client.errors import JournalNotFound, error_for_status
+from gazette.broker.client.journal_client import JournalClient
+from gazette.broker.client.retry_reader import backoff
+from gazette.broker.protocol import protocol_pb2 as pb
 
 __all__ = [
     "list_all_journals",

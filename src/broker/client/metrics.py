@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from broker.prometheus import Family
+from gazette.broker.prometheus import Family
 
 __all__ = ["CLIENT", "ClientCounters", "client_families"]
 

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
-from broker.client.errors import OffsetJump, error_for_status
-from broker.client.fragment_reader import VerifiedFragment, fetch_verified_fragment
-from broker.client.journal_client import JournalClient
-from broker.client.metrics import CLIENT
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.client.errors import OffsetJump, error_for_status
+from gazette.broker.client.fragment_reader import VerifiedFragment, fetch_verified_fragment
+from gazette.broker.client.journal_client import JournalClient
+from gazette.broker.client.metrics import CLIENT
+from gazette.broker.protocol import protocol_pb2 as pb
 
 if TYPE_CHECKING:
     ReadCall = grpc.aio.UnaryStreamCall[pb.ReadRequest, pb.ReadResponse]

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import grpc.aio
 
-from broker.client.errors import (
+from gazette.broker.client.errors import (
     ROUTING_STATUSES,
     BrokerError,
     JournalNotFound,
@@ -32,10 +32,10 @@ from broker.client.errors import (
     describe_error,
     is_transient_rpc_error,
 )
-from broker.client.journal_client import JournalClient
-from broker.client.reader import Reader
-from broker.fragment.store import FragmentCorrupted
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.client.journal_client import JournalClient
+from gazette.broker.client.reader import Reader
+from gazette.broker.fragment.store import FragmentCorrupted
+from gazette.broker.protocol import protocol_pb2 as pb
 
 __all__ = ["RetryReader", "backoff"]
 

@@ -6,6 +6,6 @@
 - `store`: the `FragmentStore` protocol, its errors, and `store_for_url`;
   `store_file` and `store_s3` implement it.
 
-Submodules are imported explicitly (``from broker.fragment.store import store_for_url``) so that
-importing the package does not pull in boto3.
+Submodules are imported explicitly (``from gazette.broker.fragment.store import
+store_for_url``) so that importing the package does not pull in boto3.
 """

@@ -29,7 +29,7 @@ from typing import BinaryIO, Protocol
 import cramjam
 import zstandard
 
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2 as pb
 
 CHUNK_SIZE = 1 << 20
 """Bytes moved per read/write step."""

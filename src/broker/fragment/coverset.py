@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2 as pb
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2 as pb
 
 
 class PostfixTemplateError(ValueError):

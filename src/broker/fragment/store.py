@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
 
-from broker.fragment.codecs import (
+from gazette.broker.fragment.codecs import (
     CHUNK_SIZE,
     CorruptContentError,
     UnknownCodecError,
@@ -34,9 +34,9 @@ from broker.fragment.codecs import (
     new_compressor,
     new_decompressor,
 )
-from broker.protocol import fragment_name
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.sha1sum import is_zero, sha1sum_hex
+from gazette.broker.protocol import fragment_name
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.sha1sum import is_zero, sha1sum_hex
 
 log = logging.getLogger(__name__)
 
@@ -315,11 +315,11 @@ def store_for_url(url: str) -> FragmentStore:
         if not parsed.path.endswith("/"):
             raise FragmentStoreError(f"store {url}: URL path must end in '/'")
         if parsed.scheme == "file":
-            from broker.fragment.store_file import FileStore
+            from gazette.broker.fragment.store_file import FileStore
 
             store = FileStore(url)
         elif parsed.scheme == "s3":
-            from broker.fragment.store_s3 import S3Store
+            from gazette.broker.fragment.store_s3 import S3Store
 
             store = S3Store(url)
         else:

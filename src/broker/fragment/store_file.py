@@ -21,8 +21,8 @@ import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from broker.fragment.codecs import CHUNK_SIZE
-from broker.fragment.store import (
+from gazette.broker.fragment.codecs import CHUNK_SIZE
+from gazette.broker.fragment.store import (
     HEALTH_PROBE_CONTENT,
     HEALTH_PROBE_PATH,
     FragmentStoreError,
@@ -34,7 +34,7 @@ from broker.fragment.store import (
     rewriter_from,
     with_store,
 )
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2 as pb
 
 _TEMP_PREFIX = ".partial-"
 

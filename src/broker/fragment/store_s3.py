@@ -31,8 +31,8 @@ import boto3.s3.transfer
 import botocore.config
 import botocore.exceptions
 
-from broker.fragment.codecs import CHUNK_SIZE
-from broker.fragment.store import (
+from gazette.broker.fragment.codecs import CHUNK_SIZE
+from gazette.broker.fragment.store import (
     HEALTH_PROBE_CONTENT,
     HEALTH_PROBE_PATH,
     FragmentStoreError,
@@ -45,7 +45,7 @@ from broker.fragment.store import (
     verify_local,
     with_store,
 )
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2 as pb
 
 _ARGS = (
     "find",

@@ -13,9 +13,9 @@ adds what Gazette's ``*_extensions.go`` files add to them:
 - `offsets`: journal-to-offset mappings.
 """
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.errors import ValidationError, context
-from broker.protocol.fragment_name import (
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.errors import ValidationError, context
+from gazette.broker.protocol.fragment_name import (
     CODEC_EXTENSIONS,
     codec_extension,
     codec_from_extension,
@@ -25,7 +25,7 @@ from broker.protocol.fragment_name import (
     parse_content_path,
     parse_relative_path,
 )
-from broker.protocol.labels import (
+from gazette.broker.protocol.labels import (
     add_label,
     intersect,
     label_set,
@@ -37,14 +37,14 @@ from broker.protocol.labels import (
     value_of,
     values_of,
 )
-from broker.protocol.offsets import Offsets, copy_offsets, validate_offsets
-from broker.protocol.selector import (
+from gazette.broker.protocol.offsets import Offsets, copy_offsets, validate_offsets
+from gazette.broker.protocol.selector import (
     format_label_selector,
     journal_labels_with_meta,
     matches,
     parse_label_selector,
 )
-from broker.protocol.sha1sum import (
+from gazette.broker.protocol.sha1sum import (
     is_zero,
     sha1sum_from_digest,
     sha1sum_from_hex,
@@ -52,7 +52,7 @@ from broker.protocol.sha1sum import (
     sha1sum_of,
     sha1sum_to_digest,
 )
-from broker.protocol.validation import (
+from gazette.broker.protocol.validation import (
     split_journal_meta,
     validate,
     validate_append_request,

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.errors import ValidationError
-from broker.protocol.sha1sum import sha1sum_from_hex, sha1sum_hex
-from broker.protocol.validation import validate_fragment
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.errors import ValidationError
+from gazette.broker.protocol.sha1sum import sha1sum_from_hex, sha1sum_hex
+from gazette.broker.protocol.validation import validate_fragment
 
 __all__ = [
     "CODEC_EXTENSIONS",

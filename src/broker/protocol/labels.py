@@ -15,8 +15,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.validation import validate_label_set
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.validation import validate_label_set
 
 __all__ = [
     "PREFIX_SUFFIX",

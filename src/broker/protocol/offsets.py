@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from broker.protocol.errors import ValidationError, context
-from broker.protocol.validation import validate_journal_name
+from gazette.broker.protocol.errors import ValidationError, context
+from gazette.broker.protocol.validation import validate_journal_name
 
 __all__ = ["Offsets", "copy_offsets", "validate_offsets"]
 

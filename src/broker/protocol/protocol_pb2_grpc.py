@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from broker.protocol import protocol_pb2 as protocol__pb2
+from gazette.broker.protocol import protocol_pb2 as protocol__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -11,7 +11,7 @@ from collections import abc as _abc
 from grpc import aio as _aio
 import abc as _abc_1
 import grpc as _grpc
-from broker.protocol import protocol_pb2 as _protocol_pb2
+from gazette.broker.protocol import protocol_pb2 as _protocol_pb2
 import sys
 import typing as _typing
 

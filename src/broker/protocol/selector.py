@@ -27,10 +27,10 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.errors import ValidationError
-from broker.protocol.labels import PREFIX_SUFFIX, add_label, union
-from broker.protocol.validation import PATH_SYMBOLS, TOKEN_SYMBOLS, validate_label_selector
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.errors import ValidationError
+from gazette.broker.protocol.labels import PREFIX_SUFFIX, add_label, union
+from gazette.broker.protocol.validation import PATH_SYMBOLS, TOKEN_SYMBOLS, validate_label_selector
 
 __all__ = [
     "format_label_selector",

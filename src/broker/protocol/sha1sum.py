@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.errors import ValidationError
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.errors import ValidationError
 
 __all__ = [
     "is_zero",

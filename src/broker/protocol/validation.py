@@ -21,8 +21,8 @@ from urllib.parse import SplitResult, urlsplit
 from google.protobuf import duration_pb2
 from google.protobuf.message import Message
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.errors import ValidationError, context
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.errors import ValidationError, context
 
 __all__ = [
     "MAX_FRAGMENT_LENGTH",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from broker.testing.process import ProcessUnavailable, ReadyProcess
+from gazette.broker.testing.process import ProcessUnavailable, ReadyProcess
 
 
 class BrokerUnavailable(ProcessUnavailable):
@@ -44,7 +44,7 @@ class BrokerProcess(ReadyProcess):
         return [
             sys.executable,
             "-m",
-            "broker.main",
+            "gazette.broker.main",
             "--etcd",
             self.etcd_endpoint,
             "--root",

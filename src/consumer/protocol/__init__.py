@@ -7,6 +7,6 @@ broker messages (``protocol.Header``, ``protocol.LabelSet``, ...) of `broker.pro
 ``recoverylog.FSMHints``. The gRPC stubs are in `consumer.protocol.consumer_pb2_grpc`.
 """
 
-from consumer.protocol import consumer_pb2 as pb
+from gazette.consumer.protocol import consumer_pb2 as pb
 
 __all__ = ["pb"]

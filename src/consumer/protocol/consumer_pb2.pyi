@@ -17,8 +17,8 @@ from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
-from broker.protocol import protocol_pb2 as _protocol_pb2
-from recoverylog import recoverylog_pb2 as _recoverylog_pb2
+from gazette.broker.protocol import protocol_pb2 as _protocol_pb2
+from gazette.recoverylog import recoverylog_pb2 as _recoverylog_pb2
 import sys
 import typing as _typing
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from consumer.protocol import consumer_pb2 as consumer__pb2
+from gazette.consumer.protocol import consumer_pb2 as consumer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -13,7 +13,7 @@ and `recoverylog.FSMHints` name the same messages.
 from collections import abc as _abc
 from grpc import aio as _aio
 import abc as _abc_1
-from consumer.protocol import consumer_pb2 as _consumer_pb2
+from gazette.consumer.protocol import consumer_pb2 as _consumer_pb2
 import grpc as _grpc
 import sys
 import typing as _typing

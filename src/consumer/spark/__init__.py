@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumer.spark.errors import (
+from gazette.consumer.spark.errors import (
     BrokersUnresponsive,
     ExportError,
     InvalidOption,
@@ -21,7 +21,7 @@ from consumer.spark.errors import (
     ShardNotFound,
     WrongStoreKind,
 )
-from consumer.spark.shards_source import GazetteShardsDataSource
+from gazette.consumer.spark.shards_source import GazetteShardsDataSource
 
 __all__ = [
     "BrokersUnresponsive",
@@ -41,7 +41,7 @@ def register(spark: Any) -> None:
     (a SparkSession). The journals source is registered if its module is present."""
     spark.dataSource.register(GazetteShardsDataSource)
     try:
-        from consumer.spark.journals_source import GazetteJournalsDataSource
+        from gazette.consumer.spark.journals_source import GazetteJournalsDataSource
     except ImportError:
         return
     spark.dataSource.register(GazetteJournalsDataSource)

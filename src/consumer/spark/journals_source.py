@@ -65,23 +65,23 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from broker.client import BrokerError, JournalClient, list_all_journals
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.labels import value_of
-from broker.protocol.selector import parse_label_selector
-from consumer.spark.errors import ExportError
-from consumer.spark.options import DEFAULT_BROKER_TIMEOUT
-from message.envelope import Envelope
-from message.framing import (
+from gazette.broker.client import BrokerError, JournalClient, list_all_journals
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.labels import value_of
+from gazette.broker.protocol.selector import parse_label_selector
+from gazette.consumer.spark.errors import ExportError
+from gazette.consumer.spark.options import DEFAULT_BROKER_TIMEOUT
+from gazette.message.envelope import Envelope
+from gazette.message.framing import (
     CONTENT_TYPE_CSV,
     CONTENT_TYPE_JSON_LINES,
     CONTENT_TYPE_LABEL,
     UnknownFramingError,
     framing_for,
 )
-from message.framing_json import encode_json
-from message.iterators import ReadCommittedIter, ReadUncommittedIter
-from message.uuid import Flags
+from gazette.message.framing_json import encode_json
+from gazette.message.iterators import ReadCommittedIter, ReadUncommittedIter
+from gazette.message.uuid import Flags
 
 __all__ = [
     "GazetteJournalsDataSource",
@@ -351,7 +351,7 @@ async def resolve_journals_async(opts: JournalsOptions) -> list[JournalPlan]:
 def resolve_journals(opts: JournalsOptions) -> list[JournalPlan]:
     """`resolve_journals_async` run on a new event loop (Spark calls us synchronously).
     Broker failures are raised as JournalsSourceError, in one line."""
-    from consumer.spark.stall import within
+    from gazette.consumer.spark.stall import within
 
     def late() -> Exception:
         return JournalsSourceError(
@@ -377,7 +377,7 @@ _SIMPLE_DDL = {str: "STRING", int: "BIGINT", float: "DOUBLE", bool: "BOOLEAN", b
 
 
 def _dataclass_ddl(cls: type) -> str:
-    from message._dataclass_message import field_types, optional_of
+    from gazette.message._dataclass_message import field_types, optional_of
 
     cols = []
     for f, tp in field_types(cls):
@@ -568,7 +568,7 @@ def _new_message_func(opts: JournalsOptions, content_type: str) -> Any:
     if opts.message:
         cls = load_message_class(opts.message)
         if hasattr(cls, "DESCRIPTOR") and hasattr(cls, "ParseFromString"):
-            from message.proto_message import ProtoMessage
+            from gazette.message.proto_message import ProtoMessage
 
             return lambda _spec: ProtoMessage(cls())
         return lambda _spec: cls()
@@ -630,7 +630,7 @@ async def _next(
 ) -> pa.RecordBatch:
     if stall_timeout <= 0:
         return await agen.__anext__()
-    from consumer.spark.stall import watch
+    from gazette.consumer.spark.stall import watch
 
     pending = asyncio.ensure_future(agen.__anext__())
 

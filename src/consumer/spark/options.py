@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from broker.protocol.errors import ValidationError
-from broker.protocol.selector import parse_label_selector
-from consumer.spark.errors import InvalidOption
-from consumer.spec import validate_shard_id
+from gazette.broker.protocol.errors import ValidationError
+from gazette.broker.protocol.selector import parse_label_selector
+from gazette.consumer.spark.errors import InvalidOption
+from gazette.consumer.spec import validate_shard_id
 
 __all__ = [
     "CHECKPOINT_MODES",

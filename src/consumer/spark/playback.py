@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
-from consumer.protocol import pb
-from consumer.spark.errors import BrokersUnresponsive, ExportError, WrongStoreKind
-from consumer.spark.resolve import ShardPlan
-from recoverylog.hints import hints_from_json
+from gazette.consumer.protocol import pb
+from gazette.consumer.spark.errors import BrokersUnresponsive, ExportError, WrongStoreKind
+from gazette.consumer.spark.resolve import ShardPlan
+from gazette.recoverylog.hints import hints_from_json
 
 if TYPE_CHECKING:
-    from stores.rocksdb.scan import ScanStream
+    from gazette.stores.rocksdb.scan import ScanStream
 
 __all__ = [
     "BASE_COLUMNS",
@@ -86,8 +86,8 @@ async def play(
     playback has made no progress for that many seconds (no byte of the log read, nor of a
     fragment fetched from its store): the journal client retries unreachable brokers
     without end."""
-    from broker.client import JournalClient
-    from recoverylog.player import EXIT_AT_HEAD, Player
+    from gazette.broker.client import JournalClient
+    from gazette.recoverylog.player import EXIT_AT_HEAD, Player
 
     t0 = time.monotonic()
     async with JournalClient(list(brokers)) as client:
@@ -143,7 +143,7 @@ async def _watch(
     """Returns once `playing` is done; raises `BrokersUnresponsive` if neither `read()` (the
     log bytes read) nor the client's traffic changes for `stall_timeout` seconds before
     that (`consumer.spark.stall`)."""
-    from consumer.spark.stall import watch
+    from gazette.consumer.spark.stall import watch
 
     def stalled() -> Exception:
         return BrokersUnresponsive(
@@ -291,8 +291,8 @@ def rocksdb_batches(
     ``rocksdb_scan``: ``auto`` reads through the native scanner (`stores.rocksdb.scan`)
     when it is built and can open the database, else through rocksdict; ``native`` only
     through the scanner; ``rocksdict`` never through it."""
-    from stores.rocksdb import scan as native
-    from stores.rocksdb.store import CHECKPOINT_KEY
+    from gazette.stores.rocksdb import scan as native
+    from gazette.stores.rocksdb.store import CHECKPOINT_KEY
 
     if not check_store(played, "rocksdb"):
         return
@@ -374,7 +374,7 @@ def _note_no_scanner() -> None:
         _noted_no_scanner = True
         log.info(
             "the native RocksDB scanner is not built: reading through rocksdict, ~3x slower "
-            "(python -m stores.rocksdb.scan build)"
+            "(python -m gazette.stores.rocksdb.scan build)"
         )
 
 
@@ -393,8 +393,8 @@ def _open_for_export(
     `split` within [`start`, `stop`) (None: the split has no keys)."""
     from rocksdict import AccessType, Options, Rdict
 
-    from consumer.spark.keyranges import range_of
-    from stores.rocksdb.store import CHECKPOINT_KEY
+    from gazette.consumer.spark.keyranges import range_of
+    from gazette.stores.rocksdb.store import CHECKPOINT_KEY
 
     db = Rdict(str(played.directory), Options(raw_mode=True), access_type=AccessType.read_only())
     try:
@@ -432,7 +432,7 @@ def _scanned_pairs(
 ) -> Iterator[tuple[pa.Array | list[bytes], pa.Array | list[bytes]]]:
     """[`start`, `stop`) from `stream` (a scan of that range); through rocksdict if the
     scanner fails before its first batch (unless `strict`)."""
-    from stores.rocksdb import scan as native
+    from gazette.stores.rocksdb import scan as native
 
     try:
         yield from stream
@@ -481,7 +481,7 @@ def _rocksdict_pairs(
 def _split_points(db: Any, count: int, lo: bytes, hi: bytes | None) -> list[bytes]:
     """`keyranges.split_points` of `db`'s SST files, cut to the first and last keys in
     [`lo`, `hi`) (no points if there are none)."""
-    from consumer.spark.keyranges import clip, split_points, sst_files
+    from gazette.consumer.spark.keyranges import clip, split_points, sst_files
 
     it = db.iter()
     try:
@@ -537,7 +537,7 @@ def json_batches(
     played: PlayedShard, schema: pa.Schema, *, checkpoint_mode: str = "full"
 ) -> Iterator[pa.RecordBatch]:
     """One row: the state as a JSON string (no row for a store that never committed)."""
-    from stores.jsonfile.store import STATE_FILE, decode_state_file
+    from gazette.stores.jsonfile.store import STATE_FILE, decode_state_file
 
     if not check_store(played, "json"):
         return
@@ -559,7 +559,7 @@ def _open_sqlite(played: PlayedShard) -> Any:
     copy: SQLite may roll back a hot journal or replay the WAL there; nothing is recorded)."""
     import apsw
 
-    from stores.sqlite.store import rebuild_played
+    from gazette.stores.sqlite.store import rebuild_played
 
     rebuild_played(played.directory, played.links)
     db = played.directory / _SQLITE_DB

@@ -14,10 +14,10 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from allocator.etcd import Etcd
-from broker.protocol.selector import matches, parse_label_selector
-from consumer.protocol import pb
-from consumer.spark.errors import (
+from gazette.allocator.etcd import Etcd
+from gazette.broker.protocol.selector import matches, parse_label_selector
+from gazette.consumer.protocol import pb
+from gazette.consumer.spark.errors import (
     BrokersUnresponsive,
     ExportError,
     MissingHints,
@@ -25,12 +25,12 @@ from consumer.spark.errors import (
     ShardNotFound,
     WrongStoreKind,
 )
-from consumer.spark.options import ShardsOptions
-from consumer.spec import ShardKeys, recovery_log_of, shard_labels
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.hints import hints_to_json
-from recoverylog.hints_etcd import backup_hints_key, load_hints, primary_hints_key
-from recoverylog.segments import InvalidHints
+from gazette.consumer.spark.options import ShardsOptions
+from gazette.consumer.spec import ShardKeys, recovery_log_of, shard_labels
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.hints import hints_to_json
+from gazette.recoverylog.hints_etcd import backup_hints_key, load_hints, primary_hints_key
+from gazette.recoverylog.segments import InvalidHints
 
 __all__ = [
     "AUTO_SPLIT_BYTES",
@@ -198,9 +198,9 @@ async def plan_splits(opts: ShardsOptions) -> list[ShardSplit]:
     write head of its recovery log (learnt by an empty append, as a Player does; the state to
     export) and its splits: RocksDB shards ``opts.splits`` each (auto: by size, see
     `AUTO_SPLIT_BYTES`), other stores one."""
-    from broker.client import JournalClient, JournalNotFound, append
-    from broker.protocol import protocol_pb2 as bpb
-    from recoverylog.hints import hints_from_json
+    from gazette.broker.client import JournalClient, JournalNotFound, append
+    from gazette.broker.protocol import protocol_pb2 as bpb
+    from gazette.recoverylog.hints import hints_from_json
 
     plans = await resolve_shards(opts)
     out: list[ShardSplit] = []
@@ -230,7 +230,7 @@ async def plan_splits(opts: ShardsOptions) -> list[ShardSplit]:
 async def _bounded(call: Awaitable[T], opts: ShardsOptions, plan: ShardPlan) -> T:
     """`call` (the empty append learning `plan`'s log's write head), raising
     `BrokersUnresponsive` if it takes over option ``broker_timeout``."""
-    from consumer.spark.stall import within
+    from gazette.consumer.spark.stall import within
 
     def late() -> Exception:
         return BrokersUnresponsive(

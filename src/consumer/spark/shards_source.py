@@ -18,9 +18,9 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from consumer.spark.errors import ExportError
-from consumer.spark.options import ShardsOptions, load_decoder
-from consumer.spark.playback import (
+from gazette.consumer.spark.errors import ExportError
+from gazette.consumer.spark.options import ShardsOptions, load_decoder
+from gazette.consumer.spark.playback import (
     BASE_COLUMNS,
     READ_THROUGH_COLUMN,
     json_batches,
@@ -29,8 +29,8 @@ from consumer.spark.playback import (
     sqlite_batches,
     sqlite_columns,
 )
-from consumer.spark.resolve import ShardSplit, plan_splits_sync, resolve_shards_sync
-from consumer.spark.shared_playback import shared_played_shard
+from gazette.consumer.spark.resolve import ShardSplit, plan_splits_sync, resolve_shards_sync
+from gazette.consumer.spark.shared_playback import shared_played_shard
 
 __all__ = ["BASE_DDL", "GazetteShardsDataSource", "GazetteShardsReader", "ShardPartition"]
 

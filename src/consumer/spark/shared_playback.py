@@ -65,9 +65,9 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from consumer.spark.errors import ExportError, SharedPlaybackFailed
-from consumer.spark.playback import PlayedShard, play, run_playback
-from consumer.spark.resolve import ShardPlan
+from gazette.consumer.spark.errors import ExportError, SharedPlaybackFailed
+from gazette.consumer.spark.playback import PlayedShard, play, run_playback
+from gazette.consumer.spark.resolve import ShardPlan
 
 __all__ = ["shared_played_shard", "shared_root", "snapshot_name"]
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from broker.client.metrics import CLIENT
+from gazette.broker.client.metrics import CLIENT
 
 __all__ = ["client_progress", "watch", "within"]
 

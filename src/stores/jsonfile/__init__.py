@@ -5,7 +5,7 @@ the whole state and its Checkpoint to ``next.json`` and renames it over ``state.
 recorded through the shard's recovery log (docs/consumer-stores.md).
 """
 
-from stores.jsonfile.store import (
+from gazette.stores.jsonfile.store import (
     NEXT_FILE,
     STATE_FILE,
     JSONFileStore,

@@ -31,11 +31,11 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from consumer.protocol import pb
-from consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.recorded_files import RecordedFS
-from recoverylog.recorder import Recorder
+from gazette.consumer.protocol import pb
+from gazette.consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.recorded_files import RecordedFS
+from gazette.recoverylog.recorder import Recorder
 
 __all__ = [
     "NEXT_FILE",

@@ -1,7 +1,7 @@
 """The RocksDB store: rocksdict on a fusefs mount, recorded into a recovery log
 (docs/rocksdb-store.md)."""
 
-from stores.rocksdb.store import (
+from gazette.stores.rocksdb.store import (
     CHECKPOINT_KEY,
     MAX_MANIFEST_FILE_SIZE,
     InvalidKey,

@@ -2,7 +2,7 @@
 
 rocksdict crosses into Rust and builds two Python ``bytes`` per key (0.4 us a key here);
 building Arrow arrays from them costs as much again. The scanner (``_scan.c``, built with
-``python -m stores.rocksdb.scan build`` against Debian's librocksdb) iterates in C in its
+``python -m gazette.stores.rocksdb.scan build`` against Debian's librocksdb) iterates in C in its
 own process and writes each batch in Arrow's binary layout, which becomes two
 ``pa.BinaryArray`` without copying: about 0.15 us a key.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from stores.cbuild import build_command, compile_c, find_compiler
+from gazette.stores.cbuild import build_command, compile_c, find_compiler
 
 SOURCE = Path(__file__).with_name("_scan.c")
 BINARY = Path(__file__).with_name("rocksdb-scan")
@@ -59,7 +59,7 @@ def not_found_reason() -> str:
     named = os.environ.get(ENV_PATH)
     if named:
         return f"{ENV_PATH}={named} is not an executable file"
-    return "the native RocksDB scanner is not built (python -m stores.rocksdb.scan build)"
+    return "the native RocksDB scanner is not built (python -m gazette.stores.rocksdb.scan build)"
 
 
 class ScanStream:
@@ -249,7 +249,7 @@ def build(output: Path = BINARY, compiler: str | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m stores.rocksdb.scan", description="The native RocksDB scanner."
+        prog="python -m gazette.stores.rocksdb.scan", description="The native RocksDB scanner."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile the scanner (needs cc and librocksdb-dev)")

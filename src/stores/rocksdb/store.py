@@ -38,14 +38,14 @@ from typing import Any, TypeVar
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
-from broker.client import AppendService, JournalClient
-from consumer.protocol import pb
-from consumer.store import Checkpoint, OpFuture, RecordingLost, RecoveredLog, Shard
-from fusefs import FuseMount, force_unmount, is_mounted
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.author import new_author
-from recoverylog.player import TAIL, Player
-from stores.rocksdb._wal import NoWal, WalFiles
+from gazette.broker.client import AppendService, JournalClient
+from gazette.consumer.protocol import pb
+from gazette.consumer.store import Checkpoint, OpFuture, RecordingLost, RecoveredLog, Shard
+from gazette.fusefs import FuseMount, force_unmount, is_mounted
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.author import new_author
+from gazette.recoverylog.player import TAIL, Player
+from gazette.stores.rocksdb._wal import NoWal, WalFiles
 
 __all__ = [
     "CHECKPOINT_KEY",

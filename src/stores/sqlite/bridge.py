@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from recoverylog.op_batch import (
+from gazette.recoverylog.op_batch import (
     CREATE,
     RENAME,
     TRUNCATE,
@@ -39,8 +39,8 @@ from recoverylog.op_batch import (
     apply_ops,
     from_thread,
 )
-from recoverylog.recorder import Recorder
-from recoverylog.remote import RemoteRecorder, RemoteRecordingFailed
+from gazette.recoverylog.recorder import Recorder
+from gazette.recoverylog.remote import RemoteRecorder, RemoteRecordingFailed
 
 __all__ = ["RecorderBridge", "RecordingFailed"]
 

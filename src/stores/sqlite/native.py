@@ -1,6 +1,6 @@
 """Builds the C half of the recording VFS (`_recvfs.c`) into ``_recvfs.so`` beside it.
 
-``python -m stores.sqlite.native build`` (run by ``make deps``) needs a C compiler, Python's
+``python -m gazette.stores.sqlite.native build`` (run by ``make deps``) needs a C compiler, Python's
 headers (Debian: ``build-essential python3-dev``) and SQLite's extension header
 ``sqlite3ext.h`` (``libsqlite3-dev``). The module links against neither library: it runs
 inside the Python process, and is handed the API of APSW's own SQLite when it is loaded as an
@@ -15,7 +15,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from stores.cbuild import build_command, compile_c, find_compiler
+from gazette.stores.cbuild import build_command, compile_c, find_compiler
 
 __all__ = ["MODULE", "SOURCE", "build"]
 
@@ -45,7 +45,7 @@ def build(output: Path = MODULE, compiler: str | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m stores.sqlite.native", description="The recording VFS's C module."
+        prog="python -m gazette.stores.sqlite.native", description="The recording VFS's C module."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="compile it (needs cc, python3-dev and libsqlite3-dev)")

@@ -29,23 +29,23 @@ from typing import Any, TypeVar
 
 import apsw
 
-from broker.client import AppendService, JournalClient
-from consumer.protocol import pb
-from consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard
-from recoverylog import recoverylog_pb2 as rpb
-from recoverylog.author import new_author
-from recoverylog.player import TAIL, Player
-from recoverylog.recorder import Recorder
-from recoverylog.remote import RemoteRecorder
-from stores.sqlite.bridge import RecorderBridge
-from stores.sqlite.pagestore import (
+from gazette.broker.client import AppendService, JournalClient
+from gazette.consumer.protocol import pb
+from gazette.consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.author import new_author
+from gazette.recoverylog.player import TAIL, Player
+from gazette.recoverylog.recorder import Recorder
+from gazette.recoverylog.remote import RemoteRecorder
+from gazette.stores.sqlite.bridge import RecorderBridge
+from gazette.stores.sqlite.pagestore import (
     PAGES_SUFFIX,
     PageStore,
     generation_of,
     is_wal_generation,
     rebuild,
 )
-from stores.sqlite.vfs import RecordingVFS
+from gazette.stores.sqlite.vfs import RecordingVFS
 
 __all__ = [
     "DB_NAME",

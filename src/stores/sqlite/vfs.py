@@ -1,6 +1,6 @@
 """A VFS which records SQLite's files into a recovery log (see docs/sqlite-store.md).
 
-The VFS's I/O is in C (`stores.sqlite._recvfs`, built by ``python -m stores.sqlite.native
+The VFS's I/O is in C (`stores.sqlite._recvfs`, built by ``python -m gazette.stores.sqlite.native
 build``): every file is read, written, locked and mapped by SQLite's default VFS on local
 disk without Python. `RecordingVFS` is told only of what is recorded, which depends on the
 file:
@@ -34,8 +34,8 @@ from types import ModuleType
 
 import apsw
 
-from stores.sqlite.bridge import RecorderBridge, RecordingFailed
-from stores.sqlite.pagestore import WAL_FRAME_HEADER, PageStore
+from gazette.stores.sqlite.bridge import RecorderBridge, RecordingFailed
+from gazette.stores.sqlite.pagestore import WAL_FRAME_HEADER, PageStore
 
 __all__ = ["LOG_FILE_FLAGS", "TRUNCATE_FACTOR", "RecordingVFS", "native_vfs"]
 
@@ -55,11 +55,11 @@ def native_vfs() -> ModuleType:
 
     Raises ImportError, saying how to build it, if it was not built."""
     try:
-        _recvfs = importlib.import_module("stores.sqlite._recvfs")
+        _recvfs = importlib.import_module("gazette.stores.sqlite._recvfs")
     except ImportError as err:
         raise ImportError(
             "the SQLite store's VFS is not built: run `make deps` (or "
-            "`python -m stores.sqlite.native build`; it needs cc and libsqlite3-dev)"
+            "`python -m gazette.stores.sqlite.native build`; it needs cc and libsqlite3-dev)"
         ) from err
     with _native_lock:
         if not _recvfs.loaded():

@@ -6,7 +6,7 @@ instance whose shard was restored by a newer one since. `stores.sqlstore.testing
 throwaway PostgreSQL server. Design: docs/consumer-stores.md.
 """
 
-from stores.sqlstore.store import (
+from gazette.stores.sqlstore.store import (
     CHECKPOINTS_TABLE,
     DIALECTS,
     Dialect,

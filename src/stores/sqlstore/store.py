@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from consumer.protocol import pb
-from consumer.store import Checkpoint, OpFuture, Shard
+from gazette.consumer.protocol import pb
+from gazette.consumer.store import Checkpoint, OpFuture, Shard
 
 __all__ = [
     "CHECKPOINTS_TABLE",

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import JournalClient, apply_journals
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
+from gazette.broker.client import JournalClient, apply_journals
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 
 _names = itertools.count()

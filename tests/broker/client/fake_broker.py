@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 
 Script = Any
 

@@ -23,7 +23,7 @@ import grpc.aio
 import pytest
 from grpc._cython import cygrpc
 
-from broker.client import (
+from gazette.broker.client import (
     Appender,
     AppendService,
     JournalClient,
@@ -31,9 +31,9 @@ from broker.client import (
     RegisterMismatch,
     append,
 )
-from broker.client import appender as appender_module
-from broker.client.direct import DirectAppendCall, DirectAppends, _Connection, rpc_error
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.client import appender as appender_module
+from gazette.broker.client.direct import DirectAppendCall, DirectAppends, _Connection, rpc_error
+from gazette.broker.protocol import protocol_pb2 as pb
 
 OK = pb.AppendResponse(status=pb.OK, commit=pb.Fragment(journal="fake/j", begin=0, end=2))
 HANG = object()

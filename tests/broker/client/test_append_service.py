@@ -9,7 +9,7 @@ import re
 import grpc
 import pytest
 
-from broker.client import (
+from gazette.broker.client import (
     AppendAborted,
     AppendRetriesExhausted,
     AppendService,
@@ -18,8 +18,8 @@ from broker.client import (
     JournalClient,
     RegisterMismatch,
 )
-from broker.client.appender import CHUNK_SIZE
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.client.appender import CHUNK_SIZE
+from gazette.broker.protocol import protocol_pb2 as pb
 
 from .conftest import MakeJournal
 from .fake_broker import FakeBroker

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from broker.client import (
+from gazette.broker.client import (
     Appender,
     AppendRetriesExhausted,
     JournalClient,
@@ -19,9 +19,9 @@ from broker.client import (
     WrongAppendOffset,
     append,
 )
-from broker.client.appender import CHUNK_SIZE
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
+from gazette.broker.client.appender import CHUNK_SIZE
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
 
 from .conftest import MakeJournal
 from .fake_broker import FakeBroker
@@ -200,7 +200,7 @@ def test_appender_rejects_bad_requests() -> None:
 async def test_refusal_while_writing_reports_the_status(client: JournalClient) -> None:
     """The broker answers JOURNAL_NOT_FOUND at the first message while the client is still
     streaming megabytes: the Appender reports that status, not gRPC's failed write."""
-    from broker.client import JournalNotFound
+    from gazette.broker.client import JournalNotFound
 
     a = Appender(client, pb.AppendRequest(journal="tests/no/such-journal"))
     with pytest.raises(JournalNotFound):

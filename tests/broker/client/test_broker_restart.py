@@ -6,10 +6,10 @@ import asyncio
 import os
 from pathlib import Path
 
-from broker.client import AppendService, JournalClient, RetryReader, append, apply_journals
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
+from gazette.broker.client import AppendService, JournalClient, RetryReader, append, apply_journals
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
 
 from .conftest import journal_spec
 

@@ -9,15 +9,15 @@ import grpc.aio
 import pytest
 from grpc._cython import cygrpc
 
-from broker.client import errors
-from broker.client.errors import (
+from gazette.broker.client import errors
+from gazette.broker.client.errors import (
     BrokerError,
     OffsetJump,
     error_for_status,
     is_transient_rpc_error,
     status_name,
 )
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2 as pb
 
 CASES = [
     (pb.JOURNAL_NOT_FOUND, errors.JournalNotFound),

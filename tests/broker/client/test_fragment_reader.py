@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.client.fragment_reader import fetch_verified_fragment
-from broker.client.metrics import CLIENT
-from broker.fragment.store import FragmentCorrupted
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.sha1sum import sha1sum_from_digest
+from gazette.broker.client.fragment_reader import fetch_verified_fragment
+from gazette.broker.client.metrics import CLIENT
+from gazette.broker.fragment.store import FragmentCorrupted
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.sha1sum import sha1sum_from_digest
 
 
 def _fragment(tmp_path: Path, content: bytes, stored: bytes) -> tuple[pb.Fragment, str]:

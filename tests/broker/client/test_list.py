@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import (
+from gazette.broker.client import (
     EtcdTransactionFailed,
     FragmentStoreUnhealthy,
     JournalClient,
@@ -23,8 +23,8 @@ from broker.client import (
     list_all_journals,
     watch_journals,
 )
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.selector import parse_label_selector
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.selector import parse_label_selector
 
 from .conftest import MakeJournal, journal_spec
 from .fake_broker import FakeBroker

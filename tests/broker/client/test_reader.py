@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from broker.client import (
+from gazette.broker.client import (
     JournalClient,
     JournalNotFound,
     OffsetJump,
@@ -19,10 +19,10 @@ from broker.client import (
     RetryReader,
     append,
 )
-from broker.fragment.codecs import new_compressor
-from broker.fragment.store import FragmentCorrupted
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.sha1sum import sha1sum_from_digest
+from gazette.broker.fragment.codecs import new_compressor
+from gazette.broker.fragment.store import FragmentCorrupted
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.sha1sum import sha1sum_from_digest
 
 from .conftest import MakeJournal
 from .fake_broker import FakeBroker
@@ -57,9 +57,9 @@ async def test_client_counters_count_bytes_appended_and_read_by_journal(
 ) -> None:
     """gazette_append_bytes_total / gazette_read_bytes_total (upstream's client metrics): a
     failed append adds nothing; bytes read count each time they are read."""
-    from broker.client.errors import WrongAppendOffset
-    from broker.client.metrics import CLIENT, client_families
-    from broker.prometheus import render
+    from gazette.broker.client.errors import WrongAppendOffset
+    from gazette.broker.client.metrics import CLIENT, client_families
+    from gazette.broker.prometheus import render
     from tests.prometheus_text import parse
 
     spec = await make_journal()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker.client import JournalClient
-from broker.client.route_cache import RouteCache, endpoint_to_target, pick_endpoint
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.client import JournalClient
+from gazette.broker.client.route_cache import RouteCache, endpoint_to_target, pick_endpoint
+from gazette.broker.protocol import protocol_pb2 as pb
 
 
 def route(*members: tuple[str, str, str], primary: int = 0) -> pb.Route:

@@ -12,7 +12,7 @@ import cramjam
 import pytest
 import zstandard
 
-from broker.fragment.codecs import (
+from gazette.broker.fragment.codecs import (
     CorruptContentError,
     UnknownCodecError,
     compress_file,
@@ -20,7 +20,7 @@ from broker.fragment.codecs import (
     new_compressor,
     new_decompressor,
 )
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2 as pb
 
 CODECS = [pb.NONE, pb.GZIP, pb.ZSTANDARD, pb.SNAPPY, pb.GZIP_OFFLOAD_DECOMPRESSION]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.fragment.coverset import CoverSet, FragmentEntry
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.fragment.coverset import CoverSet, FragmentEntry
+from gazette.broker.protocol import protocol_pb2 as pb
 
 Span = tuple[int, int]
 

@@ -6,12 +6,12 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from broker.fragment.postfix import (
+from gazette.broker.fragment.postfix import (
     PostfixTemplateError,
     evaluate_postfix_template,
     format_go_layout,
 )
-from broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol import protocol_pb2 as pb
 
 T = datetime(2024, 3, 5, 14, 7, 9, 123456, tzinfo=UTC)
 SPEC = pb.JournalSpec(name="a/journal/part-000")

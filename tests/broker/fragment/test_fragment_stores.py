@@ -14,21 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from broker.fragment import store_s3
-from broker.fragment.codecs import decompress_to
-from broker.fragment.postfix import evaluate_postfix_template
-from broker.fragment.store import (
+from gazette.broker.fragment import store_s3
+from gazette.broker.fragment.codecs import decompress_to
+from gazette.broker.fragment.postfix import evaluate_postfix_template
+from gazette.broker.fragment.store import (
     FragmentCorrupted,
     FragmentStore,
     FragmentStoreError,
     clear_store_cache,
     store_for_url,
 )
-from broker.fragment.store_file import FileStore
-from broker.fragment.store_s3 import S3Store
-from broker.protocol import protocol_pb2 as pb
-from broker.protocol.sha1sum import sha1sum_of
-from broker.testing.s3 import MotoS3Server
+from gazette.broker.fragment.store_file import FileStore
+from gazette.broker.fragment.store_s3 import S3Store
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.sha1sum import sha1sum_of
+from gazette.broker.testing.s3 import MotoS3Server
 
 JOURNAL = "examples/events/part-000"
 ALL_CODECS: list[int] = [pb.NONE, pb.GZIP, pb.ZSTANDARD, pb.SNAPPY, pb.GZIP_OFFLOAD_DECOMPRESSION]
@@ -122,7 +122,7 @@ def spool(
 
 
 def rel_path(frag: pb.Fragment) -> str:
-    from broker.protocol.fragment_name import content_path
+    from gazette.broker.protocol.fragment_name import content_path
 
     return content_path(frag)
 
@@ -317,7 +317,7 @@ async def test_list_skips_garbage(
         backend.write_raw(junk, b"junk")
     # A sibling journal sharing a name prefix is not listed.
     backend.write_raw(f"{JOURNAL}0/{0:016x}-{1:016x}-{'1' * 40}.raw", b"x")
-    with caplog.at_level(logging.WARNING, logger="broker.fragment.store"):
+    with caplog.at_level(logging.WARNING, logger="gazette.broker.fragment.store"):
         listed = await backend.store.list(JOURNAL)
     assert [(f.begin, f.end) for f in listed] == [(0, 100)]
     assert sum("skipping unparseable fragment name" in r.getMessage() for r in caplog.records) == 6
@@ -430,7 +430,7 @@ async def test_health_of_missing_bucket(moto_s3: MotoS3Server) -> None:
 
 
 async def test_s3_unreachable_endpoint(tmp_path: Path, moto_s3: MotoS3Server) -> None:
-    from broker.testing.etcd import free_port
+    from gazette.broker.testing.etcd import free_port
 
     url = f"s3://b/root/?endpoint=http://127.0.0.1:{free_port()}&region=us-east-1"
     store = S3Store(url)

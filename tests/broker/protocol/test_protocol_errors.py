@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from broker.protocol import ValidationError, context
+from gazette.broker.protocol import ValidationError, context
 
 
 def test_message_without_context() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.protocol import (
+from gazette.broker.protocol import (
     CODEC_EXTENSIONS,
     ValidationError,
     codec_extension,

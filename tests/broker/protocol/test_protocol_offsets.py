@@ -2,7 +2,7 @@
 
 import pytest
 
-from broker.protocol import ValidationError, copy_offsets, validate_offsets
+from gazette.broker.protocol import ValidationError, copy_offsets, validate_offsets
 
 
 def test_valid_and_copy() -> None:

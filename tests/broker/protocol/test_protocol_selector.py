@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.protocol import (
+from gazette.broker.protocol import (
     ValidationError,
     format_label_selector,
     journal_labels_with_meta,

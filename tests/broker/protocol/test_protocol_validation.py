@@ -8,7 +8,7 @@ from google.protobuf.duration_pb2 import Duration
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.protocol import (
+from gazette.broker.protocol import (
     ValidationError,
     label_set,
     parse_label_selector,
@@ -38,7 +38,7 @@ from broker.protocol import (
     validate_route,
     validate_token,
 )
-from broker.protocol.validation import (
+from gazette.broker.protocol.validation import (
     validate_first_append_request,
     validate_later_append_request,
 )

@@ -9,7 +9,7 @@ import struct
 
 from google.protobuf.duration_pb2 import Duration
 
-from broker.protocol import pb, sha1sum_from_digest
+from gazette.broker.protocol import pb, sha1sum_from_digest
 
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
 

@@ -15,9 +15,9 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 
-from broker.protocol import pb as bpb
-from consumer.protocol import consumer_pb2_grpc, pb
-from recoverylog import recoverylog_pb2 as rpb
+from gazette.broker.protocol import pb as bpb
+from gazette.consumer.protocol import consumer_pb2_grpc, pb
+from gazette.recoverylog import recoverylog_pb2 as rpb
 
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import apsw
 
-from consumer.application import Shard
-from consumer.store import RecoveredLog
-from message.envelope import Envelope
-from message.publisher import Publisher
-from stores.jsonfile.store import JSONFileStore
-from stores.sqlite.store import SQLiteStore
+from gazette.consumer.application import Shard
+from gazette.consumer.store import RecoveredLog
+from gazette.message.envelope import Envelope
+from gazette.message.publisher import Publisher
+from gazette.stores.jsonfile.store import JSONFileStore
+from gazette.stores.sqlite.store import SQLiteStore
 from tests.consumer.counter_app import Add
 
 SQLITE_DDL = (

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from broker.testing.broker import BrokerProcess
+from gazette.broker.testing.broker import BrokerProcess
 
 
 @pytest.fixture(scope="session")

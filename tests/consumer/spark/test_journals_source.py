@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import AppendService, JournalClient, apply_journals
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from consumer.spark.journals_source import GazetteJournalsDataSource, envelope_meta
-from message.envelope import Envelope
-from message.iterators import ReadCommittedIter, ReadUncommittedIter
-from message.mapping import MappingFunc
-from message.publisher import Publisher
-from message.uuid import Flags
+from gazette.broker.client import AppendService, JournalClient, apply_journals
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.spark.journals_source import GazetteJournalsDataSource, envelope_meta
+from gazette.message.envelope import Envelope
+from gazette.message.iterators import ReadCommittedIter, ReadUncommittedIter
+from gazette.message.mapping import MappingFunc
+from gazette.message.publisher import Publisher
+from gazette.message.uuid import Flags
 from tests.conftest import session_broker
 from tests.consumer.spark.conftest import pausable_broker
 from tests.message.notes import JSON, Note
@@ -206,7 +206,7 @@ def test_csv_fields_and_empty_journal(registered: Any, cluster: Fixture) -> None
 
 
 async def _append(endpoint: str, journal: str, data: bytes) -> None:
-    from broker.client import append
+    from gazette.broker.client import append
 
     async with JournalClient(endpoint) as client:
         await append(client, pb.AppendRequest(journal=journal), data)

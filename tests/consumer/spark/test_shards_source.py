@@ -20,22 +20,22 @@ from typing import Any
 import grpc.aio
 import pytest
 
-from allocator.etcd import Etcd
-from broker.client import JournalClient
-from broker.client.list import apply_journals
-from broker.protocol import protocol_pb2 as bpb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from consumer.protocol import consumer_pb2_grpc as pb_grpc
-from consumer.protocol import pb
-from consumer.spark import WrongStoreKind, register
-from consumer.spark.errors import InvalidOption
-from consumer.spark.playback import PlayedShard, check_store, rocksdb_batches
-from consumer.spark.resolve import ShardPlan
-from consumer.testing import ConsumerProcess
-from message import CONTENT_TYPE_JSON_LINES
-from message.iterators import ReadCommittedIter
-from recoverylog.hints_etcd import load_hints
+from gazette.allocator.etcd import Etcd
+from gazette.broker.client import JournalClient
+from gazette.broker.client.list import apply_journals
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
+from gazette.consumer.protocol import pb
+from gazette.consumer.spark import WrongStoreKind, register
+from gazette.consumer.spark.errors import InvalidOption
+from gazette.consumer.spark.playback import PlayedShard, check_store, rocksdb_batches
+from gazette.consumer.spark.resolve import ShardPlan
+from gazette.consumer.testing import ConsumerProcess
+from gazette.message import CONTENT_TYPE_JSON_LINES
+from gazette.message.iterators import ReadCommittedIter
+from gazette.recoverylog.hints_etcd import load_hints
 from tests.consumer.counter_app import Add
 from tests.consumer.test_runtime import (
     apply_shards,
@@ -478,7 +478,7 @@ def test_rocksdb_rows_skip_store_keys_and_stop_at_the_key_prefix(tmp_path: Path,
     import pyarrow as pa
     from rocksdict import Rdict
 
-    from stores.rocksdb.store import CHECKPOINT_KEY, recorded_options
+    from gazette.stores.rocksdb.store import CHECKPOINT_KEY, recorded_options
 
     db = Rdict(str(tmp_path), recorded_options())
     cp = pb.Checkpoint()
@@ -518,10 +518,10 @@ def test_checkpoint_option_full_offsets_or_none(
     import pyarrow as pa
     from rocksdict import Rdict
 
-    from consumer.spark.options import ShardsOptions
-    from consumer.spark.playback import LARGE_CHECKPOINT
-    from consumer.spark.shards_source import base_columns, base_ddl
-    from stores.rocksdb.store import CHECKPOINT_KEY, recorded_options
+    from gazette.consumer.spark.options import ShardsOptions
+    from gazette.consumer.spark.playback import LARGE_CHECKPOINT
+    from gazette.consumer.spark.shards_source import base_columns, base_ddl
+    from gazette.stores.rocksdb.store import CHECKPOINT_KEY, recorded_options
 
     cp = pb.Checkpoint()
     cp.sources["in/a"].read_through = 42
@@ -553,7 +553,7 @@ def test_checkpoint_option_full_offsets_or_none(
         batches = rocksdb_batches(played, schema, checkpoint_mode=mode)
         return [r for b in batches for r in b.to_pylist()]
 
-    caplog.set_level("WARNING", logger="consumer.spark.playback")
+    caplog.set_level("WARNING", logger="gazette.consumer.spark.playback")
     (full,) = rows("full", False)
     assert pb.Checkpoint.FromString(full["checkpoint"]) == cp
     assert "checkpoint=offsets" in caplog.text and "shard=shard-x" in caplog.text
@@ -582,8 +582,8 @@ def test_the_utf8_decimal_decoder_types_word_count_rows(tmp_path: Path, scan: st
     import pyarrow as pa
     from rocksdict import Rdict
 
-    from consumer.spark.decoders import utf8_decimal
-    from stores.rocksdb.store import recorded_options
+    from gazette.consumer.spark.decoders import utf8_decimal
+    from gazette.stores.rocksdb.store import recorded_options
 
     db = Rdict(str(tmp_path), recorded_options())
     db[b"nof the"] = b"12"
@@ -610,8 +610,8 @@ def test_schema_columns_may_not_reuse_the_base_names() -> None:
     reader refuses it on the driver, also where that base column is absent."""
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    from consumer.spark.errors import ExportError
-    from consumer.spark.shards_source import GazetteShardsDataSource
+    from gazette.consumer.spark.errors import ExportError
+    from gazette.consumer.spark.shards_source import GazetteShardsDataSource
 
     source = GazetteShardsDataSource(
         {
@@ -621,7 +621,7 @@ def test_schema_columns_may_not_reuse_the_base_names() -> None:
             "shards": "shard-1",
             "store": "rocksdb",
             "checkpoint": "none",
-            "decoder": "consumer.spark.decoders:utf8_decimal",
+            "decoder": "gazette.consumer.spark.decoders:utf8_decimal",
             "schema": "read_through STRING, value BIGINT",
         }
     )

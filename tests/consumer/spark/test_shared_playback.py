@@ -21,19 +21,19 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 from rocksdict import AccessType, Options, Rdict
 
-import consumer.spark.shared_playback as shared
-from broker.client import JournalClient, apply_journals
-from broker.protocol import protocol_pb2 as bpb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from consumer.protocol import pb
-from consumer.spark import playback
-from consumer.spark.errors import ExportError, InvalidOption
-from consumer.spark.options import ShardsOptions
-from consumer.spark.resolve import ShardPlan
-from consumer.spark.shared_playback import shared_played_shard, shared_root, snapshot_name
-from recoverylog.hints import hints_to_json
-from stores.rocksdb.store import RocksDBStore
+import gazette.consumer.spark.shared_playback as shared
+from gazette.broker.client import JournalClient, apply_journals
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.protocol import pb
+from gazette.consumer.spark import playback
+from gazette.consumer.spark.errors import ExportError, InvalidOption
+from gazette.consumer.spark.options import ShardsOptions
+from gazette.consumer.spark.resolve import ShardPlan
+from gazette.consumer.spark.shared_playback import shared_played_shard, shared_root, snapshot_name
+from gazette.recoverylog.hints import hints_to_json
+from gazette.stores.rocksdb.store import RocksDBStore
 from tests.consumer.spark.conftest import pausable_broker
 
 KEYS = 300
@@ -145,8 +145,8 @@ def test_a_later_task_plays_again_and_each_removes_its_snapshot(
 
 _HOLDER = """
 import sys, time
-from consumer.spark.resolve import ShardPlan
-from consumer.spark.shared_playback import shared_played_shard
+from gazette.consumer.spark.resolve import ShardPlan
+from gazette.consumer.spark.shared_playback import shared_played_shard
 plan = ShardPlan(shard="shard-a", log=sys.argv[1], hints_key="", hints_json=sys.argv[2].encode())
 with shared_played_shard(plan, [sys.argv[3]], sys.argv[4], int(sys.argv[5])) as played:
     print(played.directory, flush=True)
@@ -229,7 +229,7 @@ def test_tasks_waiting_for_a_failed_playback_fail_with_its_error_at_once(
     error. A task that comes after the failure plays again."""
     import time
 
-    from consumer.spark.errors import BrokersUnresponsive, SharedPlaybackFailed
+    from gazette.consumer.spark.errors import BrokersUnresponsive, SharedPlaybackFailed
 
     plan, head = recorded
     plays: list[float] = []
@@ -290,7 +290,7 @@ def test_a_playback_that_reads_nothing_fails_after_the_broker_timeout(
     import socket
     import time
 
-    from consumer.spark.errors import BrokersUnresponsive
+    from gazette.consumer.spark.errors import BrokersUnresponsive
 
     plan, head = recorded
     refusing = socket.socket()  # Bound, never listening: connections are refused.
@@ -329,9 +329,9 @@ async def test_the_stall_watchdog_counts_log_reads_and_fragment_fetches_as_progr
     import asyncio
     import time
 
-    from broker.client.metrics import CLIENT
-    from consumer.spark.errors import BrokersUnresponsive
-    from consumer.spark.playback import _watch
+    from gazette.broker.client.metrics import CLIENT
+    from gazette.consumer.spark.errors import BrokersUnresponsive
+    from gazette.consumer.spark.playback import _watch
 
     plan = ShardPlan("shard-w", "log/w", "", b"{}")
     read = [0]
@@ -362,7 +362,7 @@ def test_a_failed_playback_does_not_wait_for_the_download_it_abandoned() -> None
     import asyncio
     import time
 
-    from consumer.spark.errors import BrokersUnresponsive
+    from gazette.consumer.spark.errors import BrokersUnresponsive
 
     async def stalled() -> None:
         asyncio.get_running_loop().run_in_executor(None, time.sleep, 3)  # A hung fetch.

@@ -10,13 +10,20 @@ import pyarrow as pa
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
-from consumer.spark.errors import ExportError, InvalidOption
-from consumer.spark.keyranges import SstFile, clip, key_position, range_of, split_points, sst_files
-from consumer.spark.options import ShardsOptions
-from consumer.spark.playback import PlayedShard, rocksdb_batches
-from consumer.spark.resolve import ShardPlan, estimated_bytes
-from recoverylog import recoverylog_pb2 as rpb
-from stores.rocksdb import recorded_options
+from gazette.consumer.spark.errors import ExportError, InvalidOption
+from gazette.consumer.spark.keyranges import (
+    SstFile,
+    clip,
+    key_position,
+    range_of,
+    split_points,
+    sst_files,
+)
+from gazette.consumer.spark.options import ShardsOptions
+from gazette.consumer.spark.playback import PlayedShard, rocksdb_batches
+from gazette.consumer.spark.resolve import ShardPlan, estimated_bytes
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.stores.rocksdb import recorded_options
 
 SCANS = ["native", "rocksdict"]
 """Both ways of reading keys (option ``rocksdb_scan``): each test runs both."""
@@ -218,7 +225,7 @@ def _fake_scanner(tmp_path: Path, body: str) -> Path:
 def test_a_database_the_scanner_cannot_open_is_read_through_rocksdict(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stores.rocksdb import scan as native
+    from gazette.stores.rocksdb import scan as native
 
     keys = [b"k%05d" % i for i in range(3000)]
     _fill(tmp_path / "db", keys, flush_every=1000)
@@ -244,7 +251,7 @@ def test_a_scanner_failing_after_a_batch_fails_the_export(
 ) -> None:
     # Rows were handed to Spark already: falling back would repeat them, stopping would
     # lose the rest. The task fails (Spark retries it).
-    from stores.rocksdb import scan as native
+    from gazette.stores.rocksdb import scan as native
 
     _fill(tmp_path / "db", [b"k1", b"k2"], flush_every=1 << 30)
     fake = _fake_scanner(
@@ -266,7 +273,7 @@ def test_a_scanner_failing_after_a_batch_fails_the_export(
 def test_without_a_scanner_auto_reads_through_rocksdict_and_native_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from stores.rocksdb import scan as native
+    from gazette.stores.rocksdb import scan as native
 
     keys = [b"k%05d" % i for i in range(100)]
     _fill(tmp_path, keys, flush_every=1 << 30)

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import AppendService, JournalClient, apply_journals
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from consumer.store import RecoveredLog
-from recoverylog.player import TAIL, Player
+from gazette.broker.client import AppendService, JournalClient, apply_journals
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.store import RecoveredLog
+from gazette.recoverylog.player import TAIL, Player
 from tests.conftest import session_broker
 
 _names = itertools.count()

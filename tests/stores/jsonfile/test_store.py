@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from consumer.protocol import pb
-from recoverylog.recorder import RecorderFenced
-from stores.jsonfile import (
+from gazette.consumer.protocol import pb
+from gazette.recoverylog.recorder import RecorderFenced
+from gazette.stores.jsonfile import (
     NEXT_FILE,
     STATE_FILE,
     JSONFileStore,

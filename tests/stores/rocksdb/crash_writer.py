@@ -12,8 +12,8 @@ import sys
 
 from rocksdict import Options
 
-from consumer.protocol import pb
-from stores.rocksdb import RocksDBStore
+from gazette.consumer.protocol import pb
+from gazette.stores.rocksdb import RocksDBStore
 
 KEYS = 3000
 SOURCE = "crash/input"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from stores.rocksdb.store import _DELETED, InvalidKey, RocksDBStore, StoreFailed
+from gazette.stores.rocksdb.store import _DELETED, InvalidKey, RocksDBStore, StoreFailed
 
 
 class _Batch:

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 from rocksdict import AccessType, Options, Rdict
 
-from stores.rocksdb import recorded_options
-from stores.rocksdb import scan as native
-from stores.rocksdb.scan import ScanError, ScanUnavailable, scan
+from gazette.stores.rocksdb import recorded_options
+from gazette.stores.rocksdb import scan as native
+from gazette.stores.rocksdb.scan import ScanError, ScanUnavailable, scan
 
 
 def _pairs(

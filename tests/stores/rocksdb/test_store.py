@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import AppendService, JournalClient
-from broker.testing.broker import BrokerProcess
-from consumer.protocol import pb
-from fusefs import force_unmount, is_mounted
-from recoverylog.player import Player
-from stores.rocksdb import InvalidKey, RocksDBStore, StoreFailed
+from gazette.broker.client import AppendService, JournalClient
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.consumer.protocol import pb
+from gazette.fusefs import force_unmount, is_mounted
+from gazette.recoverylog.player import Player
+from gazette.stores.rocksdb import InvalidKey, RocksDBStore, StoreFailed
 from tests.fusefs.support import MakeLog, client, fuse_broker, make_log, no_stale_mounts, tree
 from tests.stores.checkpoints import labeled, rich
 from tests.stores.recovery import recovered_log

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import apsw
 
-from broker.client import AppendService, JournalClient
-from consumer.protocol import pb
-from stores.sqlite import recover
+from gazette.broker.client import AppendService, JournalClient
+from gazette.consumer.protocol import pb
+from gazette.stores.sqlite import recover
 
 Op = tuple[int, bytes | None]  # (key, value); None deletes.
 

@@ -14,14 +14,14 @@ import apsw
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from broker.client import AppendService, JournalClient, apply_journals
-from broker.protocol import protocol_pb2 as pb
-from broker.testing.broker import BrokerProcess
-from broker.testing.etcd import EtcdServer
-from recoverylog.fsm import FSM
-from recoverylog.player import Player
-from recoverylog.recorder import Recorder
-from stores.sqlite import SQLiteStore
+from gazette.broker.client import AppendService, JournalClient, apply_journals
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.broker.testing.etcd import EtcdServer
+from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.player import Player
+from gazette.recoverylog.recorder import Recorder
+from gazette.stores.sqlite import SQLiteStore
 from tests.conftest import session_broker
 from tests.stores.checkpoints import rich
 

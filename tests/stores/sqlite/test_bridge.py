@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import AppendService, JournalClient
-from stores.sqlite.bridge import RecorderBridge
+from gazette.broker.client import AppendService, JournalClient
+from gazette.stores.sqlite.bridge import RecorderBridge
 from tests.recoverylog.recorder_support import read_log, replay
 from tests.stores.sqlite.support import (
     MakeLog,

@@ -17,8 +17,8 @@ from pathlib import Path
 import apsw
 import pytest
 
-from broker.client import AppendService, JournalClient
-from stores.sqlite import SQLiteStore, recover
+from gazette.broker.client import AppendService, JournalClient
+from gazette.stores.sqlite import SQLiteStore, recover
 from tests.stores.checkpoints import labeled
 from tests.stores.sqlite.support import (
     MakeLog,

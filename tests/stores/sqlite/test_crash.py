@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import JournalClient
-from broker.testing.broker import BrokerProcess
-from consumer.protocol import pb
-from stores.sqlite.pagestore import is_wal_generation
-from stores.sqlite.store import rebuild_played
+from gazette.broker.client import JournalClient
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.consumer.protocol import pb
+from gazette.stores.sqlite.pagestore import is_wal_generation
+from gazette.stores.sqlite.store import rebuild_played
 from tests.stores.sqlite.crash_writer import checkpoint, counter, model
 from tests.stores.sqlite.support import (
     MakeLog,

@@ -9,9 +9,9 @@ from pathlib import Path
 import apsw
 import pytest
 
-from broker.client import AppendService, JournalClient
-from stores.sqlite import SQLiteStore
-from stores.sqlite.store import rebuild_played
+from gazette.broker.client import AppendService, JournalClient
+from gazette.stores.sqlite import SQLiteStore
+from gazette.stores.sqlite.store import rebuild_played
 from tests.stores.checkpoints import labeled
 from tests.stores.sqlite.support import (
     MakeLog,

@@ -10,7 +10,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from stores.sqlite.pagestore import (
+from gazette.stores.sqlite.pagestore import (
     RECORD,
     CorruptPageFile,
     PageStore,

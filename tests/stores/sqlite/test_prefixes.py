@@ -24,9 +24,9 @@ from pathlib import Path
 import apsw
 import pytest
 
-from stores.sqlite.pagestore import PAGES_SUFFIX, is_wal_generation
-from stores.sqlite.store import rebuild_played
-from stores.sqlite.vfs import RecordingVFS
+from gazette.stores.sqlite.pagestore import PAGES_SUFFIX, is_wal_generation
+from gazette.stores.sqlite.store import rebuild_played
+from gazette.stores.sqlite.vfs import RecordingVFS
 from tests.stores.sqlite.support import Op, OpLog
 
 _names = itertools.count()

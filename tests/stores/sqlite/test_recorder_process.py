@@ -15,12 +15,12 @@ from typing import Any
 import apsw
 import pytest
 
-from broker.client import AppendService, JournalClient
-from broker.testing.broker import BrokerProcess
-from consumer.protocol import pb
-from recoverylog.remote import RemoteRecorder, RemoteRecordingFailed
-from stores.sqlite import SQLiteStore
-from stores.sqlite.bridge import RecordingFailed
+from gazette.broker.client import AppendService, JournalClient
+from gazette.broker.testing.broker import BrokerProcess
+from gazette.consumer.protocol import pb
+from gazette.recoverylog.remote import RemoteRecorder, RemoteRecordingFailed
+from gazette.stores.sqlite import SQLiteStore
+from gazette.stores.sqlite.bridge import RecordingFailed
 from tests.stores.checkpoints import labeled, rich
 from tests.stores.recovery import recovered_log
 from tests.stores.sqlite.support import (

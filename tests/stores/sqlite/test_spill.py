@@ -10,11 +10,11 @@ from typing import Any
 import apsw
 import pytest
 
-from broker.client import AppendService, JournalClient
-from recoverylog.op_batch import WRITE
-from stores.sqlite import SQLiteStore
-from stores.sqlite import bridge as bridge_module
-from stores.sqlite.store import rebuild_played
+from gazette.broker.client import AppendService, JournalClient
+from gazette.recoverylog.op_batch import WRITE
+from gazette.stores.sqlite import SQLiteStore
+from gazette.stores.sqlite import bridge as bridge_module
+from gazette.stores.sqlite.store import rebuild_played
 from tests.stores.checkpoints import labeled
 from tests.stores.sqlite.support import (
     MakeLog,

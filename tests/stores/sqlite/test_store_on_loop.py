@@ -13,9 +13,9 @@ from pathlib import Path
 import apsw
 import pytest
 
-from broker.client import AppendService, JournalClient
-from recoverylog.recorder import Recorder
-from stores.sqlite import SQLiteStore, recover
+from gazette.broker.client import AppendService, JournalClient
+from gazette.recoverylog.recorder import Recorder
+from gazette.stores.sqlite import SQLiteStore, recover
 from tests.stores.checkpoints import rich
 from tests.stores.sqlite.support import (
     MakeLog,

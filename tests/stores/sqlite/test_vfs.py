@@ -11,9 +11,9 @@ from typing import Any
 import apsw
 import pytest
 
-from stores.sqlite import native
-from stores.sqlite.bridge import RecordingFailed
-from stores.sqlite.vfs import TRUNCATE_FACTOR, RecordingVFS, native_vfs
+from gazette.stores.sqlite import native
+from gazette.stores.sqlite.bridge import RecordingFailed
+from gazette.stores.sqlite.vfs import TRUNCATE_FACTOR, RecordingVFS, native_vfs
 from tests.stores.sqlite.support import Op, OpLog
 
 _names = itertools.count()
@@ -273,7 +273,7 @@ def test_a_vfs_name_is_registered_once(tmp_path: Path) -> None:
 
 
 def test_an_unbuilt_module_says_how_to_build_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "stores.sqlite._recvfs", None)
+    monkeypatch.setitem(sys.modules, "gazette.stores.sqlite._recvfs", None)
     with pytest.raises(ImportError, match="make deps"):
         native_vfs()
 

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from stores.sqlstore.testing import PostgresServer
+from gazette.stores.sqlstore.testing import PostgresServer
 
 _databases = itertools.count()
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from consumer.protocol import pb
-from stores.sqlstore import DIALECTS, Fenced, SQLStore, StoreFailed
+from gazette.consumer.protocol import pb
+from gazette.stores.sqlstore import DIALECTS, Fenced, SQLStore, StoreFailed
 from tests.stores.sqlstore.conftest import Backend
 
 SHARD = "examples/shard-000"
