@@ -68,8 +68,9 @@ test: deps lint typecheck
 demo: deps
 	$(PY) examples/demo.py
 
+# Runs every bench/*.py --quick, one at a time, and writes their figures to bench/RESULTS.md.
 bench: deps
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b --quick || exit 1; done
+	$(PY) bench/results.py
 
 chaos: deps
 	$(VENV)/bin/pytest -q -m chaos
