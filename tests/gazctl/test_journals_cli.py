@@ -381,7 +381,7 @@ def test_append_gives_up_on_unreachable_brokers(
     [
         (["journals", "list"], "gazctl: error: broker 127.0.0.1:1 is unavailable"),
         # A GazctlError, raised before any RPC: a class of the module `gazctl.main`, which
-        # `python -m gazctl.main` runs as `__main__`.
+        # `python -m gazette.gazctl.main` runs as `__main__`.
         (
             ["journals", "append", "--mapping", "modulo"],
             "gazctl: error: 'none' --framing may only be used with 'random' --mapping",
@@ -389,7 +389,7 @@ def test_append_gives_up_on_unreachable_brokers(
     ],
 )
 def test_entry_point_module(module: str, argv: list[str], error: str) -> None:
-    """``python -m gazctl.main`` (as the demos run it) and ``python -m gazctl`` report errors
+    """``python -m gazette.gazctl.main`` (as the demos run it) and ``python -m gazette.gazctl`` report errors
     as ``gazctl`` does: one line, no traceback."""
     out = subprocess.run(
         [sys.executable, "-m", module, *argv, "--broker", "127.0.0.1:1"],

@@ -19,7 +19,7 @@
  * the exit status is 1 (2 for bad arguments); no end frame is written, so a reader that
  * sees the stream end without it knows the scan is incomplete.
  *
- * Built by `python -m stores.rocksdb.scan build` against Debian's librocksdb, linked
+ * Built by `python -m gazette.stores.rocksdb.scan build` against Debian's librocksdb, linked
  * statically: RocksDB's thread-local counters then cost a third less than through the
  * shared library. See docs/spark.md ("The native RocksDB scanner").
  */

@@ -156,7 +156,7 @@ def test_a_store_without_sst_files_exports_whole_from_split_zero(tmp_path: Path,
     script = (
         "import os, sys\n"
         "from rocksdict import Rdict\n"
-        "from stores.rocksdb import recorded_options\n"
+        "from gazette.stores.rocksdb import recorded_options\n"
         "db = Rdict(sys.argv[1], recorded_options())\n"
         "for i in range(100):\n"
         "    db[b'k%04d' % i] = b'v'\n"
@@ -283,5 +283,5 @@ def test_without_a_scanner_auto_reads_through_rocksdict_and_native_fails(
         _read(tmp_path, (0, 1), scan="native")
     monkeypatch.setenv(native.ENV_PATH, "")
     monkeypatch.setattr(native, "BINARY", tmp_path / "not-built")
-    with pytest.raises(ExportError, match=r"scanner is not built \(python -m stores.rocksdb.scan"):
+    with pytest.raises(ExportError, match=r"scanner is not built \(python -m gazette.stores.rocksdb.scan"):
         _read(tmp_path, (0, 1), scan="native")

@@ -88,7 +88,7 @@ def test_keys_only_in_the_wal_of_a_killed_writer(tmp_path: Path) -> None:
     script = (
         "import os, sys\n"
         "from rocksdict import Rdict\n"
-        "from stores.rocksdb import recorded_options\n"
+        "from gazette.stores.rocksdb import recorded_options\n"
         "db = Rdict(sys.argv[1], recorded_options())\n"
         "for i in range(500):\n"
         "    db[b'w%04d' % i] = b'v%d' % i\n"
@@ -137,7 +137,7 @@ def test_no_scanner_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv(native.ENV_PATH, str(tmp_path))  # A directory is not a scanner.
     assert native.find() is None
     monkeypatch.delenv(native.ENV_PATH)
-    assert "is not built (python -m stores.rocksdb.scan build)" in native.not_found_reason()
+    assert "is not built (python -m gazette.stores.rocksdb.scan build)" in native.not_found_reason()
 
 
 def test_a_scanner_that_cannot_run_is_unavailable(tmp_path: Path) -> None:
