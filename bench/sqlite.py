@@ -253,7 +253,7 @@ async def recorded(
 
     Each transaction takes one batch, or (`adaptive`) takes batches until its predecessor's
     commit is in the log, as a consumer's transaction keeps consuming while the previous one
-    commits (docs/recording-floor.md). With `process`, the store records through a
+    commits (docs/store-targets.md). With `process`, the store records through a
     `RemoteRecorder` (a recorder process of its own); with `on_loop`, SQLite runs on the
     event loop."""
     async with JournalClient(endpoint) as client, AppendService(client) as svc:
