@@ -18,7 +18,7 @@ def test_gazctl_writes_private_files(
     out, offsets = tmp_path / "content", tmp_path / "offsets.json"
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "gazctl", "journals", "read", "-l", f"name={prefix}none"),
+            *(sys.executable, "-m", "gazette.gazctl", "journals", "read", "-l", f"name={prefix}none"),
             *("--broker", gazctl_broker.endpoint, "-o", str(out), "--offsets-out", str(offsets)),
         ],
         capture_output=True,
