@@ -43,9 +43,9 @@ from gazette.broker.client import (
     name_selector,
 )
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.cluster import BrokerCluster
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.cluster import BrokerCluster
+from gazette.testing.etcd import EtcdServer
 
 MiB = 1 << 20
 ZONES = ["zone-a", "zone-b", "zone-a"]

@@ -48,14 +48,14 @@ from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import AppendService, JournalClient, apply_journals
 from gazette.broker.protocol import protocol_pb2 as bpb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
-from gazette.consumer.testing import ConsumerProcess
 from gazette.message import CONTENT_TYPE_JSON_LINES
 from gazette.message.iterators import ReadCommittedIter
 from gazette.message.publisher import Publisher
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.consumer import ConsumerProcess
+from gazette.testing.etcd import EtcdServer
 
 APPS = Path(__file__).resolve().parent / "apps"
 sys.path.insert(0, str(APPS))

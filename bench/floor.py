@@ -65,7 +65,7 @@ import apsw
 import grpc
 from grpc import aio
 
-from gazette.broker.testing.process import free_port
+from gazette.testing.process import free_port
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 CHUNK = 256 << 10  # Content message size, as the client's appends.

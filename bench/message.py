@@ -50,13 +50,13 @@ from gazette.broker.client import (
 )
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.selector import parse_label_selector
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.message import JSONMessage
 from gazette.message.iterators import ReadCommittedIter
 from gazette.message.mapping import modulo_mapping
 from gazette.message.publisher import Publisher
 from gazette.message.sequencer import Sequencer
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 
 TARGET = 100_000
 MESSAGE_SIZE = 100

@@ -29,10 +29,10 @@ from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import AppendService, JournalClient, apply_journals
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.recorder import Recorder
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 
 MiB = 1 << 20
 

@@ -47,8 +47,6 @@ from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import AppendService, JournalClient, RetryReader, apply_journals
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.recoverylog import _crc32c
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.codec import DecodedOp, OpDecoder, PayloadChunk, encode_op
@@ -56,6 +54,8 @@ from gazette.recoverylog.fsm import FSM, FSMError
 from gazette.recoverylog.player import Player
 from gazette.recoverylog.recorder import Recorder
 from gazette.recoverylog.segments import flatten_hints
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 
 LOG = "bench/recovery/log"
 MiB = 1 << 20

@@ -57,10 +57,10 @@ from rocksdict import Rdict, WriteBatch, WriteOptions
 
 from gazette.broker.client import JournalClient, apply_journals
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.consumer.protocol import pb as cpb
 from gazette.stores.rocksdb import CHECKPOINT_KEY, RocksDBStore, recorded_options
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 
 MiB = 1 << 20
 PIPELINED = 2

@@ -57,7 +57,6 @@ from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
 
-from gazette.allocator.etcd import Etcd
 from gazette.broker.client import (
     AppendService,
     JournalClient,
@@ -65,15 +64,16 @@ from gazette.broker.client import (
     apply_journals,
 )
 from gazette.broker.protocol import protocol_pb2 as bpb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.hints import store_primary_hints
 from gazette.consumer.protocol import pb
 from gazette.consumer.spec import ShardKeys
+from gazette.keyspace.etcd import Etcd
 from gazette.message import CONTENT_TYPE_JSON_LINES, JSONMessage
 from gazette.message.iterators import ReadCommittedIter
 from gazette.message.publisher import Publisher
-from gazette.recoverylog.hints_etcd import store_primary_hints
 from gazette.stores.rocksdb import RocksDBStore
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 
 SHARD = "bench-part-000"
 ROOT = "/bench/spark"

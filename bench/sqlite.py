@@ -61,13 +61,13 @@ from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import AppendService, JournalClient, apply_journals
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.consumer.protocol import pb as cpb
 from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.recorder import Recorder
 from gazette.recoverylog.remote import RemoteRecorder
 from gazette.stores.sqlite import SQLiteStore
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 
 MiB = 1 << 20
 SCHEMA = """

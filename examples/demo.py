@@ -36,9 +36,9 @@ from pathlib import Path
 
 from gazette.broker.client import JournalClient, list_all_journals, name_selector
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.cluster import BrokerCluster
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.cluster import BrokerCluster
+from gazette.testing.etcd import EtcdServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "word-count"))
 from word_count import demo as word_count_demo  # noqa: E402

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import hypothesis  # noqa: F401 - imported first, see below
 import pytest
 
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The etcd keyspace mirror and the assignment machinery shared by brokers and consumers.
+"""The assignment machinery shared by brokers and consumers, atop `gazette.keyspace`.
 
 Items (journals, shards) are replicated by members (brokers, consumers). Each member
 announces itself under a lease (`MemberSession`); every member runs an `Allocator`, of
@@ -6,7 +6,6 @@ which only the leader acts: it solves for the desired replicas of each item (`so
 and converges the assignment keys in etcd towards them without ever dropping an item
 below its replication in consistent replicas. The modules:
 
-- `etcd`: a small typed asyncio etcd client; `keyspace`: a decoded mirror of a prefix;
 - `model`: the key layout and `State`, a snapshot of items, members and assignments;
 - `solver`: the pure assignment solver; `allocator`: the leader's convergence loop;
 - `session`: a member's leased announcement.
@@ -26,8 +25,6 @@ if TYPE_CHECKING:
         plan_changes,
         wait_until_no_assignments,
     )
-    from gazette.allocator.etcd import Compare, Etcd, EtcdError
-    from gazette.allocator.keyspace import KeySpace, KeyValue
     from gazette.allocator.model import (
         Assignment,
         Item,
@@ -46,11 +43,6 @@ _EXPORTS = {
     "Change": "gazette.allocator.allocator",
     "plan_changes": "gazette.allocator.allocator",
     "wait_until_no_assignments": "gazette.allocator.allocator",
-    "Compare": "gazette.allocator.etcd",
-    "Etcd": "gazette.allocator.etcd",
-    "EtcdError": "gazette.allocator.etcd",
-    "KeySpace": "gazette.allocator.keyspace",
-    "KeyValue": "gazette.allocator.keyspace",
     "Assignment": "gazette.allocator.model",
     "Item": "gazette.allocator.model",
     "Member": "gazette.allocator.model",
@@ -69,12 +61,7 @@ __all__ = [
     "Allocator",
     "Assignment",
     "Change",
-    "Compare",
-    "Etcd",
-    "EtcdError",
     "Item",
-    "KeySpace",
-    "KeyValue",
     "LeaseLostError",
     "Member",
     "MemberExistsError",

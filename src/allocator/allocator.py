@@ -22,8 +22,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gazette.allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
-from gazette.allocator.keyspace import KeySpace
 from gazette.allocator.model import (
     Assignment,
     Item,
@@ -35,6 +33,8 @@ from gazette.allocator.model import (
     parse_assignment_key,
 )
 from gazette.allocator.solver import solve
+from gazette.keyspace.etcd import Compare, Etcd, EtcdError, op_delete, op_put
+from gazette.keyspace.keyspace import KeySpace
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gazette.allocator.keyspace import KeySpace
+from gazette.keyspace.keyspace import KeySpace
 
 log = logging.getLogger(__name__)
 

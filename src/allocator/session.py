@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from gazette.allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
+from gazette.keyspace.etcd import Compare, Etcd, EtcdError, op_delete, op_put
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,6 @@ import grpc
 import grpc.aio
 
 from gazette.allocator.allocator import Allocator, wait_until_no_assignments
-from gazette.allocator.etcd import Compare, Etcd, EtcdError, op_put
-from gazette.allocator.keyspace import KeySpace, KeyValue
 from gazette.allocator.model import (
     Assignment,
     Item,
@@ -61,6 +59,8 @@ from gazette.broker.reservation import (
     span_for,
 )
 from gazette.broker.spool import COMMITS_SUFFIX, SPOOL_SUFFIX, SpoolError
+from gazette.keyspace.etcd import Compare, Etcd, EtcdError, op_put
+from gazette.keyspace.keyspace import KeySpace, KeyValue
 
 PEER_CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),

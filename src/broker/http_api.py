@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from gazette.broker import metrics
-from gazette.broker.prometheus import CONTENT_TYPE
+from gazette.mainboilerplate.prometheus import CONTENT_TYPE
 
 if TYPE_CHECKING:
     from gazette.broker.broker import Broker

@@ -43,9 +43,9 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gazette.broker.prometheus import Family
-from gazette.broker.prometheus import render as render_families
 from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.mainboilerplate.prometheus import Family
+from gazette.mainboilerplate.prometheus import render as render_families
 
 __all__ = ["COUNTERS", "ERROR", "Counters", "counted", "render"]
 

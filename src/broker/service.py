@@ -20,7 +20,6 @@ from typing import Any
 
 import grpc
 
-from gazette.allocator.etcd import Compare, EtcdError, op_delete, op_put
 from gazette.broker.broker import Broker, Resolution
 from gazette.broker.fragment.postfix import PostfixTemplateError, evaluate_postfix_template
 from gazette.broker.fragment.store import FragmentCorrupted, FragmentStoreError, store_for_url
@@ -49,6 +48,7 @@ from gazette.broker.replication import (
 from gazette.broker.request_guard import add_guarded_service, drain_requests
 from gazette.broker.reservation import ReservationError, ReservationStoreError
 from gazette.broker.spool import SpoolDiskFull, SpoolError
+from gazette.keyspace.etcd import Compare, EtcdError, op_delete, op_put
 
 log = logging.getLogger(__name__)
 

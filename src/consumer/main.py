@@ -30,7 +30,6 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from gazette.allocator.etcd import EtcdError
 from gazette.allocator.session import LeaseLostError, MemberExistsError
 from gazette.consumer.application import (
     Application,
@@ -42,6 +41,7 @@ from gazette.consumer.http_api import DEFAULT_SHUTDOWN_TIMEOUT, ConsumerHTTP, HT
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.runtime import ConsumerRuntime
 from gazette.consumer.shard_api import ShardAPI
+from gazette.keyspace.etcd import EtcdError
 
 __all__ = [
     "EXIT_FENCED",

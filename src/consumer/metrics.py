@@ -38,10 +38,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gazette.broker.client.metrics import client_families
-from gazette.broker.prometheus import CONTENT_TYPE, Family
-from gazette.broker.prometheus import render as render_families
 from gazette.consumer.protocol import pb
 from gazette.consumer.txn import PHASES
+from gazette.mainboilerplate.prometheus import CONTENT_TYPE, Family
+from gazette.mainboilerplate.prometheus import render as render_families
 from gazette.recoverylog import player
 
 if TYPE_CHECKING:

@@ -42,9 +42,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from gazette.allocator.etcd import Compare, Etcd, EtcdError
 from gazette.broker.client import AppendService, JournalClient
 from gazette.consumer.application import Application, MessageProducer, Shard, check_message_producer
+from gazette.consumer.hints import (
+    HintsConflict,
+    HintsGuardFailed,
+    load_hints,
+    rotate_backup_hints,
+    store_primary_hints,
+)
 from gazette.consumer.message_producer import ProducedMessages
 from gazette.consumer.protocol import pb
 from gazette.consumer.spec import read_channel_size, recovery_log_of, ring_buffer_size
@@ -57,16 +63,10 @@ from gazette.consumer.txn import (
     checkpoint_offsets,
     sequencer_from_checkpoint,
 )
+from gazette.keyspace.etcd import Compare, Etcd, EtcdError
 from gazette.message.publisher import AckIntent, Publisher
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.author import new_author
-from gazette.recoverylog.hints_etcd import (
-    HintsConflict,
-    HintsGuardFailed,
-    load_hints,
-    rotate_backup_hints,
-    store_primary_hints,
-)
 from gazette.recoverylog.player import TAIL, PlaybackProgress, Player
 
 if TYPE_CHECKING:

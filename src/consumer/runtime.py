@@ -38,8 +38,6 @@ import grpc
 import grpc.aio
 
 from gazette.allocator.allocator import Allocator
-from gazette.allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
-from gazette.allocator.keyspace import KeySpace, KeyValue
 from gazette.allocator.model import (
     Assignment,
     Item,
@@ -59,6 +57,8 @@ from gazette.consumer.replica import ReplicaContext, ShardReplica
 from gazette.consumer.shard_api import shard_route
 from gazette.consumer.spec import ShardKeys, decode_consumer_value, desired_replication
 from gazette.fusefs.mount import ServerPool, collect_killed
+from gazette.keyspace.etcd import Compare, Etcd, EtcdError, op_delete, op_put
+from gazette.keyspace.keyspace import KeySpace, KeyValue
 
 __all__ = ["ConsumerRuntime", "Resolution"]
 

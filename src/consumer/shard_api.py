@@ -17,12 +17,11 @@ from typing import Any
 
 import grpc
 
-from gazette.allocator.etcd import Compare, Etcd, EtcdError, op_delete, op_put
-from gazette.allocator.keyspace import KeySpace
 from gazette.allocator.model import parse_assignment_key
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.broker.protocol.errors import ValidationError
 from gazette.broker.protocol.selector import matches
+from gazette.consumer.hints import encode_hints, load_hints, primary_hints_key
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
 from gazette.consumer.spec import (
@@ -35,7 +34,8 @@ from gazette.consumer.spec import (
     validate_stat_request,
     validate_unassign_request,
 )
-from gazette.recoverylog.hints_etcd import encode_hints, load_hints, primary_hints_key
+from gazette.keyspace.etcd import Compare, Etcd, EtcdError, op_delete, op_put
+from gazette.keyspace.keyspace import KeySpace
 from gazette.recoverylog.segments import InvalidHints
 
 __all__ = ["ShardAPI", "StatFunc"]

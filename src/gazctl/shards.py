@@ -29,16 +29,17 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from gazette.allocator.etcd import Etcd, EtcdError
 from gazette.broker.client import JournalClient
+from gazette.consumer.hints import load_hints
 from gazette.gazctl.export import add_shards_export
 from gazette.gazctl.main import GazctlError, Streams
+from gazette.gazctl.prune import prune_log
 from gazette.gazctl.shards_specs import register_spec_commands
+from gazette.keyspace.etcd import Etcd, EtcdError
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.hints import hints_from_bytes
-from gazette.recoverylog.hints_etcd import load_hints
 from gazette.recoverylog.player import PlaybackError, PlaybackProgress, Player
-from gazette.recoverylog.prune import PruneError, prune_log
+from gazette.recoverylog.prune import PruneError
 from gazette.recoverylog.segments import InconsistentSegments, InvalidHints, live_log_segments
 
 __all__ = ["register"]

@@ -6,11 +6,11 @@ numbers, a CRC-32C checksum chain, authors) and tracks live files and the log Se
 them, from which `FSMHints` let a Player skip dead portions of the log.
 
 Modules: `fsm` (the FSM and its errors), `codec` (op framing and the sans-I/O `OpDecoder`),
-`segments` (Segment validation and `SegmentSet`), `hints` (hints as stored in etcd), `author`
+`segments` (Segment validation and `SegmentSet`), `hints` (hints' JSON encoding), `author`
 (authors and their fences), `recorder` (the asyncio Recorder), `recorded_files` (file objects
 that record through a Recorder), `player` (playback, hot-standby tailing and handoff),
-`hints_etcd` (shards' primary and backup hints in etcd), `prune` (deleting fragments no hints
-need).
+`prune` (which fragments no hints need). Shards keep their hints in etcd
+(`gazette.consumer.hints`).
 
 The Recorder and Player speak to brokers (grpc) and are imported on first use, so that the
 sans-I/O core stays cheap to import.

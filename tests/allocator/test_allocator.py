@@ -20,8 +20,6 @@ from gazette.allocator.allocator import (
     plan_changes,
     wait_until_no_assignments,
 )
-from gazette.allocator.etcd import Compare, Etcd, EtcdError, op_put
-from gazette.allocator.keyspace import KeySpace
 from gazette.allocator.model import (
     Assignment,
     Item,
@@ -34,7 +32,9 @@ from gazette.allocator.model import (
     parse_assignment_key,
 )
 from gazette.allocator.session import LeaseLostError, MemberExistsError, MemberSession
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.keyspace.etcd import Compare, Etcd, EtcdError, op_put
+from gazette.keyspace.keyspace import KeySpace
+from gazette.testing.etcd import EtcdServer
 
 ROOT = "/r"
 

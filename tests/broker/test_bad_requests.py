@@ -13,9 +13,9 @@ import pytest
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.broker.service import MAX_MESSAGE_SIZE
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.cluster import BrokerCluster
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.cluster import BrokerCluster
+from gazette.testing.etcd import EtcdServer
 
 from .conftest import MakeJournal, append, journal_spec, read_all
 

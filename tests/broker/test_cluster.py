@@ -24,9 +24,9 @@ from google.protobuf.duration_pb2 import Duration
 from gazette.broker.client import AppendService, JournalClient
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.cluster import BrokerCluster
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.cluster import BrokerCluster
+from gazette.testing.etcd import EtcdServer
 
 from .conftest import append, read_all
 from .test_direct import RESPONSE, Raw, committed

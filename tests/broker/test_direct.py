@@ -36,8 +36,8 @@ from gazette.broker.protocol.direct import (
     decode_error,
 )
 from gazette.broker.protocol.sha1sum import sha1sum_from_digest
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.broker.conftest import MakeJournal, append, read_all
 
 Answer = tuple[bytes, pb.AppendResponse | tuple[grpc.StatusCode, str]]

@@ -15,8 +15,8 @@ import grpc
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.broker.spool import COMMITS_SUFFIX, SPOOL_SUFFIX
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.file_modes import entries, not_private, open_umask
 
 from .conftest import append, journal_spec, read_all

@@ -22,8 +22,8 @@ import pytest
 from gazette.broker.metrics import ERROR, counted
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer, free_port
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer, free_port
 from tests.prometheus_text import parse as parse_metrics
 
 from .conftest import append, journal_spec, read_all
@@ -223,8 +223,8 @@ async def test_grpc_port_in_use_fails_the_start_and_releases_the_member(
 ) -> None:
     """The broker registered before it found its gRPC port taken: it exits with code 2 and
     a clear message, and its member key is gone at once (not after the lease's TTL)."""
-    from gazette.allocator.etcd import Etcd
     from gazette.allocator.model import members_prefix
+    from gazette.keyspace.etcd import Etcd
 
     root = f"/test-grpc-taken/{os.getpid()}"
     with socket.socket() as taken:

@@ -35,11 +35,11 @@ from gazette.broker.main import LEASE_LOST_EXIT
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.broker.quarantine import list_quarantined
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.cluster import BrokerCluster
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.gazctl.main import Streams
 from gazette.gazctl.main import run as gazctl_run
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.cluster import BrokerCluster
+from gazette.testing.etcd import EtcdServer
 
 from .conftest import MakeJournal, append, read_all
 from .test_cluster import create, primary_suffix, produce, stubs, wait_route

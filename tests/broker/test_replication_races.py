@@ -26,7 +26,7 @@ from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.broker.replica import JournalReplica
 from gazette.broker.replication import Pipeline
 from gazette.broker.service import JournalService
-from gazette.broker.testing.etcd import EtcdServer, free_port
+from gazette.testing.etcd import EtcdServer, free_port
 
 _names = itertools.count()
 _ports: set[int] = set()
@@ -342,7 +342,7 @@ async def test_journal_created_elsewhere_is_found_by_a_lagging_broker(
     """JOURNAL_NOT_FOUND is final for clients, so a broker whose etcd watch lags must not
     answer it for a journal another broker just created: it confirms with etcd and waits
     for its mirror to catch up."""
-    from gazette.allocator.etcd import Etcd
+    from gazette.keyspace.etcd import Etcd
 
     real_watch = Etcd.watch_prefix
 

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from gazette.broker.client import JournalClient
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 
 

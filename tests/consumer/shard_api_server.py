@@ -18,15 +18,15 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
-from gazette.allocator.etcd import Etcd
-from gazette.allocator.keyspace import KeySpace
 from gazette.allocator.model import MemberID, assignment_key, member_key
 from gazette.broker.protocol import protocol_pb2 as bpb
-from gazette.broker.testing.etcd import free_port
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
 from gazette.consumer.shard_api import ShardAPI
 from gazette.consumer.spec import ShardKeys, decode_consumer_value
+from gazette.keyspace.etcd import Etcd
+from gazette.keyspace.keyspace import KeySpace
+from gazette.testing.etcd import free_port
 
 T = TypeVar("T")
 

@@ -18,18 +18,18 @@ import grpc.aio
 import pytest
 
 import gazette.consumer.replica as replica_mod
-from gazette.allocator.etcd import Etcd
 from gazette.broker.client import AppendService, JournalClient
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.hints import load_hints
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
 from gazette.consumer.replica import ReplicaContext, ShardReplica
-from gazette.consumer.testing import ConsumerProcess
+from gazette.keyspace.etcd import Etcd
 from gazette.message import CONTENT_TYPE_JSON_LINES
 from gazette.message.publisher import Publisher
 from gazette.recoverylog import recoverylog_pb2 as rpb
-from gazette.recoverylog.hints_etcd import load_hints
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.consumer import ConsumerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.consumer.counter_app import Add
 from tests.consumer.test_runtime import (
     REPO,

@@ -13,10 +13,10 @@ import grpc.aio
 import pytest
 
 from gazette.broker.client import JournalClient
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.consumer.test_runtime import (
     Setup,
     apply_shards,

@@ -19,20 +19,20 @@ import grpc.aio
 import pytest
 from aiohttp import web
 
-from gazette.allocator.etcd import Etcd
 from gazette.allocator.model import MemberID, member_key
 from gazette.broker.client import AppendService, JournalClient
 from gazette.broker.protocol import protocol_pb2 as bpb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer, free_port
 from gazette.consumer.config import ConsumerConfig, parse_args
 from gazette.consumer.http_api import DEFAULT_SHUTDOWN_TIMEOUT, ConsumerHTTP, HTTPAddressInUse
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
 from gazette.consumer.runtime import ConsumerRuntime
-from gazette.consumer.testing import ConsumerProcess, ConsumerUnavailable
+from gazette.keyspace.etcd import Etcd
 from gazette.message import CONTENT_TYPE_JSON_LINES
 from gazette.message.publisher import Publisher
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.consumer import ConsumerProcess, ConsumerUnavailable
+from gazette.testing.etcd import EtcdServer, free_port
 from tests.consumer.counter_app import Add
 from tests.consumer.test_runtime import (
     Setup,

@@ -26,21 +26,21 @@ from google.protobuf.duration_pb2 import Duration
 from gazette.broker.client import AppendService, JournalClient
 from gazette.broker.client.list import apply_journals
 from gazette.broker.protocol import protocol_pb2 as bpb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.consumer.application import MessageProducer, ResolveArgs
 from gazette.consumer.main import ConsumerStartupError, load_application
 from gazette.consumer.message_producer import MessageSink
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
 from gazette.consumer.replica import ReplicaContext, ShardReplica
-from gazette.consumer.testing import ConsumerProcess
 from gazette.consumer.txn import checkpoint_offsets
 from gazette.message import CONTENT_TYPE_JSON_LINES
 from gazette.message.envelope import Envelope
 from gazette.message.publisher import Publisher
 from gazette.message.sequencer import ReplayError
 from gazette.message.uuid import Flags, build_uuid
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.consumer import ConsumerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.consumer.producer_app import INPUT_LABEL, Add
 from tests.consumer.test_runtime import (
     apply_shards,

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 import gazette.consumer.replica as replica_mod
-from gazette.allocator.keyspace import EtcdHeader, KeyValue
 from gazette.allocator.model import MemberID, assignment_key, item_key, member_key
 from gazette.consumer.config import ConsumerConfig
 from gazette.consumer.protocol import pb
 from gazette.consumer.runtime import ConsumerRuntime
 from gazette.consumer.store import RecordingLost
+from gazette.keyspace.keyspace import EtcdHeader, KeyValue
 from tests.consumer.test_txn import JOURNAL, FakeReaders, FakeStore
 
 Code = pb.ReplicaStatus.Code

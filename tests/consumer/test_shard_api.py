@@ -9,9 +9,8 @@ import grpc.aio
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from gazette.allocator.etcd import Etcd
 from gazette.broker.protocol.selector import parse_label_selector
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.hints import backup_hints_key, encode_hints
 from gazette.consumer.protocol import pb
 from gazette.consumer.shard_client import (
     ShardClient,
@@ -22,8 +21,9 @@ from gazette.consumer.shard_client import (
     stat_shard,
     unassign_shards,
 )
+from gazette.keyspace.etcd import Etcd
 from gazette.recoverylog import recoverylog_pb2 as rpb
-from gazette.recoverylog.hints_etcd import backup_hints_key, encode_hints
+from gazette.testing.etcd import EtcdServer
 
 from .shard_api_server import ShardAPIServer
 

@@ -24,13 +24,13 @@ from word_count.specs import journal_specs, shard_specs
 from gazette.broker.client import JournalClient
 from gazette.broker.client.list import apply_journals
 from gazette.broker.protocol import protocol_pb2 as bpb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
-from gazette.consumer.testing import ConsumerProcess
 from gazette.message.iterators import ReadCommittedIter
 from gazette.message.mapping import fnv1a_32
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.consumer import ConsumerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 from tests.examples.conftest import WORD_COUNT
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from gazette.broker.client import JournalClient
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.fusefs import force_unmount, is_mounted, mounts_under
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 from tests.stores.sqlite.support import apply_log
 

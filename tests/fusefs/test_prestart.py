@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from gazette.broker.client import JournalClient
-from gazette.broker.testing.broker import BrokerProcess
 from gazette.fusefs import FuseMount, is_mounted, play_for_mount
 from gazette.fusefs.mount import PrestartedServer, ServerPool
 from gazette.recoverylog.player import Player
+from gazette.testing.broker import BrokerProcess
 from tests.fusefs.support import MakeLog, client, fuse_broker, make_log, no_stale_mounts, tree
 
 __all__ = ["client", "fuse_broker", "make_log", "no_stale_mounts"]

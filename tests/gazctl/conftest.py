@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.gazctl.main import Streams, run
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 from tests.consumer.shard_api_server import ShardAPIServer
 

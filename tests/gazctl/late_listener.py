@@ -7,7 +7,7 @@ import contextlib
 import threading
 from types import TracebackType
 
-from gazette.broker.testing.etcd import free_port
+from gazette.testing.etcd import free_port
 
 
 class LateListener:

@@ -12,16 +12,16 @@ from typing import Any
 import pyarrow.parquet as pq
 from google.protobuf.duration_pb2 import Duration
 
-from gazette.allocator.etcd import Etcd
 from gazette.broker.client import AppendService, JournalClient, apply_journals
 from gazette.broker.protocol import protocol_pb2 as bpb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.hints import store_primary_hints
 from gazette.consumer.protocol import pb
 from gazette.consumer.spec import ShardKeys
+from gazette.keyspace.etcd import Etcd
 from gazette.message.publisher import Publisher
-from gazette.recoverylog.hints_etcd import store_primary_hints
 from gazette.stores.rocksdb import RocksDBStore
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.consumer.spark.conftest import spark  # noqa: F401 -- the session fixture
 from tests.gazctl.conftest import Gazctl
 from tests.message.notes import Note

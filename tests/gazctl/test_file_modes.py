@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gazette.broker.testing.broker import BrokerProcess
+from gazette.testing.broker import BrokerProcess
 from tests.file_modes import OPEN_UMASK
 
 
@@ -18,7 +18,15 @@ def test_gazctl_writes_private_files(
     out, offsets = tmp_path / "content", tmp_path / "offsets.json"
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "gazette.gazctl", "journals", "read", "-l", f"name={prefix}none"),
+            *(
+                sys.executable,
+                "-m",
+                "gazette.gazctl",
+                "journals",
+                "read",
+                "-l",
+                f"name={prefix}none",
+            ),
             *("--broker", gazctl_broker.endpoint, "-o", str(out), "--offsets-out", str(offsets)),
         ],
         capture_output=True,

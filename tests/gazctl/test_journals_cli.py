@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gazette.broker.testing.broker import BrokerProcess
+from gazette.testing.broker import BrokerProcess
 
 from .conftest import Gazctl
 from .late_listener import LateListener
@@ -389,8 +389,8 @@ def test_append_gives_up_on_unreachable_brokers(
     ],
 )
 def test_entry_point_module(module: str, argv: list[str], error: str) -> None:
-    """``python -m gazette.gazctl.main`` (as the demos run it) and ``python -m gazette.gazctl`` report errors
-    as ``gazctl`` does: one line, no traceback."""
+    """``python -m gazette.gazctl.main`` (as the demos run it) and ``python -m gazette.gazctl``
+    report errors as ``gazctl`` does: one line, no traceback."""
     out = subprocess.run(
         [sys.executable, "-m", module, *argv, "--broker", "127.0.0.1:1"],
         capture_output=True,

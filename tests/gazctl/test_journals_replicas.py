@@ -20,11 +20,11 @@ import pytest
 import yaml
 
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.cluster import BrokerCluster
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.gazctl.journals import _journal_json, _replicas
 from gazette.gazctl.main import Streams, run
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.cluster import BrokerCluster
+from gazette.testing.etcd import EtcdServer
 
 from .conftest import Result
 

@@ -11,16 +11,16 @@ from pathlib import Path
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
-from gazette.allocator.etcd import Etcd
 from gazette.broker.client import AppendService, JournalClient, apply_journals, list_all_fragments
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.hints import rotate_backup_hints, store_primary_hints
+from gazette.keyspace.etcd import Etcd
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.hints import hints_to_json
-from gazette.recoverylog.hints_etcd import rotate_backup_hints, store_primary_hints
 from gazette.recoverylog.recorder import Recorder
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 
 from .conftest import Gazctl
 

@@ -14,8 +14,8 @@ from google.protobuf.duration_pb2 import Duration
 from gazette.broker.client import JournalClient, apply_journals, list_all_journals
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.selector import parse_label_selector
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 from tests.message.notes import JSON, Note
 

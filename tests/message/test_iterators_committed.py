@@ -18,7 +18,6 @@ import pytest
 from gazette.broker.client import AppendService, JournalClient, OffsetNotYetAvailable
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.selector import format_label_selector
-from gazette.broker.testing.broker import BrokerProcess
 from gazette.message import CSVMessage, ProtoMessage
 from gazette.message.envelope import Envelope
 from gazette.message.framing_json import JSON_FRAMING
@@ -27,6 +26,7 @@ from gazette.message.mapping import MappingFunc, rendezvous_mapping
 from gazette.message.publisher import Publisher
 from gazette.message.sequencer import Sequencer
 from gazette.message.uuid import Clock, get_producer_id
+from gazette.testing.broker import BrokerProcess
 from tests.message.conftest import MakeTopic, Note
 from tests.message.notes import JSON
 

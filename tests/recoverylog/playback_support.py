@@ -15,12 +15,12 @@ from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import JournalClient, append, apply_journals
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.author import author_fence
 from gazette.recoverylog.codec import HEADER_LENGTH, encode_op
 from gazette.recoverylog.fsm import FSM
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 
 _names = itertools.count()

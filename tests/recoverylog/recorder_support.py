@@ -19,11 +19,11 @@ from gazette.broker.client import (
     apply_journals,
 )
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.codec import DecodedOp, Desync, OpDecoder, PayloadChunk, PayloadEnd
 from gazette.recoverylog.fsm import FSM
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 
 _names = itertools.count()

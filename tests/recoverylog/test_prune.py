@@ -13,6 +13,7 @@ import pytest
 from gazette.broker.client import AppendService, JournalClient, list_all_fragments
 from gazette.broker.fragment.store import store_for_url
 from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.gazctl.prune import prune_log
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.codec import DecodedOp, OpDecoder
 from gazette.recoverylog.fsm import FSM
@@ -23,7 +24,6 @@ from gazette.recoverylog.prune import (
     MissingHints,
     live_ranges,
     plan_prune,
-    prune_log,
 )
 from gazette.recoverylog.recorder import Recorder
 from gazette.recoverylog.segments import InvalidHints, flatten_hints

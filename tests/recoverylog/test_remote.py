@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from gazette.broker.client import AppendService, JournalClient
-from gazette.broker.testing.broker import BrokerProcess
 from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.hints import validate_hints
 from gazette.recoverylog.op_batch import CREATE, RENAME, WRITE, Op
@@ -29,6 +28,7 @@ from gazette.recoverylog.remote import (
     decode_ops,
     encode_ops,
 )
+from gazette.testing.broker import BrokerProcess
 from tests.recoverylog.recorder_support import (
     MakeLog,
     make_rec_log,

@@ -32,7 +32,7 @@ from gazette.broker.client import JournalClient
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
-from gazette.consumer.testing import ConsumerProcess
+from gazette.testing.consumer import ConsumerProcess
 from word_count.messages import deltas_partition, ngrams, shard_id, words
 from word_count.query import query
 from word_count.specs import journals_yaml, shards_yaml
@@ -337,8 +337,8 @@ def spark_export(etcd: str, brokers: list[str], expected: Counter[str]) -> None:
 
 
 def main() -> None:
-    from gazette.broker.testing.broker import BrokerProcess
-    from gazette.broker.testing.etcd import EtcdServer
+    from gazette.testing.broker import BrokerProcess
+    from gazette.testing.etcd import EtcdServer
 
     data = Path(tempfile.mkdtemp(prefix="word-count-demo-"))
     with EtcdServer() as etcd:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from gazette.broker.prometheus import Family
+from gazette.mainboilerplate.prometheus import Family
 
 __all__ = ["CLIENT", "ClientCounters", "client_families"]
 

@@ -14,8 +14,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from gazette.allocator.etcd import Etcd
 from gazette.broker.protocol.selector import matches, parse_label_selector
+from gazette.consumer.hints import backup_hints_key, load_hints, primary_hints_key
 from gazette.consumer.protocol import pb
 from gazette.consumer.spark.errors import (
     BrokersUnresponsive,
@@ -27,9 +27,9 @@ from gazette.consumer.spark.errors import (
 )
 from gazette.consumer.spark.options import ShardsOptions
 from gazette.consumer.spec import ShardKeys, recovery_log_of, shard_labels
+from gazette.keyspace.etcd import Etcd
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.hints import hints_to_json
-from gazette.recoverylog.hints_etcd import backup_hints_key, load_hints, primary_hints_key
 from gazette.recoverylog.segments import InvalidHints
 
 __all__ = [

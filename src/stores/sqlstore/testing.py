@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gazette.broker.testing.etcd import free_port
+from gazette.testing.etcd import free_port
 
 __all__ = ["PostgresServer", "PostgresUnavailable", "postgres_bin_dir"]
 

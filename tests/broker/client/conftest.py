@@ -11,8 +11,8 @@ from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import JournalClient, apply_journals
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 
 _names = itertools.count()

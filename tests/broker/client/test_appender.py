@@ -21,7 +21,7 @@ from gazette.broker.client import (
 )
 from gazette.broker.client.appender import CHUNK_SIZE
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
+from gazette.testing.broker import BrokerProcess
 
 from .conftest import MakeJournal
 from .fake_broker import FakeBroker

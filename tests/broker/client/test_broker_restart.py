@@ -8,8 +8,8 @@ from pathlib import Path
 
 from gazette.broker.client import AppendService, JournalClient, RetryReader, append, apply_journals
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 
 from .conftest import journal_spec
 

@@ -59,7 +59,7 @@ async def test_client_counters_count_bytes_appended_and_read_by_journal(
     failed append adds nothing; bytes read count each time they are read."""
     from gazette.broker.client.errors import WrongAppendOffset
     from gazette.broker.client.metrics import CLIENT, client_families
-    from gazette.broker.prometheus import render
+    from gazette.mainboilerplate.prometheus import render
     from tests.prometheus_text import parse
 
     spec = await make_journal()

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gazette.broker.testing.s3 import MotoS3Server
+from gazette.testing.s3 import MotoS3Server
 
 
 @pytest.fixture(scope="session")

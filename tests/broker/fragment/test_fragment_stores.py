@@ -28,7 +28,7 @@ from gazette.broker.fragment.store_file import FileStore
 from gazette.broker.fragment.store_s3 import S3Store
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.sha1sum import sha1sum_of
-from gazette.broker.testing.s3 import MotoS3Server
+from gazette.testing.s3 import MotoS3Server
 
 JOURNAL = "examples/events/part-000"
 ALL_CODECS: list[int] = [pb.NONE, pb.GZIP, pb.ZSTANDARD, pb.SNAPPY, pb.GZIP_OFFLOAD_DECOMPRESSION]
@@ -430,7 +430,7 @@ async def test_health_of_missing_bucket(moto_s3: MotoS3Server) -> None:
 
 
 async def test_s3_unreachable_endpoint(tmp_path: Path, moto_s3: MotoS3Server) -> None:
-    from gazette.broker.testing.etcd import free_port
+    from gazette.testing.etcd import free_port
 
     url = f"s3://b/root/?endpoint=http://127.0.0.1:{free_port()}&region=us-east-1"
     store = S3Store(url)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gazette.broker.testing.broker import BrokerProcess
+from gazette.testing.broker import BrokerProcess
 
 
 @pytest.fixture(scope="session")

@@ -20,14 +20,14 @@ from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import AppendService, JournalClient, apply_journals
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.consumer.spark.journals_source import GazetteJournalsDataSource, envelope_meta
 from gazette.message.envelope import Envelope
 from gazette.message.iterators import ReadCommittedIter, ReadUncommittedIter
 from gazette.message.mapping import MappingFunc
 from gazette.message.publisher import Publisher
 from gazette.message.uuid import Flags
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 from tests.consumer.spark.conftest import pausable_broker
 from tests.message.notes import JSON, Note

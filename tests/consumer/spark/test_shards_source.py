@@ -20,22 +20,22 @@ from typing import Any
 import grpc.aio
 import pytest
 
-from gazette.allocator.etcd import Etcd
 from gazette.broker.client import JournalClient
 from gazette.broker.client.list import apply_journals
 from gazette.broker.protocol import protocol_pb2 as bpb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.consumer.hints import load_hints
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
 from gazette.consumer.spark import WrongStoreKind, register
 from gazette.consumer.spark.errors import InvalidOption
 from gazette.consumer.spark.playback import PlayedShard, check_store, rocksdb_batches
 from gazette.consumer.spark.resolve import ShardPlan
-from gazette.consumer.testing import ConsumerProcess
+from gazette.keyspace.etcd import Etcd
 from gazette.message import CONTENT_TYPE_JSON_LINES
 from gazette.message.iterators import ReadCommittedIter
-from gazette.recoverylog.hints_etcd import load_hints
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.consumer import ConsumerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.consumer.counter_app import Add
 from tests.consumer.test_runtime import (
     apply_shards,

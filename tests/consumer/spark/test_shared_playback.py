@@ -24,8 +24,6 @@ from rocksdict import AccessType, Options, Rdict
 import gazette.consumer.spark.shared_playback as shared
 from gazette.broker.client import JournalClient, apply_journals
 from gazette.broker.protocol import protocol_pb2 as bpb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.consumer.protocol import pb
 from gazette.consumer.spark import playback
 from gazette.consumer.spark.errors import ExportError, InvalidOption
@@ -34,6 +32,8 @@ from gazette.consumer.spark.resolve import ShardPlan
 from gazette.consumer.spark.shared_playback import shared_played_shard, shared_root, snapshot_name
 from gazette.recoverylog.hints import hints_to_json
 from gazette.stores.rocksdb.store import RocksDBStore
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.consumer.spark.conftest import pausable_broker
 
 KEYS = 300

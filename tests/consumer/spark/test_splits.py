@@ -283,5 +283,7 @@ def test_without_a_scanner_auto_reads_through_rocksdict_and_native_fails(
         _read(tmp_path, (0, 1), scan="native")
     monkeypatch.setenv(native.ENV_PATH, "")
     monkeypatch.setattr(native, "BINARY", tmp_path / "not-built")
-    with pytest.raises(ExportError, match=r"scanner is not built \(python -m gazette.stores.rocksdb.scan"):
+    with pytest.raises(
+        ExportError, match=r"scanner is not built \(python -m gazette.stores.rocksdb.scan"
+    ):
         _read(tmp_path, (0, 1), scan="native")

@@ -19,11 +19,11 @@ import pytest
 from rocksdict import Options, Rdict
 
 from gazette.broker.client import JournalClient
-from gazette.broker.testing.broker import BrokerProcess
 from gazette.consumer.protocol import pb
 from gazette.fusefs import force_unmount, is_mounted
 from gazette.recoverylog.player import Player
 from gazette.stores.rocksdb import CHECKPOINT_KEY
+from gazette.testing.broker import BrokerProcess
 from tests.fusefs.support import MakeLog, client, fuse_broker, make_log, no_stale_mounts
 from tests.stores.rocksdb.crash_writer import checkpoint, counter, model
 

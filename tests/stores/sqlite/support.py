@@ -16,12 +16,12 @@ from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import AppendService, JournalClient, apply_journals
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.testing.broker import BrokerProcess
-from gazette.broker.testing.etcd import EtcdServer
 from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.player import Player
 from gazette.recoverylog.recorder import Recorder
 from gazette.stores.sqlite import SQLiteStore
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 from tests.stores.checkpoints import rich
 

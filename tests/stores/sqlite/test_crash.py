@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from gazette.broker.client import JournalClient
-from gazette.broker.testing.broker import BrokerProcess
 from gazette.consumer.protocol import pb
 from gazette.stores.sqlite.pagestore import is_wal_generation
 from gazette.stores.sqlite.store import rebuild_played
+from gazette.testing.broker import BrokerProcess
 from tests.stores.sqlite.crash_writer import checkpoint, counter, model
 from tests.stores.sqlite.support import (
     MakeLog,

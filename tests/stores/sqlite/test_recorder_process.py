@@ -16,11 +16,11 @@ import apsw
 import pytest
 
 from gazette.broker.client import AppendService, JournalClient
-from gazette.broker.testing.broker import BrokerProcess
 from gazette.consumer.protocol import pb
 from gazette.recoverylog.remote import RemoteRecorder, RemoteRecordingFailed
 from gazette.stores.sqlite import SQLiteStore
 from gazette.stores.sqlite.bridge import RecordingFailed
+from gazette.testing.broker import BrokerProcess
 from tests.stores.checkpoints import labeled, rich
 from tests.stores.recovery import recovered_log
 from tests.stores.sqlite.support import (

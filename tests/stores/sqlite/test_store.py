@@ -17,13 +17,13 @@ import apsw
 import pytest
 
 from gazette.broker.client import AppendService, JournalClient
-from gazette.broker.testing.broker import BrokerProcess
 from gazette.consumer.protocol import pb
 from gazette.recoverylog.recorder import RecorderFenced
 from gazette.stores.sqlite import SQLiteStore, StoreClosed, recover
 from gazette.stores.sqlite.bridge import RecordingFailed
 from gazette.stores.sqlite.pagestore import is_wal_generation
 from gazette.stores.sqlite.store import rebuild_played
+from gazette.testing.broker import BrokerProcess
 from tests.stores.checkpoints import labeled, rich
 from tests.stores.recovery import recovered_log
 from tests.stores.sqlite.support import (

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from gazette.allocator.etcd import Etcd, EtcdError
+from gazette.keyspace.etcd import Etcd, EtcdError
 
 log = logging.getLogger(__name__)
 

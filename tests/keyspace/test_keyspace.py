@@ -6,9 +6,9 @@ import asyncio
 import contextlib
 import os
 
-from gazette.allocator.etcd import Compare, Etcd, op_put, prefix_range_end
-from gazette.allocator.keyspace import KeySpace
-from gazette.broker.testing.etcd import EtcdServer
+from gazette.keyspace.etcd import Compare, Etcd, op_put, prefix_range_end
+from gazette.keyspace.keyspace import KeySpace
+from gazette.testing.etcd import EtcdServer
 
 
 def test_prefix_range_end() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from gazette.broker.testing.broker import BrokerProcess
+from gazette.testing.broker import BrokerProcess
 
 DEFAULT_ZONES = ("zone-a", "zone-b", "zone-a")
 

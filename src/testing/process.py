@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Self
 
-from gazette.broker.testing.etcd import free_port
+from gazette.testing.etcd import free_port
 
 
 def _private_opener(path: str, flags: int) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gazette.broker.testing.process import ProcessUnavailable, ReadyProcess
+from gazette.testing.process import ProcessUnavailable, ReadyProcess
 
 
 class BrokerUnavailable(ProcessUnavailable):

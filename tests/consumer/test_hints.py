@@ -8,11 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gazette.allocator.etcd import Compare, Etcd
-from gazette.broker.testing.etcd import EtcdServer
-from gazette.recoverylog import recoverylog_pb2 as rpb
-from gazette.recoverylog.hints import hints_from_bytes
-from gazette.recoverylog.hints_etcd import (
+from gazette.consumer.hints import (
     HintsConflict,
     HintsGuardFailed,
     backup_hints_key,
@@ -22,7 +18,11 @@ from gazette.recoverylog.hints_etcd import (
     rotate_backup_hints,
     store_primary_hints,
 )
+from gazette.keyspace.etcd import Compare, Etcd
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.hints import hints_from_bytes
 from gazette.recoverylog.segments import InvalidHints
+from gazette.testing.etcd import EtcdServer
 
 _names = itertools.count()
 LOG = "recovery/logs/shard-a"
@@ -120,7 +120,7 @@ async def test_rotation_is_guarded(etcd: Etcd, prefix: str) -> None:
 async def test_concurrent_rotation_conflicts(
     etcd: Etcd, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gazette.recoverylog.hints_etcd as he
+    import gazette.consumer.hints as he
 
     await rotate_backup_hints(etcd, prefix, "s", hints(1), 2)
     real_get_all = he._get_all

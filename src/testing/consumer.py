@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gazette.broker.testing.etcd import free_port
-from gazette.broker.testing.process import ProcessUnavailable, ReadyProcess
+from gazette.testing.etcd import free_port
+from gazette.testing.process import ProcessUnavailable, ReadyProcess
 
 __all__ = ["ConsumerProcess", "ConsumerUnavailable"]
 

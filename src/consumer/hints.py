@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from aetcd import rpc
 
-from gazette.allocator.etcd import Compare, Etcd, op_put, prefix_range_end
+from gazette.keyspace.etcd import Compare, Etcd, op_put, prefix_range_end
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.hints import hints_from_bytes, hints_to_json
 from gazette.recoverylog.segments import InvalidHints, live_log_segments

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gazette.broker.testing.etcd import free_port
+from gazette.testing.etcd import free_port
 
 DEFAULT_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",

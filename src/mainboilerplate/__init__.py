@@ -1,0 +1,1 @@
+"""What every Gazette process shares: the Prometheus text exposition (`prometheus`)."""
