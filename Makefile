@@ -12,7 +12,7 @@ SCANNER := src/stores/rocksdb/rocksdb-scan
 SQLITE_VFS := src/stores/sqlite/_recvfs.so
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test deps apt venv scanner sqlite-vfs protos check-protos lint typecheck bench chaos clean
+.PHONY: demo test deps apt venv scanner sqlite-vfs protos check-protos lint typecheck check-install bench chaos clean
 
 deps: apt venv scanner sqlite-vfs
 
@@ -20,10 +20,12 @@ scanner: $(SCANNER)
 
 sqlite-vfs: $(SQLITE_VFS)
 
-$(SQLITE_VFS): src/stores/sqlite/_recvfs.c src/stores/sqlite/native.py $(STAMP) | apt
+# The package build compiles both (setup.py), skipping one it cannot build; these rebuild a
+# stale one, and fail with the compiler's message where the install skipped.
+$(SQLITE_VFS): src/stores/sqlite/_recvfs.c src/stores/cbuild.py $(STAMP) | apt
 	$(PY) -m gazette.stores.sqlite.native build
 
-$(SCANNER): src/stores/rocksdb/_scan.c src/stores/rocksdb/scan.py $(STAMP) | apt
+$(SCANNER): src/stores/rocksdb/_scan.c src/stores/cbuild.py $(STAMP) | apt
 	$(PY) -m gazette.stores.rocksdb.scan build
 
 apt:
@@ -36,11 +38,11 @@ apt:
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py | apt
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
-	@touch $(STAMP)
+	@touch $(STAMP) $(wildcard $(SCANNER) $(SQLITE_VFS))
 
 protos: venv
 	$(PY) tools/gen_protos.py
@@ -71,6 +73,10 @@ demo: deps
 # Runs every bench/*.py --quick, one at a time, and writes their figures to bench/RESULTS.md.
 bench: deps
 	$(PY) bench/results.py
+
+# Opt-in (needs PyPI): install the built wheel into fresh virtualenvs, client-only and [sqlite].
+check-install: venv
+	$(PY) tools/check_install.py
 
 chaos: deps
 	$(VENV)/bin/pytest -q -m chaos

@@ -11,6 +11,10 @@ have a port of their own.
 
 from __future__ import annotations
 
+from gazette._extras import require
+
+require("the broker's HTTP server", "broker", "aiohttp")
+
 import errno
 from typing import TYPE_CHECKING
 

@@ -26,6 +26,10 @@ The socket is bound before the process registers in etcd, so a port in use fails
 
 from __future__ import annotations
 
+from gazette._extras import require
+
+require("the consumer's HTTP server", "consumer", "aiohttp")
+
 import errno
 import inspect
 import logging

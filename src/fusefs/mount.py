@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gazette._extras import require
 from gazette.fusefs._config import MountConfig, dump_fsm, load_fsm
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.fsm import FSM
@@ -370,6 +371,7 @@ def _running(pid: int) -> bool:
 
 async def _spawn(config: str, log_level: str | None) -> asyncio.subprocess.Process:
     """A fusefs process of `config` (a file's path, or "-": read it from the control pipe)."""
+    require("the fusefs process", "rocksdb", "pyfuse3", "trio")
     env = dict(os.environ)
     if log_level is not None:
         env["FUSEFS_LOG_LEVEL"] = log_level

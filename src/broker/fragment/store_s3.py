@@ -17,6 +17,10 @@ bodies, so we always read the stored bytes and decompress them ourselves.
 
 from __future__ import annotations
 
+from gazette._extras import require
+
+require("an s3:// fragment store", "s3", "boto3")
+
 import asyncio
 import builtins
 import tempfile

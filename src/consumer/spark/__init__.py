@@ -10,6 +10,10 @@ docs/spark.md.
 
 from __future__ import annotations
 
+from gazette._extras import require
+
+require("the Spark export", "spark", "pyspark", "pyarrow")
+
 from typing import Any
 
 from gazette.consumer.spark.errors import (

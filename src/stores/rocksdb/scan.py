@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from gazette.stores.cbuild import build_command, compile_c, find_compiler
+from gazette.stores.cbuild import SCANNER_NAME, SCANNER_SOURCE, build_command, build_scanner
 
-SOURCE = Path(__file__).with_name("_scan.c")
-BINARY = Path(__file__).with_name("rocksdb-scan")
+SOURCE = SCANNER_SOURCE
+BINARY = Path(__file__).with_name(SCANNER_NAME)
 """Where `build` puts the scanner by default, and where `find` looks first."""
 ENV_PATH = "GAZETTE_ROCKSDB_SCAN"
 """Environment variable naming the scanner binary (overrides `BINARY`)."""
@@ -35,7 +35,6 @@ ENV_PATH = "GAZETTE_ROCKSDB_SCAN"
 _HEADER = struct.Struct("<III")
 MAGIC = b"GZRSCAN1"
 """What the scanner writes first: the version of its frames (``_scan.c``)."""
-_LIBS = ["-lstdc++", "-lsnappy", "-lz", "-lbz2", "-llz4", "-lzstd", "-lpthread", "-lm"]
 
 
 class ScanError(RuntimeError):
@@ -234,17 +233,7 @@ def build(output: Path = BINARY, compiler: str | None = None) -> Path:
     """Compiles the scanner into `output` (atomically), linking librocksdb statically when
     its archive is installed (Debian: ``librocksdb-dev``). Raises `RuntimeError` with the
     compiler's message if it cannot."""
-    cc = find_compiler(compiler)
-    # The compiler's own search path finds the archive of its target architecture.
-    found = subprocess.run([*cc, "-print-file-name=librocksdb.a"], capture_output=True, text=True)
-    archive = found.stdout.strip()
-    link = [archive] if found.returncode == 0 and os.path.isabs(archive) else ["-lrocksdb"]
-    return compile_c(
-        cc,
-        lambda tmp: ["-O2", "-o", str(tmp), str(SOURCE), *link, *_LIBS],
-        output,
-        "the RocksDB scanner",
-    )
+    return build_scanner(output, compiler)
 
 
 def main(argv: list[str] | None = None) -> int:

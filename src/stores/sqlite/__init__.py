@@ -5,6 +5,10 @@ files (main databases as page stores, journals and WALs as files) through a `Rec
 into a recovery-log `Recorder`. The design is in docs/sqlite-store.md.
 """
 
+from gazette._extras import require
+
+require("the SQLite store", "sqlite", "apsw")
+
 from gazette.stores.sqlite.bridge import RecorderBridge, RecordingFailed
 from gazette.stores.sqlite.pagestore import CorruptPageFile, PageStore, rebuild
 from gazette.stores.sqlite.store import DB_NAME, JOURNAL_MODES, SQLiteStore, StoreClosed, recover
