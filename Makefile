@@ -53,6 +53,7 @@ check-protos: venv
 lint: venv
 	$(VENV)/bin/ruff check src tests bench tools examples
 	$(VENV)/bin/ruff format --check src tests bench tools examples
+	$(VENV)/bin/lint-imports
 
 # mypy sees the `gazette` package through a link (setuptools maps it onto src/; mypy cannot).
 TYPECHECK_LINK := build/typecheck/gazette
