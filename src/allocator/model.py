@@ -1,6 +1,6 @@
 """The allocator's view of a cluster: items, members and assignments, as read from etcd.
 
-Keys (reference §4), under a root such as `/gazette/cluster`:
+Keys (upstream's layout), under a root such as `/gazette/cluster`:
 
 - `{root}/items/{item}`: the item's spec (a JournalSpec or ShardSpec).
 - `{root}/members/{zone}#{suffix}`: a member's spec, under the member's lease.

@@ -5,7 +5,7 @@ accepted by Go consumers and gazctl, and vice versa but for two checks of ours (
 `validate_shard_spec`). Problems raise the broker protocol's `ValidationError`, naming the
 field path as the YAML of ``gazctl shards`` spells it (``sources[1].journal: ...``).
 
-The etcd layout of a consumer application under its root R (reference §4):
+The etcd layout of a consumer application under its root R (as upstream lays it out):
 
 - ``{R}/items/{shard id}``: the ShardSpec (binary proto);
 - ``{R}/members/{zone}#{suffix}``: a consumer process's ConsumerSpec, under its lease;

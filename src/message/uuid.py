@@ -6,7 +6,7 @@ in the low bits, so a producer may sequence 16 messages within one 100 ns interv
 `Flags` (10 bits of the clock-sequence field) that say how the message takes part in a
 transaction: OUTSIDE_TXN, CONTINUE_TXN or ACK_TXN.
 
-Byte layout (big-endian, reference §5):
+Byte layout (big-endian, as upstream's message package):
 
     0-3   uint32(clock >> 4)                      time_low
     4-5   uint16(clock >> 36)                     time_mid

@@ -1,4 +1,4 @@
-"""Golden tests of Gazette's UUID layout (reference §5)."""
+"""Golden tests of Gazette's UUID layout."""
 
 from __future__ import annotations
 

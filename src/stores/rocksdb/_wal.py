@@ -13,10 +13,10 @@ per commit). Used from one thread at a time.
 A sync succeeds only if it synced a WAL file through the mount. Once the mount is gone (its
 fusefs process died and the mount was detached), the mountpoint is a plain directory: RocksDB
 may go on creating files there, unrecorded, and a WAL of the backing directory is not found
-under the mountpoint. Taking that for a WAL deleted meanwhile once acknowledged commits that
-were never synced (found by the chaos crash trials); now a file missing under the mountpoint
-but present in the backing directory, a file opened on another device than the mount's, or
-a sync that synced nothing, fails the sync.
+under the mountpoint. Taking that for a WAL deleted meanwhile would acknowledge commits that
+were never synced; so a file missing under the mountpoint but present in the backing
+directory, a file opened on another device than the mount's, or a sync that synced nothing,
+fails the sync.
 """
 
 from __future__ import annotations
