@@ -6,15 +6,16 @@ import itertools
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
+from tests.kit import specs
 
 _names = itertools.count()
 
@@ -37,24 +38,11 @@ async def stub(broker: BrokerProcess) -> AsyncIterator[pb_grpc.JournalStub]:
         yield pb_grpc.JournalStub(channel)
 
 
-def journal_spec(
-    name: str,
-    store: str | None = None,
-    *,
-    codec: int = pb.NONE,
-    length: int = 1 << 20,
-    refresh: int = 1,
-) -> pb.JournalSpec:
-    frag = pb.JournalSpec.Fragment(
-        length=length, compression_codec=codec, refresh_interval=Duration(seconds=refresh)
-    )
-    if store:
-        frag.stores.append(store)
-    return pb.JournalSpec(
-        name=name,
-        replication=1,
-        fragment=frag,
-        labels=pb.LabelSet(labels=[pb.Label(name="app", value="test")]),
+def journal_spec(name: str, store: str | None = None, **kw: Any) -> pb.JournalSpec:
+    """`tests.kit.specs.journal_spec` with the broker tests' defaults: the store refreshed
+    every second, the label app=test."""
+    return specs.journal_spec(
+        name, store or None, **{"refresh": 1, "labels": {"app": "test"}, **kw}
     )
 
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import AppendService, JournalClient
 from gazette.broker.protocol import protocol_pb2 as pb
@@ -27,6 +26,7 @@ from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.cluster import BrokerCluster
 from gazette.testing.etcd import EtcdServer
+from tests.kit import specs
 
 from .conftest import append, read_all
 from .test_direct import RESPONSE, Raw, committed
@@ -63,16 +63,8 @@ async def stubs(cluster: Cluster) -> AsyncIterator[list[pb_grpc.JournalStub]]:
 
 
 def spec(name: str, store: Path, replication: int = 3) -> pb.JournalSpec:
-    return pb.JournalSpec(
-        name=name,
-        replication=replication,
-        fragment=pb.JournalSpec.Fragment(
-            length=64 << 10,
-            compression_codec=pb.NONE,
-            stores=[f"file://{store}/"],
-            refresh_interval=Duration(seconds=1),
-        ),
-        labels=pb.LabelSet(labels=[pb.Label(name="app", value="cluster")]),
+    return specs.journal_spec(
+        name, store, replication=replication, length=64 << 10, refresh=1, labels={"app": "cluster"}
     )
 
 

@@ -27,7 +27,6 @@ from typing import Literal
 
 import grpc
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import AppendService, JournalClient, OffsetNotYetAvailable, RetryReader
 from gazette.broker.client.errors import OffsetJump
@@ -40,6 +39,7 @@ from gazette.gazctl.main import run as gazctl_run
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.cluster import BrokerCluster
 from gazette.testing.etcd import EtcdServer
+from tests.kit import specs
 
 from .conftest import MakeJournal, append, read_all
 from .test_cluster import create, primary_suffix, produce, stubs, wait_route
@@ -60,18 +60,8 @@ def parse(line: bytes) -> int:
 
 
 def journal_spec(name: str, store: Path) -> pb.JournalSpec:
-    return pb.JournalSpec(
-        name=name,
-        replication=1,
-        fragment=pb.JournalSpec.Fragment(
-            length=128 << 10,
-            compression_codec=pb.NONE,
-            stores=[f"file://{store}/"],
-            refresh_interval=Duration(seconds=1),
-            flush_interval=Duration(seconds=60),
-        ),
-        labels=pb.LabelSet(labels=[pb.Label(name="app", value="replication-one")]),
-    )
+    labels = {"app": "replication-one"}
+    return specs.journal_spec(name, store, length=128 << 10, refresh=1, flush=60, labels=labels)
 
 
 @dataclass

@@ -17,7 +17,6 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.broker import Broker
 from gazette.broker.config import BrokerConfig
@@ -27,6 +26,7 @@ from gazette.broker.replica import JournalReplica
 from gazette.broker.replication import Pipeline
 from gazette.broker.service import JournalService
 from gazette.testing.etcd import EtcdServer, free_port
+from tests.kit import specs
 
 _names = itertools.count()
 _ports: set[int] = set()
@@ -106,17 +106,7 @@ async def cluster(
 
 
 def spec(name: str, store: Path, replication: int) -> pb.JournalSpec:
-    store.mkdir(exist_ok=True)
-    return pb.JournalSpec(
-        name=name,
-        replication=replication,
-        fragment=pb.JournalSpec.Fragment(
-            length=1 << 20,
-            compression_codec=pb.NONE,
-            stores=[f"file://{store}/"],
-            refresh_interval=Duration(seconds=60),
-        ),
-    )
+    return specs.journal_spec(name, store, replication=replication)
 
 
 async def create(node: Node, s: pb.JournalSpec, expect: int = 0) -> None:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import JournalClient, apply_journals, list_all_journals
 from gazette.broker.protocol import protocol_pb2 as pb
@@ -17,6 +16,7 @@ from gazette.broker.protocol.selector import parse_label_selector
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
+from tests.kit import specs
 from tests.message.notes import JSON, Note
 
 __all__ = ["JSON", "Note", "MakeTopic", "Topic"]
@@ -38,14 +38,8 @@ async def client(message_broker: BrokerProcess) -> AsyncIterator[JournalClient]:
 
 
 def topic_spec(name: str, store: str, topic: str, content_type: str) -> pb.JournalSpec:
-    frag = pb.JournalSpec.Fragment(
-        length=1 << 24, compression_codec=pb.NONE, refresh_interval=Duration(seconds=60)
-    )
-    frag.stores.append(store)
-    spec = pb.JournalSpec(name=name, replication=1, fragment=frag)
-    for k, v in sorted({"content-type": content_type, "topic": topic}.items()):
-        spec.labels.labels.add(name=k, value=v)
-    return spec
+    labels = {"content-type": content_type, "topic": topic}
+    return specs.journal_spec(name, store, length=1 << 24, labels=labels)
 
 
 @dataclass

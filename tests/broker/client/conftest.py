@@ -5,15 +5,16 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import JournalClient, apply_journals
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
+from tests.kit import specs
 
 _names = itertools.count()
 
@@ -31,23 +32,11 @@ async def client(client_broker: BrokerProcess) -> AsyncIterator[JournalClient]:
         yield c
 
 
-def journal_spec(
-    name: str,
-    store: str,
-    *,
-    codec: int = pb.NONE,
-    length: int = 1 << 20,
-    refresh: int = 10,
-    labels: dict[str, str] | None = None,
-) -> pb.JournalSpec:
-    frag = pb.JournalSpec.Fragment(
-        length=length, compression_codec=codec, refresh_interval=Duration(seconds=refresh)
-    )
-    frag.stores.append(store)
-    spec = pb.JournalSpec(name=name, replication=1, fragment=frag)
-    for k, v in sorted((labels or {"app": "client-test"}).items()):
-        spec.labels.labels.add(name=k, value=v)
-    return spec
+def journal_spec(name: str, store: str, **kw: Any) -> pb.JournalSpec:
+    """`tests.kit.specs.journal_spec` with the client tests' defaults: the store refreshed
+    every 10 seconds, the label app=client-test."""
+    kw["labels"] = kw.get("labels") or {"app": "client-test"}
+    return specs.journal_spec(name, store, **{"refresh": 10, **kw})
 
 
 MakeJournal = Callable[..., Awaitable[pb.JournalSpec]]

@@ -1,0 +1,1 @@
+"""The tests' shared kit: journal specs (`specs`)."""
