@@ -1,10 +1,23 @@
 """Consumers: applications whose state lives in Stores recorded to Gazette journals.
 
-So far: the `Store` contract (`consumer.store`) and the generated messages of the consumer
-protocol (`consumer.protocol`); the Service, shards and transactions come with the consumer
-issue.
+The `Store` contract and its errors (`consumer.store`, `consumer.store_errors`: every store
+raises `StoreFailed` and `StoreClosed`), the recovery of a recorded store's files
+(`consumer.recovery`), how each kind of store is read by an export (`consumer.export`), the
+runtime of shards and transactions, and the generated messages of the consumer protocol
+(`consumer.protocol`).
 """
 
+from gazette.consumer.recovery import recover
 from gazette.consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard, Store
+from gazette.consumer.store_errors import StoreClosed, StoreFailed
 
-__all__ = ["Checkpoint", "OpFuture", "RecoveredLog", "Shard", "Store"]
+__all__ = [
+    "Checkpoint",
+    "OpFuture",
+    "RecoveredLog",
+    "Shard",
+    "Store",
+    "StoreClosed",
+    "StoreFailed",
+    "recover",
+]

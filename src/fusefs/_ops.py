@@ -24,8 +24,8 @@ from typing import Any, cast
 import pyfuse3
 from pyfuse3 import FUSEError
 
-from gazette.fusefs._recording import RecordingFailed, RecordingLink
-from gazette.recoverylog.recorder import PROPERTY_PATHS
+from gazette.fusefs._recording import RecordingLink
+from gazette.recoverylog.recorder import PROPERTY_PATHS, RecordingFailed
 
 __all__ = ["RecordingOperations"]
 

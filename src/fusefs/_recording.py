@@ -44,9 +44,9 @@ from gazette.recoverylog.op_batch import (
     apply_ops,
     from_thread,
 )
-from gazette.recoverylog.recorder import Recorder, RecorderFenced
+from gazette.recoverylog.recorder import Recorder, RecorderFenced, RecordingFailed
 
-__all__ = ["RecordingFailed", "RecordingLink"]
+__all__ = ["RecordingLink"]
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,6 @@ log = logging.getLogger(__name__)
 MAX_UNSYNCED_BYTES = 64 << 20
 """Bytes handed over since the last barrier past which writers wait for one (bounds the
 memory of a writer that never fsyncs while the log is slower than it)."""
-
-
-class RecordingFailed(Exception):
-    """The Recorder failed: nothing more can be recorded (``__cause__`` says why)."""
 
 
 class RecordingLink:

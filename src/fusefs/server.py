@@ -39,9 +39,10 @@ import trio
 
 from gazette.fusefs._config import MountConfig, dump_fsm, load_fsm
 from gazette.fusefs._ops import RecordingOperations
-from gazette.fusefs._recording import RecordingFailed, RecordingLink
+from gazette.fusefs._recording import RecordingLink
 from gazette.recoverylog.handover import set_parent_death_signal
 from gazette.recoverylog.hints import hints_to_json
+from gazette.recoverylog.recorder import RecordingFailed
 
 __all__ = ["MountConfig", "main"]
 

@@ -69,7 +69,14 @@ from gazette.recoverylog.segments import (
 
 _LAZY = {
     **dict.fromkeys(
-        ["Recorder", "RecorderBroken", "RecorderFenced", "RecorderInconsistent", "InvalidPath"],
+        [
+            "Recorder",
+            "RecorderBroken",
+            "RecorderFenced",
+            "RecorderInconsistent",
+            "RecordingFailed",
+            "InvalidPath",
+        ],
         "gazette.recoverylog.recorder",
     ),
     **dict.fromkeys(["RecordedFS", "NotRecorded"], "gazette.recoverylog.recorded_files"),

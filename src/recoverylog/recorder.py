@@ -72,6 +72,7 @@ __all__ = [
     "RecorderError",
     "RecorderFenced",
     "RecorderInconsistent",
+    "RecordingFailed",
     "UnknownFnode",
     "UnknownPath",
     "WriteHeadRegressed",
@@ -183,6 +184,13 @@ class RecorderFenced(RecorderBroken):
     Typically a Player injected a hand-off to a new primary; this Recorder is a zombie.
     ``__cause__`` is the `RegisterMismatch`.
     """
+
+
+class RecordingFailed(Exception):
+    """Raised to a writer outside the Recorder's event loop (a fusefs request, a SQLite VFS
+    call) once the Recorder failed, e.g. fenced by a new primary: nothing more can be
+    recorded, and the store writing is unusable from then on (crash-only). ``__cause__``,
+    where set, is the Recorder's error."""
 
 
 def _root_cause(err: BaseException) -> BaseException:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from gazette.broker.client import AppendService, JournalClient
-from gazette.consumer.store import RecoveredLog
+from gazette.consumer import RecoveredLog, recover
 from gazette.recoverylog import recoverylog_pb2 as rpb
-from gazette.recoverylog.player import TAIL, Player
 
 __all__ = ["recovered_log"]
 
@@ -22,9 +21,6 @@ async def recovered_log(
     hints: rpb.FSMHints | None = None,
 ) -> RecoveredLog:
     """Play `log` into `directory` and hand it off to `author`, as the consumer runtime does."""
-    player = Player(client, log, hints, directory)
-    player.inject_handoff(author)
-    fsm = await player.play(until=TAIL)
-    return RecoveredLog(
-        log, directory, fsm, author, player.write_head, client, service, endpoint, hints
+    return await recover(
+        client, service, log, directory, hints=hints, author=author, broker_endpoint=endpoint
     )

@@ -9,8 +9,6 @@ from gazette.stores.jsonfile.store import (
     NEXT_FILE,
     STATE_FILE,
     JSONFileStore,
-    StoreClosed,
-    StoreFailed,
     decode_state_file,
     encode_state_file,
 )
@@ -19,8 +17,6 @@ __all__ = [
     "NEXT_FILE",
     "STATE_FILE",
     "JSONFileStore",
-    "StoreClosed",
-    "StoreFailed",
     "decode_state_file",
     "encode_state_file",
 ]

@@ -26,13 +26,13 @@ import json
 import logging
 import shutil
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
 
 from gazette.consumer.protocol import pb
 from gazette.consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard
+from gazette.consumer.store_errors import StoreClosed, StoreFailed
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.recorded_files import RecordedFS
 from gazette.recoverylog.recorder import Recorder
@@ -41,8 +41,6 @@ __all__ = [
     "NEXT_FILE",
     "STATE_FILE",
     "JSONFileStore",
-    "StoreClosed",
-    "StoreFailed",
     "decode_state_file",
     "encode_state_file",
 ]
@@ -53,19 +51,6 @@ STATE_FILE = "state.json"
 """The committed state, relative to the store's directory."""
 NEXT_FILE = "next.json"
 """The state being committed, renamed over `STATE_FILE` once whole."""
-
-
-class StoreFailed(RuntimeError):
-    """A commit of the store failed earlier: the store is unusable (``__cause__`` says why)."""
-
-    def __init__(self, directory: Path, cause: BaseException) -> None:
-        super().__init__(f"JSON file store in {directory} failed: {cause!r}")
-        self.directory = directory
-        self.__cause__ = cause
-
-
-class StoreClosed(RuntimeError):
-    """The store was destroyed or closed."""
 
 
 def encode_state_file(checkpoint: Checkpoint, state: Any) -> bytes:
@@ -206,7 +191,9 @@ class JSONFileStore:
         if self._closed:
             raise StoreClosed(f"JSON file store in {self.directory} is closed")
         if self._error is not None:
-            raise StoreFailed(self.directory, self._error)
+            raise StoreFailed(
+                f"JSON file store in {self.directory} failed: {self._error!r}"
+            ) from self._error
         try:
             if encode_error is not None:
                 raise encode_error

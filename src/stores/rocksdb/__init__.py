@@ -10,7 +10,6 @@ from gazette.stores.rocksdb.store import (
     MAX_MANIFEST_FILE_SIZE,
     InvalidKey,
     RocksDBStore,
-    StoreFailed,
     recorded_options,
 )
 
@@ -19,6 +18,5 @@ __all__ = [
     "MAX_MANIFEST_FILE_SIZE",
     "InvalidKey",
     "RocksDBStore",
-    "StoreFailed",
     "recorded_options",
 ]

@@ -40,11 +40,12 @@ from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOption
 
 from gazette.broker.client import AppendService, JournalClient
 from gazette.consumer.protocol import pb
+from gazette.consumer.recovery import recover
 from gazette.consumer.store import Checkpoint, OpFuture, RecordingLost, RecoveredLog, Shard
+from gazette.consumer.store_errors import StoreClosed, StoreFailed
 from gazette.fusefs import FuseMount, force_unmount, is_mounted
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.author import new_author
-from gazette.recoverylog.player import TAIL, Player
 from gazette.stores.rocksdb._wal import NoWal, WalFiles
 
 __all__ = [
@@ -52,7 +53,6 @@ __all__ = [
     "MAX_MANIFEST_FILE_SIZE",
     "InvalidKey",
     "RocksDBStore",
-    "StoreFailed",
     "recorded_options",
 ]
 
@@ -76,11 +76,6 @@ _DELETED = object()
 
 class InvalidKey(ValueError):
     """An application key is empty or begins with 0x00 (reserved for the store)."""
-
-
-class StoreFailed(RuntimeError):
-    """A commit failed (e.g. the log was fenced by a new primary, so the mount's fsync
-    failed): the store is unusable from then on (crash-only). ``__cause__`` says why."""
 
 
 def recorded_options(options: Options | None = None, info_log_dir: str = "") -> Options:
@@ -242,19 +237,14 @@ class RocksDBStore:
         backing = workdir / "backing"
         backing.mkdir(parents=True, exist_ok=True)
         async with JournalClient(endpoint) as client, AppendService(client) as service:
-            player = Player(client, log_name, hints, backing)
-            player.inject_handoff(author)
-            fsm = await player.play(until=TAIL)
-            recovered = RecoveredLog(
-                log=log_name,
-                directory=backing,
-                fsm=fsm,
-                author=author,
-                write_head=player.write_head,
-                client=client,
-                append_service=service,
-                broker_endpoint=endpoint,
+            recovered = await recover(
+                client,
+                service,
+                log_name,
+                backing,
                 hints=hints,
+                author=author,
+                broker_endpoint=endpoint,
             )
             self = await cls.from_recovered(
                 recovered, options=options, writeback=writeback, fusefs_log_level=fusefs_log_level
@@ -284,7 +274,7 @@ class RocksDBStore:
         if self._error is not None:
             raise StoreFailed(f"store failed: {self._error!r}") from self._error
         if self._closed:
-            raise RuntimeError("store is closed")
+            raise StoreClosed("the store is closed")
 
     # -- Application API --------------------------------------------------------------------
 

@@ -9,9 +9,9 @@ from gazette._extras import require
 
 require("the SQLite store", "sqlite", "apsw")
 
-from gazette.stores.sqlite.bridge import RecorderBridge, RecordingFailed
+from gazette.stores.sqlite.bridge import RecorderBridge
 from gazette.stores.sqlite.pagestore import CorruptPageFile, PageStore, rebuild
-from gazette.stores.sqlite.store import DB_NAME, JOURNAL_MODES, SQLiteStore, StoreClosed, recover
+from gazette.stores.sqlite.store import DB_NAME, JOURNAL_MODES, SQLiteStore, recover
 from gazette.stores.sqlite.vfs import RecordingVFS
 
 __all__ = [
@@ -20,10 +20,8 @@ __all__ = [
     "CorruptPageFile",
     "PageStore",
     "RecorderBridge",
-    "RecordingFailed",
     "RecordingVFS",
     "SQLiteStore",
-    "StoreClosed",
     "rebuild",
     "recover",
 ]

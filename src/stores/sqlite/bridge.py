@@ -39,17 +39,10 @@ from gazette.recoverylog.op_batch import (
     apply_ops,
     from_thread,
 )
-from gazette.recoverylog.recorder import Recorder
+from gazette.recoverylog.recorder import Recorder, RecordingFailed
 from gazette.recoverylog.remote import RemoteRecorder, RemoteRecordingFailed
 
-__all__ = ["RecorderBridge", "RecordingFailed"]
-
-
-class RecordingFailed(Exception):
-    """The Recorder failed (e.g. fenced by a new primary): nothing more can be recorded.
-
-    ``__cause__`` is the Recorder's error. The store is unusable from then on (crash-only).
-    """
+__all__ = ["RecorderBridge"]
 
 
 class RecorderBridge:

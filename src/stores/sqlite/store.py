@@ -30,11 +30,11 @@ from typing import Any, TypeVar
 import apsw
 
 from gazette.broker.client import AppendService, JournalClient
+from gazette.consumer import recovery
 from gazette.consumer.protocol import pb
 from gazette.consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard
+from gazette.consumer.store_errors import StoreClosed
 from gazette.recoverylog import recoverylog_pb2 as rpb
-from gazette.recoverylog.author import new_author
-from gazette.recoverylog.player import TAIL, Player
 from gazette.recoverylog.recorder import Recorder
 from gazette.recoverylog.remote import RemoteRecorder
 from gazette.stores.sqlite.bridge import RecorderBridge
@@ -51,7 +51,6 @@ __all__ = [
     "DB_NAME",
     "JOURNAL_MODES",
     "SQLiteStore",
-    "StoreClosed",
     "rebuild_played",
     "recover",
 ]
@@ -73,10 +72,6 @@ INSERT OR IGNORE INTO gazette_checkpoint (id, checkpoint) VALUES (0, x'');
 """
 
 _vfs_names = itertools.count()
-
-
-class StoreClosed(RuntimeError):
-    """The store was closed or destroyed."""
 
 
 def _played_page_files(links: dict[str, int]) -> dict[str, list[tuple[int, str]]]:
@@ -789,19 +784,7 @@ async def recover(
     The hand-off fences earlier authors' Recorders, also of a log never written to. Raises
     the Player's errors (`DataLoss`...) and `open`'s.
     """
-    author = author or new_author()
-    player = Player(client, log_name, hints, directory)
-    player.inject_handoff(author)
-    fsm = await player.play(until=TAIL)
-    recovered = RecoveredLog(
-        log=log_name,
-        directory=directory,
-        fsm=fsm,
-        author=author,
-        write_head=player.write_head,
-        client=client,
-        append_service=append_service,
-        broker_endpoint=client.default_endpoint,
-        hints=hints,
+    recovered = await recovery.recover(
+        client, append_service, log_name, directory, hints=hints, author=author
     )
     return await SQLiteStore.from_recovered(recovered, **open_args)

@@ -34,7 +34,8 @@ from types import ModuleType
 
 import apsw
 
-from gazette.stores.sqlite.bridge import RecorderBridge, RecordingFailed
+from gazette.recoverylog.recorder import RecordingFailed
+from gazette.stores.sqlite.bridge import RecorderBridge
 from gazette.stores.sqlite.pagestore import WAL_FRAME_HEADER, PageStore
 
 __all__ = ["LOG_FILE_FLAGS", "TRUNCATE_FACTOR", "RecordingVFS", "native_vfs"]

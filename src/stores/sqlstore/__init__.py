@@ -12,8 +12,6 @@ from gazette.stores.sqlstore.store import (
     Dialect,
     Fenced,
     SQLStore,
-    StoreClosed,
-    StoreFailed,
     detect_dialect,
     detect_placeholder,
 )
@@ -24,8 +22,6 @@ __all__ = [
     "Dialect",
     "Fenced",
     "SQLStore",
-    "StoreClosed",
-    "StoreFailed",
     "detect_dialect",
     "detect_placeholder",
 ]

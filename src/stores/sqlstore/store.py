@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from gazette.consumer.protocol import pb
 from gazette.consumer.store import Checkpoint, OpFuture, Shard
+from gazette.consumer.store_errors import StoreClosed, StoreFailed
 
 __all__ = [
     "CHECKPOINTS_TABLE",
@@ -41,8 +42,6 @@ __all__ = [
     "Dialect",
     "Fenced",
     "SQLStore",
-    "StoreClosed",
-    "StoreFailed",
     "detect_dialect",
     "detect_placeholder",
 ]
@@ -126,14 +125,6 @@ class Fenced(RuntimeError):
         )
         self.shard_fqn = shard_fqn
         self.fence = fence
-
-
-class StoreFailed(RuntimeError):
-    """A commit of the store failed earlier: the store is unusable (``__cause__`` says why)."""
-
-
-class StoreClosed(RuntimeError):
-    """The store was destroyed or closed."""
 
 
 class SQLStore:

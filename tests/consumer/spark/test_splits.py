@@ -11,7 +11,12 @@ import pytest
 from rocksdict import AccessType, Options, Rdict
 
 from gazette.consumer.spark.errors import ExportError, InvalidOption
-from gazette.consumer.spark.keyranges import (
+from gazette.consumer.spark.options import ShardsOptions
+from gazette.consumer.spark.playback import PlayedShard, rocksdb_batches
+from gazette.consumer.spark.resolve import ShardPlan, estimated_bytes
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.stores.rocksdb import recorded_options
+from gazette.stores.rocksdb.keyranges import (
     SstFile,
     clip,
     key_position,
@@ -19,11 +24,6 @@ from gazette.consumer.spark.keyranges import (
     split_points,
     sst_files,
 )
-from gazette.consumer.spark.options import ShardsOptions
-from gazette.consumer.spark.playback import PlayedShard, rocksdb_batches
-from gazette.consumer.spark.resolve import ShardPlan, estimated_bytes
-from gazette.recoverylog import recoverylog_pb2 as rpb
-from gazette.stores.rocksdb import recorded_options
 
 SCANS = ["native", "rocksdict"]
 """Both ways of reading keys (option ``rocksdb_scan``): each test runs both."""
@@ -129,7 +129,7 @@ def test_splits_of_a_real_store_partition_its_keys(
         sizes = [len(p) for p in parts]
         if count <= 4:
             # Balanced within a factor of two of an even share (finer splits less so: decimal
-            # digits are read as bytes, see consumer.spark.keyranges).
+            # digits are read as bytes, see stores.rocksdb.keyranges).
             assert max(sizes) <= 2 * len(keys) / count, (count, sizes)
             assert min(sizes) >= len(keys) / count / 2, (count, sizes)
         else:

@@ -13,8 +13,8 @@ from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import AppendService, JournalClient, apply_journals
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.consumer.store import RecoveredLog
-from gazette.recoverylog.player import TAIL, Player
+from gazette.consumer import RecoveredLog
+from gazette.consumer import recover as recover_log
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
@@ -68,11 +68,8 @@ def recover(client: JournalClient, service: AppendService, json_broker: BrokerPr
     """Play `log` into `directory` and hand it off to `author`: a RecoveredLog."""
 
     async def play(log: str, directory: Path, author: int) -> RecoveredLog:
-        player = Player(client, log, None, directory)
-        player.inject_handoff(author)
-        fsm = await player.play(until=TAIL)
-        return RecoveredLog(
-            log, directory, fsm, author, player.write_head, client, service, json_broker.endpoint
+        return await recover_log(
+            client, service, log, directory, author=author, broker_endpoint=json_broker.endpoint
         )
 
     return play

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from gazette.consumer import StoreFailed
 from gazette.consumer.protocol import pb
 from gazette.recoverylog.recorder import RecorderFenced
 from gazette.stores.jsonfile import (
     NEXT_FILE,
     STATE_FILE,
     JSONFileStore,
-    StoreFailed,
     decode_state_file,
     encode_state_file,
 )

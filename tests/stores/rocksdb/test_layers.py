@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from gazette.stores.rocksdb.store import _DELETED, InvalidKey, RocksDBStore, StoreFailed
+from gazette.consumer import StoreFailed
+from gazette.stores.rocksdb.store import _DELETED, InvalidKey, RocksDBStore
 
 
 class _Batch:

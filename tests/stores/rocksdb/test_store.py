@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from gazette.broker.client import AppendService, JournalClient
+from gazette.consumer import StoreFailed
 from gazette.consumer.protocol import pb
 from gazette.fusefs import force_unmount, is_mounted
 from gazette.recoverylog.player import Player
-from gazette.stores.rocksdb import InvalidKey, RocksDBStore, StoreFailed
+from gazette.stores.rocksdb import InvalidKey, RocksDBStore
 from gazette.testing.broker import BrokerProcess
 from tests.fusefs.support import MakeLog, client, fuse_broker, make_log, no_stale_mounts, tree
 from tests.stores.checkpoints import labeled, rich

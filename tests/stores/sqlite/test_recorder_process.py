@@ -17,9 +17,9 @@ import pytest
 
 from gazette.broker.client import AppendService, JournalClient
 from gazette.consumer.protocol import pb
+from gazette.recoverylog.recorder import RecordingFailed
 from gazette.recoverylog.remote import RemoteRecorder, RemoteRecordingFailed
 from gazette.stores.sqlite import SQLiteStore
-from gazette.stores.sqlite.bridge import RecordingFailed
 from gazette.testing.broker import BrokerProcess
 from tests.stores.checkpoints import labeled, rich
 from tests.stores.recovery import recovered_log

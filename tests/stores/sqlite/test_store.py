@@ -17,10 +17,10 @@ import apsw
 import pytest
 
 from gazette.broker.client import AppendService, JournalClient
+from gazette.consumer import StoreClosed
 from gazette.consumer.protocol import pb
-from gazette.recoverylog.recorder import RecorderFenced
-from gazette.stores.sqlite import SQLiteStore, StoreClosed, recover
-from gazette.stores.sqlite.bridge import RecordingFailed
+from gazette.recoverylog.recorder import RecorderFenced, RecordingFailed
+from gazette.stores.sqlite import SQLiteStore, recover
 from gazette.stores.sqlite.pagestore import is_wal_generation
 from gazette.stores.sqlite.store import rebuild_played
 from gazette.testing.broker import BrokerProcess

@@ -11,8 +11,8 @@ from typing import Any
 import apsw
 import pytest
 
+from gazette.recoverylog.recorder import RecordingFailed
 from gazette.stores.sqlite import native
-from gazette.stores.sqlite.bridge import RecordingFailed
 from gazette.stores.sqlite.vfs import TRUNCATE_FACTOR, RecordingVFS, native_vfs
 from tests.stores.sqlite.support import Op, OpLog
 

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from gazette.consumer import StoreFailed
 from gazette.consumer.protocol import pb
-from gazette.stores.sqlstore import DIALECTS, Fenced, SQLStore, StoreFailed
+from gazette.stores.sqlstore import DIALECTS, Fenced, SQLStore
 from tests.stores.sqlstore.conftest import Backend
 
 SHARD = "examples/shard-000"

@@ -1,0 +1,21 @@
+"""The errors every store raises, defined once beside the `Store` contract.
+
+An application (or the runtime) catches "the store failed" or "the store is closed" without
+knowing which store it has: each store raises these, or a subclass of them that adds detail.
+Why a store failed is its ``__cause__`` (a fenced recovery log, a failed ``wait_for``
+future, a broken fusefs process...).
+"""
+
+from __future__ import annotations
+
+__all__ = ["StoreClosed", "StoreFailed"]
+
+
+class StoreFailed(RuntimeError):
+    """An earlier commit of the store failed: the store is unusable from then on
+    (crash-only), and the runtime destroys it and recovers the shard afresh. ``__cause__``
+    says why."""
+
+
+class StoreClosed(RuntimeError):
+    """The store was closed or destroyed: it takes no more work."""
