@@ -8,8 +8,10 @@ them, from which `FSMHints` let a Player skip dead portions of the log.
 Modules: `fsm` (the FSM and its errors), `codec` (op framing and the sans-I/O `OpDecoder`),
 `segments` (Segment validation and `SegmentSet`), `hints` (hints' JSON encoding), `author`
 (authors and their fences), `recorder` (the asyncio Recorder), `recorded_files` (file objects
-that record through a Recorder), `player` (playback, hot-standby tailing and handoff),
-`prune` (which fragments no hints need). Shards keep their hints in etcd
+that record through a Recorder), `player` (playback, hot-standby tailing and handoff: the
+loop), with `playback_reader` (positioned reads feeding the decoder), `staging` (the playback
+directory and staged Fnode files), `progress` (`PlayerState`, `PlaybackProgress`) and
+`playback_errors`, `prune` (which fragments no hints need). Shards keep their hints in etcd
 (`gazette.consumer.hints`).
 
 The Recorder and Player speak to brokers (grpc) and are imported on first use, so that the

@@ -29,10 +29,10 @@ from gazette.recoverylog.player import (
     UnsafeDirectory,
     UnsafePath,
     UnusedHints,
-    _relative_path,
     check_playback_directory,
 )
 from gazette.recoverylog.segments import InvalidHints
+from gazette.recoverylog.staging import relative_path
 from tests.recoverylog.playback_support import (
     LogWriter,
     MakeLog,
@@ -496,11 +496,11 @@ def test_unsafe_directories(tmp_path: Path) -> None:
 
 
 def test_log_paths_stay_in_the_directory() -> None:
-    assert str(_relative_path("/a/b")) == "a/b"
-    assert str(_relative_path("c")) == "c"
+    assert str(relative_path("/a/b")) == "a/b"
+    assert str(relative_path("c")) == "c"
     for bad in ("/", "", "/../etc/passwd", "/a/../../b", "/.fnodes/1", "/./x"):
         with pytest.raises(UnsafePath):
-            _relative_path(bad)
+            relative_path(bad)
 
 
 async def test_unsafe_log_path_is_refused(
