@@ -53,6 +53,7 @@ from gazette.consumer.hints import (
 )
 from gazette.consumer.message_producer import ProducedMessages
 from gazette.consumer.protocol import pb
+from gazette.consumer.recovery import hand_off
 from gazette.consumer.spec import read_channel_size, recovery_log_of, ring_buffer_size
 from gazette.consumer.store import RecordingLost, RecoveredLog, Store, recording_lost
 from gazette.consumer.txn import (
@@ -362,9 +363,16 @@ class ShardReplica:
             if play.done():
                 play.result()
                 raise RuntimeError("playback ended before it was asked to")
-            author = new_author()
-            player.inject_handoff(author)
-            fsm = await play
+            recovered = await hand_off(
+                player,
+                play,
+                author=new_author(),
+                client=self.ctx.client,
+                append_service=self.append_service,
+                broker_endpoint=self.ctx.broker_endpoint,
+                hints=hints,
+                fusefs_pool=self.ctx.fusefs_pool,
+            )
         except BaseException:
             play.cancel()
             with contextlib.suppress(BaseException):
@@ -374,21 +382,10 @@ class ShardReplica:
             "shard recovered shard=%s log=%s write_head=%d files=%d",
             self.id,
             log_name,
-            player.write_head,
-            len(fsm.links),
+            recovered.write_head,
+            len(recovered.fsm.links),
         )
-        return RecoveredLog(
-            log_name,
-            self.directory,
-            fsm,
-            author,
-            player.write_head,
-            self.ctx.client,
-            self.append_service,
-            self.ctx.broker_endpoint,
-            hints,
-            self.ctx.fusefs_pool,
-        )
+        return recovered
 
     def _on_progress(self, progress: PlaybackProgress) -> None:
         self.progress = progress
