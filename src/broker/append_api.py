@@ -1,0 +1,75 @@
+"""The Append RPC: a client's content committed to a journal, or forwarded to its primary.
+
+The handler reads and validates the stream's first request, runs the append's state
+machine (`broker.append_fsm`) over the rest of the stream, and answers with its outcome: the
+response, the failure's gRPC status, or the primary's own answer to the forwarded stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from gazette.broker.append_fsm import AppendFSM, AppendState
+from gazette.broker.broker import Broker
+from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.errors import ValidationError
+from gazette.broker.protocol.validation import validate_first_append_request
+from gazette.broker.serving import RpcFailure, abort_invalid, proxy_failure
+
+__all__ = ["append"]
+
+
+async def append(
+    broker: Broker, request_iterator: AsyncIterator[pb.AppendRequest], context: Any
+) -> pb.AppendResponse:
+    """Serve one Append stream on `broker`. Ends the RPC through `context.abort` (which
+    raises) for a malformed or failed append. Cancelled (the client left), the append is
+    rolled back and the cancellation propagates."""
+    it = request_iterator.__aiter__()
+    try:
+        first = await anext(it)
+    except StopAsyncIteration:
+        await RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "empty Append stream").abort(context)
+    try:
+        validate_first_append_request(first)
+    except ValidationError as err:
+        await abort_invalid(context, err)
+    fsm = AppendFSM(broker, first, it, chunk_timeout=broker.cfg.chunk_timeout)
+    state = await fsm.run()
+    if state is AppendState.FINISHED:
+        assert fsm.response is not None
+        return fsm.response
+    if state is AppendState.PROXY:
+        assert fsm.resolution is not None
+        return await _proxy(broker, fsm.resolution.proxy_to, fsm.header, first, it, context)
+    assert fsm.failure is not None
+    await fsm.failure.abort(context)
+
+
+async def _proxy(
+    broker: Broker,
+    target: str,
+    header: pb.Header,
+    first: pb.AppendRequest,
+    it: AsyncIterator[pb.AppendRequest],
+    context: Any,
+) -> pb.AppendResponse:
+    """Forward an Append stream to the journal's primary at `target` (with our `header`:
+    never forwarded again) and relay its response."""
+    forwarded = pb.AppendRequest()
+    forwarded.CopyFrom(first)
+    forwarded.header.CopyFrom(header)
+
+    async def requests() -> AsyncIterator[pb.AppendRequest]:
+        yield forwarded
+        async for msg in it:
+            yield msg
+
+    try:
+        resp: pb.AppendResponse = await broker.peer_stub(target).Append(requests())
+        return resp
+    except grpc.aio.AioRpcError as err:
+        await proxy_failure(target, err).abort(context)
