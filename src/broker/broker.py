@@ -27,6 +27,7 @@ import grpc
 import grpc.aio
 
 from gazette.allocator.allocator import Allocator, wait_until_no_assignments
+from gazette.allocator.member import Member
 from gazette.allocator.model import (
     Assignment,
     Item,
@@ -59,8 +60,9 @@ from gazette.broker.reservation import (
     span_for,
 )
 from gazette.broker.spool import COMMITS_SUFFIX, SPOOL_SUFFIX, SpoolError
-from gazette.keyspace.etcd import Compare, Etcd, EtcdError, op_put
+from gazette.keyspace.etcd import Etcd, EtcdError
 from gazette.keyspace.keyspace import KeySpace, KeyValue
+from gazette.mainboilerplate.process import StartupError
 
 PEER_CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
@@ -88,7 +90,7 @@ class SpoolPending(Exception):
     """A spool of a journal this broker no longer serves cannot be judged yet (retried)."""
 
 
-class BrokerStartupError(RuntimeError):
+class BrokerStartupError(StartupError):
     """The broker cannot start (etcd unreachable, duplicate member id, locked spool dir)."""
 
 
@@ -147,16 +149,23 @@ class Broker:
             process_spec=pb.ProcessSpec(id=self.process_id, endpoint=cfg.endpoint),
             journal_limit=cfg.journal_limit,
         )
-        self.keyspace = KeySpace(cfg.root + "/", self._decode)
+        self.member = Member(
+            etcd_endpoint=cfg.etcd,
+            root=cfg.root,
+            member_id=self.member_id,
+            spec=self.spec,
+            decode_spec=pb.BrokerSpec.FromString,
+            keyspace=KeySpace(cfg.root + "/", self._decode),
+            lease_ttl=cfg.lease_ttl,
+            reconcile=lambda: self._reconcile_once(),
+            item_replication=lambda spec: int(spec.replication),
+            member_limit=lambda spec: int(spec.journal_limit),
+            is_consistent=self._is_consistent,
+        )
         self.replicas: dict[str, JournalReplica] = {}
         self._ready: dict[str, asyncio.Event] = {}
         self.persist_queue: asyncio.Queue[tuple[JournalReplica, FragmentEntry]] = asyncio.Queue()
         self.cache = FragmentCache(cfg.spool_dir / "cache", cfg.cache_bytes)
-        self.etcd: Etcd | None = None
-        self.session: MemberSession | None = None
-        self.allocator: Allocator | None = None
-        self.lease_id = 0
-        self._reconcile = asyncio.Event()
         self._lock_fd: int | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, Any] = {}
@@ -176,6 +185,28 @@ class Broker:
         self._routes: dict[str, tuple[pb.Route, RouteKey]] = {}
         self._mine: dict[str, tuple[KeyValue[Any], int] | None] = {}
         self._headers: dict[str, pb.Header] = {}
+
+    # --- the member (`allocator.member`) ---------------------------------------------------
+    @property
+    def keyspace(self) -> KeySpace:
+        """The mirror of the broker keyspace (journals, brokers, assignments)."""
+        return self.member.keyspace
+
+    @property
+    def etcd(self) -> Etcd | None:
+        return self.member.etcd
+
+    @property
+    def session(self) -> MemberSession | None:
+        return self.member.session
+
+    @property
+    def allocator(self) -> Allocator | None:
+        return self.member.allocator
+
+    @property
+    def lease_id(self) -> int:
+        return self.member.lease_id
 
     # --- decoding of the keyspace ---------------------------------------------------------
     def _decode(self, key: str, raw: bytes) -> Any:
@@ -360,7 +391,7 @@ class Broker:
             return self.replicas.get(name)  # recovered already: nothing to wait for
         if ready is None:
             ready = self._ready[name] = asyncio.Event()
-        self._reconcile.set()
+        self.member.reconcile_soon()
         async with asyncio.timeout(max(timeout, 0.001)):
             await ready.wait()
         return self.replicas.get(name)
@@ -378,52 +409,25 @@ class Broker:
             ) from err
         self._lock_fd = fd
 
-    def _is_previous_instance(self, raw: bytes) -> bool:
-        """Whether an existing member announcement is our own crashed predecessor.
-
-        We hold the spool directory's lock, so no live broker uses this spool dir; if the
-        announcement advertises our endpoint it is our previous incarnation (e.g. after
-        SIGKILL), and revoking its lease removes its member and assignment keys at once
-        instead of waiting out the TTL.
-        """
-        try:
-            previous = pb.BrokerSpec.FromString(raw)
-        except Exception:  # noqa: BLE001
-            return False
-        return previous.process_spec.endpoint == self.cfg.endpoint
-
     async def start(self) -> None:
-        """Lock the spool dir, open etcd, announce this member and load the keyspace."""
+        """Lock the spool dir, then start the member (`Member.start`: open etcd, announce,
+        load the keyspace), then persist the spools a previous run left.
+
+        Holding the spool directory's lock, no live broker uses this spool dir: an
+        announcement of our endpoint is our previous incarnation (e.g. after SIGKILL),
+        which the member replaces at once instead of waiting out its lease.
+        """
         self._lock_spool_dir()
-        self.etcd = Etcd(self.cfg.etcd)
-        key = self.keys.member(self.cfg.zone, self.cfg.suffix)
-        self.session = MemberSession(self.etcd, key, self.cfg.lease_ttl)
         try:
-            await self.session.announce(
-                self.spec.SerializeToString(), replace_if=self._is_previous_instance
-            )
-            self.lease_id = self.session.lease_id
-            await self.keyspace.load(self.etcd)
+            await self.member.start()
         except MemberExistsError as err:
             raise BrokerStartupError(
-                f"member key {key} exists: another broker runs as "
+                f"member key {self.member.key} exists: another broker runs as "
                 f"{self.cfg.zone}#{self.cfg.suffix} (or its lease has not expired yet)"
             ) from err
         except EtcdError as err:
             raise BrokerStartupError(f"etcd {self.cfg.etcd}: {err}") from err
-        self.allocator = Allocator(
-            self.etcd,
-            self.keyspace,
-            self.cfg.root,
-            self.member_id,
-            item_replication=lambda spec: int(spec.replication),
-            member_limit=lambda spec: int(spec.journal_limit),
-            member_exiting=lambda spec: bool(spec.exiting),
-            is_consistent=self._is_consistent,
-        )
         await self._persist_leftover_spools()
-        self.keyspace.observe(self._reconcile.set)
-        self._reconcile.set()
 
     async def _persist_leftover_spools(self) -> None:
         """Persist the committed spools a previous run left in the spool directory.
@@ -480,15 +484,7 @@ class Broker:
 
     async def run_background(self) -> None:
         """Background loops; runs until cancelled. Any loop failing fails the broker."""
-        assert self.etcd is not None and self.session is not None
-        assert self.allocator is not None
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self.keyspace.watch(self.etcd), name="keyspace-watch")
-            tg.create_task(self.session.keep_alive(), name="lease")
-            tg.create_task(self.allocator.serve(), name="allocator")
-            tg.create_task(self._reconcile_loop(), name="reconcile")
-            tg.create_task(self._persist_loop(), name="persist")
-            tg.create_task(self._flush_loop(), name="flush")
+        await self.member.run(("persist", self._persist_loop), ("flush", self._flush_loop))
 
     def _enqueue(self, replica: JournalReplica, entries: list[FragmentEntry]) -> None:
         for entry in entries:
@@ -501,12 +497,8 @@ class Broker:
     async def drain(self, timeout: float) -> bool:
         """Graceful exit: mark this member `exiting` and wait (up to `timeout`) until the
         allocator has moved every journal away. Returns whether it got there."""
-        assert self.session is not None
-        spec = pb.BrokerSpec()
-        spec.CopyFrom(self.spec)
-        spec.exiting = True
         try:
-            await self.session.update(spec.SerializeToString())
+            await self.member.mark_exiting()
         except EtcdError as err:
             log.error("cannot mark this broker exiting err=%s", err)
             return False
@@ -581,40 +573,18 @@ class Broker:
         await self.cache.close()
         for channel in self._channels.values():
             await channel.close(None)
-        if self.session is not None:
-            try:
-                await self.session.release()
-            except EtcdError as err:
-                log.warning("cannot revoke lease err=%s", err)
-        if self.etcd is not None:
-            await self.etcd.close()
+        await self.member.release()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
 
     # --- reconciliation of replicas and assignments ---------------------------------------
-    async def _reconcile_loop(self) -> None:
-        while True:
-            await self._reconcile.wait()
-            self._reconcile.clear()
-            try:
-                await self._reconcile_once()
-            except EtcdError as err:
-                log.warning("assignment update failed err=%s; retrying", err)
-                await asyncio.sleep(0.5)
-                self._reconcile.set()
-
     async def _reconcile_once(self) -> None:
         """Make local replicas follow this broker's assignments and advertise routes."""
         assert self.etcd is not None
         specs = {
             kv.key[len(self.keys.items) :]: kv for kv in self.keyspace.prefixed(self.keys.items)
         }
-        mine: dict[str, tuple[KeyValue[Any], int]] = {}
-        for kv in self.keyspace.prefixed(self.keys.assign):
-            item, member_id, slot = parse_assignment_key(self.cfg.root, kv.key)
-            if member_id == self.member_id and item in specs:
-                if item not in mine or slot < mine[item][1]:
-                    mine[item] = (kv, slot)
+        mine = {item: a for item, a in self.member.assignments().items() if item in specs}
         for name, (akv, slot) in mine.items():
             spec_kv = specs[name]
             replica = self.replicas.get(name)
@@ -632,7 +602,7 @@ class Broker:
                 except Exception:  # noqa: BLE001 - one journal must not take the broker down
                     log.exception("recovery failed journal=%s; retrying", name)
                     replica.close()
-                    asyncio.get_running_loop().call_later(2.0, self._reconcile.set)
+                    asyncio.get_running_loop().call_later(2.0, self.member.reconcile_soon)
                     continue
                 self.replicas[name] = replica
             elif spec_kv.mod_revision != replica.mod_revision:
@@ -650,7 +620,7 @@ class Broker:
                 replica.pipeline.close()  # no longer primary: peers follow someone else
                 replica.pipeline = None
             if route_key(akv.value) != key:
-                await self._advertise(akv, route)
+                await self.member.advertise(akv, route)
         for name in list(self.replicas):
             if name not in mine:
                 replica = self.replicas.pop(name)
@@ -658,15 +628,6 @@ class Broker:
                 if ready is not None:
                     ready.set()  # wake waiters: they find no replica and look again
                 self._spawn_drop(replica, deleted=name not in specs)
-
-    async def _advertise(self, akv: KeyValue[Any], route: pb.Route) -> None:
-        """Write `route` as the value of our assignment (guarded by its mod revision)."""
-        assert self.etcd is not None
-        key = akv.key.encode()
-        await self.etcd.txn(
-            [Compare(key, "mod", akv.mod_revision)],
-            [op_put(key, route.SerializeToString(), akv.lease)],
-        )
 
     def _spawn_drop(self, replica: JournalReplica, *, deleted: bool) -> None:
         task = asyncio.create_task(self._drop(replica, deleted=deleted))
@@ -677,7 +638,7 @@ class Broker:
             self._tasks.discard(t)
             if self._dropping.get(replica.name) is t:
                 del self._dropping[replica.name]
-                self._reconcile.set()  # the journal may be assigned here again
+                self.member.reconcile_soon()  # the journal may be assigned here again
 
         task.add_done_callback(done)
 
@@ -700,7 +661,7 @@ class Broker:
             try:
                 async with replica.lock:
                     await self.ensure_pipeline(replica)
-                self._reconcile.set()
+                self.member.reconcile_soon()
                 return
             except ReplicationError as err:
                 log.warning("replication sync failed journal=%s err=%s; retrying", name, err)

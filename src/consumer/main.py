@@ -14,6 +14,9 @@ A process whose etcd lease expired (it was paused, or cut off from etcd, for lon
 ``--lease-ttl``) has been fenced: its shards went to other members, and its recovery logs'
 hand-offs refuse its writes. It stops like a drained one, logs one WARNING line saying so,
 and exits with status `EXIT_FENCED`; restart it to rejoin.
+
+The life cycle is the one every member process shares (`mainboilerplate.process`); the
+consumer's parts are `ConsumerProcess`.
 """
 
 from __future__ import annotations
@@ -22,9 +25,6 @@ import asyncio
 import importlib
 import inspect
 import logging
-import os
-import signal
-import sys
 from typing import Any
 
 import grpc
@@ -42,10 +42,11 @@ from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.runtime import ConsumerRuntime
 from gazette.consumer.shard_api import ShardAPI
 from gazette.keyspace.etcd import EtcdError
+from gazette.mainboilerplate import process
 
 __all__ = [
     "EXIT_FENCED",
-    "ConsumerFenced",
+    "ConsumerProcess",
     "ConsumerStartupError",
     "load_application",
     "main",
@@ -54,18 +55,15 @@ __all__ = [
 
 log = logging.getLogger("consumer")
 
-EXIT_FENCED = 3
-"""Exit status of a consumer that was fenced: its etcd lease expired (`ConsumerFenced`)."""
+EXIT_FENCED = process.EXIT_LEASE_LOST
+"""Exit status of a consumer that was fenced: its etcd lease expired."""
+
+STOP_GRACE = 2.0
+"""Seconds RPCs in flight get to finish once the consumer stops serving."""
 
 
-class ConsumerStartupError(Exception):
+class ConsumerStartupError(process.StartupError):
     """The consumer cannot start (bad application, etcd unreachable, address in use...)."""
-
-
-class ConsumerFenced(Exception):
-    """The member's etcd lease expired while the process ran (it was paused, or cut off from
-    etcd, for longer than ``--lease-ttl``): its shards were handed to other members, and it
-    has stopped. Restart the process to rejoin. ``__cause__`` is the `LeaseLostError`."""
 
 
 def load_application(ref: str) -> Application:
@@ -96,156 +94,139 @@ def load_application(ref: str) -> Application:
     return app  # type: ignore[return-value]
 
 
-async def serve(cfg: ConsumerConfig, app: Application) -> None:
-    """Serve until a termination signal; then hand shards over and stop."""
-    runtime = ConsumerRuntime(cfg, app)
-    http: ConsumerHTTP | None = None
-    if cfg.http_port:
-        # Bound before registering: a port in use fails the start with nothing announced.
-        http = ConsumerHTTP(
-            runtime,
-            cfg.http_host,
-            cfg.http_port,
-            # In-flight requests may delay the exit a little, not beyond the drain's bound.
-            shutdown_timeout=min(DEFAULT_SHUTDOWN_TIMEOUT, max(cfg.drain_timeout, 0.0)),
-        )
+class ConsumerProcess:
+    """The consumer's parts of a member process's life cycle (`process.MemberProcess`)."""
+
+    def __init__(self, cfg: ConsumerConfig, app: Application) -> None:
+        self.cfg = cfg
+        self.app = app
+        self.runtime = ConsumerRuntime(cfg, app)
+        self.http: ConsumerHTTP | None = None
+        self.server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        cfg, runtime = self.cfg, self.runtime
+        if cfg.http_port:
+            # Bound before registering: a port in use fails the start with nothing announced.
+            http = ConsumerHTTP(
+                runtime,
+                cfg.http_host,
+                cfg.http_port,
+                # In-flight requests may delay the exit a little, not beyond the drain's bound.
+                shutdown_timeout=min(DEFAULT_SHUTDOWN_TIMEOUT, max(cfg.drain_timeout, 0.0)),
+            )
+            try:
+                await http.start(getattr(self.app, "register_http", None))
+            except HTTPStartError as err:
+                raise ConsumerStartupError(str(err)) from err
+            self.http = http
         try:
-            await http.start(getattr(app, "register_http", None))
-        except HTTPStartError as err:
-            raise ConsumerStartupError(str(err)) from err
-    try:
-        await _serve(cfg, app, runtime, http)
-    finally:
-        if http is not None:
-            await http.close()
+            await runtime.start()
+        except MemberExistsError as err:
+            raise ConsumerStartupError(
+                f"another consumer runs as {cfg.zone}#{cfg.suffix} under {cfg.root} "
+                "(or its lease has not expired yet)"
+            ) from err
+        except EtcdError as err:
+            raise ConsumerStartupError(f"etcd {cfg.etcd}: {err}") from err
+        assert runtime.etcd is not None
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        api = ShardAPI(
+            runtime.etcd, runtime.keyspace, cfg.root, runtime.process_id, stat=runtime.stat
+        )
+        pb_grpc.add_ShardServicer_to_server(api, server)
+        register = getattr(self.app, "register_grpc", None)
+        if register is not None:
+            register(server, runtime)
+        try:
+            server.add_insecure_port(cfg.listen)
+        except RuntimeError as err:
+            await runtime.shutdown()
+            raise ConsumerStartupError(f"cannot listen on {cfg.listen}: {err}") from err
+        await server.start()
+        self.server = server
+
+    def ready(self) -> str:
+        cfg = self.cfg
+        if self.http is not None:
+            self.http.set_ready()
+        http_at = self.http.endpoint if self.http is not None else "none"
+        log.info(
+            "serving endpoint=%s http=%s etcd=%s root=%s app=%s",
+            cfg.endpoint,
+            http_at,
+            cfg.etcd,
+            cfg.root,
+            cfg.app,
+        )
+        return f"consumer ready endpoint={cfg.endpoint} http={http_at} id={cfg.zone}#{cfg.suffix}"
+
+    async def run(self) -> None:
+        await self.runtime.run_background()
+
+    def stopping(self) -> None:
+        if self.http is not None:
+            self.http.set_draining()
+
+    async def drain(self, timeout: float) -> bool:
+        return await self.runtime.drain(timeout)
+
+    async def stop_serving(self) -> None:
+        """After the drain: stop serving. The HTTP server answers 503 to the application's
+        routes from here on, and is closed (requests in flight get its ``shutdown_timeout``)
+        before the runtime shuts down: no handler runs on a runtime whose replicas are
+        released and whose clients are closed."""
+        if self.http is not None:
+            self.http.set_stopped()
+        assert self.server is not None
+        closing = [self.server.stop(grace=STOP_GRACE)]
+        if self.http is not None:
+            closing.append(self.http.close())
+        for err in await asyncio.gather(*closing, return_exceptions=True):
+            if isinstance(err, Exception):
+                log.warning("closing a server failed err=%r", err)
+            elif isinstance(err, BaseException):
+                raise err
+
+    async def shutdown(self) -> None:
+        await self.runtime.shutdown()
+
+    async def close(self) -> None:
+        if self.http is not None:
+            await self.http.close()
 
 
-async def _serve(
-    cfg: ConsumerConfig, app: Application, runtime: ConsumerRuntime, http: ConsumerHTTP | None
-) -> None:
-    try:
-        await runtime.start()
-    except MemberExistsError as err:
-        raise ConsumerStartupError(
-            f"another consumer runs as {cfg.zone}#{cfg.suffix} under {cfg.root} "
-            "(or its lease has not expired yet)"
-        ) from err
-    except EtcdError as err:
-        raise ConsumerStartupError(f"etcd {cfg.etcd}: {err}") from err
-    assert runtime.etcd is not None
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    api = ShardAPI(runtime.etcd, runtime.keyspace, cfg.root, runtime.process_id, stat=runtime.stat)
-    pb_grpc.add_ShardServicer_to_server(api, server)
-    register = getattr(app, "register_grpc", None)
-    if register is not None:
-        register(server, runtime)
-    try:
-        server.add_insecure_port(cfg.listen)
-    except RuntimeError as err:
-        await runtime.shutdown()
-        raise ConsumerStartupError(f"cannot listen on {cfg.listen}: {err}") from err
-    await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    if http is not None:
-        http.set_ready()
-    http_at = http.endpoint if http is not None else "none"
-    print(
-        f"consumer ready endpoint={cfg.endpoint} http={http_at} id={cfg.zone}#{cfg.suffix}",
-        flush=True,
+async def serve(cfg: ConsumerConfig, app: Application) -> None:
+    """Serve until a termination signal; then hand shards over and stop. Raises
+    `ConsumerStartupError`, or `LeaseLostError` (once stopped) if the process was fenced."""
+    await process.serve(ConsumerProcess(cfg, app), cfg.drain_timeout, log, fenced=LeaseLostError)
+
+
+async def _main(cfg: ConsumerConfig) -> None:
+    await serve(cfg, load_application(cfg.app))
+
+
+def _fenced(cfg: ConsumerConfig, err: LeaseLostError) -> None:
+    # Normal for a process that lost its lease: said once, without a traceback.
+    log.warning(
+        "fenced: the lease of member %s#%s expired (the process was paused, or cut off from "
+        "etcd, for longer than --lease-ttl %ds), so its shards were handed to other members; "
+        "restart it to rejoin",
+        cfg.zone,
+        cfg.suffix,
+        cfg.lease_ttl,
     )
-    log.info(
-        "serving endpoint=%s http=%s etcd=%s root=%s app=%s",
-        cfg.endpoint,
-        http_at,
-        cfg.etcd,
-        cfg.root,
-        cfg.app,
-    )
-    background = asyncio.create_task(runtime.run_background(), name="consumer-background")
-    stopped = asyncio.create_task(stop.wait())
-    await asyncio.wait({background, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    log.info("stopping")
-    if http is not None:
-        http.set_draining()
-    if not background.done() and cfg.drain_timeout > 0:
-        await runtime.drain(cfg.drain_timeout)
-    await _stop(runtime, server, http, background)
-    failure = None if background.cancelled() else background.exception()
-    if failure is not None:
-        lost = _lease_lost(failure)
-        if lost is not None:
-            raise ConsumerFenced(
-                f"the lease of member {cfg.zone}#{cfg.suffix} expired (the process was paused, "
-                f"or cut off from etcd, for longer than --lease-ttl {cfg.lease_ttl}s), so its "
-                "shards were handed to other members; restart it to rejoin"
-            ) from lost
-        raise failure
-
-
-def _lease_lost(err: BaseException) -> LeaseLostError | None:
-    """The `LeaseLostError` that ended the background loops, if that is what ended them
-    (they run in a task group: it comes wrapped in an exception group)."""
-    if isinstance(err, LeaseLostError):
-        return err
-    if isinstance(err, BaseExceptionGroup):
-        for inner in err.exceptions:
-            found = _lease_lost(inner)
-            if found is not None:
-                return found
-    return None
-
-
-async def _stop(
-    runtime: ConsumerRuntime,
-    server: grpc.aio.Server,
-    http: ConsumerHTTP | None,
-    background: asyncio.Task[None],
-) -> None:
-    """After the drain: stop serving, then the runtime. The HTTP server answers 503 to the
-    application's routes from here on, and is closed (requests in flight get its
-    ``shutdown_timeout``) before the runtime shuts down: no handler runs on a runtime whose
-    replicas are released and whose clients are closed."""
-    if http is not None:
-        http.set_stopped()
-    closing = [server.stop(grace=2)]
-    if http is not None:
-        closing.append(http.close())
-    for err in await asyncio.gather(*closing, return_exceptions=True):
-        if isinstance(err, Exception):
-            log.warning("closing a server failed err=%r", err)
-        elif isinstance(err, BaseException):
-            raise err
-    background.cancel()
-    # Waited for, not awaited: had it failed (its lease lost), awaiting it would raise here,
-    # and the replicas would be left to asyncio.run's teardown, commits cut off mid-way.
-    await asyncio.wait({background})
-    await runtime.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:
-    # Stores, their recovery-log playbacks and fusefs backing files hold the application's
-    # state: private to the consumer's user (docs/file-modes.md). Set first, so it covers
-    # what RocksDB, SQLite and the fusefs process (which inherits it) create.
-    os.umask(0o077)
-    cfg = parse_args(argv)
-    logging.basicConfig(
-        level=cfg.log_level.upper(),
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-        stream=sys.stderr,
+    process.run_main(
+        "gazette-consumer",
+        lambda: parse_args(argv),
+        lambda cfg: cfg.log_level,
+        _main,
+        fenced=LeaseLostError,
+        on_fenced=_fenced,
     )
-    try:
-        app = load_application(cfg.app)
-        asyncio.run(serve(cfg, app))
-    except ConsumerStartupError as err:
-        print(f"gazette-consumer: {err}", file=sys.stderr)
-        sys.exit(2)
-    except ConsumerFenced as err:
-        # Normal for a process that lost its lease: said once, without a traceback.
-        log.warning("fenced: %s", err)
-        sys.exit(EXIT_FENCED)
 
 
 if __name__ == "__main__":

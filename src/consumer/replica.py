@@ -36,7 +36,7 @@ import inspect
 import itertools
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,7 +71,7 @@ from gazette.recoverylog.author import new_author
 from gazette.recoverylog.player import TAIL, PlaybackProgress, Player
 
 if TYPE_CHECKING:
-    from gazette.fusefs.mount import ServerPool
+    from gazette.consumer.store_hooks import StoreHook
 
 __all__ = ["ReplicaContext", "ShardReplica"]
 
@@ -106,9 +106,9 @@ class ReplicaContext:
     status_changed: Callable[[], None]
     """Called when a replica's status changed (the process advertises it in etcd)."""
     hint_interval: float = 300.0
-    fusefs_pool: ServerPool | None = None
-    """The process's fusefs processes started ahead of need (`RecoveredLog.fusefs_pool`);
-    a standby of a RocksDB store asks for them to be ready."""
+    store_hooks: Sequence[StoreHook] = ()
+    """The process's hooks of its store kinds (`consumer.store_hooks`): handed to stores
+    in `RecoveredLog.store_hooks`; a standby asks them to prepare for its promotion."""
 
 
 class ShardReplica:
@@ -371,7 +371,7 @@ class ShardReplica:
                 append_service=self.append_service,
                 broker_endpoint=self.ctx.broker_endpoint,
                 hints=hints,
-                fusefs_pool=self.ctx.fusefs_pool,
+                store_hooks=self.ctx.store_hooks,
             )
         except BaseException:
             play.cancel()
@@ -391,20 +391,22 @@ class ShardReplica:
         self.progress = progress
 
     async def _standby(self, player: Player) -> None:
-        """Tail the log until promoted. Once the played files are a RocksDB's (the primary
-        may create them later), have a fusefs process ready: promoted, the store then mounts
-        without waiting for a process to start (~0.35 s)."""
-        pool = self.ctx.fusefs_pool
-        if pool is not None:
-            pause = 0.25  # Growing to 4 s: standbys of other stores never see the file.
-            while not player.is_linked("/CURRENT"):
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(pause):
-                        await self._primary.wait()
-                if self._primary.is_set():
-                    return
-                pause = min(pause * 2, 4.0)
-            pool.reserve()
+        """Tail the log until promoted. Meanwhile the store kinds' hooks prepare for the
+        promotion once the played files are of their kind (the primary may create them
+        later): RocksDB's has a fusefs process ready, so the store mounts without waiting
+        for a process to start (~0.35 s)."""
+        waiting = list(self.ctx.store_hooks)
+        pause = 0.25  # Growing to 4 s: standbys of other stores never see their files.
+        while True:
+            waiting = [hook for hook in waiting if not hook.standby(player.is_linked)]
+            if not waiting:
+                break
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):
+                    await self._primary.wait()
+            if self._primary.is_set():
+                return
+            pause = min(pause * 2, 4.0)
         await self._primary.wait()
 
     async def _load_hints(self, log_name: str) -> rpb.FSMHints | None:

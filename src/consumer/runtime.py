@@ -1,10 +1,11 @@
 """A consumer process: its member session, the allocator, and the shards assigned to it.
 
-The process announces ``{root}/members/{zone}#{suffix}`` (a ConsumerSpec, under its lease),
-mirrors the application's keyspace, and runs the shared allocator (`allocator.Allocator`):
-each shard gets ``1 + hot_standbys`` replicas; a replica counts as consistent once it
-reports STANDBY or PRIMARY, so the allocator moves a primary away only after its successor
-caught up with the recovery log (zero-downtime hand-off, even without standbys).
+The process is a member of the application's keyspace (`allocator.member.Member`): it
+announces ``{root}/members/{zone}#{suffix}`` (a ConsumerSpec, under its lease), mirrors the
+keyspace, runs the shared allocator and reconciles its replicas at each change. Each shard
+gets ``1 + hot_standbys`` replicas; a replica counts as consistent once it reports STANDBY or
+PRIMARY, so the allocator moves a primary away only after its successor caught up with the
+recovery log (zero-downtime hand-off, even without standbys).
 
 For every assignment of this process a `ShardReplica` runs (standby, then primary when its
 slot becomes 0); its ReplicaStatus is written as the assignment's value, guarded by the
@@ -17,11 +18,11 @@ another member could take: a FAILED replica is not waited for (it serves nothing
 is assigned anew once this process is gone), nor a shard the allocator can place nowhere
 else (no other live member with room).
 
-A replica FAILED because its store lost its recording process (`consumer.store.RecordingLost`:
-RocksDB's fusefs process died) gives its assignment up (`_give_up`): the allocator promotes a
-standby, or assigns the shard anew, and the log has everything acknowledged. Not twice within
-`RECORDING_LOST_INTERVAL` for one shard here: a recording process that keeps dying leaves the
-replica FAILED, for the operator.
+A replica FAILED because its store lost its recording process (`consumer.store.RecordingLost`,
+e.g. the process recording a RocksDB store died) gives its assignment up (`_give_up`): the
+allocator promotes a standby, or assigns the shard anew, and the log has everything
+acknowledged. Not twice within `RECORDING_LOST_INTERVAL` for one shard here: a recording
+process that keeps dying leaves the replica FAILED, for the operator.
 """
 
 from __future__ import annotations
@@ -38,13 +39,8 @@ import grpc
 import grpc.aio
 
 from gazette.allocator.allocator import Allocator
-from gazette.allocator.model import (
-    Assignment,
-    Item,
-    MemberID,
-    member_key,
-    parse_assignment_key,
-)
+from gazette.allocator.member import Member
+from gazette.allocator.model import Assignment, Item, MemberID
 from gazette.allocator.session import MemberSession
 from gazette.allocator.solver import solve
 from gazette.broker.client import JournalClient
@@ -56,8 +52,8 @@ from gazette.consumer.protocol import pb
 from gazette.consumer.replica import ReplicaContext, ShardReplica
 from gazette.consumer.shard_api import shard_route
 from gazette.consumer.spec import ShardKeys, decode_consumer_value, desired_replication
-from gazette.fusefs.mount import ServerPool, collect_killed
-from gazette.keyspace.etcd import Compare, Etcd, EtcdError, op_delete, op_put
+from gazette.consumer.store_hooks import StoreHook, registered
+from gazette.keyspace.etcd import Compare, Etcd, EtcdError, op_delete
 from gazette.keyspace.keyspace import KeySpace, KeyValue
 
 __all__ = ["ConsumerRuntime", "Resolution"]
@@ -94,13 +90,22 @@ class ConsumerRuntime:
             shard_limit=cfg.shard_limit,
         )
         self.keys = ShardKeys(cfg.root)
-        self.keyspace = KeySpace(self.keys.keyspace_prefix, decode_consumer_value(cfg.root))
+        self.member = Member(
+            etcd_endpoint=cfg.etcd,
+            root=cfg.root,
+            member_id=self.member_id,
+            spec=self.spec,
+            decode_spec=pb.ConsumerSpec.FromString,
+            keyspace=KeySpace(self.keys.keyspace_prefix, decode_consumer_value(cfg.root)),
+            lease_ttl=cfg.lease_ttl,
+            reconcile=lambda: self._reconcile_once(),
+            item_replication=desired_replication,
+            member_limit=lambda spec: int(spec.shard_limit),
+            is_consistent=self._is_consistent,
+            is_failed=self._is_failed,
+        )
         self.replicas: dict[str, ShardReplica] = {}
-        self.etcd: Etcd | None = None
-        self.session: MemberSession | None = None
-        self.allocator: Allocator | None = None
         self.client: JournalClient | None = None
-        self._reconcile = asyncio.Event()
         # Replicas being stopped, by shard: a new replica of the shard waits for its directory.
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._stubs: dict[str, Any] = {}
@@ -110,41 +115,35 @@ class ConsumerRuntime:
         # and when one last gave it up (`_give_up`).
         self._lost: dict[str, tuple[ShardReplica, bool, int]] = {}
         self._lost_at: dict[str, float] = {}
-        # fusefs processes kept ready once a RocksDB standby is here (`fusefs.mount`).
-        self._fusefs_pool = ServerPool(size=cfg.fusefs_prestart) if cfg.fusefs_prestart else None
+        # What the application's store kinds keep for the whole process (`store_hooks`).
+        self.store_hooks: list[StoreHook] = [
+            kind.start(cfg.store_options.get(kind.name)) for kind in registered()
+        ]
+
+    @property
+    def keyspace(self) -> KeySpace:
+        """The mirror of the application's keyspace (shards, members, assignments)."""
+        return self.member.keyspace
+
+    @property
+    def etcd(self) -> Etcd | None:
+        return self.member.etcd
+
+    @property
+    def session(self) -> MemberSession | None:
+        return self.member.session
+
+    @property
+    def allocator(self) -> Allocator | None:
+        return self.member.allocator
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
-        """Connect to etcd and the brokers, announce this member and load the keyspace."""
-        cfg = self.cfg
-        self.etcd = Etcd(cfg.etcd)
-        self.client = JournalClient(cfg.brokers)
-        key = member_key(cfg.root, self.member_id)
-        self.session = MemberSession(self.etcd, key, cfg.lease_ttl)
-        await self.session.announce(self.spec.SerializeToString(), replace_if=self._is_previous)
-        await self.keyspace.load(self.etcd)
-        self.allocator = Allocator(
-            self.etcd,
-            self.keyspace,
-            cfg.root,
-            self.member_id,
-            item_replication=desired_replication,
-            member_limit=lambda spec: int(spec.shard_limit),
-            member_exiting=lambda spec: bool(spec.exiting),
-            is_consistent=self._is_consistent,
-            is_failed=self._is_failed,
-        )
-        self.keyspace.observe(self._reconcile.set)
-        self._reconcile.set()
-        cfg.workdir.mkdir(parents=True, exist_ok=True)
-
-    def _is_previous(self, raw: bytes) -> bool:
-        """An existing announcement of our endpoint is our own crashed predecessor."""
-        try:
-            spec = pb.ConsumerSpec.FromString(raw)
-        except Exception:  # noqa: BLE001
-            return False
-        return spec.process_spec.endpoint == self.cfg.endpoint
+        """Connect to etcd and the brokers, announce this member and load the keyspace.
+        Raises `MemberExistsError` or `EtcdError` (`Member.start`)."""
+        self.client = JournalClient(self.cfg.brokers)
+        await self.member.start()
+        self.cfg.workdir.mkdir(parents=True, exist_ok=True)
 
     @staticmethod
     def _is_consistent(item: Item, assignment: Assignment, assignments: list[Assignment]) -> bool:
@@ -158,24 +157,16 @@ class ConsumerRuntime:
         return isinstance(value, pb.ReplicaStatus) and value.code == Code.FAILED
 
     async def run_background(self) -> None:
-        """Background loops; runs until cancelled. A loop failing fails the process."""
-        assert self.etcd is not None and self.session is not None and self.allocator is not None
-        async with asyncio.TaskGroup() as tg:
-            tg.create_task(self.keyspace.watch(self.etcd), name="keyspace-watch")
-            tg.create_task(self.session.keep_alive(), name="lease")
-            tg.create_task(self.allocator.serve(), name="allocator")
-            tg.create_task(self._reconcile_loop(), name="reconcile")
+        """Background loops (`Member.run`); runs until cancelled. A loop failing fails the
+        process."""
+        await self.member.run()
 
     async def drain(self, timeout: float) -> bool:
         """Graceful exit: mark this member exiting; wait (up to `timeout`) until the allocator
         moved away every shard another member can take (module docs). Returns whether it got
         there."""
-        assert self.session is not None
-        spec = pb.ConsumerSpec()
-        spec.CopyFrom(self.spec)
-        spec.exiting = True
         try:
-            await self.session.update(spec.SerializeToString())
+            await self.member.mark_exiting()
         except EtcdError as err:
             log.error("cannot mark this consumer exiting err=%s", err)
             return False
@@ -221,43 +212,19 @@ class ConsumerRuntime:
         self.replicas.clear()
         if self._stopping:
             await asyncio.gather(*self._stopping.values(), return_exceptions=True)
-        if self._fusefs_pool is not None:
-            await self._fusefs_pool.close()
-        await collect_killed()  # The fusefs processes of destroyed stores.
-        if self.session is not None:
-            with contextlib.suppress(EtcdError):
-                await self.session.release()
+        for hook in self.store_hooks:
+            await hook.close()
+        await self.member.release()
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.close()
         for ch in self._channels:
             await ch.close(None)
-        if self.etcd is not None:
-            await self.etcd.close()
 
     # --- reconciliation -----------------------------------------------------------------------
     def _mine(self) -> dict[str, tuple[KeyValue[Any], int]]:
         """This process's assignments: shard id -> (assignment, slot)."""
-        out: dict[str, tuple[KeyValue[Any], int]] = {}
-        for kv in self.keyspace.prefixed(self.keys.assign):
-            try:
-                shard, member, slot = parse_assignment_key(self.cfg.root, kv.key)
-            except ValueError:
-                continue
-            if member == self.member_id and (shard not in out or slot < out[shard][1]):
-                out[shard] = (kv, slot)
-        return out
-
-    async def _reconcile_loop(self) -> None:
-        while True:
-            await self._reconcile.wait()
-            self._reconcile.clear()
-            try:
-                await self._reconcile_once()
-            except EtcdError as err:
-                log.warning("reconcile: etcd err=%s; retrying", err)
-                await asyncio.sleep(0.5)
-                self._reconcile.set()
+        return self.member.assignments()
 
     async def _reconcile_once(self) -> None:
         mine = self._mine()
@@ -285,7 +252,7 @@ class ConsumerRuntime:
             if replica.recording_lost is not None and await self._give_up(shard_id, akv, replica):
                 continue  # Its FAILED status is not advertised: the assignment goes.
             if not isinstance(akv.value, pb.ReplicaStatus) or akv.value != replica.status:
-                await self._advertise(akv, replica.status)
+                await self.member.advertise(akv, replica.status)
         for shard_id in list(self.replicas):
             replica = self.replicas[shard_id]
             demoted = shard_id in mine and mine[shard_id][1] != 0 and replica.is_primary
@@ -299,7 +266,7 @@ class ConsumerRuntime:
                 self._stop_replica(shard_id, why)
                 if shard_id in mine:
                     # Still assigned: say at once that this replica is not serving any more.
-                    await self._advertise(mine[shard_id][0], pb.ReplicaStatus(code=Code.IDLE))
+                    await self.member.advertise(mine[shard_id][0], pb.ReplicaStatus(code=Code.IDLE))
 
     def _stop_replica(self, shard_id: str, why: str) -> None:
         """Stop the replica of `shard_id` (in the background: a new replica of the shard
@@ -311,7 +278,7 @@ class ConsumerRuntime:
 
         def stopped(_t: asyncio.Task[None]) -> None:
             del self._stopping[shard_id]
-            self._reconcile.set()  # It may be assigned here again meanwhile.
+            self.member.reconcile_soon()  # It may be assigned here again meanwhile.
 
         task.add_done_callback(stopped)
 
@@ -351,15 +318,6 @@ class ConsumerRuntime:
         self._stop_replica(shard_id, "gave its assignment up (recording lost)")
         return True
 
-    async def _advertise(self, akv: KeyValue[Any], status: pb.ReplicaStatus) -> None:
-        """Write `status` as the value of our assignment (guarded by its mod revision)."""
-        assert self.etcd is not None
-        key = akv.key.encode()
-        await self.etcd.txn(
-            [Compare(key, "mod", akv.mod_revision)],
-            [op_put(key, status.SerializeToString(), akv.lease)],
-        )
-
     def _context(self) -> ReplicaContext:
         assert self.etcd is not None and self.client is not None
         return ReplicaContext(
@@ -369,9 +327,9 @@ class ConsumerRuntime:
             broker_endpoint=self.cfg.brokers[0],
             workdir=self.cfg.workdir,
             root=self.cfg.root,
-            status_changed=self._reconcile.set,
+            status_changed=self.member.reconcile_soon,
             hint_interval=self.cfg.hint_interval,
-            fusefs_pool=self._fusefs_pool,
+            store_hooks=self.store_hooks,
         )
 
     # --- resolution ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from gazette.consumer.protocol import pb
 
 if TYPE_CHECKING:
     from gazette.broker.client import AppendService, JournalClient
-    from gazette.fusefs.mount import ServerPool
+    from gazette.consumer.store_hooks import StoreHook
     from gazette.recoverylog import recoverylog_pb2 as rpb
     from gazette.recoverylog.fsm import FSM
     from gazette.recoverylog.recorder import Recorder
@@ -91,9 +91,9 @@ class RecoveredLog:
     broker_endpoint: str
     hints: rpb.FSMHints | None = None
     """The hints playback started from (None: the whole log was read)."""
-    fusefs_pool: ServerPool | None = None
-    """fusefs processes started ahead of need, for a store that mounts one (`fusefs.mount`):
-    a promoted standby then mounts without waiting for a new process to start."""
+    store_hooks: Sequence[StoreHook] = ()
+    """The process's hooks of the store kinds its application uses (`consumer.store_hooks`):
+    a store finds its own kind's there (RocksDB: fusefs processes started ahead of need)."""
 
     def recorder(self) -> Recorder:
         """A Recorder of `directory` into `log`, continuing the played FSM."""

@@ -336,11 +336,11 @@ class _Recorder:
 async def test_exit_closes_http_before_the_runtime_shuts_down() -> None:
     """After the drain the HTTP server stops admitting application requests and is closed
     before `runtime.shutdown()` (a handler must not run on a shut-down runtime)."""
-    from gazette.consumer.main import _stop
+    from gazette.consumer.main import ConsumerProcess as Process
 
     calls: list[str] = []
-    runtime = ConsumerRuntime(ConsumerConfig(zone="z", suffix="s"), None)  # type: ignore[arg-type]
-    server = ConsumerHTTP(runtime, "127.0.0.1", 0)
+    proc = Process(ConsumerConfig(zone="z", suffix="s"), None)  # type: ignore[arg-type]
+    server = ConsumerHTTP(proc.runtime, "127.0.0.1", 0)
     await server.start()
     server.set_ready()
     server.set_draining()
@@ -352,14 +352,12 @@ async def test_exit_closes_http_before_the_runtime_shuts_down() -> None:
         await real_close()
 
     server.close = close  # type: ignore[method-assign]
-    background = asyncio.create_task(asyncio.Event().wait())
-    await _stop(
-        _Recorder(calls, "runtime"),  # type: ignore[arg-type]
-        _Recorder(calls, "grpc"),  # type: ignore[arg-type]
-        server,
-        background,
-    )
-    assert background.cancelled()
+    proc.http = server
+    proc.runtime = _Recorder(calls, "runtime")  # type: ignore[assignment]
+    proc.server = _Recorder(calls, "grpc")  # type: ignore[assignment]
+    # The order of the shared life cycle (mainboilerplate.process.serve).
+    await proc.stop_serving()
+    await proc.shutdown()
     assert calls.index("http.close") < calls.index("runtime.shutdown"), calls
     assert calls.index("grpc.stop") < calls.index("runtime.shutdown"), calls
     assert server._runner is None
@@ -391,13 +389,20 @@ def test_http_port_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_fusefs_prestart_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert parse_args(["m:A"]).fusefs_prestart == 1
-    assert parse_args(["m:A", "--fusefs-prestart", "0"]).fusefs_prestart == 0
+    """The RocksDB store kind's flag (`stores.rocksdb.prestart`, registered by importing the
+    store, as RocksDB applications do)."""
+    from gazette.stores.rocksdb.prestart import FUSEFS_PRESTART
+
+    def prestart(*args: str) -> int:
+        return int(parse_args(["m:A", *args]).store_options[FUSEFS_PRESTART.name].prestart)
+
+    assert prestart() == 1
+    assert prestart("--fusefs-prestart", "0") == 0
     monkeypatch.setenv("CONSUMER_FUSEFS_PRESTART", "3")
-    assert parse_args(["m:A"]).fusefs_prestart == 3
+    assert prestart() == 3
     for bad in ("-1", "65", "many"):
         with pytest.raises(SystemExit):
-            parse_args(["m:A", "--fusefs-prestart", bad])
+            prestart("--fusefs-prestart", bad)
 
 
 async def test_word_count_registers_its_http_query(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -83,8 +83,8 @@ def make_runtime(tmp_path: Path) -> tuple[ConsumerRuntime, FakeKeySpace, MemberI
     cfg = ConsumerConfig(root=ROOT, zone="z", suffix="me", workdir=tmp_path)
     rt = ConsumerRuntime(cfg, IdleApp())  # type: ignore[arg-type]
     ks = FakeKeySpace()
-    rt.keyspace = ks  # type: ignore[assignment]
-    rt.etcd = FakeEtcd()  # type: ignore[assignment]
+    rt.member.keyspace = ks  # type: ignore[assignment]
+    rt.member.etcd = FakeEtcd()  # type: ignore[assignment]
     rt.client = object()  # type: ignore[assignment]
     me = MemberID("z", "me")
     ks.put(member_key(ROOT, me), pb.ConsumerSpec())
@@ -218,7 +218,7 @@ async def test_a_lost_recording_gives_the_assignment_up_once_a_minute(
     monkeypatch.setattr(replica_mod, "SourceReaders", OneMessageReaders)
     rt, ks, me = make_runtime(tmp_path)
     rt.app = LostRecordingApp()  # type: ignore[assignment]
-    etcd = rt.etcd = RecordingEtcd()  # type: ignore[assignment]
+    etcd = rt.member.etcd = RecordingEtcd()  # type: ignore[assignment]
     akey = assignment_key(ROOT, "shard", me, 0)
     try:
         for attempt in range(2):

@@ -47,6 +47,7 @@ from gazette.fusefs import FuseMount, force_unmount, is_mounted
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.author import new_author
 from gazette.stores.rocksdb._wal import NoWal, WalFiles
+from gazette.stores.rocksdb.prestart import take_prestarted
 
 __all__ = [
     "CHECKPOINT_KEY",
@@ -181,7 +182,6 @@ class RocksDBStore:
         self.backing = Path(recovered.directory).resolve()
         self.info_log = _beside(self.backing, ".info-log")
         self.author = recovered.author
-        pool = recovered.fusefs_pool
         self.mount = await FuseMount.start(
             recovered.broker_endpoint,
             recovered.log,
@@ -192,7 +192,7 @@ class RocksDBStore:
             writeback=writeback,
             direct_writes=WAL_SUFFIXES,
             log_level=fusefs_log_level,
-            prestarted=pool.take(fusefs_log_level) if pool is not None else None,
+            prestarted=take_prestarted(recovered.store_hooks, fusefs_log_level),
         )
         try:
             self.info_log.mkdir(exist_ok=True)

@@ -1,0 +1,188 @@
+"""The flags of an allocator member process (a broker, a consumer), declared once.
+
+Both processes announce themselves in etcd under a root, as ``zone#suffix``, serve gRPC on a
+listen address (advertised as an endpoint), may serve HTTP on a port of the same host, hold
+their membership under a lease, drain at SIGTERM, and log at a level. `MemberConfig` holds
+those values; `MemberFlags` declares the flags that set them (types, environment look-up,
+defaults, checks). What a process calls them is its own: each passes the environment
+variables, help texts and error wordings its operators know (`MemberFlags` fields), and adds
+its own flags in between, so its ``--help`` reads in the order it always had.
+
+Flags win over environment variables, which win over the process's defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "MEMBER_FLAGS",
+    "MemberConfig",
+    "MemberFlags",
+    "check_process_id",
+    "default_suffix",
+    "env",
+    "http_host",
+]
+
+MEMBER_FLAGS = (
+    "etcd",
+    "root",
+    "zone",
+    "suffix",
+    "listen",
+    "advertise",
+    "http-port",
+    "lease-ttl",
+    "drain-timeout",
+    "log-level",
+)
+"""The flags every member process has (`MemberFlags.add` takes their names)."""
+
+MIN_LEASE_TTL = 2
+"""Shortest etcd lease (seconds): keep-alives are sent at a third of it."""
+
+
+def env(name: str, default: str) -> str:
+    """The environment variable `name`, or `default`."""
+    return os.environ.get(name, default)
+
+
+def default_suffix(hostname: str | None = None) -> str:
+    """The default process suffix (``--suffix``): the host's name, as upstream, made a valid
+    suffix where it is not one: a suffix is 4..128 token characters (``[A-Za-z0-9-_+/.]``),
+    so a short name such as ``vm`` becomes ``vm-host`` and other characters become ``-``.
+    Deterministic, so a restarted process takes the same identity."""
+    from gazette.broker.protocol.validation import (
+        MAX_SUFFIX_LENGTH,
+        MIN_SUFFIX_LENGTH,
+        TOKEN_SYMBOLS,
+    )
+
+    name = socket.gethostname() if hostname is None else hostname
+    name = "".join(c if c.isascii() and (c.isalnum() or c in TOKEN_SYMBOLS) else "-" for c in name)
+    if len(name) < MIN_SUFFIX_LENGTH:
+        name = f"{name}-host" if name else "host"
+    return name[:MAX_SUFFIX_LENGTH]
+
+
+def check_process_id(
+    parser: argparse.ArgumentParser, zone: str, suffix: str, env_names: str
+) -> None:
+    """Exits through `parser` (status 2) if --zone/--suffix (environment variables
+    `env_names`) do not make a valid ProcessSpec.ID."""
+    from gazette.broker.protocol import protocol_pb2 as pb
+    from gazette.broker.protocol.errors import ValidationError
+    from gazette.broker.protocol.validation import validate_process_id
+
+    try:
+        validate_process_id(pb.ProcessSpec.ID(zone=zone, suffix=suffix))
+    except ValidationError as err:
+        parser.error(f"--zone/--suffix ({env_names}): {err}")
+
+
+def http_host(listen: str) -> str:
+    """The host of a ``host:port`` listen address, which a process's HTTP server binds to
+    (brackets of an IPv6 address removed; every address if there is no host)."""
+    host = listen.rsplit(":", 1)[0] if ":" in listen else listen
+    return host.strip("[]") or "0.0.0.0"
+
+
+@dataclass(frozen=True)
+class MemberConfig:
+    """What every member process is configured with. A process's own configuration extends
+    it, overriding the defaults that differ (its root, its ports, its drain bound)."""
+
+    etcd: str = "http://127.0.0.1:2379"
+    root: str = "/gazette/cluster"
+    """etcd root of the keyspace: its items, members and assignments."""
+    zone: str = "local"
+    suffix: str = field(default_factory=default_suffix)
+    listen: str = "127.0.0.1:8080"
+    advertise: str = ""
+    lease_ttl: int = 20
+    drain_timeout: float = 30.0
+    log_level: str = "INFO"
+    http_port: int = 0
+    """Port of the HTTP server on the host of `listen`; 0: none."""
+
+    @property
+    def endpoint(self) -> str:
+        """The advertised endpoint: an absolute URL as upstream's (``http://host:port``),
+        defaulting to the listen address."""
+        ep = self.advertise or self.listen
+        return ep if "://" in ep else f"http://{ep}"
+
+    @property
+    def http_host(self) -> str:
+        """The host HTTP binds to: that of `listen` (brackets of an IPv6 address removed)."""
+        return http_host(self.listen)
+
+
+@dataclass(frozen=True)
+class MemberFlags:
+    """The member flags as one process presents them.
+
+    `env` names the environment variable of each flag (by its name in `MEMBER_FLAGS`; a flag
+    without one reads no environment), `help` its help text (absent: none). `no_http` says
+    what port 0 means, in the --http-port error; `lease_ttl_error` is the --lease-ttl error,
+    formatted with ``{value}``.
+    """
+
+    env: Mapping[str, str]
+    help: Mapping[str, str]
+    no_http: str
+    lease_ttl_error: str
+
+    def add(self, parser: argparse.ArgumentParser, defaults: MemberConfig, *names: str) -> None:
+        """Add the member flags `names` (of `MEMBER_FLAGS`) to `parser`, in that order,
+        defaulting to the environment, else to `defaults`."""
+        for name in names:
+            default: Any = getattr(defaults, name.replace("-", "_"))
+            variable = self.env.get(name)
+            if variable is not None:
+                # A string: parsed by `type` (argparse converts a string default).
+                default = env(variable, str(default))
+            kwargs: dict[str, Any] = {"default": default}
+            if name in ("http-port", "lease-ttl"):
+                kwargs["type"] = int
+            elif name == "drain-timeout":
+                kwargs["type"] = float
+            if name in ("lease-ttl", "drain-timeout"):
+                # Converted here: a bad value in the environment fails at once, not as a
+                # usage error (--http-port's is one: its default stays a string).
+                kwargs["default"] = kwargs["type"](default)
+            if name in self.help:
+                kwargs["help"] = self.help[name]
+            parser.add_argument(f"--{name}", **kwargs)
+
+    def check(self, parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+        """Exit through `parser` (status 2) if a member flag's value is invalid."""
+        if not 0 <= args.http_port <= 65535:
+            parser.error(
+                f"--http-port must be a port number ({self.no_http}), not {args.http_port}"
+            )
+        if args.lease_ttl < MIN_LEASE_TTL:
+            parser.error(self.lease_ttl_error.format(value=args.lease_ttl))
+        check_process_id(parser, args.zone, args.suffix, f"{self.env['zone']}/{self.env['suffix']}")
+
+    @staticmethod
+    def values(args: argparse.Namespace) -> dict[str, Any]:
+        """The `MemberConfig` fields of parsed `args` (the root without a trailing ``/``)."""
+        return {
+            "etcd": args.etcd,
+            "root": args.root.rstrip("/"),
+            "zone": args.zone,
+            "suffix": args.suffix,
+            "listen": args.listen,
+            "advertise": args.advertise,
+            "lease_ttl": args.lease_ttl,
+            "drain_timeout": args.drain_timeout,
+            "log_level": args.log_level,
+            "http_port": args.http_port,
+        }
