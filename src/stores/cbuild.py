@@ -115,7 +115,8 @@ def build_scanner(output: Path, compiler: str | None = None) -> Path:
         cc,
         lambda tmp: ["-O2", "-o", str(tmp), str(SCANNER_SOURCE), *link, *_SCANNER_LIBS],
         output,
-        "the RocksDB scanner (librocksdb-dev)",
+        "the RocksDB scanner",
+        lambda stderr: " (install librocksdb-dev)" if "rocksdb" in stderr else "",
     )
 
 
