@@ -3,8 +3,8 @@
 The broker announces itself at `{root}/members/{zone}#{suffix}` under its lease and runs the
 shared allocator (allocator.Allocator): the leader among the brokers assigns each journal to
 `replication` brokers, writing `{root}/assign/{journal}#{zone}#{suffix}#{slot}` keys (slot 0 =
-primary) under each broker's lease (reference §4). A broker keeps a JournalReplica for every
-journal assigned to it and advertises the journal's Route as its assignment's value: a peer as
+primary) under each broker's lease (upstream's etcd layout). A broker keeps a JournalReplica for
+every journal assigned to it and advertises the journal's Route as its assignment's value: a peer as
 soon as it sees the route, the primary once its replication pipeline has synchronised every
 peer under that route (broker.replication). The allocator counts a replica as consistent when
 its advertised route equals the current one, and removes replicas only while enough remain
@@ -96,7 +96,7 @@ class BrokerStartupError(StartupError):
 
 @dataclass(frozen=True)
 class Keys:
-    """The etcd key layout of reference §4 under one root (allocator.model's helpers)."""
+    """The etcd key layout (upstream's) under one root (allocator.model's helpers)."""
 
     root: str
 

@@ -147,9 +147,8 @@ def resolve_shards_sync(opts: ShardsOptions) -> list[ShardPlan]:
 
 AUTO_SPLIT_BYTES = 4 << 20
 """With ``splits=auto``, a RocksDB shard gets one split per this many bytes of live log
-content (what playback reads), up to its share of the driver's cores (on 2 cores, a 1M-key
-shard aggregated in a median 1.30 s as 2 splits, 1.59 s as one, 1.52 s as 3:
-bench/RESULTS.md)."""
+content (what playback reads), up to its share of the driver's cores: a split must be large
+enough that its playback outweighs a task's start (docs/spark.md)."""
 
 
 @dataclass(frozen=True)

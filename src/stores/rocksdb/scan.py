@@ -2,7 +2,8 @@
 
 rocksdict crosses into Rust and builds two Python ``bytes`` per key (0.4 us a key here);
 building Arrow arrays from them costs as much again. The scanner (``_scan.c``, built with
-``python -m gazette.stores.rocksdb.scan build`` against Debian's librocksdb) iterates in C in its
+by the package build against Debian's librocksdb, or ``python -m gazette.stores.rocksdb.scan
+build``) iterates in C in its
 own process and writes each batch in Arrow's binary layout, which becomes two
 ``pa.BinaryArray`` without copying: about 0.15 us a key.
 
