@@ -1,1 +1,2 @@
-"""The tests' shared kit: journal specs (`specs`)."""
+"""The tests' shared kit: journal specs (`specs`), waiting for a condition with a deadline
+(`eventually`)."""
