@@ -10,17 +10,20 @@ Recorder (crash-only, as upstream's panics).
 
 Appending (see docs of `Recorder` for the exact contract):
 
-- Ops reach the log in recording order, each whole within one append. Ops recorded while an
-  append is in flight are buffered and released together once it commits, so a stream of
-  small ops costs few Append RPCs; write payloads are split into ops of at most
-  `MAX_WRITE_CHUNK` bytes.
+- Ops reach the log in recording order, each whole within one append. Ops are buffered in
+  appends of at most 1 MiB, released at the loop's next turn (or by `flush`) unless an append
+  is in flight: ops recorded meanwhile accumulate and are released together once it commits.
+  Each append depends on the one before; the AppendService sends appends released together
+  as one RPC (up to its batch size), so a stream of small ops costs few RPCs. Write payloads
+  are split into ops of at most `MAX_WRITE_CHUNK` bytes.
 - Every append checks the author's fence register (``author=<author>``): once another author
   (a Player's hand-off to a new primary) unions its own fence, this Recorder's appends fail
   with RegisterMismatch.
 - The first failed append breaks the Recorder: every later call raises `RecorderFenced`
   (the log was fenced by another author) or `RecorderBroken` (any other cause). Appends
-  released after the failing one are never sent (each append depends on the last append of
-  the group before its own), so the log never holds a gap of this Recorder's ops.
+  released after the failing one are never sent (each depends on the one before it, and a
+  batch of them commits or fails as one), so the log never holds a gap of this Recorder's
+  ops. Ops not yet released when the Recorder breaks are never sent.
 - `barrier()` resolves once everything recorded before it is committed; `build_hints()`
   returns hints of the FSM as of its call, once they are committed.
 
@@ -94,12 +97,6 @@ Keeps every op within an append small enough to stay buffered in memory (`AsyncA
 spills larger content to a temporary file)."""
 
 _APPEND_BYTES = BUFFER_IN_MEMORY_LIMIT
-
-
-def _group_limit(append_service: AppendService) -> int:
-    """Bytes of ops released as one group: half a batch of `append_service` (8 MiB by default),
-    so that the dispatcher sends a whole group as one Append RPC."""
-    return max(1, append_service.max_batch_bytes // 2)
 
 
 class RecorderError(Exception):
@@ -254,9 +251,6 @@ class Recorder:
 
         # Appends being filled (not yet released), in order; the last is open for writing.
         self._pending: list[AsyncAppend] = []
-        self._group_bytes = 0
-        self._group_limit = _group_limit(append_service)
-        self._group_dep: AsyncAppend | None = None
         # Released appends whose outcome `_pump` has not yet observed, in order.
         self._inflight: deque[AsyncAppend] = deque()
         self._last: AsyncAppend | None = None  # The last released append.
@@ -539,8 +533,8 @@ class Recorder:
             if not self._inflight:  # Observed: every earlier append committed too.
                 fut.set_result(resp)
                 return fut
-            # Committed, not yet observed: `_pump` resolves it in order (an earlier
-            # append may yet fail, e.g. one of a group split by another writer's batch).
+            # Committed, not yet observed: `_pump` resolves it in order, once it observed
+            # the appends before it.
             self._waiters.append((target, fut))
             self._schedule_pump()
             return fut
@@ -649,38 +643,27 @@ class Recorder:
         """Buffer an op; returns its append and its position within that append."""
         size = len(frame) + len(payload)
         a = self._pending[-1] if self._pending else None
-        if (
-            a is None
-            or a.size + size > _APPEND_BYTES
-            or self._group_bytes + size > self._group_limit
-        ):
-            a = self._new_pending(size)
+        if a is None or a.size + size > _APPEND_BYTES:
+            a = self._new_pending()
         position = a.size
         if len(payload) <= 4096:
             a.write(frame + payload)  # One buffer write: cheaper than two for small ops.
         else:
             a.write(frame)
             a.write(payload)
-        self._group_bytes += size
         self._uncommitted += size
         self.ops_recorded += 1
         self.bytes_recorded += size
         self._schedule_pump()
         return a, position
 
-    def _new_pending(self, size: int) -> AsyncAppend:
-        # Appends are released in groups which each fit one Append RPC of the AppendService
-        # (at most `_group_limit` bytes, or a single op). Every append of a group depends on
-        # the last append of the group before: the dispatcher then never batches across
-        # groups, and sends a group's appends (released together, so adjacent in its queue)
-        # as one RPC, which commits or fails as a whole. Once an append fails, every later
-        # one fails with DependencyFailed unsent, so the log never holds ops beyond a failed
-        # one.
-        if not self._pending or self._group_bytes + size > self._group_limit:
-            self._group_dep = self._pending[-1] if self._pending else self._last
-            self._group_bytes = 0
-        deps = [self._group_dep] if self._group_dep is not None else []
-        a = self._svc.start_append(self._request, deps)
+    def _new_pending(self) -> AsyncAppend:
+        # Every append depends on the one before it: the AppendService sends a run of them
+        # queued together as one RPC (which commits or fails as a whole), and once one fails,
+        # every later one fails with DependencyFailed unsent, so the log never holds ops
+        # beyond a failed one.
+        prev = self._pending[-1] if self._pending else self._last
+        a = self._svc.start_append(self._request, [prev] if prev is not None else [])
         self._pending.append(a)
         return a
 
@@ -715,7 +698,9 @@ class Recorder:
     def _pump(self) -> None:
         # Observes the outcome of released appends in order: advances the write head,
         # resolves barriers, and breaks the Recorder on the first failure. Buffered ops are
-        # released only while nothing is in flight, so that they batch into one append.
+        # released only while nothing is in flight, so that they accumulate in few appends
+        # (one per MiB) rather than one per loop turn, which would cost an AsyncAppend per op
+        # when ops come one per turn (a FUSE server, SQLite's callbacks).
         # Runs as a loop callback (scheduled by `_schedule_pump`, and again once the append
         # it waits for is done): no task, whose steps would cost more per append.
         self._pump_due = False

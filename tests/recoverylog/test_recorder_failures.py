@@ -1,5 +1,5 @@
-"""Recorder failure handling against a scripted fake broker: a failed group of appends stops
-every later group (no gaps in the log), and a regressing write head breaks the Recorder."""
+"""Recorder failure handling against a scripted fake broker: a failed append stops every later
+one (no gaps in the log), and a regressing write head breaks the Recorder."""
 
 from __future__ import annotations
 
@@ -64,29 +64,29 @@ def ok(begin: int, end: int) -> pb.AppendResponse:
     )
 
 
-async def test_a_failed_group_stops_later_groups(tmp_path: Path) -> None:
+async def test_a_failed_append_stops_later_ones(tmp_path: Path) -> None:
     failed = pb.AppendResponse(status=pb.FRAGMENT_STORE_UNHEALTHY)
     async with FakeBroker(failed, ok(0, 1 << 30)) as fb, JournalClient(fb.endpoint) as client:
         async with AppendService(client) as svc:
             rec = Recorder(FSM(LOG), 0xA1, tmp_path, svc, LOG)
             f = rec.record_create("f")
             chunk = b"x" * MAX_WRITE_CHUNK
-            for i in range(24):  # 12 MiB: more than one group (one Append RPC each).
+            for i in range(40):  # 20 MiB: more than one batch (one Append RPC each).
                 rec.record_write(f, i * len(chunk), chunk)
             with pytest.raises(RecorderBroken) as info:
                 await rec.barrier()
             assert isinstance(info.value.__cause__, FragmentStoreUnhealthy)
             with pytest.raises(RecorderBroken):
                 rec.record_write(f, 0, b"more")
-        # Only the first group was sent: the log can't hold later ops without the failed ones.
+        # Only the first batch was sent: the log can't hold later ops without the failed ones.
         assert len(fb.journal.calls) == 1
         sent = sum(len(m.content) for m in fb.journal.calls[0])
-        assert 0 < sent < 12 << 20
+        assert 0 < sent < 20 << 20
 
 
-async def test_groups_fit_the_append_services_batch_size(tmp_path: Path) -> None:
-    # With a 1 MiB batch size, a group sized by the default batch would span several RPCs:
-    # after the first failed, the others (depending only on the group before) were still sent.
+async def test_no_batch_is_sent_after_a_failed_one(tmp_path: Path) -> None:
+    # With a 1 MiB batch size, the ops span several RPCs: after the first failed, none of the
+    # others is sent.
     failed = pb.AppendResponse(status=pb.FRAGMENT_STORE_UNHEALTHY)
     oks = [ok(i << 20, (i + 1) << 20) for i in range(20)]
     async with FakeBroker(failed, *oks) as fb, JournalClient(fb.endpoint) as client:
@@ -131,7 +131,8 @@ async def test_a_regressing_write_head_breaks_the_recorder(tmp_path: Path) -> No
 
 
 async def test_barrier_cancellation_cancels_only_the_wait(tmp_path: Path) -> None:
-    async with FakeBroker(ok(0, 10), ok(10, 20)) as fb, JournalClient(fb.endpoint) as client:
+    # "a" and "b", released in one turn, go as one Append RPC.
+    async with FakeBroker(ok(0, 20)) as fb, JournalClient(fb.endpoint) as client:
         async with AppendService(client) as svc:
             rec = Recorder(FSM(LOG), 0xA1, tmp_path, svc, LOG)
             rec.record_create("a")
@@ -166,23 +167,23 @@ async def test_an_unconfirmed_barrier_appends_only_what_is_uncommitted(tmp_path:
             assert len(fb.journal.calls) == 4 and resp.commit.end == rec.write_head == 20
 
 
-async def test_groups_unreleased_when_the_service_closes_are_aborted(tmp_path: Path) -> None:
+async def test_appends_unreleased_when_the_service_closes_are_aborted(tmp_path: Path) -> None:
     async with FakeBroker() as fb, JournalClient(fb.endpoint) as client:
         svc = AppendService(client)
         rec = Recorder(FSM(LOG), 0xA1, tmp_path, svc, LOG)
         f = rec.record_create("f")
         chunk = b"x" * MAX_WRITE_CHUNK
-        for i in range(24):  # 12 MiB: several groups, none released yet.
+        for i in range(24):  # 12 MiB: several appends, none released yet.
             rec.record_write(f, i * len(chunk), chunk)
-        groups = list(rec._pending)
-        assert len(groups) > 1
+        pending = list(rec._pending)
+        assert len(pending) > 1
         await svc.close()
         with pytest.raises(RecorderBroken):
             await rec.barrier()
-        # Every group ended: none is left unreleased with its content and its `done()`
+        # Every append ended: none is left unreleased with its content and its `done()`
         # waiting forever.
-        assert all(g.is_done() for g in groups)
-        for g in groups[1:]:
+        assert all(g.is_done() for g in pending)
+        for g in pending[1:]:
             with pytest.raises(AppendAborted):
                 await g.done()
     assert fb.journal.calls == []

@@ -11,8 +11,10 @@ queue of its journal. One dispatcher task per journal with queued appends drains
   concurrent small appends cost few RPCs. Every append of a batch gets the batch's response
   (its `commit` covers the whole batch).
 - Dependencies: an append is not sent before every one of its dependencies (other AsyncAppends,
-  or asyncio futures) has completed. If a dependency failed, the append fails with
-  `DependencyFailed` and is never sent.
+  or asyncio futures) has completed, or goes in the same batch as those not yet completed (a
+  batch commits or fails as one, so a dependent never lands without them). If a dependency
+  failed, the append fails with `DependencyFailed` and is never sent. A chain of appends each
+  depending on the one before is thus sent as few batches, and stops at the first failure.
 - Retries: transport errors and routing statuses (NOT_JOURNAL_PRIMARY_BROKER, ...) are retried
   with backoff, indefinitely unless `retry_for` bounds it (then `AppendRetriesExhausted`).
   RegisterMismatch, WrongAppendOffset, NotAllowed, JournalNotFound and other statuses fail
@@ -256,6 +258,17 @@ def _dependency_error(dep: AsyncAppend | asyncio.Future[Any]) -> BaseException |
     return f.exception()
 
 
+def _may_join(a: AsyncAppend, in_batch: set[int]) -> bool:
+    """Whether `a` may join a batch holding the appends of ids `in_batch`: each of its
+    dependencies is one of them (the batch commits or fails as one) or completed successfully."""
+    for dep in a.dependencies:
+        if id(dep) in in_batch:
+            continue
+        if not _dependency_future(dep).done() or _dependency_error(dep) is not None:
+            return False
+    return True
+
+
 def _batchable(head: pb.AppendRequest, other: pb.AppendRequest) -> bool:
     # Same journal and parameters; an explicit offset pins an append to one exact position.
     return head.offset == 0 and other.offset == 0 and head == other
@@ -304,7 +317,8 @@ class AppendService:
     ) -> AsyncAppend:
         """A new `AsyncAppend` of `request` (content must be empty; write it instead).
 
-        It is sent only after all `dependencies` completed successfully. Must be called from
+        It is sent only after all `dependencies` completed successfully, or in one batch with
+        those which have not completed yet (see the module docs). Must be called from
         within the event loop. Raises RuntimeError once the service is closed, ValueError for
         a request without journal or with content.
         """
@@ -365,17 +379,17 @@ class AppendService:
                     q.popleft()
                     continue
                 batch = [head]
+                in_batch = {id(head)}
                 size = head.size
                 for a in itertools.islice(q, 1, None):
                     if not _batchable(head.request, a.request):
                         break
                     if size + a.size > self._max_batch:
                         break
-                    if not all(_dependency_future(d).done() for d in a.dependencies):
-                        break
-                    if any(_dependency_error(d) is not None for d in a.dependencies):
+                    if not _may_join(a, in_batch):
                         break
                     batch.append(a)
+                    in_batch.add(id(a))
                     size += a.size
                 await self._send(batch)
                 for _ in batch:

@@ -13,8 +13,10 @@ from gazette.broker.client import (
     AppendAborted,
     AppendRetriesExhausted,
     AppendService,
+    AsyncAppend,
     BrokerError,
     DependencyFailed,
+    FragmentStoreUnhealthy,
     JournalClient,
     RegisterMismatch,
 )
@@ -128,6 +130,46 @@ async def test_failed_dependency_fails_dependents(
         assert isinstance(exc.value.__cause__, RuntimeError)
         assert isinstance(a.error(), DependencyFailed)
     assert await read_all(client, j1.name) == b""
+
+
+async def test_a_chain_of_dependent_appends_goes_as_one_batch(
+    client: JournalClient, make_journal: MakeJournal
+) -> None:
+    """Appends each depending on the one before, queued together, go in one RPC: the batch
+    commits or fails as one, so none lands without its dependency."""
+    spec = await make_journal()
+    async with AppendService(client) as svc:
+        chain: list[AsyncAppend] = []
+        for i in range(10):
+            a = svc.start_append(pb.AppendRequest(journal=spec.name), chain[-1:])
+            a.write(f"{i}\n".encode())
+            chain.append(a.release())
+        resps = [await a.done() for a in chain]
+    assert svc.rpc_count == 1
+    assert all(r is resps[0] for r in resps)
+    assert await read_all(client, spec.name) == b"".join(f"{i}\n".encode() for i in range(10))
+
+
+async def test_a_failed_batch_stops_the_rest_of_its_chain() -> None:
+    """A chain longer than a batch: once the first batch fails, the appends after it (each
+    depending on the one before) fail unsent."""
+    failed = pb.AppendResponse(status=pb.FRAGMENT_STORE_UNHEALTHY)
+    async with FakeBroker() as fb, JournalClient(fb.endpoint) as client:
+        fb.journal.script("Append", failed)
+        async with AppendService(client, max_batch_bytes=4) as svc:
+            chain: list[AsyncAppend] = []
+            for i in range(6):
+                a = svc.start_append(pb.AppendRequest(journal="fake/j"), chain[-1:])
+                a.write(b"%d" % i)
+                chain.append(a.release())
+            for a in chain[:4]:
+                with pytest.raises(FragmentStoreUnhealthy):
+                    await a.done()
+            for a in chain[4:]:
+                with pytest.raises(DependencyFailed):
+                    await a.done()
+        assert svc.rpc_count == 1
+        assert b"".join(m.content for m in fb.journal.calls["Append"][0]) == b"0123"
 
 
 async def test_register_mismatch_fails_only_that_append(
