@@ -1,9 +1,11 @@
 """Fixtures of the consumer tests that run real processes: a broker per test module (under
-its own etcd root), and a client of it."""
+its own etcd root), a client of it, and `Setup`s of the counter application whose consumer
+processes are killed at the end of the test."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,7 @@ from gazette.broker.client import JournalClient
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
+from tests.consumer.support import Setup
 
 
 @pytest.fixture(scope="module")
@@ -27,3 +30,19 @@ def broker(
 async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
     async with JournalClient(broker.endpoint) as c:
         yield c
+
+
+@pytest.fixture
+def new_setup(
+    etcd_server: EtcdServer, broker: BrokerProcess, tmp_path: Path
+) -> Iterator[Callable[..., Setup]]:
+    """Make a `Setup` of `shards` shards (one by default)."""
+    made: list[Setup] = []
+
+    def make(shards: int = 1) -> Setup:
+        made.append(Setup(etcd_server, broker, tmp_path, shards))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc.aio
 import pytest
 
 import gazette.consumer.replica as replica_mod
@@ -27,48 +26,20 @@ from gazette.keyspace.etcd import Etcd
 from gazette.message import CONTENT_TYPE_JSON_LINES
 from gazette.message.publisher import Publisher
 from gazette.recoverylog import recoverylog_pb2 as rpb
-from gazette.testing.broker import BrokerProcess
-from gazette.testing.consumer import ConsumerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.consumer.counter_app import Add
-from tests.consumer.test_runtime import (
-    REPO,
+from tests.consumer.support import (
     Setup,
     apply_shards,
+    caught_up,
     check_totals,
     primary_of,
-    ready_on,
-    wait_for,
+    until_primary,
+    until_ready,
 )
 
 HINT_INTERVAL = 600
 """Seconds between primary hints writes: longer than the test, so none is due."""
-
-
-@pytest.fixture
-def setups() -> Iterator[list[Setup]]:
-    made: list[Setup] = []
-    yield made
-    for s in made:
-        s.close()
-
-
-def consumer(s: Setup, i: int) -> ConsumerProcess:
-    """Consumer `i` of `s`'s counter application, writing primary hints every
-    `HINT_INTERVAL`."""
-    c = ConsumerProcess(
-        "tests.consumer.counter_app:Counter",
-        s.etcd.endpoint,
-        [s.broker.endpoint],
-        root=s.root,
-        zone=f"z{i % 2}",
-        suffix=f"consumer-{i}",
-        workdir=s.tmp / f"consumer-{i}",
-        extra_env={"COUNTER_OUTPUT": s.output, "PYTHONPATH": str(REPO)},
-        extra_args=["--hint-interval", str(HINT_INTERVAL)],
-    )
-    s.consumers.append(c)
-    return c
 
 
 async def feed_committed(
@@ -87,7 +58,7 @@ async def feed_committed(
                 await pub.barrier()
                 expected[key] = expected.get(key, 0) + i
                 i += 1
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # Paces the load.
 
 
 async def hints_of(
@@ -101,11 +72,7 @@ async def hints_of(
 
 
 async def test_new_primaries_write_backup_hints_and_resume_committed_input_cleanly(
-    setups: list[Setup],
-    etcd_server: EtcdServer,
-    broker: BrokerProcess,
-    client: JournalClient,
-    tmp_path: Path,
+    new_setup: Callable[..., Setup], client: JournalClient
 ) -> None:
     """Two processes start together (the standby loads hints before any exist); the shard
     commits one message per transaction (max_txn_duration 1 ns: every checkpoint is taken
@@ -117,22 +84,17 @@ async def test_new_primaries_write_backup_hints_and_resume_committed_input_clean
       (none; then ``backup.0``). Primary hints wait for the hints interval, as upstream's.
     - Each new primary reads on from its predecessor's last checkpoint without the
       Sequencer reporting a discarded span, and the totals stay exact."""
-    s = Setup(etcd_server, broker, tmp_path, shards=1)
-    setups.append(s)
+    s = new_setup()
     await s.create_journals(client)
     spec = s.shard_specs(hot_standbys=1)[0]
     spec.max_txn_duration.FromNanoseconds(1)
     recovery_log = f"{s.prefix}/recovery/shard-000"
-    procs = {c.suffix: c for c in (consumer(s, 0).start(), consumer(s, 1).start())}
+    procs = s.start(2, hint_interval=HINT_INTERVAL)
     both = [pb.ReplicaStatus.STANDBY, pb.ReplicaStatus.PRIMARY]
-    async with (
-        grpc.aio.insecure_channel(s.consumers[0].endpoint) as ch0,
-        grpc.aio.insecure_channel(s.consumers[1].endpoint) as ch1,
-    ):
-        stubs = {"consumer-0": pb_grpc.ShardStub(ch0), "consumer-1": pb_grpc.ShardStub(ch1)}
+    async with s.stubs() as stubs:
         stub = stubs["consumer-0"]
         await apply_shards(stub, [spec])
-        await wait_for(ready_on(stub, both), "a primary and a standby")
+        await until_ready(stub, both, "a primary and a standby")
 
         primary, backups = await hints_of(stub)
         assert primary is None  # Not before the hints interval.
@@ -147,16 +109,12 @@ async def test_new_primaries_write_backup_hints_and_resume_committed_input_clean
         feeder = asyncio.create_task(feed_committed(client, s.inputs[0], stop, expected))
         previous = first
         for _ in range(2):
-            await asyncio.sleep(1.5)  # The primary commits transactions.
+            await asyncio.sleep(1.5)  # The primary commits transactions until it is killed.
             victim = await primary_of(stub, "shard-000")
             survivor = next(k for k in procs if k != victim)
             procs[victim].kill()
-
-            async def promoted(survivor: str = survivor) -> bool:
-                return await primary_of(stubs[survivor], "shard-000") == survivor
-
-            await wait_for(promoted, "the standby's promotion")
-            await wait_for(ready_on(stubs[survivor], [pb.ReplicaStatus.PRIMARY]), "PRIMARY")
+            await until_primary(stubs[survivor], survivor, "the standby's promotion")
+            await until_ready(stubs[survivor], [pb.ReplicaStatus.PRIMARY], "PRIMARY")
             primary, backups = await hints_of(stubs[survivor])
             assert primary is None
             recovered = backups[0]
@@ -166,9 +124,10 @@ async def test_new_primaries_write_backup_hints_and_resume_committed_input_clean
             assert backups[1] == previous  # Shifted along.
             previous = recovered
             procs[victim].start()
-            await wait_for(ready_on(stubs[survivor], both), "a new standby")
+            await until_ready(stubs[survivor], both, "a new standby")
             assert not feeder.done()
-        await asyncio.sleep(1.0)  # The last primary reads on.
+        # The last primary reads on.
+        await caught_up(client, stubs[await primary_of(stub, "shard-000")], s.inputs[0])
         stop.set()
         await feeder
         await check_totals(client, stubs[await primary_of(stub, "shard-000")], s, expected)
@@ -212,7 +171,7 @@ async def test_recovered_hints_are_retried_until_they_are_stored(
         replica = ShardReplica(ctx, spec, AssignmentKV(akey, created + 1000))
         storing = asyncio.create_task(replica._store_recovered_hints(hints))
         try:
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # Retries, every 0.01 s, that fail.
             assert not storing.done()
             assert await load_hints(etcd, spec.hint_prefix, spec.id, backups=2) == [None] * 3
             replica.shard.assignment = AssignmentKV(akey, created)

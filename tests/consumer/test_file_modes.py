@@ -7,7 +7,7 @@ a umask that lets others read (docs/file-modes.md)."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+from collections.abc import Callable
 
 import grpc.aio
 import pytest
@@ -15,16 +15,13 @@ import pytest
 from gazette.broker.client import JournalClient
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
-from gazette.testing.broker import BrokerProcess
-from gazette.testing.etcd import EtcdServer
-from tests.consumer.test_runtime import (
+from tests.consumer.support import (
     Setup,
     apply_shards,
     feed,
     primary_of,
-    ready_on,
     stat_through,
-    wait_for,
+    until_ready,
     write_head,
 )
 from tests.file_modes import entries, not_private, open_umask
@@ -35,13 +32,9 @@ SQLITE = "tests.consumer.spark.apps:SQLiteCounter"
 
 @pytest.mark.parametrize("app", [ROCKSDB, SQLITE])
 async def test_consumer_stores_and_playbacks_are_private(
-    app: str, etcd_server: EtcdServer, broker: BrokerProcess, client: JournalClient, tmp_path: Path
+    app: str, new_setup: Callable[..., Setup], client: JournalClient
 ) -> None:
-    s = Setup(etcd_server, broker, tmp_path, shards=1)
-    try:
-        await _check_private(s, client, app)
-    finally:
-        s.close()
+    await _check_private(new_setup(), client, app)
 
 
 async def _check_private(s: Setup, client: JournalClient, app: str) -> None:
@@ -55,10 +48,10 @@ async def _check_private(s: Setup, client: JournalClient, app: str) -> None:
         stub = pb_grpc.ShardStub(channel)
         await apply_shards(stub, s.shard_specs(hot_standbys=1))
         both = [pb.ReplicaStatus.STANDBY, pb.ReplicaStatus.PRIMARY]
-        await wait_for(ready_on(stub, both), "a primary and a standby")
+        await until_ready(stub, both, "a primary and a standby")
         stop = asyncio.Event()
         feeder = asyncio.create_task(feed(client, s.inputs[0], stop, {}))
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # The shard processes input: both stores make their files.
         stop.set()
         await feeder
         await stat_through(stub, "shard-000", s.inputs[0], await write_head(client, s.inputs[0]))

@@ -10,8 +10,7 @@ import itertools
 import signal
 import socket
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -30,21 +29,20 @@ from gazette.consumer.runtime import ConsumerRuntime
 from gazette.keyspace.etcd import Etcd
 from gazette.message import CONTENT_TYPE_JSON_LINES
 from gazette.message.publisher import Publisher
-from gazette.testing.broker import BrokerProcess
 from gazette.testing.consumer import ConsumerProcess, ConsumerUnavailable
-from gazette.testing.etcd import EtcdServer, free_port
+from gazette.testing.etcd import free_port
 from tests.consumer.counter_app import Add
-from tests.consumer.test_runtime import (
+from tests.consumer.support import (
+    REPO,
     Setup,
     apply_shards,
-    shard_status,
     stat_through,
-    wait_for,
+    until_ready,
     write_head,
 )
+from tests.kit.eventually import eventually
 from tests.prometheus_text import parse as parse_metrics
 
-REPO = Path(__file__).resolve().parents[2]
 _names = itertools.count()
 
 
@@ -64,10 +62,8 @@ def http_consumer(s: Setup, **kw: Any) -> ConsumerProcess:
 
 
 @pytest.fixture
-def setup(etcd_server: EtcdServer, broker: BrokerProcess, tmp_path: Path) -> Iterator[Setup]:
-    s = Setup(etcd_server, broker, tmp_path, shards=1)
-    yield s
-    s.close()
+def setup(new_setup: Callable[..., Setup]) -> Setup:
+    return new_setup()
 
 
 async def get_json(session: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
@@ -92,11 +88,7 @@ async def test_app_handler_and_builtin_endpoints_of_a_consumer_process(
 
         stub = pb_grpc.ShardStub(ch)
         await apply_shards(stub, s.shard_specs(hot_standbys=0))
-
-        async def primary() -> bool:
-            return (await shard_status(stub)).get("shard-000") == [pb.ReplicaStatus.PRIMARY]
-
-        await wait_for(primary, "a primary")
+        await until_ready(stub, [pb.ReplicaStatus.PRIMARY], "a primary")
         async with AppendService(client) as svc:
             pub = Publisher(svc)
             mapping = lambda _m: (s.inputs[0], CONTENT_TYPE_JSON_LINES)  # noqa: E731
@@ -177,17 +169,14 @@ async def test_app_handler_and_builtin_endpoints_of_a_consumer_process(
             try:
                 assert proc.proc is not None
                 proc.proc.send_signal(signal.SIGTERM)
-                deadline = time.monotonic() + 2.5
-                seen = None
-                while time.monotonic() < deadline:
-                    try:
-                        status, body = await get_json(http, f"{base}/healthz")
-                    except aiohttp.ClientError:
-                        break
-                    if status == 503:
-                        seen = body["status"]
-                        break
-                    await asyncio.sleep(0.05)
+
+                async def unhealthy() -> str | None:
+                    status, body = await get_json(http, f"{base}/healthz")
+                    return body["status"] if status == 503 else None
+
+                seen = await eventually(
+                    unhealthy, what="/healthz to answer 503", timeout=2.5, interval=0.05
+                )
                 assert seen == "draining"
                 await asyncio.to_thread(proc.stop)
             finally:

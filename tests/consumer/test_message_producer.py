@@ -19,17 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc.aio
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import AppendService, JournalClient
-from gazette.broker.client.list import apply_journals
-from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.application import MessageProducer, ResolveArgs
 from gazette.consumer.main import ConsumerStartupError, load_application
 from gazette.consumer.message_producer import MessageSink
-from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
 from gazette.consumer.replica import ReplicaContext, ShardReplica
 from gazette.consumer.txn import checkpoint_offsets
@@ -41,20 +37,24 @@ from gazette.message.uuid import Flags, build_uuid
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.consumer import ConsumerProcess
 from gazette.testing.etcd import EtcdServer
+from tests.consumer.fakes import BASE_CLOCK, JOURNAL, Commit, FakeStore, Msg, P, outside
 from tests.consumer.producer_app import INPUT_LABEL, Add
-from tests.consumer.test_runtime import (
+from tests.consumer.support import (
+    REPO,
     apply_shards,
     committed_totals,
-    journal_spec,
+    json_journal,
     primary_of,
-    shard_status,
-    wait_for,
+    recovery_log,
+    shard_stubs,
+    until_primary,
+    until_ready,
     write_head,
 )
-from tests.consumer.test_txn import BASE_CLOCK, JOURNAL, Commit, FakeStore, Msg, P, outside
+from tests.kit.eventually import eventually
+from tests.kit.specs import apply_specs
 
 Code = pb.ReplicaStatus.Code
-REPO = Path(__file__).resolve().parents[2]
 
 
 # --- unit tests: a real replica and transaction loop, an in-memory store -------------------
@@ -148,10 +148,10 @@ async def run_replica(app: Any, tmp_path: Path, until: Any, timeout: float = 5.0
     r.start()
     r.promote()
     try:
-        async with asyncio.timeout(timeout):
-            while not until(r):
-                await asyncio.sleep(0.005)
-    except TimeoutError:
+        await eventually(
+            lambda: until(r), what="the replica's state", timeout=timeout, interval=0.005
+        )
+    except AssertionError:
         await r.stop()
         raise
     return r
@@ -250,7 +250,7 @@ async def test_an_idle_producer_is_restarted_with_growing_pauses(tmp_path: Path)
     app = IdleProducer()
     r = await run_replica(app, tmp_path, lambda r: app.starts >= 2)
     try:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # The restarts' pacing is what is measured.
         # 0.05 + 0.1 + 0.2 + 0.4 (+ 0.8): a handful of restarts in ~1 s, not thousands.
         assert 3 <= app.starts <= 7, app.starts
         assert r.status.code == Code.PRIMARY
@@ -370,9 +370,12 @@ async def test_a_stale_primary_restarting_its_producer_does_not_fence_out_the_ne
         cp = await b.restore_checkpoint(None)  # B recovers: the next fence.
         assert checkpoint_offsets(cp) == {JOURNAL: 10}
         go.set()
-        async with asyncio.timeout(5.0):
-            while a.status.code != Code.FAILED and len(app.starts) < 3:
-                await asyncio.sleep(0.005)
+        await eventually(
+            lambda: a.status.code == Code.FAILED or len(app.starts) >= 3,
+            what="A failed or restarted",
+            timeout=5.0,
+            interval=0.005,
+        )
         assert table.fence == 2
         cp.sources[JOURNAL].read_through = 20
         await b.start_commit(None, cp, [])  # B, the rightful primary, still commits.
@@ -585,7 +588,7 @@ async def feed_mixed(
                 await pub.barrier()
             for k, v in batch.items():
                 expected[k] = expected.get(k, 0) + v
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # Paces the load.
 
 
 class ProducerSetup:
@@ -600,16 +603,14 @@ class ProducerSetup:
 
     async def create_journals(self, client: JournalClient) -> None:
         store = self.tmp / "fragments"
-        store.mkdir(exist_ok=True)
-        specs = [
-            journal_spec(self.input, store, CONTENT_TYPE_JSON_LINES),
-            journal_spec(self.output, store, CONTENT_TYPE_JSON_LINES),
-            journal_spec(
-                f"{self.prefix}/recovery/shard-000", store, "application/x-gazette-recoverylog"
-            ),
-        ]
-        changes = [bpb.ApplyRequest.Change(upsert=s) for s in specs]
-        await apply_journals(client, bpb.ApplyRequest(changes=changes))
+        await apply_specs(
+            client,
+            [
+                json_journal(self.input, store),
+                json_journal(self.output, store),
+                recovery_log(f"{self.prefix}/recovery/shard-000", store),
+            ],
+        )
 
     def shard_spec(self) -> pb.ShardSpec:
         spec = pb.ShardSpec(
@@ -668,41 +669,23 @@ async def test_produced_messages_count_exactly_once_across_restarts_and_kills(
     s = producer_setup
     await s.create_journals(client)
     procs = {c.suffix: c for c in (s.consumer(0).start(), s.consumer(1).start())}
-    async with (
-        grpc.aio.insecure_channel(s.consumers[0].endpoint) as ch0,
-        grpc.aio.insecure_channel(s.consumers[1].endpoint) as ch1,
-    ):
-        stubs = {"consumer-0": pb_grpc.ShardStub(ch0), "consumer-1": pb_grpc.ShardStub(ch1)}
+    async with shard_stubs(s.consumers) as stubs:
         await apply_shards(stubs["consumer-0"], [s.shard_spec()])
-
-        def ready_on(stub: pb_grpc.ShardStub) -> Any:
-            async def ready() -> bool:
-                try:
-                    st = await shard_status(stub)
-                except grpc.aio.AioRpcError:
-                    return False
-                return sorted(st.get("shard-000", [])) == [Code.STANDBY, Code.PRIMARY]
-
-            return ready
-
-        await wait_for(ready_on(stubs["consumer-0"]), "a primary and a standby")
+        both = [Code.STANDBY, Code.PRIMARY]
+        await until_ready(stubs["consumer-0"], both, "a primary and a standby")
         expected: dict[str, int] = {}
         stop = asyncio.Event()
         feeder = asyncio.create_task(feed_mixed(client, s.input, stop, expected))
         for _ in range(2):
-            await asyncio.sleep(1.5)
+            await asyncio.sleep(1.5)  # The primary processes input until it is killed.
             victim = await primary_of(stubs["consumer-0"], "shard-000")
             survivor = next(k for k in procs if k != victim)
             procs[victim].kill()
-
-            async def promoted(survivor: str = survivor) -> bool:
-                return await primary_of(stubs[survivor], "shard-000") == survivor
-
-            await wait_for(promoted, "the standby's promotion")
+            await until_primary(stubs[survivor], survivor, "the standby's promotion")
             procs[victim].start()
-            await wait_for(ready_on(stubs[survivor]), "a new standby")
+            await until_ready(stubs[survivor], both, "a new standby")
             assert not feeder.done()
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # The last primary processes input.
         stop.set()
         await feeder
 

@@ -11,7 +11,8 @@ import pytest
 import gazette.consumer.replica as replica_mod
 from gazette.consumer.protocol import pb
 from gazette.consumer.replica import ReplicaContext, ShardReplica
-from tests.consumer.test_txn import JOURNAL, FakeReaders, FakeStore, outside
+from tests.consumer.fakes import JOURNAL, FakeReaders, FakeStore, outside
+from tests.kit.eventually import eventually
 
 Code = pb.ReplicaStatus.Code
 
@@ -66,9 +67,7 @@ async def test_failed_status_names_the_applications_error(
     r.start()
     r.promote()
     try:
-        async with asyncio.timeout(5):
-            while r.status.code != Code.FAILED:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: r.status.code == Code.FAILED, what="FAILED", timeout=5)
         assert any("boom" in e for e in r.status.errors), list(r.status.errors)
     finally:
         await r.stop()

@@ -15,7 +15,8 @@ from gazette.consumer.protocol import pb
 from gazette.consumer.runtime import ConsumerRuntime
 from gazette.consumer.store import RecordingLost
 from gazette.keyspace.keyspace import EtcdHeader, KeyValue
-from tests.consumer.test_txn import JOURNAL, FakeReaders, FakeStore
+from tests.consumer.fakes import JOURNAL, FakeReaders, FakeStore, outside
+from tests.kit.eventually import eventually
 
 Code = pb.ReplicaStatus.Code
 ROOT = "/review"
@@ -107,22 +108,18 @@ async def test_stat_returns_when_its_shard_stops(
     ks.put(akey, pb.ReplicaStatus())
     await rt._reconcile_once()
     replica = rt.replicas["shard"]
-    async with asyncio.timeout(5):
-        while replica.status.code != Code.PRIMARY:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: replica.status.code == Code.PRIMARY, what="PRIMARY", timeout=5)
     stat = asyncio.create_task(
         rt.stat(pb.StatRequest(shard="shard", read_through={JOURNAL: 100}), None)
     )
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # Stat waits (nothing is read).
     assert not stat.done()
     # Unassigned: the replica stops.
     del ks.kvs[akey]
     await rt._reconcile_once()
     try:
-        async with asyncio.timeout(3):
-            while rt._stopping:
-                await asyncio.sleep(0.01)
-        await asyncio.sleep(0.5)
+        await eventually(lambda: not rt._stopping, what="the replica to stop", timeout=3)
+        await asyncio.wait({stat}, timeout=0.5)
         assert stat.done(), "Stat still waits on a shard stopped 0.5s ago"
     finally:
         stat.cancel()
@@ -145,8 +142,6 @@ class HangingApp(IdleApp):
 class OneMessageReaders(IdleReaders):
     def __init__(self, *args: Any) -> None:
         super().__init__()
-        from tests.consumer.test_txn import outside
-
         self.queue.put_nowait(outside(0))
 
 
@@ -164,14 +159,16 @@ async def test_reassigned_shard_waits_for_its_stopping_replica(
     ks.put(akey, pb.ReplicaStatus())
     await rt._reconcile_once()
     old = rt.replicas["shard"]
-    async with asyncio.timeout(5):
-        while not (old.store is not None and old.store.commits):  # type: ignore[attr-defined]
-            await asyncio.sleep(0.01)
+    await eventually(
+        lambda: old.store is not None and old.store.commits,  # type: ignore[attr-defined]
+        what="a commit in flight",
+        timeout=5,
+    )
     del ks.kvs[akey]
     await rt._reconcile_once()  # Stops the old replica (slowly).
     ks.put(akey, pb.ReplicaStatus())
     await rt._reconcile_once()  # Assigned here again.
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # Time a new replica would take to start.
     try:
         assert old._task is not None and not old._task.done(), "old replica stopped at once"
         assert "shard" not in rt.replicas, "a new replica runs beside the one still stopping"
@@ -226,9 +223,9 @@ async def test_a_lost_recording_gives_the_assignment_up_once_a_minute(
             ks.put(akey, pb.ReplicaStatus())
             await rt._reconcile_once()
             replica = rt.replicas["shard"]
-            async with asyncio.timeout(5):
-                while replica.status.code != Code.FAILED:
-                    await asyncio.sleep(0.01)
+            await eventually(
+                lambda r=replica: r.status.code == Code.FAILED, what="FAILED", timeout=5
+            )
             assert replica.recording_lost is not None
             await rt._reconcile_once()
             deletes = [op for op in etcd.ops if op.HasField("request_delete_range")]
@@ -246,9 +243,7 @@ async def test_a_lost_recording_gives_the_assignment_up_once_a_minute(
                 assert all(st.code != Code.FAILED for st in puts), puts
                 assert "shard" not in rt.replicas
                 del ks.kvs[akey]
-                async with asyncio.timeout(5):
-                    while rt._stopping:
-                        await asyncio.sleep(0.01)
+                await eventually(lambda: not rt._stopping, what="the replica to stop", timeout=5)
             else:
                 # Lost again within the interval: left FAILED, and advertised so.
                 assert deletes == []

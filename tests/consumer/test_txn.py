@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -23,70 +22,8 @@ from gazette.message import CONTENT_TYPE_JSON_LINES, JSONMessage
 from gazette.message.envelope import Envelope
 from gazette.message.publisher import Publisher
 from gazette.message.sequencer import Sequencer
-from gazette.message.uuid import Flags, ProducerID, build_uuid
-
-JOURNAL = "review/in"
-P = ProducerID(bytes.fromhex("01000000000a"))
-BASE_CLOCK = 1 << 60  # Any clock well above zero.
-
-
-@dataclass(eq=False)
-class Msg:
-    uid: uuid.UUID | None
-    n: int = 0
-
-    def get_uuid(self) -> uuid.UUID | None:
-        return self.uid
-
-    def set_uuid(self, u: uuid.UUID) -> None:
-        self.uid = u
-
-    def new_acknowledgement(self, journal: str) -> Msg:
-        return Msg(None)
-
-
-def outside(i: int) -> Envelope:
-    """The i-th OUTSIDE_TXN message of producer P (bytes [10*i, 10*i + 10))."""
-    clock = BASE_CLOCK + 16 * (i + 1)
-    return Envelope(JOURNAL, 10 * i, 10 * i + 10, Msg(build_uuid(P, clock, Flags.OUTSIDE_TXN), i))
-
-
-class FakeReaders:
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[Any] = asyncio.Queue()
-        self.iters: dict[str, Any] = {}
-
-
-@dataclass
-class Commit:
-    checkpoint: pb.Checkpoint
-    state: list[int]  # Message numbers whose effects the commit holds.
-
-
-@dataclass
-class FakeStore:
-    """The app's state is `state`; a commit snapshots it with the checkpoint."""
-
-    state: list[int] = field(default_factory=list)
-    commits: list[Commit] = field(default_factory=list)
-    fail_commits: bool = False
-
-    def start_commit(self, shard: Any, cp: pb.Checkpoint, wait_for: Any) -> asyncio.Future[None]:
-        copy = pb.Checkpoint()
-        copy.CopyFrom(cp)
-        self.commits.append(Commit(copy, list(self.state)))
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self.fail_commits:
-            fut.set_exception(RuntimeError("commit failed (e.g. recorder fenced)"))
-        else:
-            fut.set_result(None)
-        return fut
-
-    async def restore_checkpoint(self, shard: Any) -> pb.Checkpoint:
-        return self.commits[-1].checkpoint if self.commits else pb.Checkpoint()
-
-    def destroy(self) -> None:
-        pass
+from tests.consumer.fakes import JOURNAL, Commit, FakeReaders, FakeStore, Msg, outside
+from tests.kit.eventually import eventually
 
 
 class AsyncCommitStore(FakeStore):
@@ -162,14 +99,25 @@ def redelivered_after_restore(cp: pb.Checkpoint, envs: list[Envelope]) -> list[i
     return out
 
 
+def running(task: asyncio.Task[Any], cond: Any) -> Any:
+    """A check of `cond` that raises the error the loop of `task` failed with, if it did."""
+
+    def check() -> Any:
+        if task.done():
+            task.result()
+        return cond()
+
+    return check
+
+
+async def _until(cond: Any, timeout: float = 5.0) -> None:
+    await eventually(cond, what="the condition", timeout=timeout, interval=0.001)
+
+
 async def run_until(txns: Transactions, cond: Any, timeout: float = 5.0) -> None:
     task = asyncio.create_task(txns.run())
     try:
-        async with asyncio.timeout(timeout):
-            while not cond():
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.001)
+        await eventually(running(task, cond), what="the condition", timeout=timeout, interval=0.001)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -278,7 +226,7 @@ async def test_failed_commit_fails_the_shard_while_idle() -> None:
     readers.queue.put_nowait(outside(0))
     task = asyncio.create_task(txns.run())
     try:
-        await asyncio.sleep(1.0)
+        await asyncio.wait({task}, timeout=1.0)
         assert store.commits, "the transaction did not commit"
         assert task.done(), "Transactions.run still runs 1s after its commit failed"
     finally:
@@ -416,7 +364,7 @@ async def test_failed_raw_append_of_the_transaction_fails_its_commit() -> None:
     txns, readers = make_txns(store, RawAppendApp())
     readers.queue.put_nowait(outside(0))
     task = asyncio.create_task(txns.run())
-    await asyncio.sleep(0.5)
+    await asyncio.wait({task}, timeout=0.5)  # The loop fails, or goes on having committed.
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     assert not store.commits or store.commits[0].state == [], (
@@ -539,17 +487,9 @@ async def test_next_commit_starts_before_the_previous_acks_and_carries_their_int
     readers.queue.put_nowait(outside(0))  # Transaction 1 publishes to out-even.
     task = asyncio.create_task(txns.run())
     try:
-        async with asyncio.timeout(5):
-            while len(store.commits) < 1:
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.001)
+        await _until(running(task, lambda: len(store.commits) >= 1))
         readers.queue.put_nowait(outside(1))  # Transaction 2 publishes to out-odd.
-        async with asyncio.timeout(5):
-            while len(store.commits) < 2:
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.001)
+        await _until(running(task, lambda: len(store.commits) >= 2))
         first, second = store.commits[0].checkpoint, store.commits[1].checkpoint
         assert set(first.ack_intents) == {"review/out-even"}
         assert ("review/out-even", 1) not in client.done  # Still held.
@@ -557,20 +497,16 @@ async def test_next_commit_starts_before_the_previous_acks_and_carries_their_int
         assert second.ack_intents["review/out-even"] == first.ack_intents["review/out-even"]
         assert checkpoint_offsets(second)[JOURNAL] == 20
         # Progress is not reported past transaction 1 while its ACK is held.
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # Time it would take to report it.
         assert checkpoint_offsets(store.commits[-1].checkpoint)[JOURNAL] == 20
         assert not txns.shard.progress()[0]
 
         client.release.set()
-        async with asyncio.timeout(5):
-            while not txns.shard.progress()[0]:
-                await asyncio.sleep(0.001)
+        await _until(lambda: txns.shard.progress()[0])
         assert txns.shard.progress()[0][JOURNAL] == 20
         # Every ACK landed: a third transaction (to out-even) carries no intent of out-odd.
         readers.queue.put_nowait(outside(2))
-        async with asyncio.timeout(5):
-            while len(store.commits) < 3:
-                await asyncio.sleep(0.001)
+        await _until(lambda: len(store.commits) >= 3)
         third = store.commits[2].checkpoint
         assert set(third.ack_intents) == {"review/out-even"}
         assert third.ack_intents["review/out-even"] != first.ack_intents["review/out-even"]
@@ -594,18 +530,15 @@ async def test_completions_pending_behind_a_stuck_ack_are_bounded() -> None:
     try:
         readers.queue.put_nowait(outside(0))
         for i in range(1, 40, 2):  # Odd messages: transactions publishing to out-odd only.
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # Paces the input: one transaction each.
             readers.queue.put_nowait(outside(i))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # Commits would pile up meanwhile, were they not bounded.
         assert not task.done()
         assert 2 <= len(store.commits) <= 1 + 8, len(store.commits)
         assert not txns.shard.progress()[0]
         client.release.set()  # The ACK lands: everything goes through.
-        async with asyncio.timeout(5):
-            while checkpoint_offsets(store.commits[-1].checkpoint).get(JOURNAL) != 400:
-                await asyncio.sleep(0.005)
-            while txns.shard.progress()[0].get(JOURNAL) != 400:
-                await asyncio.sleep(0.005)
+        await _until(lambda: checkpoint_offsets(store.commits[-1].checkpoint).get(JOURNAL) == 400)
+        await _until(lambda: txns.shard.progress()[0].get(JOURNAL) == 400)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -648,12 +581,6 @@ class GatedCommitStore(FakeStore):
         return self.gates[-1]
 
 
-async def _until(cond: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not cond():
-            await asyncio.sleep(0.001)
-
-
 async def test_stats_count_bytes_and_time_each_phase() -> None:
     """The counters behind /debug/metrics: bytes read, and the seconds of each phase (the
     loop's own add up to at most its wall time; consuming is the application's time, waiting
@@ -672,7 +599,7 @@ async def test_stats_count_bytes_and_time_each_phase() -> None:
         for i in range(8, 10):  # ...while the second transaction consumes two messages...
             readers.queue.put_nowait(outside(i))
         await _until(lambda: txns.stats.messages == 10)
-        await asyncio.sleep(0.02)  # ...then waits for that commit...
+        await asyncio.sleep(0.02)  # ...then waits for that commit (a stall measured)...
         for i in range(10, 16):  # ...consumes six more that came meanwhile...
             readers.queue.put_nowait(outside(i))
         await _until(lambda: txns.stats.messages == 16)
@@ -681,7 +608,8 @@ async def test_stats_count_bytes_and_time_each_phase() -> None:
         await _until(lambda: len(store.gates) == 2)
         store.gates[1].set_result(None)
         await _until(lambda: txns.last_committed == store.commits[1].checkpoint)
-        await asyncio.sleep(0.01)  # The second completion records its phases.
+        assert txns._prev is not None  # The second completion, which records its phases.
+        await asyncio.wait({txns._prev}, timeout=5)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
