@@ -17,7 +17,7 @@ import grpc
 from gazette.allocator.session import LeaseLostError
 from gazette.broker.broker import Broker, BrokerStartupError
 from gazette.broker.config import BrokerConfig, parse_args
-from gazette.broker.direct import DirectAppendServer, port_handler
+from gazette.broker.direct_listener import DirectAppendServer, port_handler
 from gazette.broker.http_api import BrokerHTTP
 from gazette.broker.request_guard import transport_limit
 from gazette.broker.service import MAX_MESSAGE_SIZE, JournalService, add_journal_service

@@ -35,7 +35,7 @@ from gazette.broker.client.retry_reader import backoff
 from gazette.broker.protocol import protocol_pb2 as pb
 
 if TYPE_CHECKING:
-    from gazette.broker.client.direct import DirectAppendCall
+    from gazette.broker.client.direct_calls import DirectAppendCall
 
     AppendCall = grpc.aio.StreamUnaryCall[pb.AppendRequest, pb.AppendResponse] | DirectAppendCall
 

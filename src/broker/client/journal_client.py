@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
-from gazette.broker.client.direct import DirectAppendCall, DirectAppends
+from gazette.broker.client.direct_calls import DirectAppendCall, DirectAppends
 from gazette.broker.client.route_cache import RouteCache, endpoint_to_target, pick_endpoint
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc

@@ -32,7 +32,12 @@ from gazette.broker.client import (
     append,
 )
 from gazette.broker.client import appender as appender_module
-from gazette.broker.client.direct import DirectAppendCall, DirectAppends, _Connection, rpc_error
+from gazette.broker.client.direct_calls import (
+    DirectAppendCall,
+    DirectAppends,
+    _Connection,
+    rpc_error,
+)
 from gazette.broker.protocol import protocol_pb2 as pb
 
 OK = pb.AppendResponse(status=pb.OK, commit=pb.Fragment(journal="fake/j", begin=0, end=2))

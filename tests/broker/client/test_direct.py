@@ -11,8 +11,8 @@ import grpc
 import grpc.aio
 import pytest
 
-from gazette.broker.client.direct import DirectAppends, host_of
-from gazette.broker.protocol.direct import SERVICE_METHOD
+from gazette.broker.client.direct_calls import DirectAppends, host_of
+from gazette.broker.protocol.direct_framing import SERVICE_METHOD
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gazette.broker.client.direct import DirectAppendCall, DirectAppends, _Connection
+from gazette.broker.client.direct_calls import DirectAppendCall, DirectAppends, _Connection
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.protocol.direct import (
+from gazette.broker.protocol.direct_framing import (
     END,
     HEADER,
     MAGIC,

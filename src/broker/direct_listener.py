@@ -2,7 +2,7 @@
 
 Each append read from a connection is handed to the same `JournalService.Append` as gRPC's
 (validation, routing and proxying, registers, replication, rollback): only the transport
-differs. `broker.protocol.direct` describes the framing; docs/direct-appends.md says why.
+differs. `broker.protocol.direct_framing` describes the framing; docs/direct-appends.md says why.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.protocol.direct import (
+from gazette.broker.protocol.direct_framing import (
     END,
     ERROR,
     MAGIC,

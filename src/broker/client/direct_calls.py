@@ -22,7 +22,7 @@ import grpc
 import grpc.aio
 
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.broker.protocol.direct import (
+from gazette.broker.protocol.direct_framing import (
     END,
     ERROR,
     HEADER,
