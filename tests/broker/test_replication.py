@@ -23,12 +23,11 @@ from gazette.broker.replication import (
     route_key,
     same_fragment,
 )
+from tests.kit.specs import journal_spec
 
 
 def _spec(name: str = "a/journal") -> pb.JournalSpec:
-    return pb.JournalSpec(
-        name=name, replication=2, fragment=pb.JournalSpec.Fragment(length=1 << 20)
-    )
+    return journal_spec(name, replication=2, refresh=0)
 
 
 async def _replica(tmp_path: Path) -> JournalReplica:

@@ -12,8 +12,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from google.protobuf.duration_pb2 import Duration
 
-from gazette.broker.client import AppendService, JournalClient, apply_journals
-from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.client import AppendService, JournalClient
 from gazette.consumer.hints import store_primary_hints
 from gazette.consumer.protocol import pb
 from gazette.consumer.spec import ShardKeys
@@ -24,6 +23,7 @@ from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.consumer.spark.conftest import spark  # noqa: F401 -- the session fixture
 from tests.gazctl.conftest import Gazctl
+from tests.kit.specs import RECOVERY_LOG, apply_specs, journal_spec
 from tests.message.notes import Note
 
 SPECS = """
@@ -162,16 +162,9 @@ async def _rocksdb_shard(etcd: str, broker: str, tmp: Path, root: str, keys: int
     leaves them (no consumer process needed to export it)."""
     shard, log_prefix, hint_prefix = "export-000", f"gz{root}/recovery", f"{root}-hints"
     log = f"{log_prefix}/{shard}"
-    frag = bpb.JournalSpec.Fragment(
-        length=1 << 24, compression_codec=bpb.NONE, refresh_interval=Duration(seconds=60)
-    )
-    frag.stores.append(f"file://{tmp / 'fragments'}/")
-    spec = bpb.JournalSpec(name=log, replication=1, fragment=frag)
-    spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")
+    spec = journal_spec(log, tmp / "fragments", length=1 << 24, content_type=RECOVERY_LOG)
     async with JournalClient(broker) as client:
-        await apply_journals(
-            client, bpb.ApplyRequest(changes=[bpb.ApplyRequest.Change(upsert=spec)])
-        )
+        await apply_specs(client, [spec])
     store = await RocksDBStore.open(broker, log, tmp / "store")
     try:
         for i in range(keys):

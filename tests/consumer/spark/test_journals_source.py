@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import AppendService, JournalClient, apply_journals
 from gazette.broker.protocol import protocol_pb2 as pb
@@ -30,6 +29,7 @@ from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 from tests.consumer.spark.conftest import pausable_broker
+from tests.kit.specs import journal_spec
 from tests.message.notes import JSON, Note
 
 CSV = "text/csv"
@@ -37,14 +37,9 @@ FIXED = "application/x-protobuf-fixed"
 
 
 def _spec(name: str, store: str, content_type: str, topic: str) -> pb.JournalSpec:
-    frag = pb.JournalSpec.Fragment(
-        length=1 << 24, compression_codec=pb.NONE, refresh_interval=Duration(seconds=60)
+    return journal_spec(
+        name, store, length=1 << 24, content_type=content_type, labels={"topic": topic}
     )
-    frag.stores.append(store)
-    spec = pb.JournalSpec(name=name, replication=1, fragment=frag)
-    for k, v in sorted({"content-type": content_type, "topic": topic}.items()):
-        spec.labels.labels.add(name=k, value=v)
-    return spec
 
 
 def _to(journal: str) -> MappingFunc:

@@ -21,7 +21,6 @@ import grpc.aio
 import pytest
 
 from gazette.broker.client import JournalClient
-from gazette.broker.client.list import apply_journals
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.hints import load_hints
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
@@ -31,20 +30,22 @@ from gazette.consumer.spark.errors import InvalidOption
 from gazette.consumer.spark.playback import PlayedShard, check_store, rocksdb_batches
 from gazette.consumer.spark.resolve import ShardPlan
 from gazette.keyspace.etcd import Etcd
-from gazette.message import CONTENT_TYPE_JSON_LINES
 from gazette.message.iterators import ReadCommittedIter
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.consumer import ConsumerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.consumer.counter_app import Add
-from tests.consumer.test_runtime import (
+from tests.consumer.support import (
+    REPO,
     apply_shards,
     feed,
-    journal_spec,
+    json_journal,
+    recovery_log,
     write_head,
 )
+from tests.kit.eventually import eventually
+from tests.kit.specs import apply_specs
 
-REPO = Path(__file__).resolve().parents[3]
 _names = itertools.count()
 
 
@@ -67,13 +68,11 @@ class App:
 
     async def start(self, client: JournalClient, disabled: tuple[str, ...] = ()) -> None:
         store = self.tmp / "fragments"
-        store.mkdir()
-        specs = [journal_spec(j, store, CONTENT_TYPE_JSON_LINES) for j in self.inputs]
+        specs = [json_journal(j, store) for j in self.inputs]
         specs += [
-            journal_spec(f"{self.prefix}/recovery/{s}", store, "application/x-gazette-recoverylog")
-            for s in [*self.shard_ids, *disabled]
+            recovery_log(f"{self.prefix}/recovery/{s}", store) for s in [*self.shard_ids, *disabled]
         ]
-        await apply_journals(client, bpb.ApplyRequest(changes=[{"upsert": s} for s in specs]))
+        await apply_specs(client, specs)
         self.consumer = ConsumerProcess(
             self.app,
             self.etcd.endpoint,
@@ -111,15 +110,16 @@ class App:
 
     async def wait_for_hints(self, timeout: float = 30.0) -> None:
         """Until every shard's primary wrote hints of a store holding something."""
-        deadline = time.monotonic() + timeout
         async with Etcd(self.etcd.endpoint) as etcd:
-            for shard in self.shard_ids:
-                while True:
+
+            async def hinted() -> bool:
+                for shard in self.shard_ids:
                     hints = await load_hints(etcd, self.hint_prefix, shard)
-                    if hints[0] is not None and hints[0].live_nodes:
-                        break
-                    assert time.monotonic() < deadline, f"no hints of {shard}"
-                    await asyncio.sleep(0.2)
+                    if hints[0] is None or not hints[0].live_nodes:
+                        return False
+                return True
+
+            await eventually(hinted, what="hints of every shard", timeout=timeout, interval=0.2)
 
     async def wait_consumed(self, client: JournalClient, timeout: float = 30.0) -> None:
         """Until every shard read its input through the input's current write head."""
@@ -131,25 +131,29 @@ class App:
                 req = pb.StatRequest(
                     shard=shard, read_through={journal: await write_head(client, journal)}
                 )
-                while True:
-                    try:
-                        resp = await stub.Stat(req, timeout=timeout)
-                        if resp.status == pb.OK:
-                            break
-                    except grpc.aio.AioRpcError:
-                        pass  # Restarting.
-                    assert time.monotonic() < deadline, f"{shard} did not read {journal}"
-                    await asyncio.sleep(0.1)
+
+                async def read(req: pb.StatRequest = req) -> bool:
+                    resp = await stub.Stat(req, timeout=timeout)
+                    return bool(resp.status == pb.OK)
+
+                await eventually(
+                    read,
+                    what=f"{shard} to read {journal}",
+                    timeout=max(deadline - time.monotonic(), 0),
+                    interval=0.1,
+                    ignoring=(grpc.aio.AioRpcError,),  # Restarting.
+                )
 
     async def wait_for_backup_hints(self, shard: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
         async with Etcd(self.etcd.endpoint) as etcd:
-            while True:
+
+            async def backed_up() -> bool:
                 hints = await load_hints(etcd, self.hint_prefix, shard)
-                if len(hints) > 1 and hints[1] is not None:
-                    return
-                assert time.monotonic() < deadline, f"no backup hints of {shard}"
-                await asyncio.sleep(0.2)
+                return len(hints) > 1 and hints[1] is not None
+
+            await eventually(
+                backed_up, what=f"backup hints of {shard}", timeout=timeout, interval=0.2
+            )
 
     def options(self, **extra: str) -> dict[str, str]:
         return {

@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from google.protobuf.duration_pb2 import Duration
 from rocksdict import AccessType, Options, Rdict
 
 import gazette.consumer.spark.shared_playback as shared
-from gazette.broker.client import JournalClient, apply_journals
+from gazette.broker.client import JournalClient
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.protocol import pb
 from gazette.consumer.spark import playback
@@ -35,6 +34,7 @@ from gazette.stores.rocksdb.store import RocksDBStore
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.consumer.spark.conftest import pausable_broker
+from tests.kit.specs import RECOVERY_LOG, apply_specs, journal_spec
 
 KEYS = 300
 
@@ -42,13 +42,7 @@ KEYS = 300
 async def _recorded_shard(broker: BrokerProcess, tmp: Path, log: str) -> tuple[ShardPlan, int]:
     """A RocksDB store of KEYS keys recorded into `log`; its plan and the log's write head."""
     async with JournalClient(broker.endpoint) as client:
-        frag = bpb.JournalSpec.Fragment(
-            length=1 << 20, compression_codec=bpb.NONE, refresh_interval=Duration(seconds=600)
-        )
-        spec = bpb.JournalSpec(name=log, replication=1, fragment=frag)
-        spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")
-        change = bpb.ApplyRequest.Change(upsert=spec)
-        await apply_journals(client, bpb.ApplyRequest(changes=[change]))
+        await apply_specs(client, [journal_spec(log, refresh=600, content_type=RECOVERY_LOG)])
         store = await RocksDBStore.open(broker.endpoint, log, tmp / "live")
         try:
             for i in range(KEYS):

@@ -9,15 +9,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
-from gazette.broker.client import AppendService, JournalClient, apply_journals
-from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.client import AppendService, JournalClient
 from gazette.consumer import RecoveredLog
 from gazette.consumer import recover as recover_log
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
+from tests.kit.specs import RECOVERY_LOG, apply_specs, journal_spec
 
 _names = itertools.count()
 
@@ -50,14 +49,10 @@ def make_log(client: JournalClient, tmp_path: Path) -> MakeLog:
 
     async def make() -> str:
         name = f"stores/jsonfile-{os.getpid()}-{next(_names)}"
-        frag = pb.JournalSpec.Fragment(
-            length=1 << 26, compression_codec=pb.NONE, refresh_interval=Duration(seconds=60)
+        store = tmp_path / "fragments"
+        await apply_specs(
+            client, [journal_spec(name, store, length=1 << 26, content_type=RECOVERY_LOG)]
         )
-        (tmp_path / "fragments").mkdir(exist_ok=True)
-        frag.stores.append(f"file://{tmp_path / 'fragments'}/")
-        spec = pb.JournalSpec(name=name, replication=1, fragment=frag)
-        spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")
-        await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
         return name
 
     return make
