@@ -70,7 +70,7 @@ class Reader:
         self._on_jump = on_jump
         self._call: ReadCall | None = None
         self._chunk = memoryview(b"")
-        self._direct: VerifiedFragment | None = None
+        self._from_store: VerifiedFragment | None = None
         self._url_pending = False
         self._ended = False
 
@@ -103,7 +103,7 @@ class Reader:
     @property
     def ended(self) -> bool:
         """Whether the Reader has ended; `read` now returns b""."""
-        return self._ended and not self._chunk and self._direct is None
+        return self._ended and not self._chunk and self._from_store is None
 
     # Reading.
 
@@ -143,14 +143,14 @@ class Reader:
                 CLIENT.read_bytes[self.request.journal] += len(data)
                 return data
 
-            if self._direct is not None:
-                data = self._direct.read(min(limit, 1 << 20))
+            if self._from_store is not None:
+                data = self._from_store.read(min(limit, 1 << 20))
                 if data:
                     self.request.offset += len(data)
                     CLIENT.read_bytes[self.request.journal] += len(data)
                     return data
-                self._direct.close()
-                self._direct = None
+                self._from_store.close()
+                self._from_store = None
                 self._end()
                 return b""
 
@@ -158,7 +158,7 @@ class Reader:
                 return b""
 
             if self._url_pending:
-                await self._open_direct()
+                await self._open_from_store()
                 continue
 
             if self._call is None:
@@ -218,7 +218,7 @@ class Reader:
         if self._on_jump is not None:
             self._on_jump(jump)
 
-    async def _open_direct(self) -> None:
+    async def _open_from_store(self) -> None:
         self._url_pending = False
         # The broker is not going to proxy this fragment; don't hold its stream open.
         if self._call is not None:
@@ -226,7 +226,7 @@ class Reader:
             self._call = None
         fragment = pb.Fragment()
         fragment.CopyFrom(self.response.fragment)
-        self._direct = await asyncio.to_thread(
+        self._from_store = await asyncio.to_thread(
             fetch_verified_fragment, fragment, self.response.fragment_url, self.request.offset
         )
 
@@ -241,9 +241,9 @@ class Reader:
         self._end()
         self._chunk = memoryview(b"")
         self._url_pending = False
-        if self._direct is not None:
-            self._direct.close()
-            self._direct = None
+        if self._from_store is not None:
+            self._from_store.close()
+            self._from_store = None
 
     def __aiter__(self) -> Reader:
         return self
