@@ -125,7 +125,7 @@ class ProgressTracker:
     ) -> None:
         self.on_progress = on_progress
         self.interval = interval
-        self.intervals: list[Interval] = [(log, 0, None)]
+        self._intervals: list[Interval] = [(log, 0, None)]
         self._cursor = 0  # The first interval not yet read through.
         self.log_head = 0
         """Latest known write head of the played log."""
@@ -135,6 +135,16 @@ class ProgressTracker:
         self.desync_bytes = 0
         self._started = 0.0
         self._last = 0.0
+
+    @property
+    def intervals(self) -> list[Interval]:
+        """The portions of the log playback expects to read, in order."""
+        return self._intervals
+
+    @intervals.setter
+    def intervals(self, intervals: list[Interval]) -> None:
+        self._intervals = intervals
+        self._cursor = 0  # A snapshot of the placeholder may have passed its only interval.
 
     def start(self) -> None:
         """Playback begins reading now (the rate counts from here)."""
@@ -169,7 +179,7 @@ class ProgressTracker:
             self.on_progress(self.snapshot(state, log, offset))
 
     def _remaining(self, log: str, offset: int) -> int:
-        intervals = self.intervals
+        intervals = self._intervals
 
         def end_of(i: int) -> int:
             end = intervals[i][2]
