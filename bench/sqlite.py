@@ -12,17 +12,16 @@ random keys all over the table). Both sides use WAL mode and the same page cache
   ``ratio``: each commit awaited by SQLite's syncs (`sync_waits`); ``ratio_pipelined``: as a
   consumer, the next transaction runs while the previous one commits (``sync_waits=False``),
   and starts committing once that commit is in the log: the consumer's rule, the comparison
-  the target is read as (docs/store-targets.md). ``ratio_pipelined_process``: the same, the
-  store recording through a recorder process of its own (`RemoteRecorder`);
-  ``ratio_pipelined_on_loop``: the same, SQLite on the event loop (``on_loop=True``, as
-  native apsw runs on its caller's thread; docs/sqlite-store.md).
+  the target is read as (docs/store-targets.md). ``ratio_pipelined_on_loop``: the same,
+  SQLite on the event loop (``on_loop=True``, as native apsw runs on its caller's thread;
+  docs/sqlite-store.md).
 - paired (consumer workload): native FULL and the store by the consumer's rule run the same
   transactions interleaved, 10 blocks each side, alternating which goes first, each side
-  continuing its own database (``ratio_paired_on_loop``, ``ratio_paired``,
-  ``ratio_paired_process``: the sums of their blocks; ``*_block_min`` / ``*_block_max``: the
-  blocks' own ratios). Both sides then see the same phases of a machine whose speed drifts
-  within minutes, which best-of runs taken minutes apart do not; the store pays one extra
-  round trip per block (its last commit).
+  continuing its own database (``ratio_paired_on_loop``, ``ratio_paired``: the sums of
+  their blocks; ``*_block_min`` / ``*_block_max``: the blocks' own ratios). Both sides
+  then see the same phases of a machine whose speed drifts within minutes, which best-of
+  runs taken minutes apart do not; the store pays one extra round trip per block (its last
+  commit).
 - adaptive: as pipelined, but a transaction keeps taking batches until its predecessor's
   commit is in the log (a consumer's transaction keeps consuming while the previous one
   commits; Gazette does not fix transaction sizes). ``ratio_adaptive`` is against native FULL
@@ -64,7 +63,6 @@ from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.consumer.protocol import pb as cpb
 from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.recorder import Recorder
-from gazette.recoverylog.remote import RemoteRecorder
 from gazette.stores.sqlite import SQLiteStore
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
@@ -75,8 +73,8 @@ CREATE TABLE IF NOT EXISTS kv (k INTEGER PRIMARY KEY, v TEXT NOT NULL, n INTEGER
 CREATE TABLE IF NOT EXISTS agg (a INTEGER PRIMARY KEY, c INTEGER NOT NULL);
 """
 
-WHERE = {"process": ", recorder process", "on_loop": ", on the loop"}
-"""How progress lines name where a store side records from, or runs SQLite."""
+WHERE = {"on_loop": ", on the loop"}
+"""How progress lines name where a store side runs SQLite."""
 
 
 def say(msg: str) -> None:
@@ -162,7 +160,6 @@ async def paired(
     directory: Path,
     work: list[Batch],
     blocks: int,
-    process: bool,
     on_loop: bool = False,
 ) -> tuple[float, float, list[float]]:
     """Native FULL and the store by the consumer's rule, interleaved block by block.
@@ -174,9 +171,7 @@ async def paired(
     trip a block that an unbroken run would overlap. Returns native's and the store's total
     seconds, and each block's ratio."""
     async with JournalClient(endpoint) as client, AppendService(client) as svc:
-        store, _ = await open_store(
-            endpoint, client, svc, fragments, directory / "store", False, process, on_loop
-        )
+        store, _ = await open_store(client, svc, fragments, directory / "store", False, on_loop)
         native = NativeBlocks(directory / "native")
         try:
             size = -(-len(work) // blocks)
@@ -207,18 +202,15 @@ def checkpoint(i: int) -> cpb.Checkpoint:
 
 
 async def open_store(
-    endpoint: str,
     client: JournalClient,
     svc: AppendService,
     fragments: Path,
     directory: Path,
     sync_waits: bool,
-    process: bool,
     on_loop: bool = False,
-) -> tuple[SQLiteStore, Recorder | RemoteRecorder]:
+) -> tuple[SQLiteStore, Recorder]:
     """A store in `directory` (made here) recording to a new log, its first commit done,
-    and its recorder: in process, or (`process`) a `RemoteRecorder`; SQLite in the store's
-    thread, or (`on_loop`) on the event loop."""
+    and its recorder; SQLite in the store's thread, or (`on_loop`) on the event loop."""
     frag = pb.JournalSpec.Fragment(
         length=256 * MiB, compression_codec=pb.NONE, refresh_interval=Duration(seconds=600)
     )
@@ -227,11 +219,7 @@ async def open_store(
     spec = pb.JournalSpec(name=log, replication=1, fragment=frag)
     await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
     directory.mkdir(parents=True)
-    rec: Recorder | RemoteRecorder
-    if process:
-        rec = await RemoteRecorder.start(endpoint, log, FSM(log), 0xBE4C, directory)
-    else:
-        rec = await Recorder.open(FSM(log), 0xBE4C, directory, svc, log)
+    rec = await Recorder.open(FSM(log), 0xBE4C, directory, svc, log)
     store = await SQLiteStore.open(
         rec, bootstrap_sql=SCHEMA, sync_waits=sync_waits, on_loop=on_loop
     )
@@ -246,20 +234,15 @@ async def recorded(
     work: list[Batch],
     sync_waits: bool,
     adaptive: bool = False,
-    process: bool = False,
     on_loop: bool = False,
 ) -> tuple[float, SQLiteStore, int, list[int]]:
     """The store's time for `work`, the store, its log's size, and the batches per commit.
 
     Each transaction takes one batch, or (`adaptive`) takes batches until its predecessor's
     commit is in the log, as a consumer's transaction keeps consuming while the previous one
-    commits (docs/store-targets.md). With `process`, the store records through a
-    `RemoteRecorder` (a recorder process of its own); with `on_loop`, SQLite runs on the
-    event loop."""
+    commits (docs/store-targets.md). With `on_loop`, SQLite runs on the event loop."""
     async with JournalClient(endpoint) as client, AppendService(client) as svc:
-        store, rec = await open_store(
-            endpoint, client, svc, fragments, directory, sync_waits, process, on_loop
-        )
+        store, rec = await open_store(client, svc, fragments, directory, sync_waits, on_loop)
         t0 = time.perf_counter()
         sizes = await consume(store, work, 0, adaptive)
         elapsed = time.perf_counter() - t0
@@ -302,7 +285,6 @@ def measure(
         "normal": [],
         "store": [],
         "pipelined": [],
-        "process": [],
         "on_loop": [],
         "adaptive": [],
         "matched": [],
@@ -316,7 +298,6 @@ def measure(
         for side, waits, adaptive in (
             ("store", True, False),
             ("pipelined", False, False),
-            ("process", False, False),
             ("on_loop", False, False),
             ("adaptive", False, True),
         ):
@@ -329,7 +310,6 @@ def measure(
                     work,
                     waits,
                     adaptive,
-                    process=side == "process",
                     on_loop=side == "on_loop",
                 )
             )
@@ -352,7 +332,7 @@ def measure(
                 figures["matched"].append(m)
                 say(f"  {name} run {run}: native full, the same transactions: {m:.2f} s")
     interleaved: dict[str, float] = {}
-    for mode in ("on_loop", "thread", "process") if blocks else ():
+    for mode in ("on_loop", "thread") if blocks else ():
         native_s, store_s, ratios = asyncio.run(
             paired(
                 endpoint,
@@ -360,13 +340,10 @@ def measure(
                 tmpdir / f"{name}-paired-{mode}",
                 work,
                 blocks,
-                process=mode == "process",
                 on_loop=mode == "on_loop",
             )
         )
-        key = {"on_loop": "ratio_paired_on_loop", "thread": "ratio_paired"}.get(
-            mode, "ratio_paired_process"
-        )
+        key = {"on_loop": "ratio_paired_on_loop", "thread": "ratio_paired"}[mode]
         where = WHERE.get(mode, "")
         say(
             f"  {name} paired{where}: native {native_s:.2f} s, store {store_s:.2f} s over "
@@ -382,7 +359,6 @@ def measure(
         **interleaved,
         "ratio": round(best["store"] / best["full"], 3),
         "ratio_pipelined": round(best["pipelined"] / best["full"], 3),
-        "ratio_pipelined_process": round(best["process"] / best["full"], 3),
         "ratio_pipelined_on_loop": round(best["on_loop"] / best["full"], 3),
         "ratio_adaptive": round(best["adaptive"] / best["full"], 3),
         "ratio_adaptive_matched": round(best["adaptive"] / best["matched"], 3),
@@ -390,7 +366,6 @@ def measure(
         "ratio_vs_normal": round(best["store"] / best["normal"], 3),
         "store_s": round(best["store"], 3),
         "pipelined_s": round(best["pipelined"], 3),
-        "process_s": round(best["process"], 3),
         "on_loop_s": round(best["on_loop"], 3),
         "adaptive_s": round(best["adaptive"], 3),
         "native_full_s": round(best["full"], 3),

@@ -21,11 +21,15 @@ commits: every operation queued before the call is then in the log. Once recordi
 (e.g. the log was fenced by a new primary), every later mutating handler and barrier fails.
 The failure is logged once: a fence as a WARNING (a newer primary took the log over, as it
 should once this process's shard moved), anything else as an ERROR.
+
+What is queued, counted and latched is an `OpQueue`'s (shared with the SQLite store); the
+link keeps the plumbing between trio's thread and the loop's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import logging
 from typing import Any
@@ -33,18 +37,9 @@ from typing import Any
 import trio
 
 from gazette.broker.protocol import protocol_pb2 as pb
-from gazette.recoverylog.op_batch import (
-    CREATE,
-    LINK,
-    RENAME,
-    TRUNCATE,
-    UNLINK,
-    WRITE,
-    Op,
-    apply_ops,
-    from_thread,
-)
-from gazette.recoverylog.recorder import Recorder, RecorderFenced, RecordingFailed
+from gazette.recoverylog.op_batch import Op, apply_ops, from_thread
+from gazette.recoverylog.op_queue import OpQueue
+from gazette.recoverylog.recorder import Recorder, RecorderFenced
 
 __all__ = ["RecordingLink"]
 
@@ -62,11 +57,10 @@ class RecordingLink:
     def __init__(self, recorder: Recorder, loop: asyncio.AbstractEventLoop) -> None:
         self._rec = recorder
         self._loop = loop
-        self._ops: list[Op] = []
-        self._error: BaseException | None = None
-        self._unsynced = 0
-        self.ops = 0
-        self.bytes = 0
+        self._queue = OpQueue(
+            recorder.log, max_unsynced=MAX_UNSYNCED_BYTES, on_failure=self._log_failure
+        )
+        self._record = functools.partial(apply_ops, recorder)
         self.barriers = 0
 
     @property
@@ -75,18 +69,25 @@ class RecordingLink:
 
     @property
     def error(self) -> BaseException | None:
-        return self._error
+        return self._queue.error
 
     @property
     def fenced(self) -> bool:
         """Whether recording ended because another author fenced the log (module docs)."""
-        return isinstance(self._error, RecorderFenced)
+        return isinstance(self._queue.error, RecorderFenced)
 
-    def _failed(self, err: BaseException) -> None:
-        """Recording failed with `err` (either thread): remember and log it, once."""
-        if self._error is not None:
-            return
-        self._error = err
+    @property
+    def ops(self) -> int:
+        """Operations handed to the loop."""
+        return self._queue.ops
+
+    @property
+    def bytes(self) -> int:  # Shadows the type within the class: `write` says builtins.bytes.
+        """Write bytes handed to the loop."""
+        return self._queue.bytes
+
+    def _log_failure(self, err: BaseException) -> None:
+        """Recording failed with `err` (either thread): called once, by the queue."""
         if isinstance(err, RecorderFenced):
             log.warning(
                 "recording fenced: another author took the log over (a newer primary); "
@@ -101,57 +102,48 @@ class RecordingLink:
 
     def check(self) -> None:
         """Raise `RecordingFailed` once recording failed."""
-        if self._error is not None:
-            raise RecordingFailed(f"recording to {self._rec.log} failed: {self._error!r}")
+        self._queue.check()
 
     def create(self, path: str) -> None:
-        self._push((CREATE, path, 0, b""))
+        self._queue.create(path)
 
     def truncate(self, path: str) -> None:
-        self._push((TRUNCATE, path, 0, b""))
+        self._queue.truncate(path)
 
     def unlink(self, path: str) -> None:
-        self._push((UNLINK, path, 0, b""))
+        self._queue.unlink(path)
 
     def rename(self, src: str, dst: str) -> None:
-        self._push((RENAME, src, 0, dst.encode()))
+        self._queue.rename(src, dst)
 
     def link(self, src: str, dst: str) -> None:
-        self._push((LINK, src, 0, dst.encode()))
+        self._queue.link(src, dst)
 
-    def write(self, path: str, offset: int, data: bytes) -> None:
+    def write(self, path: str, offset: int, data: builtins.bytes) -> None:
         """Queue a write and hand it over at once (module docs)."""
-        if not data:
-            return
-        if not isinstance(data, bytes):
-            data = bytes(data)
-        self._push((WRITE, path, offset, data))
-        self.bytes += len(data)
-        self._unsynced += len(data)
+        self._queue.write(path, offset, data)
         self.hand_over()
 
     def hand_over(self) -> None:
         """Hand queued operations to the loop (without waiting for them to commit)."""
-        if not self._ops:
-            return
-        ops, self._ops = self._ops, []
-        self._loop.call_soon_threadsafe(self._apply, ops)
+        ops = self._queue.take()
+        if ops:
+            self._loop.call_soon_threadsafe(self._queue.apply, ops, self._record)
 
     @property
     def must_throttle(self) -> bool:
         """Whether a writer should wait for a `barrier` (see `MAX_UNSYNCED_BYTES`)."""
-        return self._unsynced > MAX_UNSYNCED_BYTES
+        return self._queue.must_wait
 
     async def barrier(self, *, confirm: bool = True) -> int:
         """Wait until every operation queued so far is committed to the log; return the
         log's write head then. Raises `RecordingFailed` if it could not be, or (`confirm`,
         as `Recorder.barrier`) if the log was fenced since."""
         self.check()
-        self.hand_over()
-        self._unsynced = 0
+        ops = self._queue.take_for_barrier()
         token = trio.lowlevel.current_trio_token()
         done = trio.Event()
-        cfut = from_thread(self._loop, functools.partial(self._barrier, confirm))
+        cfut = from_thread(self._loop, functools.partial(self._apply_and_barrier, ops, confirm))
 
         def wake(_: Any) -> None:
             try:
@@ -164,27 +156,15 @@ class RecordingLink:
         try:
             head = int(cfut.result().commit.end)
         except BaseException as err:
-            self._failed(err)
-            raise RecordingFailed(f"recording to {self._rec.log} failed: {err!r}") from err
+            raise self._queue.fail(err) from err
         self.barriers += 1
         return head
 
-    def _push(self, op: Op) -> None:
-        self._ops.append(op)
-        self.ops += 1
-
     # -- Loop thread -------------------------------------------------------------------------
 
-    def _apply(self, ops: list[Op]) -> None:
-        if self._error is not None:
-            return
-        rec = self._rec
-        try:
-            apply_ops(rec, ops)
-        except BaseException as err:  # The Recorder is broken, or a bug in the handlers.
-            self._failed(err)
-
-    def _barrier(self, confirm: bool) -> asyncio.Future[pb.AppendResponse]:
-        if self._error is not None:
-            raise self._error
+    def _apply_and_barrier(self, ops: list[Op], confirm: bool) -> asyncio.Future[pb.AppendResponse]:
+        self._queue.apply(ops, self._record)
+        err = self._queue.error
+        if err is not None:
+            raise err
         return self._rec.barrier(confirm=confirm)

@@ -1,6 +1,6 @@
-"""What a recorder running in a process of its own (the fusefs server,
-`recoverylog.remote`) needs of its parent: the FSM it records onwards from and hands back
-(`dump_fsm`, `load_fsm`), and its parent's death (`set_parent_death_signal`).
+"""What a recorder running in a process of its own (the fusefs server) needs of its parent:
+the FSM it records onwards from and hands back (`dump_fsm`, `load_fsm`), and its parent's
+death (`set_parent_death_signal`).
 """
 
 from __future__ import annotations

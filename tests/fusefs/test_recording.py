@@ -15,13 +15,19 @@ class _Loop:
     def __init__(self) -> None:
         self.calls: list[list[Any]] = []
 
-    def call_soon_threadsafe(self, fn: Any, ops: list[Any]) -> None:
+    def call_soon_threadsafe(self, fn: Any, ops: list[Any], *args: Any) -> None:
         self.calls.append(ops)
+
+
+class _Recorder:
+    """What the link asks of a Recorder before anything runs on the loop."""
+
+    log = "test/log"
 
 
 def test_a_write_is_handed_over_at_once() -> None:
     loop = _Loop()
-    link = RecordingLink(None, loop)  # type: ignore[arg-type]  # Not reached: nothing runs.
+    link = RecordingLink(_Recorder(), loop)  # type: ignore[arg-type]  # Nothing runs.
     link.create("a")
     assert loop.calls == []  # Other ops wait for a write, a barrier or the tick.
     link.write("a", 0, b"one")

@@ -1,23 +1,19 @@
 """RecorderBridge: carries file operations from the thread running SQLite to a Recorder.
 
 The VFS callbacks of SQLite are synchronous and run in the store's SQLite thread; the
-`Recorder` lives on an asyncio event loop. The bridge queues operations (create, truncate,
-write, rename, unlink) in the order SQLite performs them, coalescing contiguous writes to one file,
-and hands them to the loop in batches with ``call_soon_threadsafe`` (FIFO: the log receives
-them in the same order). `sync` hands over the batch and, if asked to, blocks the SQLite
-thread until a Recorder barrier behind it resolves: everything recorded so far is then
-committed to the log.
-
-With a `RemoteRecorder` (a Recorder in a process of its own), operations are sent to it
-from the SQLite thread instead, and the loop only asks for its barriers and waits for them.
+`Recorder` lives on an asyncio event loop. The bridge reports operations (create, truncate,
+write, rename, unlink) to an `OpQueue` in the order SQLite performs them, and hands its
+batches to the loop with ``call_soon_threadsafe`` (FIFO: the log receives them in the same
+order). `sync` hands over the batch and, if asked to, blocks the SQLite thread until a
+Recorder barrier behind it resolves: everything recorded so far is then committed to the log.
+What is queued, counted and latched is the queue's; the bridge keeps the threads' plumbing.
 
 Paths are relative to the Recorder's directory. A bridge is used by one SQLite thread at a
-time. It never blocks the loop (but for a remote barrier's request, which may wait behind a
-hand-over being sent, at most `recoverylog.remote.SEND_TIMEOUT`). SQLite may also run on
-the loop's thread (a store ``on_loop``, with a Recorder in process): operations are then
-applied to the Recorder as they are handed over, and nothing waits there (`sync` with `wait`
-raises `RuntimeError` rather than deadlock; `max_unsynced` does not apply within a job: the
-store's queue of jobs waits for the log between jobs instead).
+time, and never blocks the loop. SQLite may also run on the loop's thread (a store
+``on_loop``): batches are then applied to the Recorder as they are handed over, and nothing
+waits there (`sync` with `wait` raises `RuntimeError` rather than deadlock; `max_unsynced`
+does not apply within a job: the store's queue of jobs waits for the log between jobs
+instead).
 """
 
 from __future__ import annotations
@@ -26,21 +22,11 @@ import asyncio
 import concurrent.futures
 import functools
 import threading
-from collections.abc import Callable
 from typing import Any
 
-from gazette.recoverylog.op_batch import (
-    CREATE,
-    RENAME,
-    TRUNCATE,
-    UNLINK,
-    Op,
-    WriteRun,
-    apply_ops,
-    from_thread,
-)
-from gazette.recoverylog.recorder import Recorder, RecordingFailed
-from gazette.recoverylog.remote import RemoteRecorder, RemoteRecordingFailed
+from gazette.recoverylog.op_batch import Op, apply_ops, from_thread
+from gazette.recoverylog.op_queue import OpQueue
+from gazette.recoverylog.recorder import Recorder
 
 __all__ = ["RecorderBridge"]
 
@@ -57,78 +43,76 @@ class RecorderBridge:
 
     def __init__(
         self,
-        recorder: Recorder | RemoteRecorder,
+        recorder: Recorder,
         loop: asyncio.AbstractEventLoop,
         *,
         flush_bytes: int = 4 << 20,
         max_unsynced: int = 64 << 20,
     ) -> None:
         self._rec = recorder
-        self._remote = recorder if isinstance(recorder, RemoteRecorder) else None
         self._loop = loop
         self._loop_thread = threading.get_ident()
-        self.flush_bytes = flush_bytes
-        self.max_unsynced = max_unsynced
-        self._ops: list[Op] = []
+        self._queue = OpQueue(recorder.log, flush_bytes=flush_bytes, max_unsynced=max_unsynced)
+        self._record = functools.partial(apply_ops, recorder, exclusive_create=True)
         # Cross-thread waits of the SQLite thread on the loop: `discard` cancels them, so that
         # destroying the store from the loop never waits on a thread that waits on the loop.
         self._waits: set[concurrent.futures.Future[Any]] = set()
         self._waits_lock = threading.Lock()
-        self._queued = 0
-        self._run = WriteRun()  # The open (coalescing) write.
-        self._unsynced = 0
-        # Hand-overs queued on the loop (counted by the SQLite thread) and applied there
-        # (counted by the loop): each counter has one writer.
-        self._handed = 0
-        self._applied = 0
-        self._dirty = False  # Ops were handed over since the last barrier resolved.
-        self._error: BaseException | None = None
-        self._discard = False
         self.deferring = False
         """Set while the store checkpoints: `sync` and `flush` then `defer`."""
         self.barriers = 0
-        self.bytes_recorded = 0
 
     @property
-    def recorder(self) -> Recorder | RemoteRecorder:
+    def recorder(self) -> Recorder:
         return self._rec
+
+    @property
+    def flush_bytes(self) -> int:
+        return self._queue.flush_bytes
+
+    @flush_bytes.setter
+    def flush_bytes(self, n: int) -> None:
+        self._queue.flush_bytes = n
+
+    @property
+    def max_unsynced(self) -> int:
+        return self._queue.max_unsynced
+
+    @max_unsynced.setter
+    def max_unsynced(self, n: int) -> None:
+        self._queue.max_unsynced = n
+
+    @property
+    def bytes_recorded(self) -> int:
+        """Write bytes handed to the Recorder."""
+        return self._queue.bytes
 
     @property
     def discarded(self) -> bool:
         """Whether `discard` was called: nothing more is recorded."""
-        return self._discard
+        return self._queue.discarded
 
     # -- Called from the SQLite thread ------------------------------------------------------
 
     def create(self, path: str) -> None:
         """`path` was created (it was not a recorded file)."""
-        self._push((CREATE, path, 0, b""))
+        self._queue.create(path)
 
     def truncate(self, path: str) -> None:
         """Recorded file `path` was truncated to zero length: it becomes a new Fnode."""
-        self._push((TRUNCATE, path, 0, b""))
+        self._queue.truncate(path)
 
     def unlink(self, path: str) -> None:
         """Recorded file `path` was removed."""
-        self._push((UNLINK, path, 0, b""))
+        self._queue.unlink(path)
 
     def rename(self, src: str, dst: str) -> None:
         """Recorded file `src` was renamed to `dst` (which did not exist)."""
-        self._push((RENAME, src, 0, dst.encode()))
+        self._queue.rename(src, dst)
 
     def write(self, path: str, offset: int, data: bytes) -> None:
         """`data` was written at `offset` of recorded file `path`."""
-        if not data:
-            return
-        if not isinstance(data, bytes):
-            data = bytes(data)  # SQLite may reuse its buffer.
-        run = self._run
-        if not run.extend(path, offset, data):
-            self._seal()
-            run.start(path, offset)
-            run.add(data)
-        self._queued += len(data)
-        if self._queued >= self.flush_bytes:
+        if self._queue.write(path, offset, data):
             self.flush()
 
     def flush(self) -> None:
@@ -148,8 +132,7 @@ class RecorderBridge:
         self._flush(dirty=False)
 
     def _flush(self, dirty: bool) -> None:
-        self._seal()
-        if self._unsynced + self._queued >= self.max_unsynced and not self._on_loop_thread():
+        if self._queue.must_wait and not self._on_loop_thread():
             self._sync()
             return
         # (On the loop's thread nothing may wait: the store's queue waits between jobs.)
@@ -168,38 +151,23 @@ class RecorderBridge:
             self._sync(wait)
 
     def _sync(self, wait: bool = True) -> None:
-        self._seal()
-        if self._discard:
-            self._ops.clear()
+        queue = self._queue
+        if queue.discarded:
             return
-        self.check()
+        queue.check()
         if not wait:
             self._hand_over()
             return
-        if not self._ops and not self._dirty:
+        if not queue.barrier_due:
             return  # Nothing recorded since the last barrier.
         if self._on_loop_thread():
             raise RuntimeError("RecorderBridge.sync would block the event loop it waits on")
-        ops = self._take()
-        self._dirty = False
-        start: Callable[[], asyncio.Future[Any]]
-        if self._remote is not None:
-            try:
-                self._remote.record(ops)  # From this thread: the loop only waits.
-            except RemoteRecordingFailed as err:
-                self._error = self._error or err
-                self.check()
-            start = self._remote.barrier
-        else:
-            start = functools.partial(self._apply_and_barrier, ops)
-        fut = from_thread(self._loop, start)
+        ops = queue.take_for_barrier()
+        fut = from_thread(self._loop, functools.partial(self._apply_and_barrier, ops))
         try:
             self.wait(fut)
         except BaseException as err:
-            if self._error is None:
-                self._error = err
-            raise RecordingFailed(f"recording to {self._rec.log} failed: {err!r}") from err
-        self._unsynced = 0
+            raise queue.fail(err) from err
         self.barriers += 1
 
     def wait(self, fut: concurrent.futures.Future[Any]) -> Any:
@@ -208,7 +176,7 @@ class RecorderBridge:
         Raises concurrent.futures.CancelledError once the bridge is discarded.
         """
         with self._waits_lock:
-            if self._discard:
+            if self._queue.discarded:
                 fut.cancel()
             self._waits.add(fut)
         try:
@@ -221,85 +189,40 @@ class RecorderBridge:
         """Drop queued and later operations (the store is being destroyed), and cancel every
         wait of the SQLite thread on the loop."""
         with self._waits_lock:
-            self._discard = True
+            self._queue.discard()
             for fut in self._waits:
                 fut.cancel()
-        self._ops.clear()
-        self._run.clear()
-
-    # -- Internals ---------------------------------------------------------------------------
 
     def check(self) -> None:
         """Raise `RecordingFailed` if the Recorder failed."""
-        if self._error is None and self._remote is not None:
-            self._error = self._remote.error
-        err = self._error
-        if err is not None:
-            raise RecordingFailed(f"recording to {self._rec.log} failed: {err!r}") from err
+        self._queue.check()
+
+    # -- Internals ---------------------------------------------------------------------------
 
     def _on_loop_thread(self) -> bool:
         return threading.get_ident() == self._loop_thread
 
-    def _push(self, op: Op) -> None:
-        self._seal()
-        self._ops.append(op)
-
-    def _seal(self) -> None:
-        op = self._run.seal()
-        if op is not None:
-            self._ops.append(op)
-
-    def _take(self) -> list[Op]:
-        ops, self._ops = self._ops, []
-        self._unsynced += self._queued
-        self.bytes_recorded += self._queued
-        self._queued = 0
-        return ops
-
     def _hand_over(self, dirty: bool = True) -> None:
-        self.check()
-        if self._ops and not self._discard:
-            self._dirty = self._dirty or dirty
-            if self._remote is None:
-                self._handed += 1
-                if self._on_loop_thread():
-                    self._apply_handed(self._take())  # Its append leaves at once.
-                else:
-                    self._loop.call_soon_threadsafe(self._apply_handed, self._take())
-                return
-            try:
-                self._remote.record(self._take())
-            except RemoteRecordingFailed as err:
-                if self._error is None:
-                    self._error = err
-                self.check()
+        self._queue.check()
+        ops = self._queue.take(dirty=dirty)
+        if not ops:
+            return
+        if self._on_loop_thread():
+            self._apply_handed(ops)  # Its append leaves at once.
         else:
-            self._ops.clear()
+            self._loop.call_soon_threadsafe(self._apply_handed, ops)
 
     # -- On the loop ----------------------------------------------------------------------------
 
-    def _apply(self, ops: list[Op]) -> None:
-        if self._error is not None or self._discard:
-            return
-        rec = self._rec
-        assert isinstance(rec, Recorder)
-        try:
-            apply_ops(rec, ops, exclusive_create=True)
-        except BaseException as err:  # The Recorder is broken, or the VFS has a bug.
-            self._error = err
-
     def _apply_handed(self, ops: list[Op]) -> None:
-        self._applied += 1
-        self._apply(ops)
-        if self._applied == self._handed and self._error is None:
+        if self._queue.apply(ops, self._record):
             # No other hand-over is queued behind this one (they would go together): its
             # append need not wait for the loop's next turn.
-            rec = self._rec
-            assert isinstance(rec, Recorder)
-            rec.flush()
+            self._rec.flush()
 
     def _apply_and_barrier(self, ops: list[Op]) -> asyncio.Future[Any]:
-        self._apply(ops)
-        if self._error is not None:
-            raise self._error
+        self._queue.apply(ops, self._record)
+        err = self._queue.error
+        if err is not None:
+            raise err
         return self._rec.barrier()

@@ -36,7 +36,6 @@ from gazette.consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard
 from gazette.consumer.store_errors import StoreClosed
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.recorder import Recorder
-from gazette.recoverylog.remote import RemoteRecorder
 from gazette.stores.sqlite.bridge import RecorderBridge
 from gazette.stores.sqlite.pagestore import (
     PAGES_SUFFIX,
@@ -131,7 +130,7 @@ class SQLiteStore:
     """A recorded SQLite store (module docs). Create with `from_recovered` or `open`."""
 
     def __init__(self) -> None:  # Use `from_recovered` or `open`.
-        self.recorder: Recorder | RemoteRecorder
+        self.recorder: Recorder
         self.directory: Path
         self.path: Path
         self._vfs: RecordingVFS | None = None
@@ -149,34 +148,15 @@ class SQLiteStore:
         self._closed = False
 
     @classmethod
-    async def from_recovered(
-        cls, recovered: RecoveredLog, *, recorder_process: bool = False, **open_args: Any
-    ) -> SQLiteStore:
+    async def from_recovered(cls, recovered: RecoveredLog, **open_args: Any) -> SQLiteStore:
         """Open the store in a played-back, handed-off ``recovered.directory``, recording
-        onwards through ``recovered.recorder()``, or with `recorder_process` through a
-        `RemoteRecorder` (a recorder in a process of its own: docs/sqlite-store.md).
-        `open_args` and errors are `open`'s; a recorder process which does not start raises
-        `RecorderGone`."""
-        if not recorder_process:
-            return await cls.open(recovered.recorder(), **open_args)
-        remote = await RemoteRecorder.start(
-            recovered.broker_endpoint,
-            recovered.log,
-            recovered.fsm,
-            recovered.author,
-            recovered.directory,
-            write_head=recovered.write_head,
-        )
-        try:
-            return await cls.open(remote, **open_args)
-        except BaseException:
-            remote.kill()
-            raise
+        onwards through ``recovered.recorder()``. `open_args` and errors are `open`'s."""
+        return await cls.open(recovered.recorder(), **open_args)
 
     @classmethod
     async def open(
         cls,
-        recorder: Recorder | RemoteRecorder,
+        recorder: Recorder,
         *,
         db_name: str = DB_NAME,
         journal_mode: str = "wal",
@@ -189,8 +169,7 @@ class SQLiteStore:
         wal_checkpoint_pages: int = 1000,
     ) -> SQLiteStore:
         """Open the store in `recorder`'s directory, recording through `recorder` (a
-        `Recorder` on the running loop, or a `RemoteRecorder` started on it, which the store
-        then owns: `close` stops it, `destroy` kills it).
+        `Recorder` on the running loop).
 
         The directory is empty (a new store) or was just played back from the recorder's log.
         `bootstrap_sql` runs first (pragmas, tables). ``synchronous=FULL`` is set and checked;
@@ -200,8 +179,7 @@ class SQLiteStore:
         runs on the event loop's thread instead, as native apsw runs on its caller's: each
         `run` blocks the loop while its function runs, and no thread hand-over or contention
         for the GIL is paid (docs/sqlite-store.md, "SQLite on the loop"). `sync_waits` must
-        then be False (its default there: nothing may wait on the loop), and `recorder` a
-        `Recorder`.
+        then be False (its default there: nothing may wait on the loop).
 
         In WAL mode, a commit leaving `wal_checkpoint_pages` or more in the WAL checkpoints it
         (PASSIVE, instead of SQLite's auto-checkpoint, whose copies would be recorded again);
@@ -217,10 +195,6 @@ class SQLiteStore:
             sync_waits = not on_loop
         if on_loop and sync_waits:
             raise ValueError("sync_waits=True needs SQLite in a thread: on_loop cannot wait")
-        if on_loop and not isinstance(recorder, Recorder):
-            raise ValueError(
-                f"on_loop needs a Recorder on the loop, not a {type(recorder).__name__}"
-            )
         self = cls()
         self._on_loop = on_loop
         self.recorder = recorder
@@ -537,7 +511,6 @@ class SQLiteStore:
         uncommitted bytes exceed `max_unsynced` (a broken Recorder: None, the job's
         recording then fails)."""
         rec = self.recorder
-        assert isinstance(rec, Recorder)
         if rec.uncommitted_bytes <= self._bridge.max_unsynced or rec.error is not None:
             return None
         try:
@@ -587,13 +560,9 @@ class SQLiteStore:
             if self._conn is not None:
                 await self.run(self._close_connection)
                 await self._barrier_on_loop()
-            if isinstance(self.recorder, RemoteRecorder):
-                await self.recorder.close()
         finally:
             self._closed = True
             self._shutdown()
-            if isinstance(self.recorder, RemoteRecorder):
-                self.recorder.kill()
 
     def _close_connection(self, conn: apsw.Connection) -> None:
         conn.close()
@@ -611,9 +580,6 @@ class SQLiteStore:
         """Release everything and remove the store directory; nothing more is recorded."""
         self._closed = True
         self._bridge.discard()
-        if isinstance(self.recorder, RemoteRecorder):
-            # First: it also wakes the SQLite thread if it is blocked sending to the child.
-            self.recorder.kill()
         conn, self._conn = self._conn, None
         for fut, _ctx, _fn, _args, gate in self._jobs:
             if gate is not None and not gate.done():
@@ -665,9 +631,6 @@ class SQLiteStore:
 
     def _abandon_recorder(self) -> None:
         reason = f"the SQLiteStore of {self.directory} was dropped without close()"
-        if isinstance(self.recorder, RemoteRecorder):
-            self.recorder.abandon(reason)  # From any thread.
-            return
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
@@ -719,9 +682,7 @@ def _relay_failure(fut: asyncio.Future[Any], done: asyncio.Future[None]) -> bool
     return True
 
 
-def _start_barrier(
-    bridge: RecorderBridge, recorder: Recorder | RemoteRecorder
-) -> asyncio.Future[Any] | Exception:
+def _start_barrier(bridge: RecorderBridge, recorder: Recorder) -> asyncio.Future[Any] | Exception:
     """A barrier behind everything handed to `recorder`, or the error that prevents one.
 
     Returned rather than raised, so that the error's traceback does not hold the calling

@@ -12,8 +12,8 @@ import pytest
 
 from gazette.broker.client import AppendService, JournalClient
 from gazette.recoverylog.op_batch import WRITE
+from gazette.recoverylog.op_queue import OpQueue
 from gazette.stores.sqlite import SQLiteStore
-from gazette.stores.sqlite import bridge as bridge_module
 from gazette.stores.sqlite.store import rebuild_played
 from tests.stores.checkpoints import labeled
 from tests.stores.sqlite.support import (
@@ -41,13 +41,13 @@ async def test_cache_spill_records_every_write(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     empty_writes: list[Any] = []
-    apply = bridge_module.RecorderBridge._apply
+    apply = OpQueue.apply
 
-    def spy(self: Any, ops: list[Any]) -> Any:
+    def spy(self: Any, ops: list[Any], record: Any) -> Any:
         empty_writes.extend(o for o in ops if o[0] == WRITE and not o[3])
-        return apply(self, ops)
+        return apply(self, ops, record)
 
-    monkeypatch.setattr(bridge_module.RecorderBridge, "_apply", spy)
+    monkeypatch.setattr(OpQueue, "apply", spy)
     log = await make_log()
     rec = await new_recorder(service, log, tmp_path / "p", 1)
     store = await SQLiteStore.open(rec, journal_mode=mode, bootstrap_sql="PRAGMA cache_size=10")
