@@ -1,8 +1,9 @@
 """Batches of file operations handed from a synchronous thread to a Recorder's loop.
 
 The recorded stores (the SQLite VFS, the fusefs server) observe file operations on a thread
-that must not await, queue them as `Op` tuples in the order they happened, and hand the batch
-to the Recorder's event loop, where `apply_ops` records them in that order.
+that must not await, queue them as `Op` tuples in the order they happened (`op_queue.OpQueue`,
+which coalesces writes with a `WriteRun`), and hand the batch to the Recorder's event loop,
+where `apply_ops` records them in that order; `from_thread` starts a barrier there.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ own way (a blocked thread, a trio event).
 
 Threads: the producing methods (reporting operations, `take`, `take_for_barrier`) are
 called from one thread at a time, `apply` from the loop; `fail`, `discard`, `error` and
-`discarded` from either. Each counter has one writer, and the GIL makes each update of the
-error and the discard flag atomic: a batch racing a failure or a discard may still be cut,
-but it is not applied.
+`discarded` from either. Each counter has one writer (but for `discard`, after which the
+counts no longer matter), and the GIL makes each update of the error and the discard flag
+atomic: a batch racing a failure or a discard may still be cut, but it is not applied.
 """
 
 from __future__ import annotations
