@@ -16,6 +16,7 @@ from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.kit import specs
+from tests.kit.eventually import eventually
 
 _names = itertools.count()
 
@@ -93,3 +94,19 @@ async def read_all(
         else:
             metas.append(resp)
     return bytes(out), metas
+
+
+async def persisted(
+    stub: pb_grpc.JournalStub, journal: str, count: int, timeout: float = 20
+) -> list[pb.FragmentsResponse._Fragment]:
+    """The journal's fragments, once at least `count` of them are persisted to its store."""
+
+    async def listed() -> list[pb.FragmentsResponse._Fragment] | None:
+        resp = await stub.ListFragments(pb.FragmentsRequest(journal=journal))
+        done = sum(1 for f in resp.fragments if f.spec.backing_store) >= count
+        return list(resp.fragments) if done else None
+
+    fragments: list[pb.FragmentsResponse._Fragment] = await eventually(
+        listed, what=f"{count} persisted fragments of {journal}", timeout=timeout, interval=0.1
+    )
+    return fragments

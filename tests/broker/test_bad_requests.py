@@ -3,7 +3,6 @@ code a client can act on (never UNKNOWN or INTERNAL for the client's own mistake
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator, Iterator
 
@@ -16,6 +15,7 @@ from gazette.broker.service import MAX_MESSAGE_SIZE
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.cluster import BrokerCluster
 from gazette.testing.etcd import EtcdServer
+from tests.kit.eventually import eventually
 
 from .conftest import MakeJournal, append, journal_spec, read_all
 
@@ -152,12 +152,12 @@ async def test_bad_append_through_a_proxying_broker_gets_the_same_answers(
         spec = journal_spec("tests/bad-proxied")
         resp = await stubs[0].Apply(pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
         assert resp.status == pb.OK
-        async with asyncio.timeout(30):
-            while True:  # until the journal has its primary
-                r = await append(stubs[0], spec.name)
-                if r.status == pb.OK:
-                    break
-                await asyncio.sleep(0.1)
+
+        async def appended() -> pb.AppendResponse | None:  # Once the journal has its primary.
+            r = await append(stubs[0], spec.name)
+            return r if r.status == pb.OK else None
+
+        r = await eventually(appended, what="a primary of the journal", timeout=30, interval=0.1)
         primary = r.header.process_id.suffix
         via = next(stubs[i] for i, b in enumerate(two_brokers.brokers) if b.suffix != primary)
 

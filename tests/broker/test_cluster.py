@@ -8,14 +8,12 @@ and every replica (and the fragment store) ends up with identical bytes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -23,13 +21,15 @@ import pytest
 from gazette.broker.client import AppendService, JournalClient
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.protocol.direct_framing import RESPONSE
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.cluster import BrokerCluster
 from gazette.testing.etcd import EtcdServer
+from tests.broker.cluster_support import create, primary_suffix, produce, stubs, wait_route
+from tests.broker.conftest import append, read_all
+from tests.broker.raw_direct import Raw, committed
 from tests.kit import specs
-
-from .conftest import append, read_all
-from .test_direct import RESPONSE, Raw, committed
+from tests.kit.eventually import eventually
 
 _names = itertools.count()
 
@@ -52,56 +52,10 @@ def cluster(etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -
         yield c
 
 
-@contextlib.asynccontextmanager
-async def stubs(cluster: Cluster) -> AsyncIterator[list[pb_grpc.JournalStub]]:
-    channels = [grpc.aio.insecure_channel(ep) for ep in cluster.endpoints]
-    try:
-        yield [pb_grpc.JournalStub(ch) for ch in channels]
-    finally:
-        for ch in channels:
-            await ch.close()
-
-
 def spec(name: str, store: Path, replication: int = 3) -> pb.JournalSpec:
     return specs.journal_spec(
         name, store, replication=replication, length=64 << 10, refresh=1, labels={"app": "cluster"}
     )
-
-
-async def create(stub: pb_grpc.JournalStub, s: pb.JournalSpec) -> None:
-    resp = await stub.Apply(pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=s)]))
-    assert resp.status == pb.OK
-
-
-async def route(stub: pb_grpc.JournalStub, journal: str) -> pb.Route:
-    async for resp in stub.List(
-        pb.ListRequest(
-            selector=pb.LabelSelector(
-                include=pb.LabelSet(labels=[pb.Label(name="name", value=journal)])
-            )
-        )
-    ):
-        for j in resp.journals:
-            return j.route
-    raise AssertionError(f"journal {journal} not listed")
-
-
-async def wait_route(
-    stub: pb_grpc.JournalStub, journal: str, members: int, timeout: float = 30.0
-) -> pb.Route:
-    """Wait for `members` assigned brokers with a primary."""
-    deadline = time.monotonic() + timeout
-    while True:
-        r = await route(stub, journal)
-        if len(r.members) == members and r.primary >= 0:
-            return r
-        if time.monotonic() > deadline:
-            raise AssertionError(f"route of {journal} did not converge: {r}")
-        await asyncio.sleep(0.1)
-
-
-def primary_suffix(r: pb.Route) -> str:
-    return r.members[r.primary].suffix
 
 
 async def test_replicated_appends_are_identical_on_every_replica(cluster: Cluster) -> None:
@@ -214,48 +168,6 @@ async def read_replica(stub: pb_grpc.JournalStub, journal: str) -> bytes:
         offset = remote.fragment.end
 
 
-async def produce(
-    svc: AppendService,
-    journal: str,
-    stop: asyncio.Event,
-    acked: list[int],
-    gaps: list[float] | None = None,
-    *,
-    line: Callable[[int], bytes] = lambda n: f"{n:08d}\n".encode(),
-    commits: dict[int, tuple[int, int]] | None = None,
-) -> None:
-    """Append numbered lines (`line(n)`, up to 20 in flight) until `stop`; record
-    acknowledged numbers in order, the longest wait for an acknowledgement in `gaps`, and
-    the commit that acknowledged each in `commits` ([begin, end): appends may be batched)."""
-    seq = 0
-    inflight: list[tuple[int, Any]] = []
-    last = time.monotonic()
-
-    async def ack_oldest() -> None:
-        nonlocal last
-        n, a = inflight.pop(0)
-        resp = await a.done()  # raises if the append failed
-        acked.append(n)
-        if commits is not None:
-            commits[n] = (resp.commit.begin, resp.commit.end)
-        now = time.monotonic()
-        if gaps is not None:
-            gaps.append(now - last)
-        last = now
-
-    while not stop.is_set():
-        a = svc.start_append(pb.AppendRequest(journal=journal))
-        a.write(line(seq))
-        a.release()
-        inflight.append((seq, a))
-        seq += 1
-        if len(inflight) >= 20:
-            await ack_oldest()
-        await asyncio.sleep(0.002)
-    while inflight:
-        await ack_oldest()
-
-
 def check_acked(content: bytes, acked: list[int]) -> None:
     """Every acknowledged append is in `content`, in order (retries may duplicate some)."""
     seen = [int(line) for line in content.decode().split()]
@@ -294,13 +206,13 @@ async def test_graceful_stop_hands_over_without_failed_appends(cluster: Cluster)
         svc = AppendService(client, backoff_fn=lambda n: min(0.02 * (n + 1), 0.2))
         stop = asyncio.Event()
         task = asyncio.create_task(produce(svc, s.name, stop, acked, gaps))
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # Appends flow until the stop.
         victim = cluster.by_suffix(primary_suffix(r))
         t0 = time.monotonic()
         await asyncio.to_thread(victim.stop)  # SIGTERM: drain, then exit
         drained_in = time.monotonic() - t0
         n_before = len(acked)
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # Appends flow after the hand-over.
         stop.set()
         await asyncio.wait_for(task, 60)  # raises if any append failed
         await svc.close()
@@ -332,19 +244,23 @@ async def test_primary_sigkill_loses_no_acknowledged_append(cluster: Cluster) ->
         task = asyncio.create_task(produce(svc, s.name, stop, acked))
         kills = 0
         for _ in range(10):
-            await asyncio.sleep(rng.uniform(0.3, 1.2))
+            await asyncio.sleep(rng.uniform(0.3, 1.2))  # Appends flow until the next kill.
             r = await wait_route(st[0], s.name, 3, timeout=60)
             victim = cluster.by_suffix(primary_suffix(r))
             before = len(acked)
             await asyncio.to_thread(victim.kill)
             await asyncio.to_thread(victim.start)
             kills += 1
+
             # Appends resume after each kill.
-            deadline = time.monotonic() + 60
-            while len(acked) <= before + 5:
-                assert time.monotonic() < deadline, "appends did not resume after a kill"
-                assert not task.done(), task
-                await asyncio.sleep(0.05)
+            def resumed(before: int = before) -> bool:
+                if task.done():
+                    pytest.fail(f"the producer ended: {task}")
+                return len(acked) > before + 5
+
+            await eventually(
+                resumed, what="appends to resume after a kill", timeout=60, interval=0.05
+            )
         stop.set()
         await asyncio.wait_for(task, 120)
         await svc.close()
@@ -357,13 +273,13 @@ async def test_primary_sigkill_loses_no_acknowledged_append(cluster: Cluster) ->
         # Every replica serves identical bytes (a replica lists what others persisted within
         # its refresh interval).
         for i, stub in enumerate(st):
-            deadline = time.monotonic() + 15
-            while True:
+
+            async def identical(i: int = i, stub: pb_grpc.JournalStub = stub) -> bool:
                 replica_content = await read_replica(stub, s.name)
-                if replica_content == content or time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.5)
-            assert replica_content == content, (i, len(replica_content), len(content))
+                assert replica_content == content, (i, len(replica_content), len(content))
+                return True
+
+            await eventually(identical, what=f"replica {i}'s bytes", timeout=15, interval=0.5)
     # After a graceful stop of every broker, the store holds exactly the same bytes.
     for b in cluster.brokers:
         await asyncio.to_thread(b.stop)

@@ -20,75 +20,25 @@ import grpc
 import pytest
 
 from gazette.broker.client import Appender, JournalClient
-from gazette.broker.client.direct import DirectAppends
+from gazette.broker.client.direct_calls import DirectAppends
 from gazette.broker.client.errors import JournalNotFound, WrongAppendOffset
-from gazette.broker.direct import READ_AHEAD, DirectAppendServer, _Frames
+from gazette.broker.direct_listener import READ_AHEAD, DirectAppendServer, _Frames
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
-from gazette.broker.protocol.direct import (
+from gazette.broker.protocol.direct_framing import (
     END,
     ERROR,
     HEADER,
     MAGIC,
     REQUEST,
     RESPONSE,
-    SERVICE_METHOD,
-    decode_error,
 )
 from gazette.broker.protocol.sha1sum import sha1sum_from_digest
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.broker.conftest import MakeJournal, append, read_all
-
-Answer = tuple[bytes, pb.AppendResponse | tuple[grpc.StatusCode, str]]
-
-
-async def direct_port(broker: BrokerProcess) -> int:
-    async with grpc.aio.insecure_channel(broker.endpoint) as channel:
-        return int(await channel.unary_unary(SERVICE_METHOD, None, None)(b"", timeout=5))
-
-
-class Raw:
-    """A direct-append connection speaking the framing by hand."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    @classmethod
-    async def open(cls, broker: BrokerProcess, magic: bytes = MAGIC) -> Raw:
-        reader, writer = await asyncio.open_connection("127.0.0.1", await direct_port(broker))
-        writer.write(magic)
-        return cls(reader, writer)
-
-    def send(self, *msgs: pb.AppendRequest, end: bool = True) -> None:
-        for msg in msgs:
-            payload = msg.SerializeToString()
-            self.writer.write(HEADER.pack(REQUEST, len(payload)) + payload)
-        if end:
-            self.writer.write(HEADER.pack(END, 0))
-
-    async def answer(self) -> Answer:
-        kind, n = HEADER.unpack(await asyncio.wait_for(self.reader.readexactly(HEADER.size), 10))
-        payload = await self.reader.readexactly(n)
-        if kind == RESPONSE:
-            return kind, pb.AppendResponse.FromString(payload)
-        assert kind == ERROR, kind
-        return kind, decode_error(payload)
-
-    async def append(self, *msgs: pb.AppendRequest, end: bool = True) -> Answer:
-        self.send(*msgs, end=end)
-        return await self.answer()
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-def committed(journal: str, *chunks: bytes) -> list[pb.AppendRequest]:
-    return (
-        [pb.AppendRequest(journal=journal)]
-        + [pb.AppendRequest(content=c) for c in chunks]
-        + [pb.AppendRequest()]
-    )
+from tests.broker.raw_direct import Raw, committed, direct_port
+from tests.kit.eventually import eventually
 
 
 async def test_client_appends_go_direct_and_reuse_the_connection(
@@ -348,7 +298,7 @@ async def test_a_client_gone_before_its_answer_is_rolled_back(
         await quitter.writer.drain()
         await asyncio.sleep(0.3)  # The quitter's append waits for the journal...
         quitter.writer.transport.abort()  # ...when its client leaves.
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # The broker sees it leave.
         kind, resp = await holder.append(pb.AppendRequest())
         assert kind == RESPONSE and isinstance(resp, pb.AppendResponse)
         assert (resp.status, resp.commit.begin, resp.commit.end) == (pb.OK, 0, 5)
@@ -433,7 +383,7 @@ async def test_closing_with_grace_lets_an_append_in_progress_finish() -> None:
     closing = asyncio.ensure_future(server.close(grace=5))
     # The idle connection ends at once; the append in progress goes on.
     assert await asyncio.wait_for(idle_r.read(), 5) == b""
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # The close would be done by now, were it not waiting.
     assert not closing.done()
     with pytest.raises(OSError):  # No new connections.
         await asyncio.open_connection("127.0.0.1", server.port)
@@ -522,10 +472,9 @@ async def test_a_whole_append_in_flight_fails_if_cancelled_or_its_client_closes(
         with pytest.raises(asyncio.CancelledError):
             await task
         assert direct.idle(target) == 0
-        for _ in range(50):
-            if service.cancelled:
-                break
-            await asyncio.sleep(0.1)
+        await eventually(
+            lambda: service.cancelled, what="the append's cancel", timeout=5, interval=0.1
+        )
         assert service.cancelled == 1
         # The client closed while an append awaits its answer: cancelled, as a call of a
         # closed gRPC channel (and as a `DirectAppendCall`).
@@ -553,7 +502,7 @@ async def test_a_client_that_sent_a_whole_append_and_left_is_not_appended_for() 
         )
         writer.write(whole + HEADER.pack(END, 0))
         writer.close()  # Gone at once: the broker reads the append and the end together.
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # Time to begin the append, were it begun, and cancel it.
         # Not begun, or begun and cancelled: never left waiting to commit.
         assert not service.started.is_set() or service.cancelled == 1
         assert await asyncio.wait_for(reader.read(), 5) == b""  # No answer.
@@ -568,17 +517,17 @@ async def test_a_connection_reads_ahead_a_bounded_number_of_bytes() -> None:
         reader.feed_data(HEADER.pack(REQUEST, len(big)) + big)
     frames = _Frames(reader, lambda: None)
     try:
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # Time to read more, were it not bounded.
         assert frames._queue.qsize() == 2  # 1.2 MiB read: over READ_AHEAD, it waits.
         assert (await frames.get())[1] == big
-        await asyncio.sleep(0.1)
+        await eventually(lambda: frames._queue.qsize() == 2, what="the third frame", timeout=5)
         assert frames._queue.qsize() == 2  # Room again: the third is read.
         # Frames without payload count too: a flood of them is bounded.
         while frames._queue.qsize():
             await frames.get()
         for _ in range(5000):
             reader.feed_data(HEADER.pack(END, 0))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # Time to read them all, were it not bounded.
         assert 0 < frames._queue.qsize() <= READ_AHEAD // 1024 + 1  # Not 5,000.
     finally:
         frames.task.cancel()

@@ -5,7 +5,6 @@ umask that lets others read (docs/file-modes.md)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 from pathlib import Path
@@ -19,18 +18,9 @@ from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.file_modes import entries, not_private, open_umask
 
-from .conftest import append, journal_spec, read_all
+from .conftest import append, journal_spec, persisted, read_all
 
 CHUNK = 1100  # Over the fragment length: each append rolls a fragment.
-
-
-async def _persisted(stub: pb_grpc.JournalStub, journal: str, count: int) -> None:
-    async with asyncio.timeout(20):
-        while True:
-            resp = await stub.ListFragments(pb.FragmentsRequest(journal=journal))
-            if sum(1 for f in resp.fragments if f.spec.backing_store) >= count:
-                return
-            await asyncio.sleep(0.1)
 
 
 async def test_broker_files_and_directories_are_private(
@@ -54,7 +44,7 @@ async def test_broker_files_and_directories_are_private(
             assert resp.status == pb.OK
             for i in range(3):
                 await append(stub, name, bytes([65 + i]) * CHUNK)
-            await _persisted(stub, name, 2)
+            await persisted(stub, name, 2)
             await append(stub, name, b"tail")  # Committed to a spool that is not rolled.
 
             running = entries(spool_dir)

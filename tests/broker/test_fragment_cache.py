@@ -11,6 +11,7 @@ import pytest
 
 import gazette.broker.fragment_cache as fc
 from gazette.broker.protocol import protocol_pb2 as pb
+from tests.kit.eventually import eventually
 
 
 class SlowStore:
@@ -34,7 +35,7 @@ async def test_cancelling_one_waiter_spares_the_others(
     )
     first: Any = asyncio.create_task(cache.get(frag))
     second: Any = asyncio.create_task(cache.get(frag))
-    await asyncio.sleep(0.05)
+    await eventually(lambda: store.fetches == 1, what="the fetch", timeout=5)
     first.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await first

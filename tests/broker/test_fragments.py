@@ -9,20 +9,9 @@ from urllib.parse import urlparse
 
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from tests.kit.eventually import eventually
 
-from .conftest import MakeJournal, append, read_all
-
-
-async def _rolled(
-    stub: pb_grpc.JournalStub, journal: str, count: int
-) -> list[pb.FragmentsResponse._Fragment]:
-    async with asyncio.timeout(20):
-        while True:
-            resp = await stub.ListFragments(pb.FragmentsRequest(journal=journal))
-            persisted = [f for f in resp.fragments if f.spec.backing_store]
-            if len(persisted) >= count:
-                return list(resp.fragments)
-            await asyncio.sleep(0.1)
+from .conftest import MakeJournal, append, persisted, read_all
 
 
 async def test_list_fragments_paging_and_signed_urls(
@@ -31,7 +20,7 @@ async def test_list_fragments_paging_and_signed_urls(
     spec = await make_journal(length=1024)
     for i in range(6):
         await append(stub, spec.name, bytes([65 + i]) * 1100)  # each append rolls a fragment
-    frags = await _rolled(stub, spec.name, 5)
+    frags = await persisted(stub, spec.name, 5)
     assert [(f.spec.begin, f.spec.end) for f in frags][:5] == [
         (i * 1100, (i + 1) * 1100) for i in range(5)
     ]
@@ -69,7 +58,7 @@ async def test_do_not_proxy_read_returns_fragment_url(
     spec = await make_journal(length=1024)
     await append(stub, spec.name, b"x" * 1500)
     await append(stub, spec.name, b"y" * 10)
-    await _rolled(stub, spec.name, 1)
+    await persisted(stub, spec.name, 1)
     content, metas = await read_all(stub, spec.name, do_not_proxy=True)
     assert content == b""
     (meta,) = metas
@@ -84,11 +73,18 @@ async def test_read_reports_offset_jump_when_history_is_deleted(
     for c in b"abc":
         await append(stub, spec.name, bytes([c]) * 1100)
     await append(stub, spec.name, b"tail")
-    await _rolled(stub, spec.name, 3)
+    await persisted(stub, spec.name, 3)
     # Remove the first persisted fragment from the store, as retention would.
     first = min((tmp_path / "store").rglob("0000000000000000-*"))
     first.unlink()
-    await asyncio.sleep(2.5)  # refresh_interval is 1 s
+
+    async def forgotten() -> bool:  # By a refresh of the store (every second).
+        resp = await stub.ListFragments(pb.FragmentsRequest(journal=spec.name))
+        return all(f.spec.begin != 0 for f in resp.fragments)
+
+    await eventually(
+        forgotten, what="the index to drop the deleted fragment", timeout=10, interval=0.1
+    )
     content, metas = await read_all(stub, spec.name, offset=0)
     assert metas[0].offset == 1100, "the read must report where it really starts"
     assert content == b"b" * 1100 + b"c" * 1100 + b"tail"
@@ -121,12 +117,12 @@ async def test_path_postfix_template_partitions_persisted_fragments(
     assert r.status == pb.OK
     await append(stub, spec.name, b"p" * 1100)
     await append(stub, spec.name, b"q")
-    frags = await _rolled(stub, spec.name, 1)
+    frags = await persisted(stub, spec.name, 1)
     today = time.strftime("%Y-%m-%d", time.gmtime())
     assert frags[0].spec.path_postfix == f"date={today}"
     (stored,) = (tmp_path / "store" / "tests/postfix/daily" / f"date={today}").iterdir()
     assert stored.name.startswith("0000000000000000-000000000000044c-")
-    await asyncio.sleep(1.5)  # a refresh lists the store, postfix directories included
+    await asyncio.sleep(1.5)  # A refresh (every second) lists the store, postfix directories too.
     content, _ = await read_all(stub, spec.name)
     assert content == b"p" * 1100 + b"q"
 

@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer, free_port
+from tests.kit.eventually import eventually_blocking
 from tests.prometheus_text import parse as parse_metrics
 
 from .conftest import append, journal_spec, read_all
@@ -126,16 +126,17 @@ def test_healthz_answers_starting_until_the_broker_serves(tmp_path: Path) -> Non
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            seen = None
-            deadline = time.monotonic() + 20
-            while seen is None and time.monotonic() < deadline:
+
+            def answer() -> str:  # OSError: not listening yet.
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
-                        seen = "200"
+                        return "200"
                 except urllib.error.HTTPError as err:
-                    seen = f"{err.code} {json.loads(err.read())['status']}"
-                except OSError:
-                    time.sleep(0.1)  # Not listening yet.
+                    return f"{err.code} {json.loads(err.read())['status']}"
+
+            seen = eventually_blocking(
+                answer, what="/healthz to answer", timeout=20, interval=0.1, ignoring=(OSError,)
+            )
             assert seen == "503 starting"
             with pytest.raises(OSError):
                 socket.create_connection(("127.0.0.1", grpc_port), timeout=1).close()
@@ -177,7 +178,7 @@ async def test_counted_statuses_of_unary_and_streaming_methods() -> None:
             pass
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # The stream sent its first response and waits.
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

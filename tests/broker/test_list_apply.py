@@ -10,6 +10,7 @@ import pytest
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.broker.protocol.selector import parse_label_selector
+from tests.kit.eventually import eventually
 
 from .conftest import journal_spec
 
@@ -107,10 +108,12 @@ async def test_list_selectors_and_paging(stub: pb_grpc.JournalStub) -> None:
     names = [j.spec.name for p in pages for j in p.journals]
     assert names == sorted(s.name for s in specs)
     # Routes are assigned asynchronously after Apply, as upstream; they appear promptly.
-    async with asyncio.timeout(10):
-        while any(j.route.primary != 0 for p in pages for j in p.journals):
-            await asyncio.sleep(0.05)
-            pages = await list_journals(stub, "prefix=tests/paging/")
+
+    async def routed() -> list[pb.ListResponse] | None:
+        pages = await list_journals(stub, "prefix=tests/paging/")
+        return None if any(j.route.primary != 0 for p in pages for j in p.journals) else pages
+
+    pages = await eventually(routed, what="the routes", timeout=10, interval=0.05)
     route = pages[0].journals[0].route
     assert route.primary == 0 and route.members[0].suffix == "broker-1" and route.endpoints
 

@@ -4,7 +4,6 @@ persisted fragment is detected by its SHA1 and never served."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from gazette.testing.s3 import MotoS3Server
+from tests.kit.eventually import eventually
 
 from .conftest import append, journal_spec, read_all
 
@@ -54,15 +54,16 @@ async def _wait_rolled(
     stub: pb_grpc.JournalStub, journal: str, timeout: float = 20
 ) -> list[pb.Fragment]:
     """Wait until every fragment but the open spool (the last) is persisted."""
-    async with asyncio.timeout(timeout):
-        while True:
-            frags = [
-                f.spec
-                for f in (await stub.ListFragments(pb.FragmentsRequest(journal=journal))).fragments
-            ]
-            if len(frags) > 1 and all(f.backing_store for f in frags[:-1]):
-                return frags[:-1]
-            await asyncio.sleep(0.1)
+
+    async def rolled() -> list[pb.Fragment] | None:
+        resp = await stub.ListFragments(pb.FragmentsRequest(journal=journal))
+        frags = [f.spec for f in resp.fragments]
+        return frags[:-1] if len(frags) > 1 and all(f.backing_store for f in frags[:-1]) else None
+
+    fragments: list[pb.Fragment] = await eventually(
+        rolled, what=f"the persisted fragments of {journal}", timeout=timeout, interval=0.1
+    )
+    return fragments
 
 
 def _store_url(kind: str, s3: MotoS3Server, tmp: Path) -> str:

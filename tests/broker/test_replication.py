@@ -270,7 +270,7 @@ async def test_pipeline_closed_under_a_proposal_is_a_replication_error(tmp_path:
     p = await _open(primary, peers, "a")
     peers.last("a").hold = asyncio.Event()
     task = asyncio.create_task(_append(p, primary, b"data"))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # The append waits for the held peer's answer.
     p.close()
     with pytest.raises(ReplicationError):
         await task

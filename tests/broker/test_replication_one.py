@@ -13,7 +13,6 @@ broker.quarantine).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import io
 import itertools
@@ -39,10 +38,10 @@ from gazette.gazctl.main import run as gazctl_run
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.cluster import BrokerCluster
 from gazette.testing.etcd import EtcdServer
+from tests.broker.cluster_support import create, primary_suffix, produce, stubs, wait_route
+from tests.broker.conftest import MakeJournal, append, read_all
 from tests.kit import specs
-
-from .conftest import MakeJournal, append, read_all
-from .test_cluster import create, primary_suffix, produce, stubs, wait_route
+from tests.kit.eventually import eventually
 
 _names = itertools.count()
 
@@ -166,14 +165,19 @@ def cluster(
 async def wait_for_new_primary(cluster: BrokerCluster, journal: str, old: str) -> str:
     alive = [i for i, b in enumerate(cluster.brokers) if b.suffix != old]
     async with stubs(cluster) as st:
-        deadline = time.monotonic() + 40
-        while True:
-            with contextlib.suppress(Exception):
-                r = await wait_route(st[alive[0]], journal, 1, timeout=5)
-                if primary_suffix(r) != old:
-                    return primary_suffix(r)
-            assert time.monotonic() < deadline, "no other broker became primary"
-            await asyncio.sleep(0.2)
+
+        async def new_primary() -> str | None:
+            r = await wait_route(st[alive[0]], journal, 1, timeout=5)
+            return primary_suffix(r) if primary_suffix(r) != old else None
+
+        suffix: str = await eventually(
+            new_primary,
+            what="another broker to become primary",
+            timeout=40,
+            interval=0.2,
+            ignoring=(Exception,),
+        )
+        return suffix
 
 
 async def trial(
@@ -196,7 +200,7 @@ async def trial(
         )
         # A consumer following the journal from offset 0.
         reader = asyncio.create_task(read_lines(client, s.name, seen.read, block=True, seen=seen))
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(1.5)  # Appends flow until the fault.
         victim = cluster.by_suffix(primary_suffix(r))
         acked_before = len(seen.acked)
         assert acked_before > 50, "the writer made no progress before the fault"
@@ -212,7 +216,7 @@ async def trial(
             assert await asyncio.to_thread(victim.proc.wait, 60) == LEASE_LOST_EXIT
             assert "exiting: this broker's etcd lease was lost" in victim.tail_log()
         await asyncio.to_thread(victim.start)  # leftover spools are judged at start
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # Appends flow with the old primary back.
         stop.set()
         await asyncio.wait_for(writer, 120)
         await svc.close()
@@ -308,13 +312,17 @@ async def test_a_leftover_spool_that_conflicts_is_quarantined_not_published(
         b.start()
         async with grpc.aio.insecure_channel(b.endpoint) as ch:
             stub = pb_grpc.JournalStub(ch)
-            deadline = time.monotonic() + 30
-            while True:  # until a's lease has expired and b is primary
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    if (await append(stub, s.name, b"from b, longer\n" * 10)).status == pb.OK:
-                        break
-                assert time.monotonic() < deadline, "b did not become primary"
-                await asyncio.sleep(0.5)
+
+            async def appended() -> bool:  # Once a's lease has expired and b is primary.
+                return (await append(stub, s.name, b"from b, longer\n" * 10)).status == pb.OK
+
+            await eventually(
+                appended,
+                what="b to become primary",
+                timeout=30,
+                interval=0.5,
+                ignoring=(grpc.aio.AioRpcError,),
+            )
         b.stop()  # persists its spool: [0, 150) of other bytes
         assert [f[:2] for f in store_fragments(store, s.name) if f[0] < f[1]] == [(0, 150)]
         a.extra_args = ["--journal-limit", "0"]

@@ -10,7 +10,7 @@ import dataclasses
 import itertools
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from gazette.broker.replication import Pipeline
 from gazette.broker.service import JournalService
 from gazette.testing.etcd import EtcdServer, free_port
 from tests.kit import specs
+from tests.kit.eventually import eventually
 
 _names = itertools.count()
 _ports: set[int] = set()
@@ -115,13 +116,6 @@ async def create(node: Node, s: pb.JournalSpec, expect: int = 0) -> None:
     assert resp.status == pb.OK
 
 
-async def eventually(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 def primary_of(nodes: list[Node], journal: str) -> Node:
     for node in nodes:
         r = node.broker.route_of(journal)
@@ -141,7 +135,12 @@ async def synced(nodes: list[Node], journal: str, members: int) -> Node:
         p = primary_of(nodes, journal).broker.replicas.get(journal)
         return p is not None and isinstance(p.pipeline, Pipeline) and not p.pipeline.broken
 
-    await eventually(ready, f"{journal} with {members} replicas and a synchronised primary")
+    await eventually(
+        ready,
+        what=f"{journal} with {members} replicas and a synchronised primary",
+        timeout=10,
+        interval=0.02,
+    )
     return primary_of(nodes, journal)
 
 
@@ -170,10 +169,18 @@ async def test_queued_append_is_refused_when_the_route_shrinks(
         await replica.lock.acquire()
         try:
             queued = asyncio.create_task(append(primary.stub, s.name, b"one copy?\n"))
-            await eventually(lambda: len(replica.lock._waiters or ()) > 0, "a queued append")
+            await eventually(
+                lambda: len(replica.lock._waiters or ()) > 0,
+                what="a queued append",
+                timeout=10,
+                interval=0.02,
+            )
             await peer.stop()
             await eventually(
-                lambda: len(primary.broker.route_of(s.name).members) == 1, "the route to shrink"
+                lambda: len(primary.broker.route_of(s.name).members) == 1,
+                what="the route to shrink",
+                timeout=10,
+                interval=0.02,
             )
         finally:
             replica.lock.release()
@@ -214,7 +221,9 @@ async def test_client_cancelled_during_commit_leaves_no_bytes_past_the_spool_end
         await asyncio.wait_for(stalled.wait(), 10)
         call.cancel()
         replica = primary.replica(s.name)
-        await eventually(lambda: not replica.lock.locked(), "the append to end")
+        await eventually(
+            lambda: not replica.lock.locked(), what="the append to end", timeout=10, interval=0.02
+        )
         monkeypatch.setattr(Pipeline, "propose", original)
         spool = replica.spool
         assert spool is not None
@@ -249,7 +258,13 @@ async def test_stream_opened_for_the_new_route_survives_a_lagging_reconcile(
         s.replication = 3
         await create(nodes[0], s, expect=-1)
         assert await synced(nodes, s.name, 3) is primary
-        await asyncio.sleep(1.2)  # the lagging peer's reconcile loop catches up
+        lagging_replica = peer.broker.replicas[s.name]
+        await eventually(  # The lagging peer's reconcile loop catches up.
+            lambda: lagging_replica.route_key == peer.broker.route_and_key(s.name)[1],
+            what="the peer to record the new route",
+            timeout=10,
+            interval=0.02,
+        )
         resp = await append(primary.stub, s.name, b"after\n", do_not_proxy=True)
         assert resp.status == pb.OK
 
@@ -281,11 +296,13 @@ async def test_reassigned_while_its_drop_waits(etcd_server: EtcdServer, tmp_path
         try:
             assert b.etcd is not None
             await b.etcd.delete(mine[0].key.encode())  # the allocator assigns it again
-            await eventually(lambda: len(b._tasks) > 0, "the old replica's drop")
-            await asyncio.sleep(0.5)  # let a new replica (if any) recover and synchronise
+            await eventually(
+                lambda: len(b._tasks) > 0, what="the old replica's drop", timeout=10, interval=0.02
+            )
+            await asyncio.sleep(0.5)  # A new replica, were there one, would recover meanwhile.
         finally:
             old.lock.release()
-        await eventually(lambda: not b._tasks, "the drop to finish")
+        await eventually(lambda: not b._tasks, what="the drop to finish", timeout=10, interval=0.02)
         await synced(nodes, s.name, 1)
         assert node.replica(s.name) is not old
         assert (await append(node.stub, s.name, b"two\n")).status == pb.OK
@@ -317,9 +334,16 @@ async def test_peer_gives_its_lock_back_when_the_primary_goes_silent_mid_append(
         call = peer.stub.Replicate(stream())
         assert (await call.read()).status == pb.OK
         await requests.put(pb.ReplicateRequest(content=b"never committed", content_delta=0))
-        await eventually(lambda: replica.lock.locked(), "the peer to take the lock")
+        await eventually(
+            lambda: replica.lock.locked(),
+            what="the peer to take the lock",
+            timeout=10,
+            interval=0.02,
+        )
         t0 = time.monotonic()
-        await eventually(lambda: not replica.lock.locked(), "the lock back", timeout=5)
+        await eventually(
+            lambda: not replica.lock.locked(), what="the lock back", timeout=5, interval=0.02
+        )
         assert time.monotonic() - t0 < 3
         assert replica.write_head == current.end  # the partial append was rolled back
         assert os.path.getsize(replica.ensure_spool().content_path) == len(replica.ensure_spool())

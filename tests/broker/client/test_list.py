@@ -25,6 +25,7 @@ from gazette.broker.client import (
 )
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.selector import parse_label_selector
+from tests.kit.eventually import eventually
 
 from .conftest import MakeJournal, journal_spec
 from .fake_broker import FakeBroker
@@ -38,11 +39,13 @@ async def test_list_get_and_apply(
     red_sel = parse_label_selector("app=list-test, color=red")
     red = await list_all_journals(client, red_sel)
     assert [j.spec.name for j in red] == [spec.name] and red[0].mod_revision > 0
-    for _ in range(100):  # The route appears once the broker has taken the assignment.
-        if red[0].route.members:
-            break
-        await asyncio.sleep(0.05)
+
+    async def routed() -> bool:  # Once the broker has taken the assignment.
+        nonlocal red
         red = await list_all_journals(client, red_sel)
+        return bool(red[0].route.members)
+
+    await eventually(routed, what="the route", timeout=5, interval=0.05)
     assert red[0].route.members[0].suffix == "broker-1"
     assert client.routes.get(spec.name) is not None  # Listing primes the route cache.
     both = await list_all_journals(client, parse_label_selector("app=list-test"))
