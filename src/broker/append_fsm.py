@@ -41,7 +41,6 @@ from typing import Protocol
 
 import grpc
 
-from gazette.broker.broker import Resolution
 from gazette.broker.fragment.coverset import FragmentEntry
 from gazette.broker.protocol import labels
 from gazette.broker.protocol import protocol_pb2 as pb
@@ -53,6 +52,7 @@ from gazette.broker.replica import JournalReplica
 from gazette.broker.replication import ReplicationError
 from gazette.broker.request_guard import drain_requests
 from gazette.broker.reservation import ReservationError, ReservationStoreError
+from gazette.broker.resolver import Resolution
 from gazette.broker.serving import Resolver, RpcFailure, resolve, spool_failure, was_proxied
 from gazette.broker.spool import PendingAppend, Spool, SpoolError
 

@@ -62,7 +62,7 @@ async def replicate(
         yield pb.ReplicateResponse(status=pb.WRONG_ROUTE, header=header)
         return
     try:
-        replica = await broker._ready_replica(name, 10.0)
+        replica = await broker.resolver.ready_replica(name, 10.0)
     except TimeoutError:
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"replica of {name} not ready")
     if replica is None:
@@ -76,7 +76,7 @@ async def replicate(
         # is no route change for this stream.
         replica.set_route(key)
     route_change = asyncio.ensure_future(replica.route_changed())
-    follower = Follower(replica, lambda entries: broker._enqueue(replica, entries))
+    follower = Follower(replica, lambda entries: broker.persister.enqueue(replica, entries))
     held = False
     try:
         msg: pb.ReplicateRequest | None = first

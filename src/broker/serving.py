@@ -15,9 +15,9 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 
-from gazette.broker.broker import Resolution
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.errors import ValidationError
+from gazette.broker.resolver import Resolution
 from gazette.broker.spool import SpoolDiskFull, SpoolError
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ async def abort_invalid(context: Any, err: ValidationError) -> NoReturn:
 
 
 class Resolver(Protocol):
-    """Where a journal's requests are served (`broker.Broker.resolve`)."""
+    """Where a journal's requests are served (`broker.resolver.Resolver.resolve`)."""
 
     async def resolve(
         self,
