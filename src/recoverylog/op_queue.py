@@ -158,7 +158,7 @@ class OpQueue:
     def must_wait(self) -> bool:
         """Whether the producer should wait for a barrier before going on: `max_unsynced`
         bytes are queued or in flight."""
-        return self.unsynced_bytes >= self.max_unsynced
+        return self._handed_bytes + self.queued_bytes >= self.max_unsynced
 
     def discard(self) -> None:
         """Drop the queued operations and any reported later; no batch is applied any more."""
