@@ -9,7 +9,8 @@ put two versions of the same offsets in the fragment store, and a reader would t
 or the other, or a record spliced from both.
 
 So before such a spool is persisted it is compared with what the journal holds over its
-range: the fragments listed in the store, and what the journal's current primary serves.
+range: the fragments listed in the store, and what the journal's current primary serves
+(read by `broker.leftovers`, which acts on the verdict; this module does no network I/O).
 
 - Every byte the journal holds there equals the spool's, and it holds all of them: the spool
   is *redundant* and dropped.
