@@ -18,6 +18,7 @@ from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.keyspace.etcd import Etcd, EtcdError, op_put
 from gazette.keyspace.keyspace import KeySpace
 from gazette.testing.etcd import EtcdServer
+from tests.kit.eventually import eventually
 
 
 def decoder(root: str) -> Callable[[str, bytes], Any]:
@@ -81,12 +82,6 @@ class Node:
         await self.member.release()
 
 
-async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not check():
-            await asyncio.sleep(0.02)
-
-
 @pytest.fixture
 async def root(etcd_server: EtcdServer) -> AsyncIterator[str]:
     root = f"/member-test/{uuid.uuid4().hex[:12]}"
@@ -109,12 +104,19 @@ async def test_a_member_reconciles_its_assignments_and_hands_them_over_when_exit
     await a.start()
     try:
         # Alone: the item is assigned here, and the reconcile advertised its route.
-        await eventually(lambda: assigned_to(a))
+        await eventually(
+            lambda: assigned_to(a), what="the item assigned to a", timeout=10, interval=0.02
+        )
         assert a.member.assignments()["a/journal"][1] == 0
         await b.start()
         await a.member.mark_exiting()
         # The allocator moves the item to the other member, which reconciles it in turn.
-        await eventually(lambda: assigned_to(b) and not a.member.assignments())
+        await eventually(
+            lambda: assigned_to(b) and not a.member.assignments(),
+            what="the item handed over to b",
+            timeout=10,
+            interval=0.02,
+        )
         assert b.reconciles >= 1
     finally:
         await b.stop()
@@ -129,7 +131,12 @@ async def test_a_reconcile_failing_on_etcd_is_retried(etcd_server: EtcdServer, r
     node.fail_next.append(EtcdError("unavailable"))
     await node.start()
     try:
-        await eventually(lambda: assigned_to(node), timeout=5 + RECONCILE_RETRY)
+        await eventually(
+            lambda: assigned_to(node),
+            what="the item assigned",
+            timeout=5 + RECONCILE_RETRY,
+            interval=0.02,
+        )
         assert node.reconciles >= 2
     finally:
         await node.stop()
@@ -153,7 +160,9 @@ async def test_a_crashed_predecessor_is_replaced_but_another_process_is_not(
     await again.start()
     try:
         assert again.member.lease_id != first.member.lease_id
-        await eventually(lambda: assigned_to(again))
+        await eventually(
+            lambda: assigned_to(again), what="the item assigned again", timeout=10, interval=0.02
+        )
     finally:
         await again.stop()
         if first.member.etcd is not None:

@@ -33,6 +33,7 @@ from gazette.testing.consumer import ConsumerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 from tests.examples.conftest import WORD_COUNT
+from tests.kit.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 2
@@ -78,11 +79,9 @@ def expected_counts(text: str) -> Counter[str]:
     return Counter(f"{a} {b}" for a, b in zip(toks, toks[1:], strict=False))
 
 
-async def wait_for(cond: Callable[[], Awaitable[bool]], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not await cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
+async def until(cond: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Until `cond` holds (the processes given a minute to start, recover or hand over)."""
+    await eventually(cond, what=what, timeout=60, interval=0.1)
 
 
 async def statuses(stub: pb_grpc.ShardStub) -> dict[str, dict[str, int]]:
@@ -178,7 +177,7 @@ async def test_counts_exact_through_primary_kills(
             )
             assert (await stub.Apply(req)).status == pb.OK
             both = lambda s: sorted(s.values()) == sorted([PRIMARY, STANDBY])  # noqa: E731
-            await wait_for(all_shards(stub, both), "a primary and a standby of every shard")
+            await until(all_shards(stub, both), "a primary and a standby of every shard")
 
             lines: list[str] = []
             kills_done = asyncio.Event()
@@ -193,7 +192,7 @@ async def test_counts_exact_through_primary_kills(
                         lines.append(next(text))
                         await feeder.add(lines[-1])
                         await feeder.barrier()
-                        await asyncio.sleep(0.02)
+                        await asyncio.sleep(0.02)  # Paces the load.
                     for _ in range(TAIL_LINES):
                         lines.append(next(text))
                         await feeder.add(lines[-1])
@@ -202,19 +201,19 @@ async def test_counts_exact_through_primary_kills(
             feeder = asyncio.create_task(feed())
             takeovers = []
             for k in range(KILLS):
-                await asyncio.sleep(0.3)
+                await asyncio.sleep(0.3)  # The primaries process input until one is killed.
                 st = await statuses(stubs["consumer-0"])
                 victim = next(m for m, c in st[shard_id(k % 2)].items() if c == PRIMARY)
                 survivor = next(s for s in by_suffix if s != victim)
                 t0 = time.monotonic()
                 by_suffix[victim].kill()
-                await wait_for(
+                await until(
                     all_shards(stubs[survivor], lambda s, sv=survivor: s.get(sv) == PRIMARY),
                     f"{survivor} primary of every shard (kill {k})",
                 )
                 takeovers.append(time.monotonic() - t0)
                 by_suffix[victim].start()
-                await wait_for(all_shards(stubs[survivor], both), f"a new standby (kill {k})")
+                await until(all_shards(stubs[survivor], both), f"a new standby (kill {k})")
             assert not feeder.done()
             kills_done.set()
             fed = await feeder

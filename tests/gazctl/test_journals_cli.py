@@ -9,42 +9,17 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from gazette.testing.broker import BrokerProcess
+from tests.kit.eventually import eventually_blocking
 
-from .conftest import Gazctl
+from .conftest import Gazctl, Result
 from .late_listener import LateListener
-
-
-def spec_yaml(prefix: str, store: Path, **extra: str) -> str:
-    frag_extra = "".join(f"\n  {k}: {v}" for k, v in extra.items())
-    return (
-        textwrap.dedent(
-            f"""\
-        name: {prefix}
-        replication: 1
-        labels:
-        - {{name: app, value: gazctl-test}}
-        fragment:
-          length: 1048576
-          compression_codec: NONE
-          stores: ["file://{store}/"]
-          refresh_interval: 10s"""
-        )
-        + frag_extra
-        + textwrap.dedent(
-            f"""
-        children:
-        - name: {prefix}clicks
-          labels: [{{name: topic, value: clicks}}]
-        - name: {prefix}orders
-          labels: [{{name: topic, value: orders}}]
-        """
-        )
-    )
+from .spec_texts import spec_yaml
 
 
 def apply(gazctl: Gazctl, prefix: str, store: Path, **extra: str) -> None:
@@ -76,11 +51,12 @@ def test_apply_list_and_reapply(gazctl: Gazctl, prefix: str, tmp_path: Path) -> 
     assert gazctl("journals", "list", "-l", f"name:prefix={prefix}").text.count(prefix) == 0
 
     apply(gazctl, prefix, tmp_path / "store")
-    for _ in range(100):  # The route appears once the broker has taken the assignment.
+
+    def routed() -> Result | None:  # Once the broker has taken the assignment.
         table = gazctl("journals", "list", "-l", f"name:prefix={prefix}", "--primary")
-        if "<none>" not in table.text:
-            break
-        time.sleep(0.05)
+        return table if "<none>" not in table.text else None
+
+    table = eventually_blocking(routed, what="the route", timeout=5)
     assert table.rc == 0
     lines = table.text.splitlines()
     assert lines[0].split() == ["NAME", "LABELS", "PRIMARY", "ENDPOINT"]
@@ -285,16 +261,15 @@ def test_fragments_prune_and_store_health(gazctl: Gazctl, prefix: str, tmp_path:
         assert gazctl("journals", "append", "--journal", clicks, stdin=b"x" * 1500).rc == 0
 
     # Wait for the broker to persist the rolled fragments.
-    deadline = time.monotonic() + 30
-    while True:
+    def fragments() -> list[dict[str, Any]]:
         frags = json.loads(
             gazctl("journals", "fragments", "-l", f"name={clicks}", "-o", "json").text
         )
         persisted = [f for f in frags if f.get("backing_store")]
-        if len(persisted) == 3 or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert len(persisted) == 3, frags
+        assert len(persisted) == 3, frags
+        return frags  # type: ignore[no-any-return]
+
+    frags = eventually_blocking(fragments, what="3 persisted fragments", timeout=30, interval=0.2)
     assert frags[0]["begin"] == 0 and frags[-1]["end"] == 4500
 
     table = gazctl("journals", "fragments", "-l", f"name={clicks}", "--url-ttl", "1m")
@@ -315,7 +290,7 @@ def test_fragments_prune_and_store_health(gazctl: Gazctl, prefix: str, tmp_path:
     files = lambda: sorted(p.name for p in store.rglob("*.raw") if p.stat().st_size)  # noqa: E731
     markers = sorted(p.name for p in store.rglob("*.raw") if not p.stat().st_size)
     assert len(files()) == 3
-    time.sleep(2.1)  # Older than the 1s retention.
+    time.sleep(2.1)  # Older than the 1s retention: the time elapsing is what is tested.
     dry = gazctl("journals", "prune", "-l", f"name={clicks}", "--dry-run")
     assert dry.rc == 0 and "would prune" in dry.text and len(files()) == 3
     pruned = gazctl("journals", "prune", "-l", f"name={clicks}")

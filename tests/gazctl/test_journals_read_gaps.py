@@ -11,6 +11,7 @@ import pytest
 
 from gazette.broker.client.errors import OffsetJump
 from gazette.gazctl.journals import _Gaps
+from tests.kit.eventually import eventually_blocking
 
 from .conftest import Gazctl
 
@@ -40,15 +41,21 @@ def holed(gazctl: Gazctl, prefix: str, tmp_path: Path) -> str:
     for part in [*PARTS, TAIL]:  # Each append of more than `length` rolls a fragment.
         r = gazctl("journals", "append", "--journal", journal, stdin=part)
         assert r.rc == 0, r.err
-    deadline = time.monotonic() + 60
-    while len(_persisted(gazctl, journal)) < 3:
-        assert time.monotonic() < deadline, "fragments not persisted within 60 s"
-        time.sleep(0.1)
+    t0 = time.monotonic()
+    eventually_blocking(
+        lambda: len(_persisted(gazctl, journal)) >= 3,
+        what="3 persisted fragments",
+        timeout=60,
+        interval=0.1,
+    )
     (second,) = store.rglob("000000000000044c-*")
     second.unlink()
-    while any(f["begin"] == 1100 for f in _persisted(gazctl, journal)):
-        assert time.monotonic() < deadline, "the broker's index still lists the deleted fragment"
-        time.sleep(0.2)
+    eventually_blocking(
+        lambda: all(f["begin"] != 1100 for f in _persisted(gazctl, journal)),
+        what="the broker's index to drop the deleted fragment",
+        timeout=max(60 - (time.monotonic() - t0), 0),
+        interval=0.2,
+    )
     return journal
 
 

@@ -11,7 +11,6 @@ import itertools
 import json
 import os
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from gazette.gazctl.main import Streams, run
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.cluster import BrokerCluster
 from gazette.testing.etcd import EtcdServer
+from tests.kit.eventually import eventually_blocking
 
 from .conftest import Result
 
@@ -116,18 +116,18 @@ def wait_routes(
     timeout: float = 30.0,
 ) -> dict[str, dict[str, Any]]:
     """Wait for each journal's route to have its size and a primary (and not name `without`)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def converged() -> dict[str, dict[str, Any]]:
         journals = listed(broker, prefix)
-        if all(
+        assert all(
             len(journals[name]["route"]["members"]) == size
             and journals[name]["route"]["primary"] >= 0
             and all(m["suffix"] != without for m in journals[name]["route"]["members"])
             for name, size in sizes.items()
-        ):
-            return journals
-        assert time.monotonic() < deadline, f"routes did not converge: {journals}"
-        time.sleep(0.1)
+        ), f"routes did not converge: {journals}"
+        return journals
+
+    return eventually_blocking(converged, what="the routes", timeout=timeout, interval=0.1)
 
 
 def expected_columns(route: dict[str, Any]) -> tuple[str, str, str]:

@@ -202,23 +202,11 @@ def _specs() -> Iterator[tuple[str, str, str]]:
     for where, text in _indented_snippets():
         yield where, _kind(text), text
 
-    from tests.gazctl import test_journals_cli, test_shards_specs
+    from tests.gazctl import spec_texts
 
-    yield (
-        "test_journals_cli.spec_yaml",
-        "journals",
-        test_journals_cli.spec_yaml("gz/t/", Path("/tmp/store")),
-    )
-    yield (
-        "test_shards_specs.JOURNALS",
-        "journals",
-        test_shards_specs.JOURNALS.replace("PREFIX", "gz/t/"),
-    )
-    yield (
-        "test_shards_specs.TEMPLATE",
-        "shards",
-        test_shards_specs.TEMPLATE.replace("PREFIX", "gz/t/"),
-    )
+    yield "spec_texts.spec_yaml", "journals", spec_texts.spec_yaml("gz/t/", Path("/tmp/store"))
+    yield "spec_texts.JOURNALS", "journals", spec_texts.JOURNALS.replace("PREFIX", "gz/t/")
+    yield "spec_texts.TEMPLATE", "shards", spec_texts.TEMPLATE.replace("PREFIX", "gz/t/")
 
 
 SPECS = list(_specs())

@@ -5,13 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import time
 from pathlib import Path
 
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
-from gazette.broker.client import AppendService, JournalClient, apply_journals, list_all_fragments
+from gazette.broker.client import AppendService, JournalClient, list_all_fragments
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.consumer.hints import rotate_backup_hints, store_primary_hints
 from gazette.keyspace.etcd import Etcd
@@ -21,6 +19,8 @@ from gazette.recoverylog.hints import hints_to_json
 from gazette.recoverylog.recorder import Recorder
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
+from tests.kit.eventually import eventually, eventually_blocking
+from tests.kit.specs import RECOVERY_LOG, apply_specs, journal_spec
 
 from .conftest import Gazctl
 
@@ -34,13 +34,9 @@ async def _record(endpoint: str, log: str, src: Path, store: Path) -> list[rpb.F
     fragments; returns hints taken along the way, oldest first."""
     out = []
     async with JournalClient(endpoint) as client:
-        frag = pb.JournalSpec.Fragment(
-            length=4096, compression_codec=pb.NONE, refresh_interval=Duration(seconds=60)
+        await apply_specs(
+            client, [journal_spec(log, store, length=4096, content_type=RECOVERY_LOG)]
         )
-        frag.stores.append(f"file://{store}/")
-        spec = pb.JournalSpec(name=log, replication=1, fragment=frag)
-        spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")
-        await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
         rnd = random.Random(log)
         async with AppendService(client) as svc:
             rec = await Recorder.open(FSM(), 0xC0FFEE, src, svc, log)
@@ -58,15 +54,16 @@ async def _record(endpoint: str, log: str, src: Path, store: Path) -> list[rpb.F
                 if r in (10, 29):
                     out.append(await rec.build_hints())
             await rec.close()
+
         # Wait until every rolled spool is persisted: the tests compare store listings taken
         # at different times, so the store must be quiet (under load this can take a while).
-        for _ in range(1200):
+        async def persisted() -> bool:
             frags = await list_all_fragments(client, pb.FragmentsRequest(journal=log))
-            if sum(1 for f in frags if not f.spec.backing_store) <= 1:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError(f"rolled fragments of {log} not persisted within 60 s")
+            return sum(1 for f in frags if not f.spec.backing_store) <= 1
+
+        await eventually(
+            persisted, what=f"the rolled fragments of {log} persisted", timeout=60, interval=0.05
+        )
     return out
 
 
@@ -116,13 +113,13 @@ def test_recover_from_a_hints_file(
 def settled_fragments(store: Path, timeout: float = 20.0) -> list[Path]:
     """The fragment files of `store`, once the broker is not writing one (a fragment being
     persisted shows as a `.partial-` file until it is renamed into place)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def settled() -> list[Path]:
         files = sorted(p for p in store.rglob("*") if p.is_file())
-        if not any(p.name.startswith(".partial-") for p in files):
-            return files
-        assert time.monotonic() < deadline, f"fragments still being written: {files}"
-        time.sleep(0.05)
+        assert not any(p.name.startswith(".partial-") for p in files), f"being written: {files}"
+        return files
+
+    return eventually_blocking(settled, what="the fragments written", timeout=timeout)
 
 
 def test_prune_with_hints_files_then_recover(

@@ -14,53 +14,7 @@ from gazette.consumer.protocol import pb
 from tests.consumer.shard_api_server import ShardAPIServer
 
 from .conftest import Gazctl
-
-TEMPLATE = """\
-common:
-  recovery_log_prefix: PREFIXrecovery
-  hint_prefix: /gazette/hints
-  hint_backups: 2
-  max_txn_duration: 1s
-  labels:
-  - name: app
-    value: word-count
-shards:
-- id: shard-000
-  sources:
-  - journal: PREFIXwords/part-000
-- id: shard-001
-  sources:
-  - journal: PREFIXwords/part-001
-  hot_standbys: 1
-  labels:
-  - name: tier
-    value: gold
-"""
-
-
-JOURNALS = """\
-name: PREFIX
-replication: 1
-fragment:
-  length: 1048576
-  compression_codec: NONE
-  refresh_interval: 1m0s
-children:
-- name: PREFIXrecovery/
-  labels:
-  - name: content-type
-    value: application/x-gazette-recoverylog
-  children:
-  - name: PREFIXrecovery/shard-000
-  - name: PREFIXrecovery/shard-001
-- name: PREFIXwords/
-  labels:
-  - name: content-type
-    value: application/x-ndjson
-  children:
-  - name: PREFIXwords/part-000
-  - name: PREFIXwords/part-001
-"""
+from .spec_texts import JOURNALS, TEMPLATE
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from gazette.message.uuid import (
     get_flags,
     get_producer_id,
 )
+from tests.kit.eventually import eventually
 from tests.message.conftest import JSON, MakeTopic, Note
 
 PRODUCER = ProducerID(bytes.fromhex("0b0203040506"))
@@ -180,10 +181,9 @@ async def test_linger_keeps_a_batch_open_across_yields() -> None:
     appends = []
     for i in range(5):  # A trickle: the task yields between messages.
         appends.append(pub.publish_committed(to("a/one"), Note(i=i)))
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.002)  # Paces the trickle.
     assert len(set(map(id, appends))) == 1 and not svc.released
-    while not svc.released:
-        await asyncio.sleep(0.002)
+    await eventually(lambda: svc.released, what="the batch's release", timeout=5, interval=0.002)
     assert loop.time() - t0 >= 0.05 - 0.002
     assert [n.i for n in decode(svc.released[0].data)] == list(range(5))
     # flush() still releases at once; so does a full batch.

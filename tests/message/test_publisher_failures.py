@@ -67,8 +67,8 @@ async def test_a_failed_append_breaks_the_publisher_and_surfaces_at_the_barrier(
     svc = MemoryAppendService()
     pub = Publisher(svc)
     svc.fail_next.add("bad")
-    pub.publish_committed(to("bad"), Note(txn=1, i=1))
-    await asyncio.sleep(0.01)  # released, failed
+    failed = pub.publish_committed(to("bad"), Note(txn=1, i=1))
+    await asyncio.gather(failed.done(), return_exceptions=True)  # Released, failed.
     with pytest.raises(PublisherBroken):
         pub.publish_committed(to("good"), Note(txn=1, i=2))
     with pytest.raises(BrokerError):
@@ -80,9 +80,9 @@ async def test_a_transaction_with_a_failed_append_commits_nowhere() -> None:
     svc = MemoryAppendService()
     pub = Publisher(svc)
     svc.fail_next.add("J")
-    pub.publish_uncommitted(to("J"), Note(txn=1, i=1))
+    failed = pub.publish_uncommitted(to("J"), Note(txn=1, i=1))
     pub.publish_uncommitted(to("K"), Note(txn=1, i=2))
-    await asyncio.sleep(0.01)
+    await asyncio.gather(failed.done(), return_exceptions=True)
     with pytest.raises((PublisherBroken, BrokerError)):
         await pub.commit()
     assert committed(svc, "J") == [] and committed(svc, "K") == [], "no partial commit"
@@ -95,7 +95,7 @@ async def test_ack_keeps_its_place_before_the_next_transaction() -> None:
     intents = pub.build_ack_intents()
     await asyncio.sleep(0.01)  # e.g. the intents are being made durable
     pub.publish_uncommitted(to("J"), Note(txn=2, i=1))  # another task: the next transaction
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # Its batch is released meanwhile.
     pub.publish_ack_intents(intents)
     await pub.commit()
     assert committed(svc, "J") == [(1, 1), (2, 1)]
@@ -104,10 +104,10 @@ async def test_ack_keeps_its_place_before_the_next_transaction() -> None:
 async def test_aborted_intents_never_commit_and_break_the_publisher() -> None:
     svc = MemoryAppendService()
     pub = Publisher(svc)
-    pub.publish_uncommitted(to("J"), Note(txn=1, i=1))
+    sent = pub.publish_uncommitted(to("J"), Note(txn=1, i=1))
     intents = pub.build_ack_intents()
     pub.abort_ack_intents(intents, RuntimeError("store commit failed"))
-    await asyncio.sleep(0.01)
+    await asyncio.gather(sent.done(), return_exceptions=True)
     assert committed(svc, "J") == []
     with pytest.raises(PublisherBroken):
         pub.publish_uncommitted(to("J"), Note(txn=2, i=1))

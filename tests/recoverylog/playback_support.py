@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
-from gazette.broker.client import JournalClient, append, apply_journals
+from gazette.broker.client import JournalClient, append
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.author import author_fence
@@ -22,6 +21,7 @@ from gazette.recoverylog.fsm import FSM
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
+from tests.kit.specs import apply_specs, journal_spec
 
 _names = itertools.count()
 
@@ -51,16 +51,10 @@ def make_log(client: JournalClient, tmp_path: Path) -> MakeLog:
 
     async def make(prefix: str = "log", fragment_length: int = 1 << 26) -> str:
         name = f"recoverylog/{prefix}-{os.getpid()}-{next(_names)}"
-        frag = pb.JournalSpec.Fragment(
-            length=fragment_length,
-            compression_codec=pb.NONE,
-            refresh_interval=Duration(seconds=60),
+        spec = journal_spec(
+            name, tmp_path / "store", length=fragment_length, content_type=RECOVERYLOG_CONTENT_TYPE
         )
-        (tmp_path / "store").mkdir(exist_ok=True)
-        frag.stores.append(f"file://{tmp_path}/store/")
-        spec = pb.JournalSpec(name=name, replication=1, fragment=frag)
-        spec.labels.labels.add(name="content-type", value=RECOVERYLOG_CONTENT_TYPE)
-        await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
+        await apply_specs(client, [spec])
         return name
 
     return make

@@ -9,14 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import (
     AppendService,
     JournalClient,
     OffsetNotYetAvailable,
     RetryReader,
-    apply_journals,
 )
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.recoverylog import recoverylog_pb2 as rpb
@@ -25,6 +23,7 @@ from gazette.recoverylog.fsm import FSM
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
+from tests.kit.specs import RECOVERY_LOG, apply_specs, journal_spec
 
 _names = itertools.count()
 
@@ -58,16 +57,8 @@ def make_rec_log(rec_client: JournalClient, tmp_path: Path) -> MakeLog:
 
     async def make(prefix: str = "rec") -> str:
         name = f"recorder/{prefix}-{next(_names)}"
-        frag = pb.JournalSpec.Fragment(
-            length=1 << 26, compression_codec=pb.NONE, refresh_interval=Duration(seconds=60)
-        )
-        (tmp_path / "store").mkdir(exist_ok=True)
-        frag.stores.append(f"file://{tmp_path}/store/")
-        spec = pb.JournalSpec(name=name, replication=1, fragment=frag)
-        spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")
-        await apply_journals(
-            rec_client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)])
-        )
+        spec = journal_spec(name, tmp_path / "store", length=1 << 26, content_type=RECOVERY_LOG)
+        await apply_specs(rec_client, [spec])
         return name
 
     return make

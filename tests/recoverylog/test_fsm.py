@@ -240,18 +240,21 @@ def test_create() -> None:
     }
 
 
-def test_create_of_an_unhinted_fnode_is_not_tracked() -> None:
-    d = Driver(
-        FSM.from_hints(
-            rpb.FSMHints(
-                log=LOG,
-                live_nodes=[
-                    node(42, seg(100, 42, 100, 1234, 0, SEEDED[0])),
-                    node(44, seg(100, 44, 100, 1234, 0, SEEDED[2])),
-                ],
-            )
-        )
+def hinted_42_and_44() -> Driver:
+    """A driver of an FSM whose hints name Fnodes 42 and 44 (created at seq_nos 42 and 44,
+    live through 100), and not 43."""
+    hints = rpb.FSMHints(
+        log=LOG,
+        live_nodes=[
+            node(42, seg(100, 42, 100, 1234, 0, SEEDED[0])),
+            node(44, seg(100, 44, 100, 1234, 0, SEEDED[2])),
+        ],
     )
+    return Driver(FSM.from_hints(hints))
+
+
+def test_create_of_an_unhinted_fnode_is_not_tracked() -> None:
+    d = hinted_42_and_44()
     assert d.create(42, SEEDED[0], 100, "/path/A") is None
     err = d.create(43, SEEDED[1], 100, "/another/path")
     # The op is part of the hinted history: the FSM stepped past it.
@@ -267,17 +270,7 @@ def test_create_of_an_unhinted_fnode_is_not_tracked() -> None:
 
 
 def test_hinted_fnode_must_be_created() -> None:
-    d = Driver(
-        FSM.from_hints(
-            rpb.FSMHints(
-                log=LOG,
-                live_nodes=[
-                    node(42, seg(100, 42, 100, 1234, 0, SEEDED[0])),
-                    node(44, seg(100, 44, 100, 1234, 0, SEEDED[2])),
-                ],
-            )
-        )
-    )
+    d = hinted_42_and_44()
     assert d.create(42, SEEDED[0], 100, "/path/A") is None
     assert d.write(43, d.fsm.next_checksum, 100, 42) is None
     # Op 44 is correctly sequenced, but the hints say it creates an Fnode.

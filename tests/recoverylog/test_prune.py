@@ -27,6 +27,7 @@ from gazette.recoverylog.prune import (
 )
 from gazette.recoverylog.recorder import Recorder
 from gazette.recoverylog.segments import InvalidHints, flatten_hints
+from tests.kit.eventually import eventually
 from tests.recoverylog.playback_support import (
     MakeLog,
     client,
@@ -177,12 +178,13 @@ class Compactor:
 
 async def persisted_fragments(client: JournalClient, log: str) -> list[pb.Fragment]:
     """The log's fragments once every rolled spool is persisted."""
-    for _ in range(300):
+
+    async def persisted() -> list[pb.Fragment]:
         frags = [f.spec for f in await list_all_fragments(client, pb.FragmentsRequest(journal=log))]
-        if sum(1 for f in frags if not f.backing_store) <= 1:
-            return frags
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"fragments not persisted: {frags}")
+        assert sum(1 for f in frags if not f.backing_store) <= 1, f"not persisted: {frags}"
+        return frags
+
+    return await eventually(persisted, what="the fragments persisted", timeout=15, interval=0.05)
 
 
 def needed_extents(data: bytes, log: str, h: rpb.FSMHints) -> list[tuple[int, int]]:

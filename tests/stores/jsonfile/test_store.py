@@ -210,7 +210,7 @@ async def test_destroy_cancels_a_waiting_commit(
     store.state["v"] = 1
     gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     commit = store.start_commit(None, _checkpoint(1), [gate])
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # The commit waits on its dependency.
     store.destroy()
     with pytest.raises(asyncio.CancelledError):
         await commit

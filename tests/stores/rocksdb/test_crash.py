@@ -25,6 +25,7 @@ from gazette.recoverylog.player import Player
 from gazette.stores.rocksdb import CHECKPOINT_KEY
 from gazette.testing.broker import BrokerProcess
 from tests.fusefs.support import MakeLog, client, fuse_broker, make_log, no_stale_mounts
+from tests.kit.eventually import eventually
 from tests.stores.rocksdb.crash_writer import checkpoint, counter, model
 
 __all__ = ["client", "fuse_broker", "make_log", "no_stale_mounts"]
@@ -73,11 +74,13 @@ async def _trial(
     reader = asyncio.create_task(read_lines())
     what = rnd.choice(["writer", "fusefs", "both"])
     try:
-        async with asyncio.timeout(60):
-            while recovered < 0 and proc.returncode is None:
-                await asyncio.sleep(0.01)
+        await eventually(
+            lambda: recovered >= 0 or proc.returncode is not None,
+            what="the writer to recover or exit",
+            timeout=60,
+        )
         assert recovered >= 0, "writer exited before recovering"
-        await asyncio.sleep(rnd.uniform(0.0, 1.5))
+        await asyncio.sleep(rnd.uniform(0.0, 1.5))  # A random moment of the writes.
         if what in ("fusefs", "both"):
             os.kill(fusefs_pid, signal.SIGKILL)
             if what == "both":

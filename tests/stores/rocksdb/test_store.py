@@ -201,7 +201,7 @@ async def test_a_commit_cancelled_with_its_owner_ends_cancelled(
             await commit
 
         task = asyncio.ensure_future(owner())
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # The owner awaits the commit.
         task.cancel()
         await asyncio.wait([task])
         assert task.cancelled()
@@ -264,9 +264,9 @@ async def test_commit_failures_cancellations_and_close(
         cancelled: asyncio.Future[None] = loop.create_future()
         c2 = store.start_commit(None, labeled("c2b"), [cancelled])
         c2.add_done_callback(lambda f: order.append("c2"))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # Both commits wait on their dependencies.
         cancelled.cancel()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # c2 would complete meanwhile, were it not ordered.
         gate.set_result(None)
         await asyncio.wait([c1, c2])
         assert order == ["c1", "c2"]
