@@ -252,11 +252,10 @@ async def test_broker_without_direct_appends_is_appended_to_over_grpc(
 
 
 async def test_direct_appends_can_be_turned_off(
-    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch, make_journal: MakeJournal
+    broker: BrokerProcess, make_journal: MakeJournal
 ) -> None:
     spec = await make_journal("off")
-    monkeypatch.setenv("GAZETTE_DIRECT_APPENDS", "0")
-    async with JournalClient(broker.endpoint) as client:
+    async with JournalClient(broker.endpoint, direct_appends=False) as client:
         assert client.direct is None
         request = pb.AppendRequest(journal=spec.name)
         assert await Appender.append_once(client, request, [b"x"]) is None  # Use an Appender.

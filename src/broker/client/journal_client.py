@@ -12,7 +12,6 @@ closed by `close()`.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -52,9 +51,8 @@ class JournalClient:
 
     `endpoints` is a target (``127.0.0.1:8080`` or ``http://host:8080``) or a sequence of them;
     the first is the default endpoint. `zone` is the client's availability zone, used to prefer
-    same-zone replicas for reads. With `direct_appends` (the default; environment
-    ``GAZETTE_DIRECT_APPENDS=0`` turns it off), appends to our brokers go over their
-    direct-append port rather than gRPC (docs/direct-appends.md).
+    same-zone replicas for reads. With `direct_appends` (the default), appends to our
+    brokers go over their direct-append port rather than gRPC (docs/direct-appends.md).
     """
 
     def __init__(
@@ -63,7 +61,7 @@ class JournalClient:
         *,
         zone: str = "",
         route_cache: RouteCache | None = None,
-        direct_appends: bool | None = None,
+        direct_appends: bool = True,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [endpoints]
@@ -77,8 +75,6 @@ class JournalClient:
         self._stubs: dict[str, JournalStub] = {}
         self._closed = False
         self._default = 0
-        if direct_appends is None:
-            direct_appends = os.environ.get("GAZETTE_DIRECT_APPENDS", "1") not in ("0", "false")
         self._direct = DirectAppends(self.channel) if direct_appends else None
 
     @property
