@@ -110,8 +110,8 @@ def running(task: asyncio.Task[Any], cond: Any) -> Any:
     return check
 
 
-async def _until(cond: Any, timeout: float = 5.0) -> None:
-    await eventually(cond, what="the condition", timeout=timeout, interval=0.001)
+async def _until(cond: Any, timeout: float = 5.0, interval: float = 0.001) -> None:
+    await eventually(cond, what="the condition", timeout=timeout, interval=interval)
 
 
 async def run_until(txns: Transactions, cond: Any, timeout: float = 5.0) -> None:
@@ -537,8 +537,11 @@ async def test_completions_pending_behind_a_stuck_ack_are_bounded() -> None:
         assert 2 <= len(store.commits) <= 1 + 8, len(store.commits)
         assert not txns.shard.progress()[0]
         client.release.set()  # The ACK lands: everything goes through.
-        await _until(lambda: checkpoint_offsets(store.commits[-1].checkpoint).get(JOURNAL) == 400)
-        await _until(lambda: txns.shard.progress()[0].get(JOURNAL) == 400)
+        await _until(
+            lambda: checkpoint_offsets(store.commits[-1].checkpoint).get(JOURNAL) == 400,
+            interval=0.005,
+        )
+        await _until(lambda: txns.shard.progress()[0].get(JOURNAL) == 400, interval=0.005)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
