@@ -103,11 +103,14 @@ async def test_a_member_reconciles_its_assignments_and_hands_them_over_when_exit
     b = Node(etcd_server, root, "member-b")
     await a.start()
     try:
-        # Alone: the item is assigned here, and the reconcile advertised its route.
+        # Alone: the item is assigned here as its primary (slot 0), and the reconcile
+        # advertised its route.
         await eventually(
-            lambda: assigned_to(a), what="the item assigned to a", timeout=10, interval=0.02
+            lambda: assigned_to(a) and a.member.assignments()["a/journal"][1] == 0,
+            what="the item assigned to a, at slot 0",
+            timeout=10,
+            interval=0.02,
         )
-        assert a.member.assignments()["a/journal"][1] == 0
         await b.start()
         await a.member.mark_exiting()
         # The allocator moves the item to the other member, which reconciles it in turn.
