@@ -1,1 +1,2 @@
-"""What every Gazette process shares: the Prometheus text exposition (`prometheus`)."""
+"""What every Gazette process shares: the member processes' flags (`flags`) and life cycle
+(`process`), and the Prometheus text exposition (`prometheus`)."""
