@@ -17,18 +17,11 @@ from gazette.stores import cbuild
 
 ROOT = Path(__file__).resolve().parents[1]
 
-EXTRAS_MODULES = {
-    "aiohttp": "aiohttp",
-    "boto3": "boto3",
-    "rocksdict": "rocksdict",
-    "pyfuse3": "pyfuse3",
-    "trio": "trio",
-    "apsw": "apsw",
-    "psycopg": "psycopg",
-    "pyspark": "pyspark",
-    "pyarrow": "pyarrow",
-}
-"""Distribution name -> the module it installs, for every dependency an extra brings."""
+EXTRAS_MODULES = (
+    "aiohttp", "boto3", "rocksdict", "pyfuse3", "trio", "apsw", "psycopg", "pyspark", "pyarrow",
+)  # fmt: skip
+"""Every dependency an extra brings (each distribution installs a module of its name)."""
+
 
 BLOCKER = """
 import sys
@@ -46,7 +39,7 @@ sys.argv[1:] = sys.argv[2:]
 def run_light(code: str, *args: str) -> subprocess.CompletedProcess[str]:
     """`code` in a child interpreter without any extra's modules."""
     return subprocess.run(
-        [sys.executable, "-c", BLOCKER + code, ",".join(EXTRAS_MODULES.values()), *args],
+        [sys.executable, "-c", BLOCKER + code, ",".join(EXTRAS_MODULES), *args],
         capture_output=True,
         text=True,
         timeout=120,
