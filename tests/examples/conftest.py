@@ -7,5 +7,7 @@ from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 WORD_COUNT = EXAMPLES / "word-count"
-if str(WORD_COUNT) not in sys.path:
-    sys.path.insert(0, str(WORD_COUNT))
+STREAM_SUM = EXAMPLES / "stream-sum"
+for _example in (WORD_COUNT, STREAM_SUM):
+    if str(_example) not in sys.path:
+        sys.path.insert(0, str(_example))
