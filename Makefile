@@ -12,7 +12,7 @@ SCANNER := src/stores/rocksdb/rocksdb-scan
 SQLITE_VFS := src/stores/sqlite/_recvfs.so
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test deps apt venv scanner sqlite-vfs protos check-protos lint typecheck check-install bench chaos clean
+.PHONY: demo test deps apt venv scanner sqlite-vfs protos check-protos lint typecheck check-install bench chaos cluster clean
 
 deps: apt venv scanner sqlite-vfs
 
@@ -81,6 +81,11 @@ check-install: venv
 
 chaos: deps
 	$(VENV)/bin/pytest -q -m chaos
+
+# Opt-in: etcd, brokers and S3 on hosts made of network namespaces (gazette.testing.netns;
+# root, iproute2, nsenter). Faults use policy routing and link state: no firewall package.
+cluster: deps
+	$(VENV)/bin/pytest -q -m cluster
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache $(SCANNER) $(SQLITE_VFS)
