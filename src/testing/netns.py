@@ -36,7 +36,7 @@ import subprocess
 import tempfile
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import IO, Self
@@ -117,13 +117,13 @@ def _signal_all(pids: Iterable[int], sig: signal.Signals) -> None:
             pass
 
 
-def _mounts_under(roots: Sequence[Path]) -> list[str]:
-    """Mount points under `roots`, deepest first."""
+def _mount_points(under: Callable[[Path], bool]) -> list[str]:
+    """The mount points for which `under` holds, deepest first (to be unmounted in order)."""
     points = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
             point = line.split()[4].replace("\\040", " ")
-            if any(point == str(r) or point.startswith(f"{r}/") for r in roots):
+            if under(Path(point)):
                 points.append(point)
     return sorted(points, key=len, reverse=True)
 
@@ -149,7 +149,8 @@ def _link_names() -> list[str]:
 def cleanup_stale() -> None:
     """Remove what Nets of processes no longer running left behind: processes in their
     namespaces (SIGKILL), mounts under their work directories, the namespaces, bridges and
-    veths, and their work directories under the temporary directory."""
+    veths, and their work directories under the temporary directory. An owner's id reused
+    by a new process since keeps its leftovers until that process ends."""
     stale_ns = [n for n in _netns_names() if n.startswith(PREFIX) and not _owner_alive(n)]
     for ns in stale_ns:
         _signal_all(_namespace_pids(ns), signal.SIGKILL)
@@ -158,15 +159,9 @@ def cleanup_stale() -> None:
         for p in Path(tempfile.gettempdir()).glob(f"{PREFIX}*")
         if p.is_dir() and not _owner_alive(p.name)
     ]
-    points = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            point = line.split()[4].replace("\\040", " ")
-            if any(
-                part.startswith(PREFIX) and not _owner_alive(part) for part in Path(point).parts
-            ):
-                points.append(point)
-    _unmount(sorted(points, key=len, reverse=True))
+    _unmount(
+        _mount_points(lambda p: any(not _owner_alive(part) for part in p.parts if part != "/"))
+    )
     for ns in stale_ns:
         _ip("netns", "del", ns, check=False)
     for link in _link_names():
@@ -182,12 +177,15 @@ def _close_open_nets() -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    # Unwind: context managers close their Nets, and atexit closes the rest.
-    raise SystemExit(128 + signum)
+    # Tear down, then die of the signal as the process would have without us.
+    _close_open_nets()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _install_teardown() -> None:
-    """atexit, and SIGTERM turned into SystemExit if nobody handles SIGTERM already."""
+    """Close open Nets at exit, and on SIGTERM if the process leaves SIGTERM to its default
+    (which would end it without running atexit)."""
     global _signal_installed
     with _lock:
         if _signal_installed:
@@ -367,7 +365,7 @@ class Net:
         _open_nets.discard(self)
         for host in self.hosts:
             host.kill()
-        _unmount(_mounts_under([self.directory]))
+        _unmount(_mount_points(lambda p: p.is_relative_to(self.directory)))
         for host in self.hosts:
             _ip("netns", "del", host.netns, check=False)
             _ip("link", "del", host.port_link, check=False)

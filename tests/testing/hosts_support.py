@@ -183,6 +183,29 @@ _PROBE = textwrap.dedent(
 )
 
 
+_FUSE = textwrap.dedent(
+    """\
+    import sys, pyfuse3, trio
+    # An empty file system: a mount and a daemon serving it are all the teardown cares about.
+    pyfuse3.init(pyfuse3.Operations(), sys.argv[1], ["fsname=gzn-test"])
+    print("mounted", flush=True)
+    trio.run(pyfuse3.main)
+    """
+)
+
+
+def mount_fuse(host: Host, mountpoint: Path) -> None:
+    """Mount an empty FUSE file system at `mountpoint`, served by a daemon on `host`."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    log = host.directory / "fuse.log"
+    proc = host.popen([sys.executable, "-c", _FUSE, str(mountpoint)], log=log)
+    deadline = time.monotonic() + 10
+    while b"mounted" not in log.read_bytes() if log.exists() else True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"FUSE mount on {host} failed: {log.read_text(errors='replace')}")
+        time.sleep(0.02)
+
+
 def listen(host: Host) -> Path:
     """Start a TCP echo server (ECHO_PORT) and a UDP receiver (UDP_PORT) on `host`; returns
     the file where the receiver writes ``<source address> <payload>`` per datagram."""
