@@ -51,7 +51,6 @@ __all__ = [
     "verify_sums",
 ]
 
-log = logging.getLogger("stream_sum.verifier")
 
 VIOLATION_KINDS = ("missing", "duplicate", "wrong", "unexpected")
 EXIT_VIOLATIONS = 1
