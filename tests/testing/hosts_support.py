@@ -200,7 +200,7 @@ def mount_fuse(host: Host, mountpoint: Path) -> None:
     log = host.directory / "fuse.log"
     proc = host.popen([sys.executable, "-c", _FUSE, str(mountpoint)], log=log)
     deadline = time.monotonic() + 10
-    while b"mounted" not in log.read_bytes() if log.exists() else True:
+    while b"mounted" not in log.read_bytes():
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"FUSE mount on {host} failed: {log.read_text(errors='replace')}")
         time.sleep(0.02)

@@ -102,7 +102,9 @@ def test_hosts_reach_each_other_and_the_test_process_only(
     for h in hosts:
         routes = h.run(["ip", "route", "show", "table", "all"], check=True).stdout
         assert "default" not in routes, routes
-        r = h.run(["python3", "-c", "import socket; socket.create_connection(('1.1.1.1', 53))"])
+        r = h.run(
+            [sys.executable, "-c", "import socket; socket.create_connection(('1.1.1.1', 53))"]
+        )
         assert "Network is unreachable" in r.stderr
 
 
@@ -361,7 +363,7 @@ def test_brokers_on_hosts_survive_the_isolation_of_one(tmp_path: Path) -> None:
         expected += [f"healed-{i}" for i in range(4)]
         for b in brokers.values():
             eventually_blocking(
-                lambda b=b: read(b) == expected,  # type: ignore[misc]
+                lambda b=b: read(b) == expected,
                 what=f"{b.suffix} to read everything",
                 timeout=30,
                 interval=0.5,
