@@ -20,7 +20,7 @@ Faults, all silent drops (a sender sees timeouts, not errors, as on a real netwo
 Everything a `Net` makes carries the prefix ``gzn-`` and the id of the owning process, so
 `cleanup_stale` (called by every new `Net`) removes what a crashed run left behind:
 namespaces, links, processes in those namespaces and mounts under the run's directories.
-`Net.close` (the context manager's exit, atexit, and SIGTERM while the Net is open) removes
+`Net.close` (the context manager's exit, atexit, and SIGTERM left to its default) removes
 everything of a live one. Needs root, iproute2 and util-linux (``nsenter``).
 """
 
