@@ -1,7 +1,15 @@
-"""Run a real etcd server (Debian `etcd-server`) on loopback with a temporary data directory."""
+"""Run real etcd servers (Debian `etcd-server`): one on loopback with a temporary data directory
+(`EtcdServer`), or a cluster of several members (`EtcdCluster`) whose members can be killed and
+restarted one at a time.
+
+A member is configured by its name, the host it listens on and advertises, its client and peer
+ports, its data directory and the initial cluster it joins, so the same code can place members
+on different hosts (network namespaces) as well as on one loopback interface.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -9,6 +17,8 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,10 +27,10 @@ class EtcdUnavailable(RuntimeError):
     """etcd could not be found or did not become ready."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on `host` that is free right now."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -31,42 +41,106 @@ def _etcd_binary() -> str:
     raise EtcdUnavailable("etcd not found: install Debian package etcd-server (`make deps`)")
 
 
+def _stopped(stat: Path) -> bool:
+    """Whether the thread of /proc `stat` is stopped (state T), or gone."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return True
+
+
+def loopback_members(size: int, directory: Path, host: str = "127.0.0.1") -> list[EtcdServer]:
+    """`size` members of a new cluster on `host`, on free ports, with data under `directory`."""
+    ports: set[int] = set()
+    while len(ports) < 2 * size:
+        ports.add(free_port(host))
+    client_ports, peer_ports = sorted(ports)[:size], sorted(ports)[size:]
+    members = [
+        EtcdServer(
+            data_dir=directory / f"m{i}",
+            client_port=client_ports[i],
+            peer_port=peer_ports[i],
+            name=f"m{i}",
+            host=host,
+        )
+        for i in range(size)
+    ]
+    initial = ",".join(f"{m.name}={m.peer_url}" for m in members)
+    for m in members:
+        m.initial_cluster = initial
+    return members
+
+
 @dataclass
 class EtcdServer:
-    """A running etcd process. Use as a context manager, or call `start()` and `stop()`."""
+    """A running etcd process. Use as a context manager, or call `start()` and `stop()`.
+
+    Alone (the defaults), it is a one-member cluster on loopback in a temporary directory.
+    As a member of a larger cluster it is given its `name`, `host`, ports, `data_dir` and the
+    `initial_cluster` (``name=http://host:peer_port,...``) it joins; `EtcdCluster` does that.
+    """
 
     data_dir: Path | None = None
     client_port: int = 0
     peer_port: int = 0
+    name: str = "test"
+    host: str = "127.0.0.1"
+    """The address the member listens on and advertises to clients and peers."""
+    initial_cluster: str = ""
+    """Every member's peer URL, ``name=http://host:port,...``; empty: this member alone."""
+    cluster_token: str = "etcd-cluster"
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
 
     @property
     def endpoint(self) -> str:
         """The client URL, e.g. ``http://127.0.0.1:23790``."""
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"http://{self.host}:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
 
     @property
     def host_port(self) -> tuple[str, int]:
-        return "127.0.0.1", self.client_port
+        return self.host, self.client_port
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
 
     def start(self, timeout: float = 20.0) -> EtcdServer:
+        """Launch the member and return once it reports healthy (which needs a quorum of its
+        cluster to be up). Raises `EtcdUnavailable` if it exits or is not healthy in time."""
+        self.launch()
+        self.wait_ready(timeout)
+        return self
+
+    def launch(self) -> None:
+        """Start the etcd process without waiting for it: members of a new cluster are all
+        launched before any of them can become healthy. A restarted member keeps its data."""
+        if self.running:
+            return
         if self.data_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="etcd-")
             self.data_dir = Path(self._tmp.name)
-        self.client_port = self.client_port or free_port()
-        self.peer_port = self.peer_port or free_port()
+        self.client_port = self.client_port or free_port(self.host)
+        self.peer_port = self.peer_port or free_port(self.host)
+        initial_cluster = self.initial_cluster or f"{self.name}={self.peer_url}"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.data_dir / "etcd.log", "ab")
         self._proc = subprocess.Popen(
             [
                 _etcd_binary(),
-                "--name=test",
+                f"--name={self.name}",
                 f"--data-dir={self.data_dir / 'data'}",
-                f"--listen-client-urls=http://127.0.0.1:{self.client_port}",
-                f"--advertise-client-urls=http://127.0.0.1:{self.client_port}",
-                f"--listen-peer-urls=http://127.0.0.1:{self.peer_port}",
-                f"--initial-advertise-peer-urls=http://127.0.0.1:{self.peer_port}",
-                f"--initial-cluster=test=http://127.0.0.1:{self.peer_port}",
+                f"--listen-client-urls={self.endpoint}",
+                f"--advertise-client-urls={self.endpoint}",
+                f"--listen-peer-urls={self.peer_url}",
+                f"--initial-advertise-peer-urls={self.peer_url}",
+                f"--initial-cluster={initial_cluster}",
+                f"--initial-cluster-token={self.cluster_token}",
+                "--initial-cluster-state=new",
                 "--log-level=error",
                 "--logger=zap",
             ],
@@ -75,34 +149,74 @@ class EtcdServer:
             start_new_session=True,
         )
         log.close()
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        """Return once the member reports healthy; raises `EtcdUnavailable` (and stops it) if
+        it exits or is not healthy within `timeout` seconds."""
+        assert self._proc is not None and self.data_dir is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
+                tail = (self.data_dir / "etcd.log").read_bytes()[-600:].decode(errors="replace")
                 raise EtcdUnavailable(
-                    f"etcd exited with {self._proc.returncode}; see {self.data_dir / 'etcd.log'}"
+                    f"etcd {self.name} exited with {self._proc.returncode}; "
+                    f"{self.data_dir / 'etcd.log'} ends: {tail}"
                 )
             try:
                 with socket.create_connection(self.host_port, timeout=0.2):
                     pass
                 if self._healthy():
-                    return self
+                    return
             except OSError:
                 pass
             time.sleep(0.05)
         self.stop()
-        raise EtcdUnavailable(f"etcd did not become ready within {timeout}s")
+        raise EtcdUnavailable(f"etcd {self.name} did not become ready within {timeout}s")
 
     def _healthy(self) -> bool:
-        import urllib.request
-
         try:
             with urllib.request.urlopen(f"{self.endpoint}/health", timeout=1) as resp:
                 return b'"true"' in resp.read()
         except OSError:
             return False
 
+    def status(self, timeout: float = 1.0) -> tuple[int, int]:
+        """(this member's id, the id of the leader it knows; 0: none), from the member's
+        gRPC gateway. Raises OSError if the member does not answer."""
+        req = urllib.request.Request(f"{self.endpoint}/v3/maintenance/status", data=b"{}")
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status = json.loads(resp.read())
+        return int(status["header"]["member_id"]), int(status.get("leader", 0))
+
+    def kill(self) -> None:
+        """SIGKILL the member, as a crash: its data directory stays, for a restart."""
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+    def pause(self) -> None:
+        """SIGSTOP the member: its connections stay open and nothing answers on them, as
+        behind a network partition; `resume` continues it."""
+        assert self._proc is not None, "not running"
+        self._proc.send_signal(signal.SIGSTOP)
+        # Delivered asynchronously: return only once every thread has stopped.
+        tasks = Path(f"/proc/{self._proc.pid}/task")
+        deadline = time.monotonic() + 5
+        while not all(_stopped(task / "stat") for task in tasks.iterdir()):
+            if time.monotonic() > deadline:
+                raise EtcdUnavailable(f"etcd {self.name} did not stop at SIGSTOP")
+            time.sleep(0.001)
+
+    def resume(self) -> None:
+        assert self._proc is not None, "not running"
+        self._proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
+        """SIGTERM the member and remove its temporary data directory (if it made one)."""
         if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)  # a paused member cannot exit
             self._proc.send_signal(signal.SIGTERM)
             try:
                 self._proc.wait(timeout=10)
@@ -117,6 +231,121 @@ class EtcdServer:
 
     def __enter__(self) -> EtcdServer:
         return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class EtcdCluster:
+    """A cluster of etcd members (three by default, on loopback, in one temporary directory).
+    A context manager: every member is started, then stopped and the directory removed.
+
+    `kill(i)` crashes member `i` (SIGKILL) and `start(i)` restarts it with its data, rejoining
+    the cluster; `pause(i)` and `resume(i)` freeze and thaw it; `leader()` is the index of
+    the current leader. Give `members` to place them elsewhere (their hosts, ports, data
+    directories and a shared `initial_cluster`, as `loopback_members` makes them).
+    """
+
+    def __init__(
+        self,
+        size: int = 3,
+        *,
+        host: str = "127.0.0.1",
+        members: Sequence[EtcdServer] | None = None,
+        directory: Path | None = None,
+    ) -> None:
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._own_ports = members is None
+        if members is None:
+            if directory is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="etcd-cluster-")
+                directory = Path(self._tmp.name)
+            members = loopback_members(size, directory, host)
+        self.members = list(members)
+        self._directory = directory
+        self._host = host
+
+    @property
+    def endpoints(self) -> list[str]:
+        """Every member's client URL, in member order."""
+        return [m.endpoint for m in self.members]
+
+    @property
+    def endpoints_flag(self) -> str:
+        """The endpoints as the ``--etcd`` flag takes them (comma-separated)."""
+        return ",".join(self.endpoints)
+
+    def start_all(self, timeout: float = 30.0) -> EtcdCluster:
+        """Launch every member, and return once all are healthy. Members whose ports this
+        cluster chose are given fresh ones (and fresh data) if one exits at its first start
+        (another process took a port meanwhile), up to three times."""
+        for attempt in range(3):
+            for m in self.members:
+                m.launch()
+            try:
+                for m in self.members:
+                    m.wait_ready(timeout)
+                return self
+            except EtcdUnavailable:
+                if not self._own_ports or self._directory is None or attempt == 2:
+                    raise
+                for m in self.members:
+                    m.kill()
+                    if m.data_dir is not None:
+                        shutil.rmtree(m.data_dir, ignore_errors=True)
+                self.members = loopback_members(len(self.members), self._directory, self._host)
+        raise AssertionError("unreachable")
+
+    def start(self, i: int, timeout: float = 30.0) -> None:
+        """(Re)start member `i` and wait until it is healthy again."""
+        self.members[i].start(timeout)
+
+    def kill(self, i: int) -> None:
+        """Crash member `i` (SIGKILL)."""
+        self.members[i].kill()
+
+    def pause(self, i: int) -> None:
+        """Freeze member `i` (SIGSTOP), as if cut off by a partition; `resume(i)` ends it."""
+        self.members[i].pause()
+
+    def resume(self, i: int) -> None:
+        self.members[i].resume()
+
+    def leader(self, timeout: float = 10.0) -> int:
+        """The index of the member that leads, once the running members agree on one. Raises
+        `EtcdUnavailable` if they do not within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ids: dict[int, int] = {}
+            leaders: set[int] = set()
+            for i, m in enumerate(self.members):
+                if not m.running:
+                    continue
+                try:
+                    member_id, leader = m.status()
+                except OSError:
+                    continue
+                ids[member_id] = i
+                leaders.add(leader)
+            if len(leaders) == 1 and (leader := leaders.pop()) in ids:
+                return ids[leader]
+            if time.monotonic() > deadline:
+                raise EtcdUnavailable(f"etcd members do not agree on a leader within {timeout}s")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        for m in self.members:
+            m.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> EtcdCluster:
+        try:
+            return self.start_all()
+        except BaseException:
+            self.stop()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
