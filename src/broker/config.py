@@ -51,7 +51,7 @@ BROKER_FLAGS = MemberFlags(
         "http-port": "BROKER_HTTP_PORT",
     },
     help={
-        "etcd": "etcd endpoint [ETCD_ADDRESS]",
+        "etcd": "etcd endpoints, comma-separated [ETCD_ADDRESS]",
         "root": "etcd root prefix of the broker keyspace [ETCD_PREFIX]",
         "zone": "zone of this broker [BROKER_ZONE]",
         "suffix": "unique id of this broker within its zone; default: the host name made a "

@@ -57,7 +57,7 @@ CONSUMER_FLAGS = MemberFlags(
         "log-level": "LOG_LEVEL",
     },
     help={
-        "etcd": "etcd endpoint [ETCD_ADDRESS]",
+        "etcd": "etcd endpoints, comma-separated [ETCD_ADDRESS]",
         "root": "etcd root of the application's shards [CONSUMER_ROOT]",
         "zone": "zone of this process [CONSUMER_ZONE]",
         "suffix": "unique id of this process within its zone; default: the host name made a "

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gazette.gazctl.main import GazctlError, Streams
+from gazette.mainboilerplate.etcd_endpoints import InvalidEndpoint, parse_endpoints
 
 __all__ = [
     "add_journals_export",
@@ -92,7 +93,7 @@ def add_shards_export(cmds: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--etcd",
         default=os.environ.get("ETCD_ADDRESS", "127.0.0.1:2379"),
-        help="etcd endpoint (env ETCD_ADDRESS; default %(default)s)",
+        help="etcd endpoints, comma-separated (env ETCD_ADDRESS; default %(default)s)",
     )
     p.add_argument("--root", required=True, help="the consumer application's etcd root")
     sel = p.add_mutually_exclusive_group(required=True)
@@ -146,6 +147,10 @@ def journals_options(args: argparse.Namespace) -> dict[str, str]:
 
 def shards_options(args: argparse.Namespace) -> dict[str, str]:
     """The gazette-shards options of a ``shards export`` command line."""
+    try:
+        parse_endpoints(args.etcd)
+    except InvalidEndpoint as err:
+        raise GazctlError(f"--etcd: {err}") from err
     opts = {
         "etcd": args.etcd,
         "root": args.root,

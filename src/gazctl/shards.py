@@ -36,6 +36,7 @@ from gazette.gazctl.main import GazctlError, Streams
 from gazette.gazctl.prune import prune_log
 from gazette.gazctl.shards_specs import register_spec_commands
 from gazette.keyspace.etcd import Etcd, EtcdError
+from gazette.mainboilerplate.etcd_endpoints import InvalidEndpoint, parse_endpoints
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.hints import hints_from_bytes
 from gazette.recoverylog.player import PlaybackError, PlaybackProgress, Player
@@ -67,7 +68,8 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
         g.add_argument(
             "--etcd",
             default=None,
-            help=f"etcd endpoint to read hints from (env ETCD_ADDRESS; default {DEFAULT_ETCD} "
+            help="etcd endpoints to read hints from, comma-separated (env ETCD_ADDRESS; "
+            f"default {DEFAULT_ETCD} "
             "when --hint-prefix is given)",
         )
         g.add_argument("--hint-prefix", default="", help="the shards' ShardSpec.hint_prefix")
@@ -143,7 +145,12 @@ def _check(hints: rpb.FSMHints, log: str) -> None:
 def _etcd_endpoint(args: argparse.Namespace) -> str:
     if not args.hint_prefix:
         raise GazctlError("give --hints FILE, or --hint-prefix and --shard to read hints from etcd")
-    return str(args.etcd or os.environ.get("ETCD_ADDRESS") or DEFAULT_ETCD)
+    endpoints = str(args.etcd or os.environ.get("ETCD_ADDRESS") or DEFAULT_ETCD)
+    try:
+        parse_endpoints(endpoints)
+    except InvalidEndpoint as err:
+        raise GazctlError(f"--etcd: {err}") from err
+    return endpoints
 
 
 async def _etcd_hints(args: argparse.Namespace, shards: list[str]) -> dict[str, list[Any]]:

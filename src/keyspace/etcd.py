@@ -22,14 +22,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import grpc
 from aetcd import rpc
 
-log = logging.getLogger(__name__)
+from gazette.mainboilerplate.etcd_endpoints import parse_endpoint, parse_endpoints
 
-DEFAULT_PORT = 2379
+log = logging.getLogger(__name__)
 
 REQUIRE_LEADER = (("hasleader", "true"),)
 """Metadata asking a member to refuse a request while it has no leader (rather than hold it),
@@ -69,10 +68,6 @@ class EtcdError(Exception):
     """An etcd request failed (transport error or rejected request)."""
 
 
-class InvalidEndpoint(EtcdError, ValueError):
-    """An etcd endpoint that is not ``http://host[:port]`` or ``host[:port]``."""
-
-
 class EtcdUnreachable(EtcdError):
     """No member served a request within the client's timeout."""
 
@@ -103,49 +98,6 @@ def prefix_range_end(prefix: bytes) -> bytes:
             end[i] += 1
             return bytes(end[: i + 1])
     return b"\x00"
-
-
-def parse_endpoint(endpoint: str) -> str:
-    """`http://host:port`, `host:port` or `host` -> the gRPC target `host:port` (port 2379 if
-    none is given). Raises `InvalidEndpoint`."""
-    text = endpoint.strip()
-    if "://" in text:
-        parts = urlsplit(text)
-        if parts.scheme == "https":
-            raise InvalidEndpoint(f"etcd endpoint {endpoint!r}: TLS to etcd is not supported")
-        if parts.scheme != "http":
-            raise InvalidEndpoint(
-                f"etcd endpoint {endpoint!r}: scheme {parts.scheme!r} is not http"
-            )
-    else:
-        parts = urlsplit(f"//{text}")
-    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
-        raise InvalidEndpoint(f"etcd endpoint {endpoint!r}: only a host and a port may be given")
-    try:
-        port = parts.port
-    except ValueError:
-        raise InvalidEndpoint(f"etcd endpoint {endpoint!r}: invalid port") from None
-    if port == 0:
-        raise InvalidEndpoint(f"etcd endpoint {endpoint!r}: invalid port")
-    host = parts.hostname
-    if not host:
-        raise InvalidEndpoint(f"etcd endpoint {endpoint!r}: no host")
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{host}:{port or DEFAULT_PORT}"
-
-
-def parse_endpoints(endpoints: str | Sequence[str]) -> tuple[str, ...]:
-    """The endpoints of a comma-separated list (or of a sequence), each checked by
-    `parse_endpoint`. Raises `InvalidEndpoint` if one is invalid or none is given."""
-    items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
-    if not any(item.strip() for item in items):
-        raise InvalidEndpoint("no etcd endpoint given")
-    for item in items:
-        if not item.strip():
-            raise InvalidEndpoint(f"an empty etcd endpoint in {endpoints!r}")
-        parse_endpoint(item)
-    return tuple(item.strip() for item in items)
 
 
 @dataclass(frozen=True)
@@ -270,7 +222,8 @@ class Etcd:
     Every call is bounded by `timeout` seconds, over all the members it tries; one attempt
     takes at most its share of it (`timeout` / the number of members, at least
     `CONNECT_TIMEOUT`), so a member that hangs leaves time for the others. Raises
-    `InvalidEndpoint` if an endpoint is not ``http://host[:port]`` or ``host[:port]``.
+    `InvalidEndpoint` (`gazette.mainboilerplate.etcd_endpoints`) if an endpoint is not
+    ``http://host[:port]`` or ``host[:port]``.
     """
 
     def __init__(self, endpoints: str | Sequence[str], *, timeout: float = 10.0) -> None:

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gazette.mainboilerplate.etcd_endpoints import InvalidEndpoint, parse_endpoints
+
 __all__ = [
     "MEMBER_FLAGS",
     "MemberConfig",
@@ -99,6 +101,8 @@ class MemberConfig:
     it, overriding the defaults that differ (its root, its ports, its drain bound)."""
 
     etcd: str = "http://127.0.0.1:2379"
+    """The etcd members' endpoints, comma-separated (`etcd_endpoints`): the client fails over
+    between them."""
     root: str = "/gazette/cluster"
     """etcd root of the keyspace: its items, members and assignments."""
     zone: str = "local"
@@ -163,6 +167,11 @@ class MemberFlags:
 
     def check(self, parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         """Exit through `parser` (status 2) if a member flag's value is invalid."""
+        try:
+            parse_endpoints(args.etcd)
+        except InvalidEndpoint as err:
+            variable = self.env.get("etcd")
+            parser.error(f"--etcd{f' ({variable})' if variable else ''}: {err}")
         if not 0 <= args.http_port <= 65535:
             parser.error(
                 f"--http-port must be a port number ({self.no_http}), not {args.http_port}"

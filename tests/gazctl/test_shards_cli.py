@@ -240,6 +240,10 @@ def test_errors_are_one_line(gazctl: Gazctl, tmp_path: Path) -> None:
             ),
             "etcd 127.0.0.1:1",
         ),
+        (
+            ("prune", "--log", "a/log", "--shard", "s", "--hint-prefix", "/x", "--etcd", "a,"),
+            "--etcd: an empty etcd endpoint in 'a,'",
+        ),
     ]
     for argv, message in cases:
         r = gazctl("shards", *argv)

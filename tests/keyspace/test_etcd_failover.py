@@ -1,6 +1,7 @@
 """The etcd client against a real three-member cluster: when the member it uses is killed (or
 is the leader, or hangs), reads, transactions, lease keep-alives and an open watch continue on
-another member; a write whose outcome is unknown is reported, not sent twice."""
+another member; a write whose outcome is unknown is reported, not sent twice. And a broker
+given the three endpoints keeps serving, and its lease, while members die and come back."""
 
 from __future__ import annotations
 
@@ -9,21 +10,25 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
+from gazette.broker.client import JournalClient, append
+from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.keyspace.etcd import (
     Compare,
     Etcd,
     EtcdCompacted,
     EtcdOutcomeUnknown,
-    InvalidEndpoint,
     op_put,
-    parse_endpoints,
 )
 from gazette.keyspace.keyspace import KeySpace
+from gazette.mainboilerplate.etcd_endpoints import InvalidEndpoint, parse_endpoints
+from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdCluster
 from tests.kit.eventually import eventually
+from tests.kit.specs import apply_specs, journal_spec
 
 
 @pytest.fixture(scope="module")
@@ -298,3 +303,39 @@ async def test_a_write_to_a_hung_member_is_reported_unknown_not_sent_twice(
         await asyncio.sleep(0.5)
         got = (await a.get(key)).kvs[0]
         assert (got.value, got.version) == (b"2", 2)
+
+
+async def test_a_broker_keeps_serving_and_its_lease_while_members_die(
+    cluster: EtcdCluster, tmp_path: Path
+) -> None:
+    root = f"/failover-broker/{os.getpid()}"
+    broker = BrokerProcess(cluster.endpoints_flag, root=root, spool_dir=tmp_path / "spool")
+    journal = "failover/journal"
+    with broker:
+        async with JournalClient(broker.endpoint) as client, Etcd(cluster.endpoints) as etcd:
+            await apply_specs(client, [journal_spec(journal)])
+            await append(client, pb.AppendRequest(journal=journal), b"first\n", retry_for=10)
+            member_key = f"{root}/members/{broker.zone}#{broker.suffix}".encode()
+            before = (await etcd.get(member_key)).kvs[0]
+
+            async def appends_for(seconds: float) -> None:
+                """Append every 0.1 s; each must commit within two seconds."""
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    resp = await append(
+                        client, pb.AppendRequest(journal=journal), b"more\n", retry_for=2
+                    )
+                    assert resp.status == pb.OK
+                    await asyncio.sleep(0.1)
+
+            # The member the broker's client starts on, then the leader: each down for longer
+            # than the broker's lease TTL (4 s), then back.
+            for victim in (0, cluster.leader()):
+                cluster.kill(victim)
+                await appends_for(6)
+                cluster.start(victim)
+                await appends_for(1)
+
+            after = (await etcd.get(member_key)).kvs[0]
+            assert (after.lease, after.create_revision) == (before.lease, before.create_revision)
+            assert broker.proc is not None and broker.proc.poll() is None

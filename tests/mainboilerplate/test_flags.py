@@ -49,6 +49,7 @@ def parse(*argv: str) -> MemberConfig:
             {"endpoint": "https://a:1"},
         ),
         ((), {"ETCD_ADDRESS": "http://x:1"}, {"etcd": "http://127.0.0.1:2379"}),  # No env.
+        (("--etcd", "http://a:1,b:2"), {}, {"etcd": "http://a:1,b:2"}),
     ],
 )
 def test_flags_then_environment_then_defaults(
@@ -70,6 +71,9 @@ def test_flags_then_environment_then_defaults(
         (("--lease-ttl", "1"), "--lease-ttl too short: 1"),
         (("--suffix", "ab"), "--zone/--suffix (T_ZONE/T_ID): Suffix: invalid length"),
         (("--http-port", "eighty"), "invalid int value: 'eighty'"),
+        (("--etcd", "http://a:2379,,http://b:2379"), "--etcd: an empty etcd endpoint in"),
+        (("--etcd", "https://a:2379"), "--etcd: etcd endpoint 'https://a:2379': TLS"),
+        (("--etcd", "http://a:x"), "--etcd: etcd endpoint 'http://a:x': invalid port"),
     ],
 )
 def test_invalid_values_exit_with_the_process_wording(
