@@ -82,6 +82,8 @@ async def read(
     while True:
         if request.end_offset and offset >= request.end_offset:
             return
+        if replica.dropped and not replica.deleted:
+            return  # Unassigned here meanwhile: the client reads on at the current brokers.
         entry, found = replica.index.find(offset)
         if not found:
             if offset < replica.write_head and request.block and replica.in_hole(offset):
@@ -110,10 +112,11 @@ async def read(
                     write_head=replica.write_head,
                 )
                 return
-            if not await replica.wait_for_head_beyond(offset):
+            if await replica.wait_for_head_beyond(offset):
+                continue
+            if replica.deleted:
                 yield pb.ReadResponse(status=pb.JOURNAL_NOT_FOUND, header=broker.header())
-                return
-            continue
+            return
         assert entry is not None
         meta = pb.ReadResponse(
             status=pb.OK, offset=offset, write_head=replica.write_head, fragment=entry.spec

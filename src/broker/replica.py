@@ -77,12 +77,15 @@ class JournalReplica:
         # Recovered spools of a journal without stores: readable until the next roll.
         self.retained: list[FragmentEntry] = []
         self.deleted = False
+        self.dropped = False  # no longer served here (unassigned or deleted)
         self._rate_tokens = 0.0
         self._rate_at = time.monotonic()
         # Replication: the route this broker last saw (members and primary, see route_key),
         # an event replaced (after being set) whenever it changes, and the primary's
         # pipeline to its peers (owned by broker.replication, used under `lock`).
         self.route_key: tuple[object, ...] = ()
+        # The primary of the route seen before the current one (a member's (zone, suffix)).
+        self.previous_primary: object | None = None
         self._route_changed = asyncio.Event()
         self.pipeline: object | None = None
         # The end of the furthest commit proposal sent to peers, and the peers it was sent
@@ -388,6 +391,10 @@ class JournalReplica:
     def set_route(self, key: tuple[object, ...]) -> None:
         """Record the journal's current route; wakes whoever waits on `route_changed()`."""
         if key != self.route_key:
+            if self.route_key:
+                members, primary = self.route_key
+                assert isinstance(members, tuple) and isinstance(primary, int)
+                self.previous_primary = members[primary] if primary >= 0 else None
             self.route_key = key
             self._route_changed.set()
             self._route_changed = asyncio.Event()
@@ -404,11 +411,18 @@ class JournalReplica:
         self._head_changed = asyncio.Event()
 
     async def wait_for_head_beyond(self, offset: int) -> bool:
-        """Wait until the write head is greater than `offset` (True), or the journal is
-        deleted (False)."""
-        while self.write_head <= offset and not self.deleted:
+        """Wait until the write head is greater than `offset` (True), or the replica is
+        dropped or its journal deleted (False)."""
+        while self.write_head <= offset and not self.dropped:
             await self._head_changed.wait()
-        return not self.deleted
+        return not self.dropped
+
+    def stop_serving(self, *, deleted: bool = False) -> None:
+        """The journal is no longer served here (or was `deleted`): wake blocked readers, so
+        that they end their RPCs (and their clients go to the journal's current brokers)."""
+        self.deleted = self.deleted or deleted
+        self.dropped = True
+        self.notify()
 
     def notify(self) -> None:
         self._head_changed.set()
@@ -474,8 +488,7 @@ class JournalReplica:
 
     def delete(self) -> None:
         """The journal was deleted: wake blocked readers and forget its local state files."""
-        self.deleted = True
-        self.notify()
+        self.stop_serving(deleted=True)
         self.close()
         for p in (self._registers_path, self._head_path, self.reservations.path):
             p.unlink(missing_ok=True)

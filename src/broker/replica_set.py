@@ -32,7 +32,7 @@ from gazette.broker.fragment.coverset import FragmentEntry
 from gazette.broker.metrics import COUNTERS
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.replica import JournalReplica
-from gazette.broker.replication import Pipeline, ReplicationError, route_key
+from gazette.broker.replication import Pipeline, ReplicationError, RouteKey, route_key
 from gazette.broker.resolver import Keys, Resolver
 from gazette.broker.spool import SpoolError
 
@@ -116,8 +116,9 @@ class ReplicaSet:
         for name in list(self.replicas):
             if name not in mine:
                 replica = self.replicas.pop(name)
+                replica.stop_serving(deleted=name not in specs)
                 self.resolver.forget(name)
-                self._spawn_drop(replica, deleted=name not in specs)
+                self._spawn_drop(replica, deleted=replica.deleted)
 
     def _spawn_drop(self, replica: JournalReplica, *, deleted: bool) -> None:
         task = self._spawn(self._drop(replica, deleted=deleted))
@@ -190,7 +191,7 @@ class ReplicaSet:
         if route.primary < 0 or key[0][route.primary] != (self.cfg.zone, self.cfg.suffix):
             raise ReplicationError(f"this broker is not the primary of {replica.name}")
         if not replica.continuity:
-            await self._start_fresh(replica)
+            await self._start_fresh(replica, key)
         replica.reservations.tenure = 0  # a new tenure (or route): it writes its own marker
         p = Pipeline(
             replica,
@@ -204,15 +205,19 @@ class ReplicaSet:
             lambda endpoint, begin, end: self._catch_up(replica, endpoint, begin, end),
         )
         replica.pipeline = p
+        replica.continuity = True  # our spool holds what every peer of the route held
         log.info("replication synchronised journal=%s peers=%d", replica.name, len(p.peers))
         return p
 
-    async def _start_fresh(self, replica: JournalReplica) -> None:
+    async def _start_fresh(self, replica: JournalReplica, key: RouteKey) -> None:
         """Where the spool of a primary that did not follow the previous primary starts.
 
         A replication-1 journal starts beyond every offset reservation but our own
         (broker.reservation), so offsets an unreachable old primary acknowledged are never
-        handed out again. Other journals synchronise with their peers instead."""
+        handed out again; unless the previous primary is a peer of the route `key` (a
+        hand-off): the pipeline then brings its content here, with no hole, and fails
+        while it does not answer (we come back here once the route has dropped it). Other
+        journals synchronise with their peers."""
         if replica.spec.replication == 1 and replica.has_stores:
             reservations = replica.reservations
             # A listing from now, not from when this replica was made: the previous primary
@@ -224,6 +229,16 @@ class ReplicaSet:
                     f"earlier primary reserved are unknown: {'; '.join(listing.errors)}"
                 )
             replica.apply_listing(listing)
+            members, _primary = key
+            handing_over = replica.previous_primary
+            if handing_over is not None and handing_over != (self.cfg.zone, self.cfg.suffix):
+                if handing_over in members:
+                    log.info(
+                        "replication-1 journal=%s handed over by %s: taking its content",
+                        replica.name,
+                        handing_over,
+                    )
+                    return  # `continuity` is set once the pipeline synchronised with it
             start = reservations.fresh_start(replica.write_head)
             if start > replica.write_head:
                 log.warning(
@@ -244,8 +259,10 @@ class ReplicaSet:
 
     async def _catch_up(self, replica: JournalReplica, endpoint: str, begin: int, end: int) -> None:
         """Copy committed content [begin, end) that a peer holds beyond our head into our
-        spool (caller holds the lock). Content the peer can no longer serve from its spools
-        is left to the fragment stores: we then roll forward to `end`, logging the gap."""
+        spool (caller holds the lock). Where the peer's content jumps (a replication-1
+        journal's reservation hole), our spool rolls forward with it. Content the peer can
+        no longer serve from its spools is left to the fragment stores: we then roll
+        forward to `end`, logging the gap."""
         spool = replica.ensure_spool()
         pending = spool.begin_append()
         offset = begin
@@ -255,6 +272,22 @@ class ReplicaSet:
         try:
             async with asyncio.timeout(self.cfg.chunk_timeout):
                 async for resp in self._peer_stub(endpoint).Read(req):
+                    if resp.status == pb.OK and not resp.content and offset < resp.offset < end:
+                        if len(pending):
+                            pending.commit()
+                            replica.committed(spool)
+                        else:
+                            pending.rollback()
+                        log.info(
+                            "peer's content of journal=%s jumps from %d to %d: rolling with it",
+                            replica.name,
+                            offset,
+                            resp.offset,
+                        )
+                        self._enqueue(replica, replica.roll_to(resp.offset))
+                        offset = resp.offset
+                        spool = replica.ensure_spool()
+                        pending = spool.begin_append()
                     if resp.status != pb.OK or resp.offset != offset:
                         break
                     if resp.content:

@@ -18,14 +18,16 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gazette.broker.client import AppendService, JournalClient
+from gazette.allocator.model import MemberID, member_key
+from gazette.broker.client import AppendService, JournalClient, RetryReader
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.broker.protocol.direct_framing import RESPONSE
+from gazette.keyspace.etcd import Etcd
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.cluster import BrokerCluster
 from gazette.testing.etcd import EtcdServer
-from tests.broker.cluster_support import create, primary_suffix, produce, stubs, wait_route
+from tests.broker.cluster_support import create, primary_suffix, produce, route, stubs, wait_route
 from tests.broker.conftest import append, read_all
 from tests.broker.raw_direct import Raw, committed
 from tests.kit import specs
@@ -316,3 +318,60 @@ async def test_restarted_broker_persists_spools_of_journals_it_no_longer_serves(
         b.start()
         persisted = [p.read_bytes() for p in store.rglob("*.raw") if p.stat().st_size]
         assert persisted == [b"acknowledged, not yet persisted\n"]
+
+
+async def test_a_tailing_read_follows_its_journal_off_a_broker_that_stays_up(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """The journal moves off the broker serving a blocking read at its write head, while that
+    broker lives on: the read ends there, and the client's reader goes on at the journal's new
+    primary (it used to wait at the old replica's head for ever)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    root = f"/test-moved/{os.getpid()}/{next(_names)}"
+    a, b = (
+        BrokerProcess(
+            etcd_server.endpoint,
+            root=root,
+            suffix=f"broker-{x}",
+            spool_dir=tmp_path / x,
+            extra_args=["--drain-timeout", "0"],
+        )
+        for x in "ab"
+    )
+    s = spec(f"cluster/moved-{next(_names)}", store, replication=1)
+    with a, b:
+        async with (
+            grpc.aio.insecure_channel(a.endpoint) as ch,
+            JournalClient([a.endpoint, b.endpoint]) as client,
+            Etcd(etcd_server.endpoint) as etcd,
+        ):
+            stub = pb_grpc.JournalStub(ch)
+            await create(stub, s)
+            served_by = {"broker-a": a, "broker-b": b}[
+                primary_suffix(await wait_route(stub, s.name, 1))
+            ]
+            assert (await append(stub, s.name, b"first\n")).status == pb.OK
+            rr = RetryReader(
+                client, pb.ReadRequest(journal=s.name, block=True), backoff_fn=lambda n: 0.1
+            )
+            assert await asyncio.wait_for(rr.readline(), 10) == b"first\n"
+            tail = asyncio.create_task(rr.readline())  # waits at the write head, on `served_by`
+            await asyncio.sleep(0.5)
+
+            # Its member spec now takes no journals: the allocator moves the journal away.
+            key = member_key(root, MemberID(served_by.zone, served_by.suffix)).encode()
+            [kv] = (await etcd.get(key)).kvs
+            member = pb.BrokerSpec.FromString(kv.value)
+            member.journal_limit = 0
+            await etcd.put(key, member.SerializeToString(), lease=kv.lease)
+
+            async def moved() -> bool:
+                r = await route(stub, s.name)
+                return len(r.members) == 1 and primary_suffix(r) != served_by.suffix
+
+            await eventually(moved, what="the journal to move", timeout=30, interval=0.2)
+            assert served_by.running
+            assert (await append(stub, s.name, b"second\n")).status == pb.OK
+            assert await asyncio.wait_for(tail, 15) == b"second\n"
+            rr.close()
