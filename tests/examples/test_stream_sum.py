@@ -13,7 +13,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc.aio
@@ -44,7 +44,7 @@ from gazette.testing.consumer import ConsumerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 from tests.examples.conftest import STREAM_SUM
-from tests.kit.eventually import eventually
+from tests.examples.shards_support import all_shards, statuses, until
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 2
@@ -270,32 +270,6 @@ async def test_verifier_reports_violations_planted_in_the_sums_journal(
 # -- End to end ---------------------------------------------------------------------------------
 
 
-async def statuses(stub: pb_grpc.ShardStub) -> dict[str, dict[str, int]]:
-    """Shard id -> consumer suffix -> its ReplicaStatus code."""
-    resp = await stub.List(pb.ListRequest())
-    return {
-        s.spec.id: {m.suffix: st.code for m, st in zip(s.route.members, s.status, strict=False)}
-        for s in resp.shards
-    }
-
-
-def all_shards(
-    stub: pb_grpc.ShardStub, ok: Callable[[dict[str, int]], bool]
-) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        try:
-            st = await statuses(stub)
-        except grpc.aio.AioRpcError:
-            return False
-        return len(st) == PARTITIONS and all(ok(s) for s in st.values())
-
-    return check
-
-
-async def until(cond: Callable[[], Awaitable[bool]], what: str) -> None:
-    await eventually(cond, what=what, timeout=60, interval=0.1)
-
-
 async def test_every_stream_summed_exactly_once_through_summer_kills(
     etcd_server: EtcdServer, broker: BrokerProcess, client: JournalClient, tmp_path: Path
 ) -> None:
@@ -334,7 +308,9 @@ async def test_every_stream_summed_exactly_once_through_summer_kills(
             req = pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=s) for s in specs])
             assert (await stubs["summer-0"].Apply(req)).status == pb.OK
             both = lambda s: sorted(s.values()) == sorted([PRIMARY, STANDBY])  # noqa: E731
-            await until(all_shards(stubs["summer-0"], both), "a primary and a standby per shard")
+            await until(
+                all_shards(stubs["summer-0"], PARTITIONS, both), "a primary and a standby per shard"
+            )
             t_ready = time.monotonic()
 
             # The chunker, by its command line: ~13 s of load, for two kills.
@@ -364,11 +340,15 @@ async def test_every_stream_summed_exactly_once_through_summer_kills(
                 by_suffix[victim].kill()
                 kills.append((victim, killed_during_load))
                 await until(
-                    all_shards(stubs[survivor], lambda s, sv=survivor: s.get(sv) == PRIMARY),
+                    all_shards(
+                        stubs[survivor], PARTITIONS, lambda s, sv=survivor: s.get(sv) == PRIMARY
+                    ),
                     f"{survivor} primary of every shard (kill {len(kills)})",
                 )
                 by_suffix[victim].start()
-                await until(all_shards(stubs[survivor], both), f"a standby (kill {len(kills)})")
+                await until(
+                    all_shards(stubs[survivor], PARTITIONS, both), f"a standby (kill {len(kills)})"
+                )
             assert kills and kills[0][1], f"no summer was killed during the load: {kills}"
 
             assert await chunker == 0, (tmp_path / "chunker.out").read_text()

@@ -11,7 +11,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc.aio
@@ -33,7 +33,7 @@ from gazette.testing.consumer import ConsumerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
 from tests.examples.conftest import WORD_COUNT
-from tests.kit.eventually import eventually
+from tests.examples.shards_support import all_shards, statuses, until
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 2
@@ -77,33 +77,6 @@ def expected_counts(text: str) -> Counter[str]:
     """Bigram counts of `text`, computed independently of `word_count.messages`."""
     toks = re.findall(r"[a-z]+", text.lower())
     return Counter(f"{a} {b}" for a, b in zip(toks, toks[1:], strict=False))
-
-
-async def until(cond: Callable[[], Awaitable[bool]], what: str) -> None:
-    """Until `cond` holds (the processes given a minute to start, recover or hand over)."""
-    await eventually(cond, what=what, timeout=60, interval=0.1)
-
-
-async def statuses(stub: pb_grpc.ShardStub) -> dict[str, dict[str, int]]:
-    """Shard id -> consumer suffix -> its ReplicaStatus code."""
-    resp = await stub.List(pb.ListRequest())
-    return {
-        s.spec.id: {m.suffix: st.code for m, st in zip(s.route.members, s.status, strict=False)}
-        for s in resp.shards
-    }
-
-
-def all_shards(
-    stub: pb_grpc.ShardStub, ok: Callable[[dict[str, int]], bool]
-) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        try:
-            st = await statuses(stub)
-        except grpc.aio.AioRpcError:
-            return False
-        return len(st) == PARTITIONS and all(ok(s) for s in st.values())
-
-    return check
 
 
 async def write_head(client: JournalClient, journal: str) -> int:
@@ -177,7 +150,9 @@ async def test_counts_exact_through_primary_kills(
             )
             assert (await stub.Apply(req)).status == pb.OK
             both = lambda s: sorted(s.values()) == sorted([PRIMARY, STANDBY])  # noqa: E731
-            await until(all_shards(stub, both), "a primary and a standby of every shard")
+            await until(
+                all_shards(stub, PARTITIONS, both), "a primary and a standby of every shard"
+            )
 
             lines: list[str] = []
             kills_done = asyncio.Event()
@@ -208,12 +183,16 @@ async def test_counts_exact_through_primary_kills(
                 t0 = time.monotonic()
                 by_suffix[victim].kill()
                 await until(
-                    all_shards(stubs[survivor], lambda s, sv=survivor: s.get(sv) == PRIMARY),
+                    all_shards(
+                        stubs[survivor], PARTITIONS, lambda s, sv=survivor: s.get(sv) == PRIMARY
+                    ),
                     f"{survivor} primary of every shard (kill {k})",
                 )
                 takeovers.append(time.monotonic() - t0)
                 by_suffix[victim].start()
-                await until(all_shards(stubs[survivor], both), f"a new standby (kill {k})")
+                await until(
+                    all_shards(stubs[survivor], PARTITIONS, both), f"a new standby (kill {k})"
+                )
             assert not feeder.done()
             kills_done.set()
             fed = await feeder
