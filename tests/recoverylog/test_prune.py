@@ -36,6 +36,7 @@ from tests.recoverylog.playback_support import (
     read_tree,
 )
 from tests.recoverylog.recorder_support import read_log
+from tests.recoverylog.workload_support import Workload, run_workload
 
 __all__ = ["client", "make_log", "player_broker"]  # Fixtures used by this module.
 
@@ -274,8 +275,6 @@ async def test_prune_then_play_gives_the_identical_tree(
 async def test_prune_keeps_everything_a_randomized_workload_plays(
     client: JournalClient, service: AppendService, make_log: MakeLog, tmp_path: Path
 ) -> None:
-    from tests.recoverylog.test_player_recorder import Workload, run_workload
-
     (tmp_path / "store").mkdir()  # The journal's file:// store.
     log = await make_log(fragment_length=4096)
     src = tmp_path / "src"
