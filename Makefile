@@ -84,8 +84,11 @@ chaos: deps
 
 # Opt-in: etcd, brokers and S3 on hosts made of network namespaces (gazette.testing.netns;
 # root, iproute2, nsenter). Faults use policy routing and link state: no firewall package.
+# Then the fault suite (tools/cluster/run.py, docs/cluster.md): stream-sum and an appender on
+# five hosts through every fault of the schedule; its table and JSON line on stdout.
 cluster: deps
 	$(VENV)/bin/pytest -q -m cluster
+	$(PY) tools/cluster/run.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache $(SCANNER) $(SQLITE_VFS)

@@ -1,0 +1,37 @@
+"""The fault runner's quick schedule end to end: five namespace hosts, every process started
+by the node script, stream-sum under load and an appender, one broker crash and one host
+isolated; every stream summed exactly once and no acknowledged append lost (about 75 s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from node_cluster import NODE_SCRIPT, ROOT
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("nsenter") or not os.access(NODE_SCRIPT, os.X_OK),
+    reason="needs root, nsenter and vagrant/provision/gazette-node",
+)
+
+
+def test_quick_fault_schedule_passes() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "cluster" / "run.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    summary = json.loads(lines[-1])
+    assert summary["ok"] is True
+    faults = {f["fault"]: f for f in summary["faults"]}
+    assert set(faults) == {"broker-crash", "isolate-host"}
+    for f in faults.values():
+        assert f["streams_verified"] == f["streams_expected"] > 0
+        assert f["violations"] == 0 and f["acks_lost"] == 0 and f["acks_checked"] > 0

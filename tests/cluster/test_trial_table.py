@@ -1,0 +1,65 @@
+"""The runner's results: trials combined per fault, the table, the JSON line, the exit status."""
+
+from __future__ import annotations
+
+import json
+
+from trial_table import TrialResult, exit_status, final_json, render, summarize
+
+
+def passing(fault: str, recovery: float = 2.0) -> TrialResult:
+    return TrialResult(
+        fault,
+        streams_verified=100,
+        streams_expected=100,
+        acks_checked=50,
+        recovery_s=recovery,
+        append_stall_s=recovery + 1,
+    )
+
+
+def test_trials_of_a_fault_combine_counts_summed_times_worst() -> None:
+    results = [passing("etcd-crash", 1.0), passing("pause-host"), passing("etcd-crash", 4.0)]
+    results[2].acks_checked = 80
+    a, b = summarize(results)
+    assert (a.fault, a.trials, a.streams_verified, a.recovery_s) == ("etcd-crash", 2, 200, 4.0)
+    assert (a.acks_checked, a.append_stall_s) == (80, 5.0)
+    assert (b.fault, b.trials) == ("pause-host", 1)
+    assert a.ok and b.ok
+
+
+def test_a_fault_that_did_not_converge_has_no_recovery_time() -> None:
+    results = [passing("split-2-3"), passing("split-2-3")]
+    results[1].recovery_s = None
+    (s,) = summarize(results)
+    assert s.recovery_s is None and not s.ok
+    assert render([s]).splitlines()[2].split()[:6] == [
+        "split-2-3",
+        "2",
+        "200/200",
+        "0",
+        "0/50",
+        "-",
+    ]
+
+
+def test_table_has_a_row_per_fault_under_the_header() -> None:
+    lines = render(summarize([passing("etcd-crash"), passing("pause-host", 12.25)])).splitlines()
+    assert lines[0].split("  ")[0] == "fault"
+    assert set(lines[1]) == {"-", " "}
+    assert lines[3].split() == ["pause-host", "1", "100/100", "0", "0/50", "12.2", "13.2", "0"]
+
+
+def test_any_violation_lost_append_or_failure_fails_the_run() -> None:
+    assert exit_status([passing("a"), passing("b")]) == 0
+    assert exit_status([]) == 1
+    for change in ({"violations": 1}, {"acks_lost": 1}, {"failures": ["chunker exited 1"]}):
+        bad = passing("b")
+        for k, v in change.items():
+            setattr(bad, k, v)
+        results = [passing("a"), bad]
+        assert exit_status(results) == 1
+        doc = json.loads(final_json(results))
+        assert doc["ok"] is False
+        assert [f["ok"] for f in doc["faults"]] == [True, False]
+        assert [t["fault"] for t in doc["trials"]] == ["a", "b"]

@@ -1,0 +1,423 @@
+"""The stream-sum cluster on network-namespace hosts, every process started by the node script.
+
+Five hosts of a `gazette.testing.netns.Net`: etcd members on h0-h2, a broker on every host,
+summers on h1-h3, the S3 stand-in on h4 (so a fault aimed at a summer or at the etcd leader
+never takes the store with it). Each process is ``vagrant/provision/gazette-node ROLE`` run
+on its host with the node contract's variables (docs/cluster.md), exactly as systemd runs it
+on the Vagrant machines: this module computes no command line of its own.
+
+`NodeCluster` keeps one process per (host, role) and plays the supervisor: `supervise`
+starts again whatever exited (a broker that found its lease gone exits, as upstream's do),
+except roles a fault holds down. `converged` asks the brokers and summers (List RPCs) whether
+every journal has a primary and its full replica set, and every shard a primary and its
+standbys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc.aio
+
+from gazette.broker.client.errors import BrokerError
+from gazette.broker.client.journal_client import JournalClient
+from gazette.broker.client.list import list_all_journals
+from gazette.broker.protocol import pb
+from gazette.consumer.protocol import consumer_pb2_grpc
+from gazette.consumer.protocol import pb as cpb
+from gazette.testing.netns import Host, Net
+from gazette.testing.s3 import MotoS3Server
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_SCRIPT = ROOT / "vagrant" / "provision" / "gazette-node"
+EXAMPLES = ROOT / "examples"
+
+ETCD_PORT = 2379
+BROKER_PORT = 8080
+CONSUMER_PORT = 8090
+S3_PORT = 5000
+BUCKET = "fragments"
+
+BROKER_ROOT = "/gazette/cluster"
+SUMMER_ROOT = "/gazette/consumers/stream-sum"
+"""The etcd roots the node script gives brokers and summers (members under ``/members/``)."""
+
+ACK_JOURNAL = "cluster/acks"
+ACK_SPEC = """\
+name: {journal}
+replication: 3
+labels: [{{name: app, value: cluster-acks}}]
+fragment:
+  length: 262144
+  compression_codec: NONE
+  stores: ["s3://{bucket}/acks/?endpoint={s3}"]
+  refresh_interval: 5s
+"""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which host (by index) runs what."""
+
+    hosts: int = 5
+    etcd: tuple[int, ...] = (0, 1, 2)
+    summers: tuple[int, ...] = (1, 2, 3)
+    s3: int = 4
+
+
+@dataclass(frozen=True)
+class Settings:
+    lease_ttl: int = 6
+    partitions: int = 4
+    replication: int = 3
+    hot_standbys: int = 1
+
+
+class ClusterError(RuntimeError):
+    """A process did not start, a one-shot failed, or the cluster did not converge."""
+
+
+class NodeCluster:
+    """The processes of the cluster on `net`'s hosts (module docs)."""
+
+    def __init__(self, net: Net, layout: Layout, settings: Settings) -> None:
+        if len(net.hosts) != layout.hosts:
+            raise ValueError(f"layout of {layout.hosts} hosts for a Net of {len(net.hosts)}")
+        self.net = net
+        self.layout = layout
+        self.settings = settings
+        self.etcd_hosts = [net.hosts[i] for i in layout.etcd]
+        self.summer_hosts = [net.hosts[i] for i in layout.summers]
+        self.s3_host = net.hosts[layout.s3]
+        self.broker_hosts = list(net.hosts)
+        self.s3 = f"http://{self.s3_host.address}:{S3_PORT}"
+        self.procs: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
+        self.held: set[tuple[str, str]] = set()
+        """Roles a fault stopped on purpose: `supervise` leaves them down."""
+        self.restarts = 0
+        self._last_output = ""
+
+    # -- the node contract
+
+    def env(self, host: Host, *, etcd_state: str = "new") -> dict[str, str]:
+        """The node contract's variables for `host`."""
+        venv_bin = str(Path(sys.executable).parent)
+        return {
+            **MotoS3Server.env(),
+            "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "GAZETTE_NODE": host.name,
+            "GAZETTE_IP": host.address,
+            "GAZETTE_ZONE": f"zone-{host.name}",
+            "GAZETTE_DATA": str(host.directory / "data"),
+            "GAZETTE_ETCD_MEMBERS": ",".join(f"{h.name}={h.address}" for h in self.etcd_hosts),
+            "GAZETTE_ETCD_TOKEN": self.net.tag,
+            "GAZETTE_ETCD_STATE": etcd_state,
+            "GAZETTE_BROKERS": self.brokers_arg(),
+            "GAZETTE_S3": self.s3,
+            "GAZETTE_S3_BUCKET": BUCKET,
+            "GAZETTE_LEASE_TTL": str(self.settings.lease_ttl),
+            "GAZETTE_PYTHON": sys.executable,
+            "GAZETTE_EXAMPLES": str(EXAMPLES),
+            "GAZETTE_PARTITIONS": str(self.settings.partitions),
+            "GAZETTE_REPLICATION": str(self.settings.replication),
+            "GAZETTE_HOT_STANDBYS": str(self.settings.hot_standbys),
+        }
+
+    def brokers_arg(self) -> str:
+        return ",".join(f"{h.address}:{BROKER_PORT}" for h in self.broker_hosts)
+
+    def log(self, host: Host, role: str) -> Path:
+        return host.directory / f"{role}.log"
+
+    def tail(self, host: Host, role: str, n: int = 2000) -> str:
+        try:
+            return self.log(host, role).read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    # -- processes
+
+    def start(self, host: Host, role: str, *, etcd_state: str = "new") -> None:
+        """Start `role` on `host` (replacing an exited process of it)."""
+        proc = host.popen(
+            [str(NODE_SCRIPT), role],
+            env=self.env(host, etcd_state=etcd_state),
+            log=self.log(host, role),
+        )
+        self.procs[(host.name, role)] = proc
+        self.held.discard((host.name, role))
+
+    def running(self, host: Host, role: str) -> bool:
+        proc = self.procs.get((host.name, role))
+        return proc is not None and proc.poll() is None
+
+    def signal(self, host: Host, role: str, sig: signal.Signals) -> None:
+        """Send `sig` to the role's process group (the node script execs the program in the
+        session `Host.popen` made)."""
+        proc = self.procs.get((host.name, role))
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def crash(self, host: Host, role: str) -> None:
+        """SIGKILL the role on `host` and keep it down until `release`."""
+        self.held.add((host.name, role))
+        self.signal(host, role, signal.SIGKILL)
+        self.procs[(host.name, role)].wait()
+
+    def stop(self, pairs: Iterable[tuple[Host, str]], timeout: float = 60.0) -> None:
+        """SIGTERM the roles (all at once), wait for them to exit, and keep them down until
+        `release`. Raises ClusterError if one outlives `timeout` (it is then killed)."""
+        pairs = list(pairs)
+        for host, role in pairs:
+            self.held.add((host.name, role))
+            self.signal(host, role, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        slow = []
+        for host, role in pairs:
+            proc = self.procs[(host.name, role)]
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                slow.append(f"{role}@{host.name}")
+                self.signal(host, role, signal.SIGKILL)
+                proc.wait()
+        if slow:
+            raise ClusterError(f"not stopped within {timeout:.0f}s of SIGTERM: {', '.join(slow)}")
+
+    def release(self, pairs: Iterable[tuple[Host, str]]) -> None:
+        """Start the held roles again (etcd members on their existing data)."""
+        for host, role in pairs:
+            self.start(host, role, etcd_state="existing")
+
+    def supervise(self) -> list[str]:
+        """Start again every role that exited and is not held; returns them."""
+        again = []
+        for (name, role), proc in list(self.procs.items()):
+            if proc.poll() is not None and (name, role) not in self.held:
+                self.start(self.net[name], role, etcd_state="existing")
+                self.restarts += 1
+                again.append(f"{role}@{name}")
+        return again
+
+    def one_shot(self, host: Host, role: str, timeout: float = 120.0) -> None:
+        """Run a one-shot role (apply-journals, apply-shards) on `host` to completion."""
+        rc = self._node(host, role, timeout=timeout)
+        if rc != 0:
+            raise ClusterError(f"{role} on {host.name}: rc {rc}\n{self._last_output}")
+
+    # -- bringing it up
+
+    def up(self, timeout: float = 120.0) -> None:
+        """Start S3, etcd and the brokers, apply the journals (the one-shot makes the bucket),
+        start the summers, apply the shards and the acknowledged journal, and wait until
+        the cluster converged."""
+        t0 = time.monotonic()
+        self.start(self.s3_host, "s3")
+        self.wait_ready([self.s3_host], "s3", timeout)
+        for h in self.etcd_hosts:
+            self.start(h, "etcd")
+        self.wait_ready(self.etcd_hosts, "etcd", timeout)
+        for h in self.broker_hosts:
+            self.start(h, "broker")
+        self.wait_ready(self.broker_hosts, "broker", timeout)
+        self.one_shot(self.etcd_hosts[0], "apply-journals")
+        self.apply_ack_journal()
+        for h in self.summer_hosts:
+            self.start(h, "summer")
+        self.wait_ready(self.summer_hosts, "summer", timeout)
+        self.one_shot(self.summer_hosts[0], "apply-shards")
+        self.wait_converged(max(1.0, timeout - (time.monotonic() - t0)))
+
+    def wait_ready(self, hosts: Sequence[Host], role: str, timeout: float) -> None:
+        """Wait until `role` answers on each of `hosts` (the node script's own probe, run on
+        the host). Raises ClusterError with the role's log if it does not."""
+        for h in hosts:
+            if self._node(h, role, "--wait", str(int(timeout)), timeout=timeout + 10) != 0:
+                why = "exited" if not self.running(h, role) else "not ready in time"
+                raise ClusterError(f"{role} on {h.name} {why}:\n{self.tail(h, role)}")
+
+    def _node(self, host: Host, *args: str, timeout: float) -> int:
+        env = [f"{k}={v}" for k, v in self.env(host).items()]
+        r = host.run(["env", *env, str(NODE_SCRIPT), *args], timeout=timeout)
+        self._last_output = r.stdout + r.stderr
+        return r.returncode
+
+    def apply_ack_journal(self) -> None:
+        spec = ACK_SPEC.format(journal=ACK_JOURNAL, bucket=BUCKET, s3=self.s3)
+        r = subprocess.run(
+            [sys.executable, "-m", "gazette.gazctl.main", "journals", "apply",
+             "--broker", f"{self.broker_hosts[0].address}:{BROKER_PORT}", "--specs", "-"],
+            input=spec.encode(),
+            capture_output=True,
+            timeout=60,
+        )  # fmt: skip
+        if r.returncode != 0:
+            raise ClusterError(f"applying {ACK_JOURNAL}: {r.stderr.decode(errors='replace')}")
+
+    # -- state
+
+    def etcd_status(self, host: Host) -> tuple[int, int] | None:
+        """(member id, leader id) as `host`'s member reports them; None if it does not
+        answer."""
+        req = urllib.request.Request(
+            f"http://{host.address}:{ETCD_PORT}/v3/maintenance/status", data=b"{}"
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=1) as resp:
+                st = json.loads(resp.read())
+        except (OSError, ValueError):
+            return None
+        return int(st["header"]["member_id"]), int(st.get("leader", 0))
+
+    def member_count(self, root: str) -> int | None:
+        """How many members (processes holding a lease) are announced under `root`, as the
+        first etcd member that answers counts them; None if none does."""
+        prefix = f"{root}/members/".encode()
+        end = prefix[:-1] + bytes([prefix[-1] + 1])
+        body = json.dumps(
+            {
+                "key": base64.b64encode(prefix).decode(),
+                "range_end": base64.b64encode(end).decode(),
+                "count_only": True,
+            }
+        ).encode()
+        for h in self.etcd_hosts:
+            if h.name in self.net._isolated:
+                continue
+            req = urllib.request.Request(f"http://{h.address}:{ETCD_PORT}/v3/kv/range", body)
+            try:
+                with urllib.request.urlopen(req, timeout=2) as resp:
+                    return int(json.loads(resp.read()).get("count", 0))
+            except (OSError, ValueError):
+                continue
+        return None
+
+    def etcd_leader(self) -> Host | None:
+        """The host of the member the answering members agree leads, if they do."""
+        ids: dict[int, Host] = {}
+        leaders = set()
+        for h in self.etcd_hosts:
+            st = self.etcd_status(h)
+            if st is not None:
+                ids[st[0]] = h
+                leaders.add(st[1])
+        if len(leaders) == 1:
+            return ids.get(leaders.pop())
+        return None
+
+    def host_of(self, endpoint: str) -> Host:
+        """The host whose address an advertised endpoint (``http://ip:port``) names."""
+        ip = endpoint.split("://", 1)[-1].rsplit(":", 1)[0]
+        for h in self.net.hosts:
+            if h.address == ip:
+                return h
+        raise KeyError(endpoint)
+
+    def live(self, role: str, hosts: Sequence[Host]) -> list[Host]:
+        return [h for h in hosts if self.running(h, role) and h.name not in self.net._isolated]
+
+    async def journals(self) -> list[pb.ListResponse.Journal]:
+        """Every journal, as the first live broker that answers lists them ([]: none did)."""
+        for h in self.live("broker", self.broker_hosts):
+            try:
+                async with JournalClient(f"{h.address}:{BROKER_PORT}") as client:
+                    return list(await asyncio.wait_for(list_all_journals(client, None), 5))
+            except (grpc.aio.AioRpcError, TimeoutError, BrokerError):
+                continue
+        return []
+
+    async def shards(self) -> list[cpb.ListResponse.Shard]:
+        for h in self.live("summer", self.summer_hosts):
+            try:
+                async with grpc.aio.insecure_channel(f"{h.address}:{CONSUMER_PORT}") as ch:
+                    stub = consumer_pb2_grpc.ShardStub(ch)
+                    resp = await stub.List(cpb.ListRequest(), timeout=5)
+                    return list(resp.shards)
+            except (grpc.aio.AioRpcError, TimeoutError):
+                continue
+        return []
+
+    def route_hosts(self, journal: str) -> list[Host]:
+        """The hosts of `journal`'s route, its primary first ([] if it has no primary)."""
+        for j in asyncio.run(self.journals()):
+            if j.spec.name == journal and j.route.primary >= 0:
+                r = j.route
+                order = [r.primary, *(i for i in range(len(r.members)) if i != r.primary)]
+                return [self.host_of(r.endpoints[i]) for i in order]
+        return []
+
+    def shard_primary_hosts(self) -> list[Host]:
+        """Hosts of shard primaries, the host with most first."""
+        counts: dict[str, int] = {}
+        for s in asyncio.run(self.shards()):
+            for i, st in enumerate(s.status):
+                if st.code == cpb.ReplicaStatus.PRIMARY and i < len(s.route.endpoints):
+                    h = self.host_of(s.route.endpoints[i])
+                    counts[h.name] = counts.get(h.name, 0) + 1
+        return [self.net[n] for n in sorted(counts, key=lambda n: -counts[n])]
+
+    async def unconverged(self) -> list[str]:
+        """What keeps the cluster from having converged ([]: converged): every process
+        runs and holds its lease (a zombie, whose lease ended while it was cut off or
+        paused, is not counted until it exits and is restarted), every journal has a
+        primary and its full replica set, every shard a primary and its standbys."""
+        problems = []
+        down = [f"{r}@{n}" for (n, r), p in self.procs.items() if p.poll() is not None]
+        if down:
+            problems.append(f"down: {', '.join(sorted(down))}")
+        for role, root, hosts in (
+            ("broker", BROKER_ROOT, self.broker_hosts),
+            ("summer", SUMMER_ROOT, self.summer_hosts),
+        ):
+            n = self.member_count(root)
+            if n != len(hosts):
+                problems.append(f"{n}/{len(hosts)} {role}s hold a lease")
+        journals = await self.journals()
+        if not journals:
+            return ["no journals listed"]
+        for j in journals:
+            r = j.route
+            if r.primary < 0 or len(r.members) != j.spec.replication:
+                problems.append(
+                    f"journal {j.spec.name}: {len(r.members)}/{j.spec.replication} brokers, "
+                    f"primary {r.primary}"
+                )
+        shards = await self.shards()
+        if len(shards) != self.settings.partitions:
+            problems.append(f"{len(shards)}/{self.settings.partitions} shards listed")
+        for s in shards:
+            codes = sorted(st.code for st in s.status)
+            want = sorted(
+                [cpb.ReplicaStatus.PRIMARY] + [cpb.ReplicaStatus.STANDBY] * s.spec.hot_standbys
+            )
+            if codes != want:
+                names = [cpb.ReplicaStatus.Code.Name(c) for c in codes]
+                problems.append(f"shard {s.spec.id}: {names}")
+        return problems
+
+    def wait_converged(self, timeout: float) -> float:
+        """Supervise until the cluster converged; seconds it took. Raises ClusterError with
+        what was still wrong after `timeout`."""
+        t0 = time.monotonic()
+        problems: list[str] = []
+        while time.monotonic() - t0 < timeout:
+            self.supervise()
+            problems = asyncio.run(self.unconverged())
+            if not problems:
+                return time.monotonic() - t0
+            time.sleep(0.5)
+        raise ClusterError(f"not converged within {timeout:.0f}s: {'; '.join(problems[:6])}")
