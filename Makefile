@@ -6,8 +6,9 @@ PY := $(VENV)/bin/python
 # fuse3 + libfuse3-dev, pkg-config, a compiler and Python headers: pyfuse3 builds from source.
 # PostgreSQL for SQLStore's tests; a Java runtime for Spark (installed only if `java` is absent);
 # librocksdb-dev for the Spark export's native RocksDB scanner (src/stores/rocksdb/_scan.c);
-# libsqlite3-dev (its sqlite3ext.h) for the SQLite store's VFS (src/stores/sqlite/_recvfs.c).
-APT_PACKAGES := etcd-server etcd-client fuse3 libfuse3-dev pkg-config build-essential python3-dev postgresql librocksdb-dev libsqlite3-dev
+# libsqlite3-dev (its sqlite3ext.h) for the SQLite store's VFS (src/stores/sqlite/_recvfs.c);
+# shellcheck and systemd (systemd-analyze) check vagrant/'s provisioning script and units.
+APT_PACKAGES := etcd-server etcd-client fuse3 libfuse3-dev pkg-config build-essential python3-dev postgresql librocksdb-dev libsqlite3-dev shellcheck systemd
 SCANNER := src/stores/rocksdb/rocksdb-scan
 SQLITE_VFS := src/stores/sqlite/_recvfs.so
 STAMP := $(VENV)/.installed
