@@ -1,4 +1,4 @@
-"""``gazctl journals export`` and ``gazctl shards export``: Parquet files through local Spark.
+"""``gazctl journals export`` and ``gazctl shards export``: Parquet files through Spark.
 
     gazctl journals export --to deltas.parquet -l app.gazette.dev/message-type=NGramDelta \\
         --schema 'ngram STRING, delta BIGINT'
@@ -11,14 +11,21 @@ active session of the same process is reused, and left running), load the source
 options given, and write the DataFrame as Parquet. Options the source rejects (no journals or
 shards matched, bad selectors, missing hints, ...) fail before any job runs, as one
 ``gazctl: error:`` line. Progress (tasks done per stage) goes to stderr while the job runs.
+
+A ``local`` master keeps the session on loopback. Any other master gets a driver that
+executors on other machines can reach back (`driver_address`), and ``--to`` may be a URI
+(``hdfs://``, ``s3a://``): on a cluster the executors write the part files, so the output
+must be a file system they and the driver share (docs/spark.md, *Running on a cluster*).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -32,6 +39,7 @@ from gazette.mainboilerplate.etcd_endpoints import InvalidEndpoint, parse_endpoi
 __all__ = [
     "add_journals_export",
     "add_shards_export",
+    "driver_address",
     "export_parquet",
     "journals_options",
     "shards_options",
@@ -50,6 +58,14 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="if the output exists: fail (default), replace it, or add to it",
     )
     p.add_argument("--master", default=DEFAULT_MASTER, help="Spark master (default %(default)s)")
+    p.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark configuration property of the session, e.g. spark.executor.memory=1g "
+        "(repeatable)",
+    )
     p.add_argument(
         "-O",
         "--option",
@@ -118,14 +134,18 @@ def add_shards_export(cmds: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=cmd_shards_export)
 
 
-def _extra(args: argparse.Namespace) -> dict[str, str]:
+def _pairs(flag: str, items: list[str]) -> dict[str, str]:
     out: dict[str, str] = {}
-    for item in args.option:
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise GazctlError(f"--option {item!r}: expected KEY=VALUE")
+            raise GazctlError(f"{flag} {item!r}: expected KEY=VALUE")
         out[key.strip()] = value
     return out
+
+
+def _extra(args: argparse.Namespace) -> dict[str, str]:
+    return _pairs("--option", args.option)
 
 
 def journals_options(args: argparse.Namespace) -> dict[str, str]:
@@ -212,9 +232,45 @@ def _strip_sqlstate(text: str) -> str:
     return re.sub(r"\s*SQLSTATE: \w+\)?\s*$", "", text).strip()
 
 
-def _session(master: str, io: Streams) -> tuple[Any, bool]:
+def _is_local(master: str) -> bool:
+    return master == "local" or master.startswith(("local[", "local-cluster["))
+
+
+def driver_address(master: str) -> str:
+    """The address of this machine that executors of cluster `master` reach it at: the one
+    its traffic to the (first) master host leaves from (a UDP socket "connected" to it sends
+    nothing; the kernel only picks the route and the source address). ``SPARK_LOCAL_IP``
+    wins unless it is a loopback address (as set for one-machine sessions) and the master
+    is not on loopback. A master that is not ``spark://host:port`` (YARN, Kubernetes) gives
+    "", leaving the choice to Spark. Raises `GazctlError` if the master host has no route."""
+    chosen = os.environ.get("SPARK_LOCAL_IP", "")
+    if chosen and not _loopback(chosen):
+        return chosen
+    m = re.match(r"^spark://\[?([^\],/]+?)\]?:(\d+)", master)
+    if m is None:
+        return chosen
+    host, port = m.group(1), int(m.group(2))
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return str(s.getsockname()[0])
+    except OSError as err:
+        raise GazctlError(f"--master {master}: no route to its host ({err})") from None
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def _session(master: str, conf: dict[str, str], io: Streams) -> tuple[Any, bool]:
     """(SparkSession, whether we started it)."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    local = _is_local(master)
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark import SparkContext
@@ -228,15 +284,23 @@ def _session(master: str, io: Streams) -> tuple[Any, bool]:
         return active or SparkSession.builder.getOrCreate(), False
     io.err(f"starting Spark ({master})")
     t0 = time.monotonic()
-    session = (
+    builder = (
         SparkSession.builder.master(master)
         .appName("gazctl-export")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
+        # Executors start their Python workers with this interpreter, at this path.
+        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
     )
+    driver = "127.0.0.1" if local else driver_address(master)
+    if driver:
+        # Executors of a cluster connect back to the driver: it must not be on loopback.
+        builder = builder.config("spark.driver.host", driver)
+        builder = builder.config("spark.driver.bindAddress", driver)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     io.err(f"Spark started in {time.monotonic() - t0:.1f}s")
     return session, True
@@ -273,6 +337,9 @@ def _register(spark: Any, fmt: str) -> None:
     cs.register(spark)
 
 
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
 def _parquet_rows(path: Path) -> int:
     import pyarrow.parquet as pq
 
@@ -290,10 +357,11 @@ def export_parquet(
 ) -> int:
     """Load data source `fmt` with `options` and write it as Parquet to ``args.to``; returns
     the number of rows written. Raises GazctlError for the source's and Spark's failures."""
-    out = Path(args.to).expanduser().resolve()
-    if args.mode == "error" and out.exists():
+    uri = bool(_URI.match(args.to))
+    out = args.to if uri else str(Path(args.to).expanduser().resolve())
+    if args.mode == "error" and not uri and Path(out).exists():
         raise GazctlError(f"{out} exists (use --mode overwrite to replace it)")
-    spark, started = _session(args.master, io)
+    spark, started = _session(args.master, _pairs("--conf", getattr(args, "conf", [])), io)
     try:
         from pyspark.errors import PySparkException
 
@@ -317,13 +385,14 @@ def export_parquet(
         progress.start()
         t1 = time.monotonic()
         try:
-            df.write.mode(args.mode).parquet(str(out))
+            df.write.mode(args.mode).parquet(out)
         except PySparkException as err:
             raise GazctlError(f"{fmt}: export failed: {spark_error_message(err)}") from None
         finally:
             stop.set()
             progress.join()
-        rows = _parquet_rows(out)
+        # A URI names a file system Spark reaches and this process may not: Spark counts.
+        rows = spark.read.parquet(out).count() if uri else _parquet_rows(Path(out))
         took = time.monotonic() - t1
         rate = rows / took if took > 0 else 0.0
         io.err(f"wrote {rows} rows to {out} in {took:.1f}s ({rate:,.0f} rows/s)")
