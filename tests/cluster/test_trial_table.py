@@ -53,7 +53,11 @@ def test_table_has_a_row_per_fault_under_the_header() -> None:
 def test_any_violation_lost_append_or_failure_fails_the_run() -> None:
     assert exit_status([passing("a"), passing("b")]) == 0
     assert exit_status([]) == 1
-    for change in ({"violations": 1}, {"acks_lost": 1}, {"failures": ["chunker exited 1"]}):
+    for change in (
+        {"violations": 1, "violation_kinds": {"duplicate": 1}},
+        {"acks_lost": 1},
+        {"failures": ["chunker exited 1"]},
+    ):
         bad = passing("b")
         for k, v in change.items():
             setattr(bad, k, v)
@@ -63,3 +67,12 @@ def test_any_violation_lost_append_or_failure_fails_the_run() -> None:
         assert doc["ok"] is False
         assert [f["ok"] for f in doc["faults"]] == [True, False]
         assert [t["fault"] for t in doc["trials"]] == ["a", "b"]
+
+
+def test_violations_are_shown_by_kind() -> None:
+    a, b = passing("pause-host"), passing("pause-host")
+    a.violations, a.violation_kinds = 3, {"missing": 2, "duplicate": 1}
+    b.violations, b.violation_kinds = 2, {"missing": 2}
+    (s,) = summarize([a, b])
+    assert s.violation_kinds == {"duplicate": 1, "missing": 4}
+    assert "5 (1 duplicate, 4 missing)" in render([s])

@@ -134,8 +134,14 @@ class NodeCluster:
             "GAZETTE_HOT_STANDBYS": str(self.settings.hot_standbys),
         }
 
-    def brokers_arg(self) -> str:
-        return ",".join(f"{h.address}:{BROKER_PORT}" for h in self.broker_hosts)
+    def brokers_arg(self, *, live_first: bool = False) -> str:
+        """Every broker endpoint, comma separated; with `live_first`, brokers running and not
+        isolated first (a client that starts now lists journals through the first)."""
+        hosts = list(self.broker_hosts)
+        if live_first:
+            live = self.live("broker", hosts)
+            hosts = live + [h for h in hosts if h not in live]
+        return ",".join(f"{h.address}:{BROKER_PORT}" for h in hosts)
 
     def log(self, host: Host, role: str) -> Path:
         return host.directory / f"{role}.log"

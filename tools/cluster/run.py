@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +55,7 @@ STREAM_SUM = EXAMPLES / "stream-sum"
 sys.path.insert(0, str(STREAM_SUM))
 
 from stream_sum.record import load_record  # noqa: E402
-from stream_sum.verifier import verify_sums  # noqa: E402
+from stream_sum.verifier import VerifyResult, verify_sums  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ class Runner:
     def start_chunker(self, record: Path) -> subprocess.Popen[bytes]:
         ld = self.load
         return subprocess.Popen(
-            [sys.executable, "-m", "stream_sum.chunker", "--broker", self.cluster.brokers_arg(),
+            [sys.executable, "-m", "stream_sum.chunker",
+             "--broker", self.cluster.brokers_arg(live_first=True),
              "--streams", str(ld.streams), "--chunks", str(ld.chunks),
              "--concurrency", str(ld.concurrency), "--rate", str(ld.rate),
              "--record", str(record), "--log-level", "warning"],
@@ -119,20 +121,30 @@ class Runner:
             stderr=subprocess.STDOUT,
         )  # fmt: skip
 
-    async def _verify(self, record: Path) -> tuple[int, int, int]:
-        async with JournalClient(self.cluster.brokers_arg().split(",")) as client:
+    def wait_started(self, chunker: subprocess.Popen[bytes], record: Path) -> None:
+        """Wait until the chunker wrote its record's header: it listed the partitions and
+        read the sums journal's write head, which it does once, at start, through the
+        first broker it is given (a fault then would fail it, not test anything)."""
+        deadline = time.monotonic() + 60
+        while not (record.exists() and record.stat().st_size > 0):
+            if chunker.poll() is not None or time.monotonic() > deadline:
+                raise ClusterError(f"the chunker did not start (see {record.with_suffix('.log')})")
+            time.sleep(0.1)
+
+    async def _verify(self, record: Path) -> VerifyResult:
+        async with JournalClient(self.cluster.brokers_arg(live_first=True).split(",")) as client:
             res = await verify_sums(client, [load_record(record)], timeout=self.timeout)
         for v in res.violations[:10]:
             say(f"  violation: {v}")
         say(f"  verifier: {res.summary()}")
-        return res.verified, res.expected, len(res.violations)
+        return res
 
     async def _read_acked(self, end: int) -> JournalContent:
         content = JournalContent()
         if end <= 0:
             return content
         req = pb.ReadRequest(journal=ACK_JOURNAL, offset=0, end_offset=end, block=True)
-        async with JournalClient(self.cluster.brokers_arg().split(",")) as client:
+        async with JournalClient(self.cluster.brokers_arg(live_first=True).split(",")) as client:
             reader = RetryReader(client, req)
             try:
                 while data := await asyncio.wait_for(reader.read(), self.timeout):
@@ -160,7 +172,8 @@ class Runner:
         chunker = self.start_chunker(record)
         t_start = time.time()
         try:
-            time.sleep(3)  # load flowing before the fault
+            self.wait_started(chunker, record)
+            time.sleep(2)  # load flowing before the fault
             t_inject = time.monotonic()
             injected = ACTIONS[name](self.cluster)
             injected.heal()
@@ -171,6 +184,7 @@ class Runner:
                 result.recovery_s = self.cluster.wait_converged(self.timeout)
                 say(f"  converged {result.recovery_s:.1f}s after healing")
             except ClusterError as err:
+                say(f"  {err}")
                 result.failures.append(str(err))
             try:
                 rc = chunker.wait(self.timeout * 2)
@@ -190,9 +204,10 @@ class Runner:
                 chunker.kill()
                 chunker.wait()
         if record.exists() and record.stat().st_size > 0:
-            verified, expected, violations = asyncio.run(self._verify(record))
-            result.streams_verified, result.streams_expected = verified, expected
-            result.violations = violations
+            res = asyncio.run(self._verify(record))
+            result.streams_verified, result.streams_expected = res.verified, res.expected
+            result.violations = len(res.violations)
+            result.violation_kinds = dict(Counter(v.kind for v in res.violations))
         else:
             result.failures.append("the chunker left no record")
         result.acks_checked, result.acks_lost = self.check_acks()
@@ -240,8 +255,8 @@ def main() -> int:
             for i, name in enumerate(plan):
                 say(f"trial {i + 1}/{len(plan)}: {name}")
                 results.append(runner.trial(i, name))
-                if not results[-1].ok:
-                    say(f"  FAILED: {results[-1]}")
+                for failure in results[-1].failures:
+                    say(f"  FAILURE: {failure}")
         except ClusterError as err:
             say(f"cluster failure: {err}")
             results.append(trial_table.TrialResult("cluster-up", failures=[str(err)]))

@@ -10,7 +10,7 @@ come back, a chunker that gave up, a cluster that did not converge).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 
@@ -21,6 +21,8 @@ class TrialResult:
     streams_expected: int = 0
     violations: int = 0
     """Exactly-once violations the verifier found (missing, duplicate, wrong, unexpected)."""
+    violation_kinds: dict[str, int] = field(default_factory=dict)
+    """The violations by kind: a missing sum (a shard that stopped) is not a duplicate."""
     acks_checked: int = 0
     acks_lost: int = 0
     recovery_s: float | None = None
@@ -48,6 +50,7 @@ class FaultSummary:
     streams_verified: int
     streams_expected: int
     violations: int
+    violation_kinds: dict[str, int]
     acks_checked: int
     acks_lost: int
     recovery_s: float | None
@@ -84,6 +87,7 @@ def summarize(results: Sequence[TrialResult]) -> list[FaultSummary]:
                 streams_verified=sum(r.streams_verified for r in rs),
                 streams_expected=sum(r.streams_expected for r in rs),
                 violations=sum(r.violations for r in rs),
+                violation_kinds=_sum_kinds(r.violation_kinds for r in rs),
                 acks_checked=max(r.acks_checked for r in rs),
                 acks_lost=max(r.acks_lost for r in rs),
                 recovery_s=None if None in times else max(t for t in times if t is not None),
@@ -92,6 +96,14 @@ def summarize(results: Sequence[TrialResult]) -> list[FaultSummary]:
             )
         )
     return out
+
+
+def _sum_kinds(kinds: Iterable[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for k in kinds:
+        for kind, n in k.items():
+            total[kind] = total.get(kind, 0) + n
+    return dict(sorted(total.items()))
 
 
 HEADER = (
@@ -112,12 +124,19 @@ def _row(s: FaultSummary) -> tuple[str, ...]:
         s.fault,
         str(s.trials),
         f"{s.streams_verified}/{s.streams_expected}",
-        str(s.violations),
+        _violations(s),
         f"{s.acks_lost}/{s.acks_checked}",
         recovery,
         f"{s.append_stall_s:.1f}",
         str(s.failures),
     )
+
+
+def _violations(s: FaultSummary) -> str:
+    if not s.violation_kinds:
+        return str(s.violations)
+    kinds = ", ".join(f"{n} {kind}" for kind, n in s.violation_kinds.items())
+    return f"{s.violations} ({kinds})"
 
 
 def render(summaries: Sequence[FaultSummary]) -> str:
