@@ -80,7 +80,11 @@ def summer_crash(c: NodeCluster) -> Injected:
 
 def _restart_all(c: NodeCluster, role: str, hosts: list[Host]) -> Injected:
     pairs = [(h, role) for h in hosts]
-    c.stop(pairs)
+    try:
+        c.stop(pairs)
+    except ClusterError:
+        c.release(pairs)  # The trial fails; the next one starts from a whole cluster.
+        raise
     time.sleep(1)
     return Injected(f"every {role}", lambda: c.release(pairs))
 
