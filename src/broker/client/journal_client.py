@@ -146,6 +146,10 @@ class JournalClient:
         """Forget the route of `journal`, e.g. after its broker failed to answer; the next
         RPC goes to the next configured broker (any broker proxies to the primary)."""
         self.routes.invalidate(journal)
+        self.next_default()
+
+    def next_default(self) -> None:
+        """Use the next configured broker by default (the current one failed to answer)."""
         self._default = (self._default + 1) % len(self.endpoints)
 
     async def close(self, grace: float | None = None) -> None:

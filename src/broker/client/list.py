@@ -5,7 +5,8 @@ mode the broker keeps the stream open and sends a new snapshot whenever the matc
 changes, each terminated by an empty ListResponse; a broken watch resumes after the revision of
 the last snapshot. Fragment listings are paged by `next_page_token`. Every helper here maps a
 non-OK status to its `BrokerError` subclass, and lets transport failures surface as
-`grpc.aio.AioRpcError` (except the long-lived `watch_journals` / `PolledList`, which retry).
+`grpc.aio.AioRpcError`, except that journal listings pass over a broker that fails to answer
+(`list_all_journals`) and the long-lived `watch_journals` / `PolledList` retry.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import grpc.aio
 
-from gazette.broker.client.errors import JournalNotFound, error_for_status
+from gazette.broker.client.errors import (
+    JournalNotFound,
+    describe_error,
+    error_for_status,
+    is_transient_rpc_error,
+)
 from gazette.broker.client.journal_client import JournalClient
 from gazette.broker.client.retry_reader import backoff
 from gazette.broker.protocol import protocol_pb2 as pb
@@ -37,6 +43,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 Journals = list[pb.ListResponse.Journal]
+
+LIST_TRIES = 3
+"""A one-shot listing tries at least this many times (each configured broker at least once)."""
 
 
 def name_selector(journal: str) -> pb.LabelSelector:
@@ -81,15 +90,31 @@ async def list_all_journals(
 ) -> Journals:
     """All journals matching `selector` (all journals if None), with specs, routes and revisions.
 
-    Routes seen are remembered by the client's route cache. Raises the status's `BrokerError`
-    or `grpc.aio.AioRpcError`. Cancellation cancels the RPC.
+    Routes seen are remembered by the client's route cache. A broker that fails to answer
+    (a transient transport error) is passed over for the client's next configured one, each
+    tried in turn (and one broker alone a few times), so that the loss of a broker fails no
+    listing. Raises the status's `BrokerError`, or the last `grpc.aio.AioRpcError` once every
+    try failed. Cancellation cancels the RPC.
     """
     req = _list_request(selector, watch=False)
-    call = client.stub().List(req)
-    try:
-        snap = await _read_snapshot(call.__aiter__(), req)
-    finally:
-        call.cancel()
+    tries = max(len(client.endpoints), LIST_TRIES)
+    for attempt in range(tries):
+        call = client.stub().List(req)
+        try:
+            snap = await _read_snapshot(call.__aiter__(), req)
+            break
+        except grpc.aio.AioRpcError as err:
+            if not is_transient_rpc_error(err) or attempt + 1 == tries:
+                raise
+            log.warning(
+                "journal listing failed (trying the next broker) broker=%s err=%s",
+                client.default_endpoint,
+                describe_error(err),
+            )
+            client.next_default()
+            await asyncio.sleep(backoff(attempt))
+        finally:
+            call.cancel()
     assert snap is not None
     _, journals = snap
     for j in journals:

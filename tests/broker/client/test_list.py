@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import grpc.aio
 import pytest
 
 from gazette.broker.client import (
@@ -25,6 +26,8 @@ from gazette.broker.client import (
 )
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.selector import parse_label_selector
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.etcd import free_port
 from tests.kit.eventually import eventually
 
 from .conftest import MakeJournal, journal_spec
@@ -148,3 +151,19 @@ async def test_list_fragments_follows_page_tokens() -> None:
         frags = await list_all_fragments(client, pb.FragmentsRequest(journal="fake/j"))
         assert [f.spec.begin for f in frags] == [0, 10, 20]
         assert [r.next_page_token for r in fb.journal.calls["ListFragments"]] == [0, 10, 20]
+
+
+async def test_listing_passes_over_a_broker_that_does_not_answer(
+    client_broker: BrokerProcess, make_journal: MakeJournal
+) -> None:
+    """A consumer reading a journal lists it first: a client configured with several brokers
+    must not fail that (and so the shard) because the first one is down."""
+    spec = await make_journal("lst-failover")
+    dead = f"127.0.0.1:{free_port()}"
+    async with JournalClient([dead, client_broker.endpoint]) as c:
+        assert (await get_journal(c, spec.name)).name == spec.name
+        assert c.default_endpoint == client_broker.endpoint  # it stays with the live one
+    async with JournalClient([dead]) as c:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await get_journal(c, spec.name)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
