@@ -260,12 +260,55 @@ class ReplicaSet:
     async def _catch_up(self, replica: JournalReplica, endpoint: str, begin: int, end: int) -> None:
         """Copy committed content [begin, end) that a peer holds beyond our head into our
         spool (caller holds the lock). Where the peer's content jumps (a replication-1
-        journal's reservation hole), our spool rolls forward with it. Content the peer can
-        no longer serve from its spools is left to the fragment stores: we then roll
-        forward to `end`, logging the gap."""
+        journal's reservation hole), our spool rolls forward with it. Where the peer has
+        persisted it (a returning member persists the spools it recovers), its fragment
+        joins our index, served from the store, and our spool rolls past it.
+
+        Content the peer cannot serve at all is rolled forward over as a hole: blocking
+        readers wait there (up to `hole_wait`) for it to be published, from the stores or
+        from spools that earlier members left (broker.leftovers), instead of jumping over
+        content that was acknowledged. A recovery-log player takes such a jump for removed
+        history, and would recover without that content."""
+        offset = begin
+        while offset < end:
+            offset, persisted = await self._copy_from_peer(replica, endpoint, offset, end)
+            if persisted is None:
+                break
+            log.info(
+                "peer's content of journal=%s [%d, %d) is persisted in %s: indexing it",
+                replica.name,
+                persisted.begin,
+                persisted.end,
+                persisted.backing_store,
+            )
+            replica.index.add(FragmentEntry(spec=persisted))
+            replica.index_epoch += 1  # a listing begun before this must not drop it
+            self._enqueue(replica, replica.roll_to(max(persisted.end, replica.write_head)))
+            offset = persisted.end
+        if offset < end:
+            log.error(
+                "peer %s could not serve [%d, %d) of %s; rolling forward, and readers wait "
+                "there up to %.0fs for the content to be published",
+                endpoint,
+                offset,
+                end,
+                replica.name,
+                self.cfg.hole_wait,
+            )
+            self._enqueue(replica, replica.roll_to(end))
+            replica.open_hole(offset, end, self.cfg.hole_wait)
+            replica.last_refresh = 0.0  # list the stores at the next flush tick
+
+    async def _copy_from_peer(
+        self, replica: JournalReplica, endpoint: str, begin: int, end: int
+    ) -> tuple[int, pb.Fragment | None]:
+        """One Read of [begin, end) from the peer's spools into ours (`_catch_up`). Returns
+        the offset reached, and the fragment there if the peer answered that it is
+        persisted in one of the journal's stores (it does not proxy content from stores)."""
         spool = replica.ensure_spool()
         pending = spool.begin_append()
         offset = begin
+        persisted: pb.Fragment | None = None
         req = pb.ReadRequest(
             journal=replica.name, offset=begin, end_offset=end, block=False, do_not_proxy=True
         )
@@ -290,9 +333,13 @@ class ReplicaSet:
                         pending = spool.begin_append()
                     if resp.status != pb.OK or resp.offset != offset:
                         break
+                    persisted = None
                     if resp.content:
                         pending.write(resp.content)
                         offset += len(resp.content)
+                    elif resp.fragment.backing_store in replica.spec.fragment.stores:
+                        persisted = pb.Fragment()
+                        persisted.CopyFrom(resp.fragment)
                     if offset >= end:
                         break
         except BaseException as err:
@@ -307,17 +354,9 @@ class ReplicaSet:
             replica.committed(spool)
         else:
             pending.rollback()
-        if offset < end:
-            log.error(
-                "peer %s could not serve [%d, %d) of %s from its spools; rolling forward "
-                "(the content is expected in the fragment stores)",
-                endpoint,
-                offset,
-                end,
-                replica.name,
-            )
-            self._enqueue(replica, replica.roll_to(end))
-            replica.last_refresh = 0.0  # list the stores at the next flush tick
+        if persisted is not None and not persisted.begin <= offset < persisted.end:
+            persisted = None
+        return offset, persisted
 
     def end_streams(self) -> None:
         """End peers' Replicate streams into us and our pipelines."""

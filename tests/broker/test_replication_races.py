@@ -76,6 +76,24 @@ class Node:
         await self.channel.close(None)
         self.server = None
 
+    async def crash(self) -> None:
+        """Like SIGKILL: nothing persisted or released; the spools stay, the lease expires."""
+        assert self.server is not None and self.background is not None
+        b = self.broker
+        b.replica_set.cancel_pulses()
+        for task in [self.background, *b._tasks]:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.background
+        await self.server.stop(0)
+        for replica in b.replicas.values():
+            replica.close()
+        await b.peers.close()
+        await self.channel.close(None)
+        if b._lock_fd is not None:
+            os.close(b._lock_fd)  # the spool directory is free for the next incarnation
+        self.server = None
+
     def replica(self, journal: str) -> JournalReplica:
         return self.broker.replicas[journal]
 
@@ -378,3 +396,73 @@ async def test_journal_created_elsewhere_is_found_by_a_lagging_broker(
         # An unknown journal is still answered JOURNAL_NOT_FOUND.
         resp = await append(nodes[1].stub, f"races/missing-{next(_names)}", b"x\n")
         assert resp.status == pb.JOURNAL_NOT_FOUND
+
+
+async def test_reader_waits_for_content_a_new_primary_rolled_forward_over(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """Issue 38's chain. The whole route crashed with acknowledged content in its spools;
+    a fresh primary took the journal at the stores' head. A restarted old member joins its
+    route having persisted its recovered spool already, so its spools no longer hold what
+    the new primary catches up from it. The primary rolled forward over that content, and a
+    blocking reader at the old head jumped over it (a recovery-log player took the jump for
+    removed history and recovered without it). The persisted fragment must be read instead."""
+    async with cluster(etcd_server, tmp_path, 3) as nodes:
+        s = spec(f"races/rolled-{next(_names)}", tmp_path / "store", replication=2)
+        await create(nodes[0], s)
+        primary = await synced(nodes, s.name, 2)
+        acked = b"acknowledged, only in the old route's spools\n"
+        assert (await append(primary.stub, s.name, acked)).status == pb.OK
+        old = [n for n in nodes if s.name in n.broker.replicas]
+        (fresh,) = [n for n in nodes if n not in old]
+        for n in old:
+            await n.crash()
+        await eventually(  # the old members' leases expire: the fresh broker is primary alone
+            lambda: (
+                [m.suffix for m in fresh.broker.route_of(s.name).members] == [fresh.cfg.suffix]
+                and fresh.broker.route_of(s.name).primary == 0
+                and s.name in fresh.broker.replicas
+            ),
+            what="the fresh broker to take the journal",
+            timeout=20,
+            interval=0.05,
+        )
+        taken = fresh.replica(s.name)
+        assert taken.write_head == 0  # nothing was persisted
+
+        reads = fresh.stub.Read(pb.ReadRequest(journal=s.name, offset=0, block=True))
+        await taken.lock.acquire()  # no synchronisation until the returning member persisted
+        try:
+            back = await Node(old[0].cfg).start()
+            nodes[nodes.index(old[0])] = back
+
+            def persisted() -> bool:
+                r = back.broker.replicas.get(s.name)
+                if r is None:
+                    return False
+                entry, found = r.index.find(0)
+                return found and entry is not None and entry.local_path is None
+
+            await eventually(
+                persisted, what="the returning member to persist", timeout=20, interval=0.05
+            )
+        finally:
+            taken.lock.release()
+        assert (await synced(nodes, s.name, 2)) is fresh
+
+        def joined() -> bool:
+            p = taken.pipeline
+            return isinstance(p, Pipeline) and len(p.peers) == 1 and not p.broken
+
+        await eventually(joined, what="the primary to synchronise", timeout=20, interval=0.05)
+        assert taken.write_head == len(acked)
+        assert (await append(fresh.stub, s.name, b"next\n")).status == pb.OK
+        content = b""
+        async with asyncio.timeout(20):
+            async for resp in reads:
+                if resp.content:
+                    assert resp.offset == len(content), "the read jumped over content"
+                    content += resp.content
+                if content == acked + b"next\n":
+                    break
+        reads.cancel()
