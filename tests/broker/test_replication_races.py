@@ -23,6 +23,7 @@ from gazette.broker.config import BrokerConfig
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.broker.replica import JournalReplica
+from gazette.broker.replica_set import ReplicaSet
 from gazette.broker.replication import Pipeline
 from gazette.broker.service import JournalService
 from gazette.testing.etcd import EtcdServer, free_port
@@ -398,15 +399,26 @@ async def test_journal_created_elsewhere_is_found_by_a_lagging_broker(
         assert resp.status == pb.JOURNAL_NOT_FOUND
 
 
+@pytest.mark.parametrize("peer_serves", [True, False], ids=["persisted", "unserved"])
 async def test_reader_waits_for_content_a_new_primary_rolled_forward_over(
-    etcd_server: EtcdServer, tmp_path: Path
+    etcd_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, peer_serves: bool
 ) -> None:
     """Issue 38's chain. The whole route crashed with acknowledged content in its spools;
     a fresh primary took the journal at the stores' head. A restarted old member joins its
     route having persisted its recovered spool already, so its spools no longer hold what
     the new primary catches up from it. The primary rolled forward over that content, and a
     blocking reader at the old head jumped over it (a recovery-log player took the jump for
-    removed history and recovered without it). The persisted fragment must be read instead."""
+    removed history and recovered without it). The persisted fragment must be read instead;
+    and where a peer cannot serve the content at all (`unserved`), the reader waits in the
+    hole rolled over until the content is published."""
+    if not peer_serves:
+
+        async def cannot_serve(
+            _self: ReplicaSet, _r: JournalReplica, _ep: str, begin: int, _end: int
+        ) -> tuple[int, None]:
+            return begin, None
+
+        monkeypatch.setattr(ReplicaSet, "_copy_from_peer", cannot_serve)
     async with cluster(etcd_server, tmp_path, 3) as nodes:
         s = spec(f"races/rolled-{next(_names)}", tmp_path / "store", replication=2)
         await create(nodes[0], s)
