@@ -106,8 +106,10 @@ async def list_all_journals(
         except grpc.aio.AioRpcError as err:
             if not is_transient_rpc_error(err) or attempt + 1 == tries:
                 raise
-            log.warning(
-                "journal listing failed (trying the next broker) broker=%s err=%s",
+            # A warning when another broker is tried; a broker tried again alone is quiet
+            # (a command line reports the final failure in one line).
+            (log.warning if len(client.endpoints) > 1 else log.debug)(
+                "journal listing failed (trying again) broker=%s err=%s",
                 client.default_endpoint,
                 describe_error(err),
             )
