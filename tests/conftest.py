@@ -4,18 +4,27 @@
 the terminal summary, and on CPython 3.11.7 that import's ``ast.parse`` (pytest's assertion
 rewriting) failed with "SystemError: AST constructor recursion depth mismatch" after some
 runs of the RocksDB store tests (a commit failing through its ``wait_for``), turning a passing
-run of a subset into an INTERNALERROR."""
+run of a subset into an INTERNALERROR.
+
+gRPC's fork handlers are switched off before anything imports gRPC: the Spark tests' session
+starts its JVM through a fork (`subprocess` with `preexec_fn`) of this process, which by then
+holds gRPC channels of earlier tests; with the handlers on, a fork while a gRPC thread was
+busy left the child's descriptors broken ("epoll_wait error: Bad file descriptor") and the
+JVM gateway exited before reporting its port, failing every Spark test of the run."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
-import hypothesis  # noqa: F401 - imported first, see below
-import pytest
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-from gazette.testing.broker import BrokerProcess
-from gazette.testing.etcd import EtcdServer
+from collections.abc import Iterator  # noqa: E402 - after the environment is set
+
+import hypothesis  # noqa: F401,E402 - imported first, see below
+import pytest  # noqa: E402
+
+from gazette.testing.broker import BrokerProcess  # noqa: E402
+from gazette.testing.etcd import EtcdServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")
