@@ -34,7 +34,7 @@ from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.replica import JournalReplica
 from gazette.broker.replication import Pipeline, ReplicationError, RouteKey, route_key
 from gazette.broker.resolver import Keys, Resolver
-from gazette.broker.spool import SpoolError
+from gazette.broker.spool import PendingAppend, Spool, SpoolError
 
 log = logging.getLogger(__name__)
 
@@ -231,14 +231,13 @@ class ReplicaSet:
             replica.apply_listing(listing)
             members, _primary = key
             handing_over = replica.previous_primary
-            if handing_over is not None and handing_over != (self.cfg.zone, self.cfg.suffix):
-                if handing_over in members:
-                    log.info(
-                        "replication-1 journal=%s handed over by %s: taking its content",
-                        replica.name,
-                        handing_over,
-                    )
-                    return  # `continuity` is set once the pipeline synchronised with it
+            if handing_over in members and handing_over != (self.cfg.zone, self.cfg.suffix):
+                log.info(
+                    "replication-1 journal=%s handed over by %s: taking its content",
+                    replica.name,
+                    handing_over,
+                )
+                return  # `continuity` is set once the pipeline synchronised with it
             start = reservations.fresh_start(replica.write_head)
             if start > replica.write_head:
                 log.warning(
@@ -316,11 +315,7 @@ class ReplicaSet:
             async with asyncio.timeout(self.cfg.chunk_timeout):
                 async for resp in self._peer_stub(endpoint).Read(req):
                     if resp.status == pb.OK and not resp.content and offset < resp.offset < end:
-                        if len(pending):
-                            pending.commit()
-                            replica.committed(spool)
-                        else:
-                            pending.rollback()
+                        _settle(replica, spool, pending)
                         log.info(
                             "peer's content of journal=%s jumps from %d to %d: rolling with it",
                             replica.name,
@@ -349,11 +344,7 @@ class ReplicaSet:
                     f"catching up {replica.name} from {endpoint}: {err}"
                 ) from err
             raise
-        if len(pending):
-            pending.commit()
-            replica.committed(spool)
-        else:
-            pending.rollback()
+        _settle(replica, spool, pending)
         if persisted is not None and not persisted.begin <= offset < persisted.end:
             persisted = None
         return offset, persisted
@@ -399,3 +390,13 @@ class ReplicaSet:
                         await replica.relist(wait=False)  # never block the loop here
                 except Exception:  # noqa: BLE001 - keep serving; retried next tick
                     log.exception("flush/refresh failed journal=%s", replica.name)
+
+
+def _settle(replica: JournalReplica, spool: Spool, pending: PendingAppend) -> None:
+    """Commit what a catch-up copied into `spool` (publishing it to the index), or roll the
+    empty append back."""
+    if len(pending):
+        pending.commit()
+        replica.committed(spool)
+    else:
+        pending.rollback()
