@@ -267,6 +267,34 @@ async def test_verifier_reports_violations_planted_in_the_sums_journal(
     assert f"duplicate stream={s[1]}" in text and "VIOLATIONS: 1/5 streams" in text, text
 
 
+async def test_verifier_reads_through_a_tail_never_acknowledged(
+    client: JournalClient, tmp_path: Path
+) -> None:
+    """Every sum committed, then a zombie's sum whose transaction is never acknowledged at
+    the journal's head: read-committed it is never delivered, yet the verifier has read
+    through the head and finishes at once, well before its timeout."""
+    run = "zombie-tail"
+    path = tmp_path / "tail.jsonl"
+    w = RecordWriter(path, run, SUMS, await write_head(client, SUMS))
+    w.add([Expected(f"{run}-0", 3, 30)])
+    w.complete()
+    w.close()
+
+    service = AppendService(client)
+    pub, zombie = Publisher(service), Publisher(service)
+    pub.publish_committed(_to_sums, Sum(f"{run}-0", 3, 30))
+    await pub.barrier()
+    zombie.publish_uncommitted(_to_sums, Sum(f"{run}-0", 3, 30))
+    await zombie.barrier()
+    await service.close()
+    head = await write_head(client, SUMS)
+
+    result = await verify_sums(client, [load_record(path)], timeout=20.0)
+    assert result.ok and result.verified == 1, result.summary()
+    assert result.read_through == head
+    assert result.seconds < 5.0
+
+
 # -- End to end ---------------------------------------------------------------------------------
 
 

@@ -169,6 +169,10 @@ class SumChecker:
         self.violations.append(Violation(kind, stream, detail))
 
 
+POLL_SECONDS = 0.5
+"""How often a verification waiting for the next message checks how far it has read."""
+
+
 async def verify_sums(
     client: JournalClient, records: Sequence[RunRecord], *, timeout: float = 60.0
 ) -> VerifyResult:
@@ -187,28 +191,30 @@ async def verify_sums(
     t0 = time.monotonic()
     deadline = t0 + timeout
     head: int | None = None
-    position = offset
     req = bpb.ReadRequest(journal=journal, offset=offset, block=True)
     it = ReadCommittedIter(client, req, None, lambda _spec: Sum())
+    reader = it.uncommitted.reader
     try:
         while True:
             if head is None and checker.complete:
                 head = await write_head(client, journal)
-            if head is not None and position >= head:
+            if head is not None and reader.offset >= head:
                 break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
+            # Poll: what the reader has read is sequenced before it waits for more, so once it
+            # is past the head nothing more is due, though messages of a transaction never
+            # acknowledged (a fenced zombie's) may be all that stands there.
             try:
-                env = await asyncio.wait_for(it.next(), remaining)
+                env = await asyncio.wait_for(it.next(), min(remaining, POLL_SECONDS))
             except TimeoutError:
-                break
-            position = env.end
+                continue
             if get_flags(env.message.uuid) != Flags.ACK_TXN:
                 checker.observe(env.message)
     finally:
         it.close()
-    through = head if head is not None and position >= head else None
+    through = head if head is not None and reader.offset >= head else None
     return checker.result(read_through=through, seconds=time.monotonic() - t0)
 
 
