@@ -317,7 +317,7 @@ class ShardReplica:
         self.spec = spec
         self.shard.spec = spec
         if self.transactions is not None:
-            self.transactions.set_durations(spec)
+            self.transactions.apply_spec(spec)
 
     def needs_restart(self, spec: pb.ShardSpec) -> bool:
         """Whether `spec` changes what the replica was started with (sources, logs, hints,

@@ -8,7 +8,11 @@ the transaction loop described in `consumer.application`:
 1. A transaction begins with the first committed message (or acknowledgement) ready.
 2. It consumes messages while they are ready, until ``max_txn_duration``; once the queue
    stalls it closes, but not before ``min_txn_duration`` nor before the previous transaction's
-   commit completed.
+   commit completed, nor while it waits for an ACK: a producer began a CONTINUE_TXN span
+   since the last checkpoint (`Sequencer.has_pending`) and the ShardSpec does not set
+   ``disable_wait_for_ack``. Like upstream, this waits only for spans begun in this
+   transaction, only while the source may still deliver, and never past
+   ``max_txn_duration``: the next transaction does not wait for them again.
 3. Closing: `finalize_txn`; then the Checkpoint (sources read through, producer states,
    ACK intents of what was published); the store commit waits for every pending append of
    the transaction except those to the recovery log; the ACK intents are appended only once
@@ -254,7 +258,8 @@ class Transactions:
         self.stats = stats if stats is not None else TxnStats()
         spec = shard.spec
         self.min_dur = self.max_dur = 0.0
-        self.set_durations(spec)
+        self.wait_for_ack = True
+        self.apply_spec(spec)
         self._consume: Callable[..., Any] = app.consume_message
         self._finalize = _maybe_async(app.finalize_txn)
         self._begin: Callable[..., Awaitable[Any]] | None = None
@@ -284,10 +289,12 @@ class Transactions:
         # Offsets read through as of the last checkpoint.
         self._last_read_through: dict[str, int] = sequencer.read_through()
 
-    def set_durations(self, spec: pb.ShardSpec) -> None:
-        """Take `spec`'s min and max transaction durations (from the next transaction on)."""
+    def apply_spec(self, spec: pb.ShardSpec) -> None:
+        """Take `spec`'s min and max transaction durations and its wait-for-ACK setting
+        (from the next stall on)."""
         self.min_dur = spec.min_txn_duration.ToNanoseconds() / 1e9
         self.max_dur = spec.max_txn_duration.ToNanoseconds() / 1e9 or 1.0
+        self.wait_for_ack = not spec.disable_wait_for_ack
 
     async def run(self) -> None:
         """Run transactions until cancelled, or until the source ended: then the open
@@ -365,7 +372,7 @@ class Transactions:
                 continue
             self._raise_failed()
             prev_done = self._prev_commit is None or self._prev_commit.done()
-            if (now >= min_at or self._ended) and prev_done:
+            if (now >= min_at or self._ended) and prev_done and not self._awaits_ack():
                 break  # A source that ended closes the transaction without waiting.
             await self._stall(min_at if now < min_at else None, max_at, prev_done)
             waited += loop.time() - now
@@ -391,6 +398,11 @@ class Transactions:
         stats.txns += 1
         stats.last_txn_messages = n
         stats.last_txn_seconds = prepared - started
+
+    def _awaits_ack(self) -> bool:
+        """Whether the open transaction stays open for the ACK of a span begun in it (the
+        caller bounds it by ``max_txn_duration``)."""
+        return self.wait_for_ack and not self._ended and self.seq.has_pending()
 
     async def _bound_completing(self) -> None:
         """Wait while `_MAX_COMPLETING` completions are pending (raising a failed one's

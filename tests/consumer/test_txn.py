@@ -17,12 +17,26 @@ from gazette.broker.client.append_service import AppendService
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.application import Shard
 from gazette.consumer.protocol import pb
-from gazette.consumer.txn import Transactions, checkpoint_offsets, sequencer_from_checkpoint
+from gazette.consumer.txn import (
+    SOURCE_DONE,
+    Transactions,
+    checkpoint_offsets,
+    sequencer_from_checkpoint,
+)
 from gazette.message import CONTENT_TYPE_JSON_LINES, JSONMessage
 from gazette.message.envelope import Envelope
 from gazette.message.publisher import Publisher
 from gazette.message.sequencer import Sequencer
-from tests.consumer.fakes import JOURNAL, Commit, FakeReaders, FakeStore, Msg, outside
+from gazette.message.uuid import Flags, ProducerID, build_uuid
+from tests.consumer.fakes import (
+    BASE_CLOCK,
+    JOURNAL,
+    Commit,
+    FakeReaders,
+    FakeStore,
+    Msg,
+    outside,
+)
 from tests.kit.eventually import eventually
 
 
@@ -68,8 +82,13 @@ def make_txns(
     max_txn: Duration | None = None,
     min_txn: Duration | None = None,
     cp: pb.Checkpoint | None = None,
+    disable_wait_for_ack: bool = False,
 ) -> tuple[Transactions, FakeReaders]:
-    spec = pb.ShardSpec(id="review-shard", sources=[pb.ShardSpec.Source(journal=JOURNAL)])
+    spec = pb.ShardSpec(
+        id="review-shard",
+        sources=[pb.ShardSpec.Source(journal=JOURNAL)],
+        disable_wait_for_ack=disable_wait_for_ack,
+    )
     if max_txn is not None:
         spec.max_txn_duration.CopyFrom(max_txn)
     if min_txn is not None:
@@ -629,3 +648,111 @@ async def test_stats_count_bytes_and_time_each_phase() -> None:
     assert phases["20-consuming"] >= 16 * 0.005 * 0.9, phases
     assert phases["30-stalled"] >= 0.025, phases
     assert phases["50-committing"] >= 0.07, phases  # The first commit was held that long.
+
+
+# Waiting for ACKs. Producer Q publishes a transaction (messages 1 and 2, CONTINUE_TXN) right
+# behind producer P's committed message 0, and acknowledges it later (message 3).
+Q = ProducerID(bytes.fromhex("02000000000b"))
+
+
+def of_q(i: int, flags: Flags) -> Envelope:
+    """Message i of producer Q (bytes [10*i, 10*i + 10)), with `flags`."""
+    clock = BASE_CLOCK + 16 * (i + 1)
+    return Envelope(JOURNAL, 10 * i, 10 * i + 10, Msg(build_uuid(Q, clock, flags), i))
+
+
+def committed_then_open_span(readers: FakeReaders) -> Envelope:
+    """Queue P's message 0 and Q's uncommitted messages 1 and 2; returns Q's ACK of them."""
+    readers.queue.put_nowait(outside(0))
+    readers.queue.put_nowait(of_q(1, Flags.CONTINUE_TXN))
+    readers.queue.put_nowait(of_q(2, Flags.CONTINUE_TXN))
+    return of_q(3, Flags.ACK_TXN)
+
+
+@pytest.mark.parametrize("disable", [False, True], ids=["wait", "disable_wait_for_ack"])
+async def test_txn_waits_at_a_stall_for_the_ack_of_a_span_begun_in_it(disable: bool) -> None:
+    """Upstream keeps a transaction open past an input stall while a span begun in it awaits
+    its ACK (up to max_txn_duration), unless the ShardSpec sets disable_wait_for_ack: then
+    it closes at the stall, and the span is consumed by a later transaction."""
+    store = FakeStore()
+    txns, readers = make_txns(
+        store, App(), max_txn=Duration(seconds=5), disable_wait_for_ack=disable
+    )
+    ack = committed_then_open_span(readers)
+    task = asyncio.create_task(txns.run())
+    try:
+        await asyncio.sleep(0.2)  # The input stalls with Q's span open.
+        if disable:
+            assert [c.state for c in store.commits] == [[0]]
+        else:
+            assert store.commits == [], "the transaction closed while awaiting Q's ACK"
+        readers.queue.put_nowait(ack)
+        await _until(running(task, lambda: store.commits and store.commits[-1].state == [0, 1, 2]))
+        assert [c.state for c in store.commits] == ([[0], [0, 1, 2]] if disable else [[0, 1, 2]])
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_wait_for_ack_is_bounded_by_max_txn_duration() -> None:
+    """An ACK that does not come holds the transaction open until max_txn_duration only; the
+    next transaction does not wait for that span again (it was not begun in it)."""
+    store = FakeStore()
+    txns, readers = make_txns(store, App(), max_txn=Duration(nanos=300_000_000))
+    ack = committed_then_open_span(readers)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    task = asyncio.create_task(txns.run())
+    try:
+        await _until(running(task, lambda: len(store.commits) == 1))
+        assert loop.time() - t0 >= 0.3 * 0.9  # Held open for the ACK until max_txn_duration.
+        assert store.commits[0].state == [0]
+        # A longer max_txn_duration from now on: a transaction waiting for Q's span again
+        # would not close for 5 seconds.
+        spec = pb.ShardSpec()
+        spec.CopyFrom(txns.shard.spec)
+        spec.max_txn_duration.FromSeconds(5)
+        txns.apply_spec(spec)
+        readers.queue.put_nowait(outside(4))
+        t1 = loop.time()
+        await _until(running(task, lambda: len(store.commits) == 2))
+        assert loop.time() - t1 < 1.0
+        assert store.commits[1].state == [0, 4]
+        readers.queue.put_nowait(ack)  # Late: commits Q's span in the next transaction.
+        await _until(running(task, lambda: len(store.commits) == 3))
+        assert store.commits[2].state == [0, 4, 1, 2]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_wait_for_ack_keeps_min_txn_duration() -> None:
+    """An ACK that comes before min_txn_duration elapsed does not close the transaction
+    early: it still closes at min_txn_duration (when the input stalls), not at the ACK."""
+    store = FakeStore()
+    txns, readers = make_txns(
+        store, App(), min_txn=Duration(nanos=300_000_000), max_txn=Duration(seconds=5)
+    )
+    readers.queue.put_nowait(committed_then_open_span(readers))
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    task = asyncio.create_task(txns.run())
+    try:
+        await _until(running(task, lambda: len(store.commits) == 1))
+        assert 0.3 * 0.9 <= loop.time() - t0 < 2.0
+        assert store.commits[0].state == [0, 1, 2]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_an_ended_source_does_not_wait_for_acks() -> None:
+    """A source that ended (a MessageProducer returned) delivers no ACK: the open
+    transaction commits at once rather than wait out max_txn_duration for one."""
+    store = FakeStore()
+    txns, readers = make_txns(store, App(), max_txn=Duration(seconds=5))
+    committed_then_open_span(readers)
+    readers.queue.put_nowait(SOURCE_DONE)
+    async with asyncio.timeout(1.0):
+        await txns.run()
+    assert [c.state for c in store.commits] == [[0]]
