@@ -403,6 +403,20 @@ class Allocator:
             member_exiting=self.member_exiting,
         )
 
+    def movable(self, member: MemberID, items: Iterable[str]) -> list[str]:
+        """Of `items` (assigned to `member`), those the allocator can still move away: all
+        of them until `member`'s exiting flag is in the keyspace; then those the solver
+        places on some member (an exiting member is given nothing). A member draining for
+        exit waits for these only: an item no other member can take (all others exiting,
+        or none with room) stays until the member is gone."""
+        items = sorted(items)
+        state = self.state()
+        me = state.members.get(member)
+        if me is None or not me.exiting:
+            return items
+        desired = self.desired(state)
+        return [item for item in items if desired.get(item)]
+
     def desired(self, state: State) -> dict[str, list[MemberID]]:
         """The solver's replica sets for `state`.
 

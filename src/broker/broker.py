@@ -34,7 +34,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from gazette.allocator.allocator import Allocator, wait_until_no_assignments
+from gazette.allocator.allocator import Allocator
 from gazette.allocator.member import Member
 from gazette.allocator.model import Assignment, Item, MemberID
 from gazette.allocator.session import MemberExistsError, MemberSession
@@ -269,32 +269,41 @@ class Broker:
             ("persist", self.persister.run), ("flush", self.replica_set.flush_loop)
         )
 
+    def _movable(self) -> list[str]:
+        """Journals assigned here that another broker can still take (`Allocator.movable`):
+        when every broker stops at once, none can, and none waits out its drain bound."""
+        assert self.member.allocator is not None
+        return self.member.allocator.movable(self.member_id, self.member.assignments())
+
     def assigned_count(self) -> int:
         mine = f"#{self.cfg.zone}#{self.cfg.suffix}#"
         return sum(1 for kv in self.keyspace.prefixed(self.keys.assign) if mine in kv.key)
 
     async def drain(self, timeout: float) -> bool:
         """Graceful exit: mark this member `exiting` and wait (up to `timeout`) until the
-        allocator has moved every journal away. Returns whether it got there."""
+        allocator has moved away every journal another broker can take. Returns whether
+        none is left here."""
         try:
             await self.member.mark_exiting()
         except EtcdError as err:
             log.error("cannot mark this broker exiting err=%s", err)
             return False
-        others = [
-            kv
-            for kv in self.keyspace.prefixed(self.keys.members)
-            if kv.key != self.keys.member(self.cfg.zone, self.cfg.suffix) and not kv.value.exiting
-        ]
-        if not others:
-            log.info("exiting: no other broker to hand journals to")
-            return False
         log.info("exiting: waiting for journals to move away count=%d", self.assigned_count())
         try:
             async with asyncio.timeout(timeout):
-                await wait_until_no_assignments(self.keyspace, self.cfg.root, self.member_id)
+                while True:
+                    revision = self.keyspace.revision
+                    if not self._movable():
+                        break
+                    await self.keyspace.wait_for_change(revision)
         except TimeoutError:
             log.warning("drain timed out with %d journals still assigned", self.assigned_count())
+            return False
+        if self.assigned_count():
+            log.info(
+                "exiting: no other broker can take the journals left count=%d",
+                self.assigned_count(),
+            )
             return False
         log.info("drained: no journals assigned")
         return True

@@ -42,7 +42,6 @@ from gazette.allocator.allocator import Allocator
 from gazette.allocator.member import Member
 from gazette.allocator.model import Assignment, Item, MemberID
 from gazette.allocator.session import MemberSession
-from gazette.allocator.solver import solve
 from gazette.broker.client import JournalClient
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.application import Application, MessageProducer, ResolveArgs
@@ -99,7 +98,7 @@ class ConsumerRuntime:
             keyspace=KeySpace(self.keys.keyspace_prefix, decode_consumer_value(cfg.root)),
             lease_ttl=cfg.lease_ttl,
             reconcile=lambda: self._reconcile_once(),
-            item_replication=desired_replication,
+            item_replication=lambda spec: desired_replication(spec, cfg.max_hot_standbys),
             member_limit=lambda spec: int(spec.shard_limit),
             is_consistent=self._is_consistent,
             is_failed=self._is_failed,
@@ -197,14 +196,8 @@ class ConsumerRuntime:
         if not mine:
             return []
         assert self.allocator is not None
-        state = self.allocator.state()
-        me = state.members.get(self.member_id)
-        if me is None or not me.exiting:
-            return sorted(mine)
-        # The leader's own solution, computed here: solve() is a function of the state.
-        desired = solve(state.items.values(), state.members.values(), state.current())
         failed = {s for s, r in self.replicas.items() if r.status.code == Code.FAILED}
-        return sorted(s for s in mine if s not in failed and desired.get(s))
+        return self.allocator.movable(self.member_id, set(mine) - failed)
 
     async def shutdown(self) -> None:
         """Stop every replica, release the member session and close connections."""

@@ -234,6 +234,32 @@ async def test_graceful_stop_hands_over_without_failed_appends(cluster: Cluster)
     await asyncio.to_thread(victim.start)
 
 
+async def test_every_broker_stopped_at_once_exits_without_waiting_out_its_drain(
+    cluster: Cluster,
+) -> None:
+    """SIGTERM to every broker at once (a whole-cluster restart): none has a broker left to
+    hand its journals to, so each exits at once, not after its 20 s drain bound, with its
+    spools persisted; restarted, they serve every acknowledged append."""
+    s = spec(f"cluster/all-stop-{next(_names)}", cluster.store)
+    sent = b""
+    async with stubs(cluster) as st:
+        await create(st[0], s)
+        await wait_route(st[0], s.name, 3)
+        for i in range(10):
+            resp = await append(st[i % 3], s.name, f"record {i}\n".encode())
+            assert resp.status == pb.OK, resp
+            sent += f"record {i}\n".encode()
+    t0 = time.monotonic()
+    await asyncio.gather(*(asyncio.to_thread(b.stop) for b in cluster.brokers))
+    took = time.monotonic() - t0
+    await asyncio.gather(*(asyncio.to_thread(b.start) for b in cluster.brokers))
+    async with stubs(cluster) as st:
+        await wait_route(st[0], s.name, 3)
+        content, _ = await read_all(st[0], s.name)
+    assert content == sent
+    assert took < 10.0, f"stopping every broker took {took:.1f}s"
+
+
 async def test_primary_sigkill_loses_no_acknowledged_append(cluster: Cluster) -> None:
     rng = random.Random(7)
     s = spec(f"cluster/kill-{next(_names)}", cluster.store)
