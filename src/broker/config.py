@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gazette.mainboilerplate.flags import (
+    DefaultsHelpFormatter,
     MemberConfig,
     MemberFlags,
     default_suffix,
@@ -52,6 +53,7 @@ BROKER_FLAGS = MemberFlags(
     },
     help={
         "etcd": "etcd endpoints, comma-separated [ETCD_ADDRESS]",
+        "log-level": "log level [LOG_LEVEL]",
         "root": "etcd root prefix of the broker keyspace [ETCD_PREFIX]",
         "zone": "zone of this broker [BROKER_ZONE]",
         "suffix": "unique id of this broker within its zone; default: the host name made a "
@@ -74,7 +76,9 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
     """Flags win over environment variables, which win over defaults."""
     d = BrokerConfig()
     p = argparse.ArgumentParser(
-        prog="gazette-broker", description="Serve Gazette journals over gRPC (protocol.Journal)."
+        prog="gazette-broker",
+        description="Serve Gazette journals over gRPC (protocol.Journal).",
+        formatter_class=DefaultsHelpFormatter,
     )
     flags = BROKER_FLAGS
     flags.add(p, d, "etcd", "root", "zone", "suffix", "listen", "advertise")
@@ -103,7 +107,12 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         default=d.cache_bytes,
         help="bytes of decompressed remote fragments cached for reads",
     )
-    p.add_argument("--journal-limit", type=int, default=d.journal_limit)
+    p.add_argument(
+        "--journal-limit",
+        type=int,
+        default=d.journal_limit,
+        help="most journals assigned to this broker",
+    )
     flags.add(p, d, "drain-timeout")
     p.add_argument(
         "--hole-wait",

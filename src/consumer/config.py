@@ -10,9 +10,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from gazette.consumer import store_hooks
-from gazette.mainboilerplate.flags import MemberConfig, MemberFlags, env
+from gazette.mainboilerplate.flags import DefaultsHelpFormatter, MemberConfig, MemberFlags, env
 
-__all__ = ["CONSUMER_FLAGS", "ConsumerConfig", "parse_args"]
+__all__ = ["CONSUMER_FLAGS", "DEFAULT_ROOT", "ConsumerConfig", "parse_args"]
+
+DEFAULT_ROOT = "/gazette/consumers/app"
+"""The etcd root of a consumer whose --root is not given: two applications left at it would
+share one keyspace (each other's shards and members), so the process says so at start."""
 
 
 @dataclass(frozen=True)
@@ -22,10 +26,11 @@ class ConsumerConfig(MemberConfig):
     app: str = ""
     """The Application: ``package.module:Name`` (a class, instantiated without arguments, or
     an instance)."""
-    root: str = "/gazette/consumers/app"
+    root: str = DEFAULT_ROOT
     """etcd root of this consumer application's shards, members and assignments."""
-    listen: str = "127.0.0.1:8081"
-    http_port: int = 8082
+    listen: str = "127.0.0.1:8090"
+    """gRPC; beside a quickstart's brokers (8080 and up), not on them."""
+    http_port: int = 8091
     """Port of the HTTP server (operator endpoints, the application's `register_http`
     handlers), on the host of `listen`. 0: no HTTP server."""
     broker: str = "127.0.0.1:8080"
@@ -33,6 +38,10 @@ class ConsumerConfig(MemberConfig):
     workdir: Path = Path("/var/tmp/gazette-consumer")
     """Local directory for shards' played-back stores."""
     shard_limit: int = 1024
+    max_hot_standbys: int = 3
+    """The most hot standbys the allocator gives any one shard, whatever its ShardSpec's
+    ``hot_standbys`` asks (upstream's ``--consumer.max-hot-standbys``, default 3). The
+    allocator's leader applies its own value: run every process with the same one."""
     hint_interval: float = 300.0
     drain_timeout: float = 60.0
     store_options: Mapping[str, Any] = field(default_factory=dict)
@@ -58,7 +67,8 @@ CONSUMER_FLAGS = MemberFlags(
     },
     help={
         "etcd": "etcd endpoints, comma-separated [ETCD_ADDRESS]",
-        "root": "etcd root of the application's shards [CONSUMER_ROOT]",
+        "root": "etcd root of the application's shards, members and assignments: give each "
+        "application its own [CONSUMER_ROOT]",
         "zone": "zone of this process [CONSUMER_ZONE]",
         "suffix": "unique id of this process within its zone; default: the host name made a "
         "valid suffix (%(default)s) [CONSUMER_ID]",
@@ -99,6 +109,7 @@ def _parser(
         prog="gazette-consumer",
         description="Run a consumer application's shards (and serve consumer.Shard over gRPC).",
         add_help=not first_look,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument(
         "app", nargs="?", default=env("CONSUMER_APP", ""), help="module:Application [CONSUMER_APP]"
@@ -122,6 +133,14 @@ def _parser(
         type=int,
         default=d.shard_limit,
         help="most shards assigned to this process",
+    )
+    p.add_argument(
+        "--max-hot-standbys",
+        type=int,
+        default=env("CONSUMER_MAX_HOT_STANDBYS", str(d.max_hot_standbys)),
+        help="most hot standbys of any one shard, bounding its ShardSpec's hot_standbys (e.g. "
+        "0 to run production specs on one process); the allocator's leader applies its own "
+        "value, so give every process the same [CONSUMER_MAX_HOT_STANDBYS]",
     )
     p.add_argument(
         "--hint-interval",
@@ -161,12 +180,15 @@ def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
     if not a.app:
         p.error("the application is required: gazette-consumer package.module:Application")
     CONSUMER_FLAGS.check(p, a)
+    if a.max_hot_standbys < 0:
+        p.error(f"--max-hot-standbys must be >= 0, not {a.max_hot_standbys}")
     return ConsumerConfig(
         **CONSUMER_FLAGS.values(a),
         app=a.app,
         broker=a.broker,
         workdir=a.workdir,
         shard_limit=a.shard_limit,
+        max_hot_standbys=a.max_hot_standbys,
         hint_interval=a.hint_interval,
         store_options={kind.name: kind.options(p, a) for kind in kinds},
     )

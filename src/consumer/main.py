@@ -36,7 +36,7 @@ from gazette.consumer.application import (
     IncompleteMessageProducer,
     check_message_producer,
 )
-from gazette.consumer.config import ConsumerConfig, parse_args
+from gazette.consumer.config import DEFAULT_ROOT, ConsumerConfig, parse_args
 from gazette.consumer.http_api import DEFAULT_SHUTDOWN_TIMEOUT, ConsumerHTTP, HTTPStartError
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.runtime import ConsumerRuntime
@@ -106,6 +106,15 @@ class ConsumerProcess:
 
     async def start(self) -> None:
         cfg, runtime = self.cfg, self.runtime
+        if cfg.root == DEFAULT_ROOT:
+            log.info(
+                "starting app=%s root=%s: the default root, which applications left at it "
+                "share; give each its own with --root or CONSUMER_ROOT",
+                cfg.app,
+                cfg.root,
+            )
+        else:
+            log.info("starting app=%s root=%s", cfg.app, cfg.root)
         if cfg.http_port:
             # Bound before registering: a port in use fails the start with nothing announced.
             http = ConsumerHTTP(

@@ -3,9 +3,10 @@
 The process is a member of the application's keyspace (`allocator.member.Member`): it
 announces ``{root}/members/{zone}#{suffix}`` (a ConsumerSpec, under its lease), mirrors the
 keyspace, runs the shared allocator and reconciles its replicas at each change. Each shard
-gets ``1 + hot_standbys`` replicas; a replica counts as consistent once it reports STANDBY or
-PRIMARY, so the allocator moves a primary away only after its successor caught up with the
-recovery log (zero-downtime hand-off, even without standbys).
+gets ``1 + hot_standbys`` replicas (at most ``--max-hot-standbys`` standbys); a replica
+counts as consistent once it reports STANDBY or PRIMARY, so the allocator moves a primary
+away only after its successor caught up with the recovery log (zero-downtime hand-off, even
+without standbys).
 
 For every assignment of this process a `ShardReplica` runs (standby, then primary when its
 slot becomes 0); its ReplicaStatus is written as the assignment's value, guarded by the

@@ -339,10 +339,15 @@ def recovery_log_of(spec: pb.ShardSpec) -> str:
     return f"{spec.recovery_log_prefix}/{spec.id}"
 
 
-def desired_replication(spec: pb.ShardSpec) -> int:
-    """How many replicas the allocator gives the shard: a primary plus its hot standbys, or
-    none while the shard is disabled."""
-    return 0 if spec.disable else 1 + int(spec.hot_standbys)
+def desired_replication(spec: pb.ShardSpec, max_hot_standbys: int | None = None) -> int:
+    """How many replicas the allocator gives the shard: a primary plus its hot standbys (at
+    most `max_hot_standbys` of them, if given), or none while the shard is disabled."""
+    if spec.disable:
+        return 0
+    standbys = int(spec.hot_standbys)
+    if max_hot_standbys is not None:
+        standbys = min(standbys, max_hot_standbys)
+    return 1 + standbys
 
 
 def ring_buffer_size(spec: pb.ShardSpec) -> int:

@@ -8,7 +8,9 @@ defaults, checks). What a process calls them is its own: each passes the environ
 variables, help texts and error wordings its operators know (`MemberFlags` fields), and adds
 its own flags in between, so its ``--help`` reads in the order it always had.
 
-Flags win over environment variables, which win over the process's defaults.
+Flags win over environment variables, which win over the process's defaults. ``--help``
+shows each flag's default (`DefaultsHelpFormatter`): the value it takes here and now, the
+environment included.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from gazette.mainboilerplate.etcd_endpoints import InvalidEndpoint, parse_endpoi
 
 __all__ = [
     "MEMBER_FLAGS",
+    "DefaultsHelpFormatter",
     "MemberConfig",
     "MemberFlags",
     "check_process_id",
@@ -53,6 +56,21 @@ MIN_LEASE_TTL = 2
 def env(name: str, default: str) -> str:
     """The environment variable `name`, or `default`."""
     return os.environ.get(name, default)
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` that ends each flag's text with its default, as the process would take it
+    (a default read from the environment shows that value). Not for flags whose text already
+    speaks of its default, nor for an empty default (an optional argument that is absent
+    unless given), nor for flags without a text."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if not text or "default" in text:
+            return text
+        if action.default in (None, "", argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 def default_suffix(hostname: str | None = None) -> str:

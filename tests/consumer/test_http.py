@@ -364,7 +364,7 @@ async def test_in_process_port_in_use_raises_address_in_use() -> None:
 
 
 def test_http_port_flag_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert parse_args(["m:A"]).http_port == 8082
+    assert parse_args(["m:A"]).http_port == 8091
     assert parse_args(["m:A", "--listen", "0.0.0.0:9000"]).http_host == "0.0.0.0"
     assert parse_args(["m:A", "--listen", "[::1]:9000"]).http_host == "::1"
     monkeypatch.setenv("CONSUMER_HTTP_PORT", "9123")
