@@ -128,6 +128,35 @@ async def test_stat_returns_when_its_shard_stops(
             await r.stop()
 
 
+async def test_stat_ignores_read_through_of_journals_the_shard_does_not_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upstream: "Offsets of journals not read by this shard are ignored" (ResolveArgs
+    .ReadThrough), so a caller can name every journal it appended to in one request. Stat
+    answered INVALID_ARGUMENT for them. Offsets of the shard's sources are still waited for."""
+    monkeypatch.setattr(replica_mod, "SourceReaders", IdleReaders)
+    rt, ks, me = make_runtime(tmp_path)
+    ks.put(assignment_key(ROOT, "shard", me, 0), pb.ReplicaStatus())
+    await rt._reconcile_once()
+    replica = rt.replicas["shard"]
+    await eventually(lambda: replica.status.code == Code.PRIMARY, what="PRIMARY", timeout=5)
+    try:
+        async with asyncio.timeout(2):
+            resp = await rt.stat(
+                pb.StatRequest(shard="shard", read_through={"other/journal": 100}), None
+            )
+        assert resp.status == pb.OK
+        both = {JOURNAL: 100, "other/journal": 100}
+        stat = asyncio.create_task(rt.stat(pb.StatRequest(shard="shard", read_through=both), None))
+        await asyncio.wait({stat}, timeout=0.2)
+        assert not stat.done(), "Stat did not wait for the shard's source"
+        stat.cancel()
+        await asyncio.gather(stat, return_exceptions=True)
+    finally:
+        for r in list(rt.replicas.values()):
+            await r.stop()
+
+
 class HangingCommitStore(FakeStore):
     def start_commit(self, shard: Any, cp: pb.Checkpoint, wait_for: Any) -> asyncio.Future[None]:
         super().start_commit(shard, cp, wait_for)
