@@ -11,11 +11,18 @@ require("the SQLite store", "sqlite", "apsw")
 
 from gazette.stores.sqlite.bridge import RecorderBridge
 from gazette.stores.sqlite.pagestore import CorruptPageFile, PageStore, rebuild
-from gazette.stores.sqlite.store import DB_NAME, JOURNAL_MODES, SQLiteStore, recover
+from gazette.stores.sqlite.store import (
+    DB_NAME,
+    DEFAULT_PAGE_SIZE,
+    JOURNAL_MODES,
+    SQLiteStore,
+    recover,
+)
 from gazette.stores.sqlite.vfs import RecordingVFS
 
 __all__ = [
     "DB_NAME",
+    "DEFAULT_PAGE_SIZE",
     "JOURNAL_MODES",
     "CorruptPageFile",
     "PageStore",

@@ -3,8 +3,9 @@
 The database lives in the Recorder's directory on local disk and is driven by one APSW
 connection, in a thread owned by the store (`run`); its files are recorded through a
 `RecordingVFS` (see docs/sqlite-store.md). The consumer transaction is an SQL transaction,
-begun on demand by `run`; `start_commit` writes the serialized ``consumer.Checkpoint`` into
-table ``gazette_checkpoint`` within it, commits, and resolves once the commit is in the log.
+begun on demand by `transact` (never by `run`); `start_commit` writes the serialized
+``consumer.Checkpoint`` into table ``gazette_checkpoint`` within it, commits, and resolves
+once the commit is in the log. How an application uses it: docs/sqlite-app.md.
 
 Recovery: the consumer runtime plays the log into a directory and hands it off to its author
 (a `RecoveredLog`), then `from_recovered` opens the store recording onwards (`recover` does
@@ -48,6 +49,7 @@ from gazette.stores.sqlite.vfs import RecordingVFS
 
 __all__ = [
     "DB_NAME",
+    "DEFAULT_PAGE_SIZE",
     "JOURNAL_MODES",
     "SQLiteStore",
     "rebuild_played",
@@ -61,6 +63,9 @@ T = TypeVar("T")
 DB_NAME = "primary.db"
 JOURNAL_MODES = frozenset({"delete", "truncate", "persist", "wal"})
 """Journal modes the store supports (MEMORY and OFF leave no recoverable journal)."""
+DEFAULT_PAGE_SIZE = 1024
+"""The page size of a new database: a commit records every page it changes whole, and
+SQLite's 4 KiB made a small transaction's log 2.5x larger (docs/sqlite-app.md)."""
 
 _CHECKPOINT_DDL = """
 CREATE TABLE IF NOT EXISTS gazette_checkpoint (
@@ -167,6 +172,7 @@ class SQLiteStore:
         min_compaction_bytes: int = 1 << 20,
         cache_size_kib: int = 64 << 10,
         wal_checkpoint_pages: int = 1000,
+        page_size: int | None = DEFAULT_PAGE_SIZE,
     ) -> SQLiteStore:
         """Open the store in `recorder`'s directory, recording through `recorder` (a
         `Recorder` on the running loop).
@@ -180,6 +186,10 @@ class SQLiteStore:
         `run` blocks the loop while its function runs, and no thread hand-over or contention
         for the GIL is paid (docs/sqlite-store.md, "SQLite on the loop"). `sync_waits` must
         then be False (its default there: nothing may wait on the loop).
+
+        `page_size` applies to a new database (None: SQLite's default, 4096); an existing
+        one keeps its own. Each commit records the pages it changed whole, so smaller pages
+        record less per small transaction (docs/sqlite-app.md, "What a transaction costs").
 
         In WAL mode, a commit leaving `wal_checkpoint_pages` or more in the WAL checkpoints it
         (PASSIVE, instead of SQLite's auto-checkpoint, whose copies would be recorded again);
@@ -230,6 +240,7 @@ class SQLiteStore:
                 journal_mode,
                 cache_size_kib,
                 wal_checkpoint_pages,
+                page_size,
             )
             await self._barrier_on_loop()
         except BaseException:
@@ -244,12 +255,15 @@ class SQLiteStore:
         journal_mode: str,
         cache_kib: int,
         wal_checkpoint_pages: int,
+        page_size: int | None,
     ) -> None:
         assert self._vfs is not None
         flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE
         conn = apsw.Connection(str(self.path), flags=flags, vfs=self._vfs.name)
         self._conn = conn
         conn.execute(f"PRAGMA cache_size = -{cache_kib}")
+        if page_size is not None:
+            conn.execute(f"PRAGMA page_size = {int(page_size)}")
         if bootstrap_sql:
             # Stepped to its end: APSW runs a script's statements as its rows are read, so
             # one returning rows (``PRAGMA journal_mode=...``) would leave the rest unrun.
@@ -279,7 +293,7 @@ class SQLiteStore:
 
     @property
     def connection(self) -> apsw.Connection:
-        """The APSW connection: use it only within functions passed to `run`."""
+        """The APSW connection: use it only within functions passed to `run` or `transact`."""
         if self._conn is None:
             raise StoreClosed("the store is not open")
         return self._conn
@@ -310,8 +324,17 @@ class SQLiteStore:
         """Run ``fn(connection, *args)`` in the store's SQLite thread (or, ``on_loop``, in a
         callback of the loop, blocking it meanwhile); return its result.
 
-        Calls run one at a time, in call order. Cancelled before it starts, `fn` does not
-        run; once started, it runs to its end whatever happens to the await.
+        `run` begins no transaction: `fn` sees the connection as it is. Between consumer
+        transactions that is autocommit, where each statement that writes commits (and is
+        recorded) at once, without a Checkpoint, so a write made so is not exactly-once;
+        while a consumer transaction is open (a `transact` since the last `start_commit`),
+        `fn`'s statements belong to it and read its uncommitted changes. Use `transact` for
+        the consumer's reads and writes, and `run` for what stands outside them (queries of
+        an HTTP handler, maintenance).
+
+        Calls (of `run`, `transact` and commits) run one at a time, in call order. Cancelled
+        before it starts, `fn` does not run; once started, it runs to its end whatever
+        happens to the await.
         """
         return await self._submit(fn, *args)
 
@@ -422,8 +445,13 @@ class SQLiteStore:
         return fn(self._conn, *args)
 
     async def transact(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(connection, *args)`` within the current consumer transaction (begun on
-        demand), which `start_commit` commits with its Checkpoint."""
+        """Run ``fn(connection, *args)`` within the current consumer transaction, which
+        `start_commit` commits with its Checkpoint; return its result.
+
+        The first `transact` after a commit begins the transaction (``BEGIN``); later ones,
+        until the next `start_commit`, join it. `fn` must neither commit nor roll it back.
+        Ordering and cancellation are `run`'s; an exception of `fn` leaves the transaction
+        open, with whatever `fn`'s statements changed before it."""
         return await self.run(self._in_transaction, fn, *args)
 
     def _in_transaction(self, conn: apsw.Connection, fn: Callable[..., T], *args: Any) -> T:
