@@ -43,7 +43,6 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
         "attach-uuids",
         help="generate and attach UUIDs to text input records",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--template",

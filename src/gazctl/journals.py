@@ -110,7 +110,6 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
             help=help,
             description=help,
             parents=[common],
-            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         if selector is not False:
             p.add_argument(
@@ -124,7 +123,9 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
         return p
 
     p = cmd("list", "list journals matching a selector", cmd_list, selector=None)
-    p.add_argument("-o", "--format", choices=("table", "yaml", "json"), default="table")
+    p.add_argument(
+        "-o", "--format", choices=("table", "yaml", "json"), default="table", help="output format"
+    )
     p.add_argument("-w", "--watch", action="store_true", help="keep listing as journals change")
     p.add_argument("-p", "--primary", action="store_true", help="show each journal's primary")
     p.add_argument(
@@ -209,7 +210,9 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="from_time", default="", help="persisted at or after")
     p.add_argument("--to", dest="to_time", default="", help="persisted before")
     p.add_argument("--url-ttl", default="", help="also sign fragment URLs valid this long")
-    p.add_argument("-o", "--format", choices=("table", "json"), default="table")
+    p.add_argument(
+        "-o", "--format", choices=("table", "json"), default="table", help="output format"
+    )
 
     p = cmd("prune", "delete fragments older than each journal's retention", cmd_prune)
     p.add_argument("-l", "--selector", required=True, help="label selector of journals")

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 import grpc
 import grpc.aio
@@ -43,6 +43,7 @@ __all__ = [
     "kept_edit_error",
     "build_parser",
     "DEFAULT_BROKER",
+    "HelpFormatter",
 ]
 
 DEFAULT_BROKER = "127.0.0.1:8080"
@@ -121,6 +122,33 @@ class Streams:
         self.stderr.flush()
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help whose options say their defaults: ``(default: X)`` is added to each option having
+    a default worth saying (not None, empty or False) unless its help mentions it already.
+    Descriptions keep their line breaks (they hold examples)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or "default" in text
+            or default in (None, "", False, argparse.SUPPRESS)
+            or default == []
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """gazctl's parsers: `HelpFormatter` unless told otherwise, which the subcommands'
+    parsers inherit (argparse makes them of their parent parser's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 class Handler(Protocol):
     async def __call__(self, args: argparse.Namespace, io: Streams) -> int: ...
 
@@ -148,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The full argument parser of gazctl."""
     from gazette.gazctl import attach_uuids, journals, shards
 
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="gazctl", description="Command line interface of Gazette brokers and consumers."
     )
     groups = parser.add_subparsers(dest="group", metavar="GROUP", required=True)

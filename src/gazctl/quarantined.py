@@ -36,7 +36,9 @@ def add_journals_quarantined(cmds: Any, common: argparse.ArgumentParser) -> None
         default=os.environ.get("BROKER_SPOOL_DIR", ""),
         help="the broker's --spool-dir (env BROKER_SPOOL_DIR)",
     )
-    p.add_argument("-o", "--format", choices=("table", "json"), default="table")
+    p.add_argument(
+        "-o", "--format", choices=("table", "json"), default="table", help="output format"
+    )
     p.set_defaults(handler=cmd_journals_quarantined)
 
 

@@ -1,5 +1,6 @@
-"""``gazctl shards list | apply | edit | unassign``: shard specs and assignments, through a
-consumer's ``consumer.Shard`` service (see `gazctl.shards` for the group's overview)."""
+"""``gazctl shards list | stat | apply | edit | unassign``: shard specs, assignments and
+progress, through a consumer's ``consumer.Shard`` service (`gazctl.consumers` picks the
+consumer; see `gazctl.shards` for the group's overview)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import grpc.aio
 from google.protobuf import json_format
 
 from gazette.broker.client import JournalClient, get_journal
@@ -26,14 +26,13 @@ from gazette.broker.protocol.labels import value_of
 from gazette.broker.protocol.selector import parse_label_selector
 from gazette.consumer.protocol import pb
 from gazette.consumer.shard_client import (
-    ShardClient,
-    ShardStatusError,
     apply_shards_in_batches,
     list_shards,
     stat_shard,
     unassign_shards,
 )
 from gazette.consumer.spec import recovery_log_of, validate_shard_spec
+from gazette.gazctl.consumers import DEFAULT_CONSUMER, ConsumerError, Consumers
 from gazette.gazctl.main import GazctlError, Streams, kept_edit_error, raise_if_txn_too_large
 from gazette.gazctl.output import apply_plan, render_table
 from gazette.gazctl.shardspace import apply_changes, dump_set, load_set, set_from_list
@@ -42,9 +41,9 @@ from gazette.message.framing import UnknownFramingError, framing_for
 
 __all__ = ["DEFAULT_CONSUMER", "register_spec_commands"]
 
-DEFAULT_CONSUMER = "127.0.0.1:8081"
 RECOVERY_LOG_CONTENT_TYPE = "application/x-gazette-recoverylog"
 UNASSIGN_BATCH = 100  # shards per Unassign request, as upstream
+STAT_TIMEOUT = 60.0
 
 Handler = Callable[[argparse.Namespace, Streams], Coroutine[Any, Any, int]]
 Shards = list[pb.ListResponse.Shard]
@@ -59,14 +58,15 @@ def register_spec_commands(cmds: Any, common: argparse.ArgumentParser) -> None:
         p: argparse.ArgumentParser = cmds.add_parser(
             name, help=help, description=help, parents=[common]
         )
-        p.set_defaults(handler=_consumer_errors(handler))
+        p.set_defaults(handler=handler)
         p.add_argument(
             "--consumer",
             "--consumer.address",
             dest="consumer",
             default=os.environ.get("CONSUMER_ADDRESS", DEFAULT_CONSUMER),
-            help="endpoint of a consumer process, e.g. 127.0.0.1:8081 or http://host:8081 "
-            "(env CONSUMER_ADDRESS; default %(default)s)",
+            help="gRPC address of a consumer process (gazette-consumer --listen), e.g. "
+            "127.0.0.1:8090 or http://host:8090; several, comma-separated, are tried in turn "
+            "while one is down (env CONSUMER_ADDRESS; default %(default)s)",
         )
         if selector is not False:
             p.add_argument(
@@ -79,7 +79,9 @@ def register_spec_commands(cmds: Any, common: argparse.ArgumentParser) -> None:
         return p
 
     p = cmd("list", "list shards, their status and route", cmd_list, selector=None)
-    p.add_argument("-o", "--format", choices=("table", "yaml", "json"), default="table")
+    p.add_argument(
+        "-o", "--format", choices=("table", "yaml", "json"), default="table", help="output format"
+    )
     p.add_argument(
         "--lag",
         action="store_true",
@@ -87,6 +89,31 @@ def register_spec_commands(cmds: Any, common: argparse.ArgumentParser) -> None:
         "shard's read-through offset)",
     )
     p.add_argument("-L", "--label-columns", default="", help="comma-separated labels as columns")
+
+    p = cmd(
+        "stat",
+        "show shards' progress: the offsets each has read its sources through and "
+        "published its outputs through (asked of each shard's primary)",
+        cmd_stat,
+        selector=True,
+    )
+    p.add_argument(
+        "--read-through",
+        action="append",
+        default=[],
+        metavar="JOURNAL=OFFSET",
+        help="first wait until each selected shard reading JOURNAL has read it through OFFSET "
+        "(repeatable), e.g. the offset an append returned",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=STAT_TIMEOUT,
+        help="seconds to wait for each shard's answer",
+    )
+    p.add_argument(
+        "-o", "--format", choices=("table", "json"), default="table", help="output format"
+    )
 
     p = apply_p = cmd("apply", "apply a YAML of shard specs (common: / shards:)", cmd_apply)
     p.add_argument("--specs", default="-", help="YAML file of specs ('-': stdin)")
@@ -127,26 +154,6 @@ def register_spec_commands(cmds: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the shards, change nothing")
 
 
-def _consumer_errors(handler: Handler) -> Handler:
-    """Report consumer failures as one line naming the consumer."""
-
-    async def run(args: argparse.Namespace, io: Streams) -> int:
-        try:
-            return await handler(args, io)
-        except ShardStatusError as err:
-            raise GazctlError(f"consumer {args.consumer}: {err}") from err
-        except grpc.aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.UNAVAILABLE:
-                raise GazctlError(
-                    f"consumer {args.consumer} is unavailable: {err.details()}"
-                ) from err
-            if err.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise GazctlError(f"consumer {args.consumer} refused: {err.details()}") from err
-            raise
-
-    return run
-
-
 def _selector(text: str) -> bpb.LabelSelector | None:
     return parse_label_selector(text) if text else None
 
@@ -177,6 +184,20 @@ def route_text(shard: pb.ListResponse.Shard) -> str:
         status = _code(shard.status[i]) if i < len(shard.status) else "?"
         parts.append(f"{m.zone}#{m.suffix}{'*' if i == r.primary else ''}:{status}")
     return ",".join(parts)
+
+
+def failure_text(shard: pb.ListResponse.Shard) -> str:
+    """The errors of the shard's replicas that have any (FAILED ones), each as
+    ``zone#suffix: error``, its first line only (``-o json`` has them whole); "" if none."""
+    parts = []
+    for i, st in enumerate(shard.status):
+        if not st.errors:
+            continue
+        m = shard.route.members[i] if i < len(shard.route.members) else None
+        who = f"{m.zone}#{m.suffix}" if m is not None else f"replica {i}"
+        first = "; ".join((e.strip().splitlines() or [""])[0] for e in st.errors)
+        parts.append(f"{who}: {first}")
+    return " | ".join(parts)
 
 
 def _shard_json(shard: pb.ListResponse.Shard, lag: dict[str, int] | None) -> dict[str, Any]:
@@ -214,10 +235,10 @@ async def _write_head(client: JournalClient, journal: str) -> int:
 
 
 async def shard_lag(
-    sc: ShardClient, jc: JournalClient, shard: pb.ListResponse.Shard
+    consumers: Consumers, jc: JournalClient, shard: pb.ListResponse.Shard
 ) -> dict[str, int]:
     """Bytes of each source journal the shard has yet to read: write head - read through."""
-    stat = await stat_shard(sc, shard.spec.id)
+    stat = await consumers.call(lambda sc: stat_shard(sc, shard.spec.id))
     out: dict[str, int] = {}
     for journal, offset in sorted(stat.read_through.items()):
         out[journal] = max(0, await _write_head(jc, journal) - offset)
@@ -238,8 +259,12 @@ def _render(shards: Shards, args: argparse.Namespace, lags: dict[str, dict[str, 
     header = ["ID", "STATUS", "ROUTE", *(c.upper() for c in label_cols)]
     if args.lag:
         header.append("LAG")
+    # Last, as errors are free text: the column is there when a listed shard has any.
+    failures = [failure_text(s) for s in shards]
+    if any(failures):
+        header.append("ERRORS")
     rows = []
-    for s in shards:
+    for s, failure in zip(shards, failures, strict=True):
         row = [s.spec.id, primary_status(s), route_text(s)]
         for c in label_cols:
             values = [lb.value for lb in s.spec.labels.labels if lb.name == c]
@@ -247,20 +272,114 @@ def _render(shards: Shards, args: argparse.Namespace, lags: dict[str, dict[str, 
         if args.lag:
             lag = lags.get(s.spec.id, {})
             row.append(", ".join(f"{j}:{n}" for j, n in lag.items()) or "-")
+        if any(failures):
+            row.append(failure or "-")
         rows.append(row)
     return render_table(header, rows)
 
 
 async def cmd_list(args: argparse.Namespace, io: Streams) -> int:
     selector = _selector(args.selector)
-    async with ShardClient(args.consumer) as sc:
-        shards = await list_shards(sc, selector)
+    async with Consumers(args.consumer, io) as consumers:
+        shards = await consumers.call(lambda sc: list_shards(sc, selector))
         lags: dict[str, dict[str, int]] = {}
         if args.lag and shards:
             async with JournalClient(args.broker, zone=args.zone) as jc:
                 for s in shards:
-                    lags[s.spec.id] = await shard_lag(sc, jc, s)
+                    lags[s.spec.id] = await shard_lag(consumers, jc, s)
     io.out(_render(shards, args, lags))
+    return 0
+
+
+# --- stat -------------------------------------------------------------------------------
+
+
+def _read_through_args(items: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        journal, sep, offset = item.rpartition("=")
+        try:
+            out[journal.strip()] = int(offset)
+        except ValueError:
+            sep = ""
+        if not sep or not journal.strip() or out.get(journal.strip(), 0) < 0:
+            raise GazctlError(f"--read-through {item!r}: expected JOURNAL=OFFSET (OFFSET >= 0)")
+    return out
+
+
+def _primary(shard: pb.ListResponse.Shard) -> str:
+    r = shard.route
+    if 0 <= r.primary < len(r.members):
+        m = r.members[r.primary]
+        return f"{m.zone}#{m.suffix}"
+    return "<none>"
+
+
+def _offsets_text(offsets: Any) -> str:
+    return ", ".join(f"{j}:{o}" for j, o in sorted(offsets.items())) or "-"
+
+
+async def cmd_stat(args: argparse.Namespace, io: Streams) -> int:
+    wanted = _read_through_args(args.read_through)
+    selector = _selector(args.selector)
+    async with Consumers(args.consumer, io) as consumers:
+        shards = await consumers.call(lambda sc: list_shards(sc, selector))
+        if not shards:
+            raise GazctlError(f"no shards match selector {args.selector!r}")
+        read = {src.journal for s in shards for src in s.spec.sources}
+        unread = sorted(set(wanted) - read)
+        if unread:
+            raise GazctlError(f"--read-through: no selected shard reads {', '.join(unread)}")
+        stats: list[tuple[pb.ListResponse.Shard, pb.StatResponse]] = []
+        for shard in shards:
+            sources = {src.journal for src in shard.spec.sources}
+            req = pb.StatRequest(
+                shard=shard.spec.id,
+                read_through={j: o for j, o in wanted.items() if j in sources},
+            )
+            try:
+                resp = await consumers.call(
+                    lambda sc, req=req: sc.stub.Stat(req, timeout=args.timeout)  # type: ignore[misc]
+                )
+            except ConsumerError as err:
+                cause = err.__cause__
+                if isinstance(cause, grpc.aio.AioRpcError) and (
+                    cause.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                ):
+                    raise GazctlError(
+                        f"shard {shard.spec.id}: no answer within {args.timeout:g}s (--timeout)"
+                        + (": has it read through --read-through yet?" if req.read_through else "")
+                    ) from err
+                raise GazctlError(f"shard {shard.spec.id}: {err}") from err
+            stats.append((shard, resp))
+    if args.format == "json":
+        docs = [
+            {
+                "id": shard.spec.id,
+                "status": pb.Status.Name(resp.status),
+                "primary": _primary(shard),
+                "read_through": dict(sorted(resp.read_through.items())),
+                "publish_at": dict(sorted(resp.publish_at.items())),
+            }
+            for shard, resp in stats
+        ]
+        io.out(json.dumps(docs, indent=2))
+    else:
+        header = ["ID", "STATUS", "PRIMARY", "READ_THROUGH", "PUBLISH_AT"]
+        rows = [
+            [
+                shard.spec.id,
+                pb.Status.Name(resp.status),
+                _primary(shard),
+                _offsets_text(resp.read_through),
+                _offsets_text(resp.publish_at),
+            ]
+            for shard, resp in stats
+        ]
+        io.out(render_table(header, rows))
+    failed = [f"{sh.spec.id} ({pb.Status.Name(r.status)})" for sh, r in stats if r.status != pb.OK]
+    if failed:
+        raise GazctlError(f"Stat failed for shard(s) {', '.join(failed)}")
     return 0
 
 
@@ -302,7 +421,7 @@ async def verify_referenced_journals(jc: JournalClient, req: pb.ApplyRequest) ->
 
 
 async def _apply_text(
-    sc: ShardClient,
+    consumers: Consumers,
     args: argparse.Namespace,
     text: str,
     io: Streams,
@@ -314,7 +433,7 @@ async def _apply_text(
     current: dict[str, int] = {}
     if shard_set.shards:
         # Revisions of the shards as they exist now, for entries that omit `revision`.
-        current = {s.spec.id: s.mod_revision for s in await list_shards(sc)}
+        current = {s.spec.id: s.mod_revision for s in await consumers.call(list_shards)}
     changes = apply_changes(shard_set, current)
     for ch in changes:
         if ch.HasField("upsert"):
@@ -334,9 +453,9 @@ async def _apply_text(
         io.err("nothing to apply")
         return 0
     try:
-        resp = await apply_shards_in_batches(sc, req, txn_size)
-    except (grpc.aio.AioRpcError, ShardStatusError) as err:
-        raise_if_txn_too_large(err, len(changes), txn_size)
+        resp = await consumers.call(lambda sc: apply_shards_in_batches(sc, req, txn_size))
+    except ConsumerError as err:
+        raise_if_txn_too_large(err.__cause__ or err, len(changes), txn_size)
         raise
     io.err(f"applied {len(changes)} change(s) at revision {resp.header.etcd.revision}")
     return 0
@@ -344,9 +463,9 @@ async def _apply_text(
 
 async def cmd_apply(args: argparse.Namespace, io: Streams) -> int:
     text = await io.read_input(args.specs)
-    async with ShardClient(args.consumer) as sc:
+    async with Consumers(args.consumer, io) as consumers:
         return await _apply_text(
-            sc, args, text, io, dry_run=args.dry_run, txn_size=args.max_txn_size
+            consumers, args, text, io, dry_run=args.dry_run, txn_size=args.max_txn_size
         )
 
 
@@ -359,8 +478,9 @@ _EDIT_HEADER = """\
 
 
 async def cmd_edit(args: argparse.Namespace, io: Streams) -> int:
-    async with ShardClient(args.consumer) as sc:
-        shards = await list_shards(sc, _selector(args.selector))
+    selector = _selector(args.selector)
+    async with Consumers(args.consumer, io) as consumers:
+        shards = await consumers.call(lambda sc: list_shards(sc, selector))
         if not shards:
             raise GazctlError(f"no shards match selector {args.selector!r}")
         original = _EDIT_HEADER + dump_set(set_from_list(shards))
@@ -381,9 +501,9 @@ async def cmd_edit(args: argparse.Namespace, io: Streams) -> int:
             return 0
         try:
             return await _apply_text(
-                sc, args, edited, io, dry_run=False, txn_size=args.max_txn_size
+                consumers, args, edited, io, dry_run=False, txn_size=args.max_txn_size
             )
-        except (ValidationError, GazctlError, ShardStatusError) as err:
+        except (ValidationError, GazctlError) as err:
             raise kept_edit_error(err, edited, "shards apply") from err
 
 
@@ -391,8 +511,10 @@ async def cmd_edit(args: argparse.Namespace, io: Streams) -> int:
 
 
 async def cmd_unassign(args: argparse.Namespace, io: Streams) -> int:
-    async with ShardClient(args.consumer) as sc:
-        shards = {s.spec.id: s for s in await list_shards(sc, _selector(args.selector))}
+    selector = _selector(args.selector)
+    async with Consumers(args.consumer, io) as consumers:
+        listed = await consumers.call(lambda sc: list_shards(sc, selector))
+        shards = {s.spec.id: s for s in listed}
         ids = [
             sid
             for sid, s in shards.items()
@@ -400,8 +522,11 @@ async def cmd_unassign(args: argparse.Namespace, io: Streams) -> int:
         ]
         done: list[str] = []
         for i in range(0, len(ids), UNASSIGN_BATCH):
-            done += await unassign_shards(
-                sc, ids[i : i + UNASSIGN_BATCH], only_failed=args.failed, dry_run=args.dry_run
+            batch = ids[i : i + UNASSIGN_BATCH]
+            done += await consumers.call(
+                lambda sc, batch=batch: unassign_shards(  # type: ignore[misc]
+                    sc, batch, only_failed=args.failed, dry_run=args.dry_run
+                )
             )
     verb = "would unassign" if args.dry_run else "unassigned"
     for sid in done:

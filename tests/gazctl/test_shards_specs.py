@@ -73,19 +73,34 @@ def test_list_route_and_status(shards: Gazctl, shard_api: ShardAPIServer, specs:
     shard_api.put_member("zone-a", "c1")
     shard_api.put_member("zone-b", "c2")
     shard_api.put_assignment("shard-001", "zone-b", "c2", 0, pb.ReplicaStatus.PRIMARY)
-    shard_api.put_assignment("shard-001", "zone-a", "c1", 1, pb.ReplicaStatus.FAILED, ("boom",))
+    shard_api.put_assignment(
+        "shard-001", "zone-a", "c1", 1, pb.ReplicaStatus.FAILED, ("boom: at offset 12\ntrace",)
+    )
 
+    # A FAILED replica's reason is in the table (its first line), in a last column that is
+    # there when a listed shard has one.
     table = shards("list", "-L", "tier").text.splitlines()
-    assert table[0].split() == ["ID", "STATUS", "ROUTE", "TIER"]
-    assert table[2].split() == [
+    assert table[0].split() == ["ID", "STATUS", "ROUTE", "TIER", "ERRORS"]
+    assert table[1].split() == ["shard-000", "<none>", "<none>", "<none>", "-"]
+    assert table[2].split(maxsplit=4) == [
         "shard-001",
         "PRIMARY",
         "zone-a#c1:FAILED,zone-b#c2*:PRIMARY",
         "gold",
+        "zone-a#c1: boom: at offset 12",
+    ]
+    assert len(table) == 3
+    assert shards("list", "-l", "id=shard-000").text.splitlines()[0].split() == [
+        "ID",
+        "STATUS",
+        "ROUTE",
     ]
     (doc,) = listed(shards, "-l", "id=shard-001")
     assert doc["route"]["primary"] == 1  # type: ignore[index]
-    assert doc["status"] == [{"code": "FAILED", "errors": ["boom"]}, {"code": "PRIMARY"}]
+    assert doc["status"] == [
+        {"code": "FAILED", "errors": ["boom: at offset 12\ntrace"]},
+        {"code": "PRIMARY"},
+    ]
 
 
 def test_list_lag(
