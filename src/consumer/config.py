@@ -1,9 +1,17 @@
-"""Configuration of a consumer process: one typed place, from flags and environment."""
+"""Configuration of a consumer process: one typed place, from flags and environment.
+
+The application may declare its own settings: a dataclass as its class's ``Config``
+attribute, whose fields the process fills from ``--app.<field>`` flags, ``APP_<FIELD>``
+variables and an ``--app-config`` file (`mainboilerplate.settings`), and hands to the class
+when it instantiates it (`consumer.main.load_application`)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,8 +19,9 @@ from typing import Any, NoReturn
 
 from gazette.consumer import store_hooks
 from gazette.mainboilerplate.flags import DefaultsHelpFormatter, MemberConfig, MemberFlags, env
+from gazette.mainboilerplate.settings import Settings, SettingsError, settings_class
 
-__all__ = ["CONSUMER_FLAGS", "DEFAULT_ROOT", "ConsumerConfig", "parse_args"]
+__all__ = ["CONSUMER_FLAGS", "DEFAULT_ROOT", "ConsumerConfig", "app_settings", "parse_args"]
 
 DEFAULT_ROOT = "/gazette/consumers/app"
 """The etcd root of a consumer whose --root is not given: two applications left at it would
@@ -24,8 +33,10 @@ class ConsumerConfig(MemberConfig):
     """Everything a consumer process needs; defaults run on one machine."""
 
     app: str = ""
-    """The Application: ``package.module:Name`` (a class, instantiated without arguments, or
-    an instance)."""
+    """The Application: ``package.module:Name`` (a class, instantiated with its `app_config`
+    if it declares a ``Config``, else without arguments; or an instance, used as it is)."""
+    app_config: Any = None
+    """The application's settings: an instance of its ``Config`` dataclass, or None."""
     root: str = DEFAULT_ROOT
     """etcd root of this consumer application's shards, members and assignments."""
     listen: str = "127.0.0.1:8090"
@@ -101,8 +112,22 @@ class _FirstLook(argparse.ArgumentParser):
         raise _Unparsable(message)
 
 
+def app_settings(config: type) -> Settings:
+    """The flags, variables and file of an application's `config` dataclass."""
+    return Settings(
+        config,
+        flag_prefix="app.",
+        env_prefix="APP_",
+        file_flag="app-config",
+        file_env="CONSUMER_APP_CONFIG",
+    )
+
+
 def _parser(
-    kinds: list[store_hooks.StoreKind], *, first_look: bool = False
+    kinds: list[store_hooks.StoreKind],
+    settings: Settings | None = None,
+    *,
+    first_look: bool = False,
 ) -> argparse.ArgumentParser:
     d = ConsumerConfig()
     p = (_FirstLook if first_look else argparse.ArgumentParser)(
@@ -152,37 +177,72 @@ def _parser(
     flags.add(p, d, "drain-timeout", "log-level")
     for kind in kinds:
         kind.add_flags(p)
+    if settings is not None:
+        settings.add(p)
     return p
 
 
-def _import_application(argv: list[str] | None) -> None:
+def _without_app_flags(argv: list[str] | None) -> list[str]:
+    """`argv` without the application's ``--app.*`` flags and their values, which the first
+    look does not know yet (a value would be taken for the application)."""
+    args = sys.argv[1:] if argv is None else argv
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            if not arg.startswith("-"):
+                continue
+        if arg.startswith(("--app.", "--app-config")):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def _import_application(argv: list[str] | None) -> type | None:
     """Import the module of the application named by `argv` (or the environment), so that
-    the store kinds it uses are registered before the flags are parsed. A module that
-    cannot be imported is reported by the application's loading, after the flags."""
+    the store kinds it uses are registered before the flags are parsed; the ``Config`` the
+    application class declares, if any. A module that cannot be imported is reported by
+    the application's loading, after the flags."""
     try:
-        known, _ = _parser([], first_look=True).parse_known_args(argv)
+        known, _ = _parser([], first_look=True).parse_known_args(_without_app_flags(argv))
     except _Unparsable:
-        return
-    module, sep, _attr = (known.app or "").partition(":")
-    if sep and module:
-        try:
-            importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - reported (once more) when the application loads
-            pass
+        return None
+    module_name, sep, attr = (known.app or "").partition(":")
+    if not (sep and module_name):
+        return None
+    try:
+        module = importlib.import_module(module_name)
+    except Exception:  # noqa: BLE001 - reported (once more) when the application loads
+        return None
+    app = getattr(module, attr, None)
+    return settings_class(app) if inspect.isclass(app) else None
 
 
 def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
     """Flags win over environment variables, which win over defaults."""
-    _import_application(argv)
+    config = _import_application(argv)
+    settings = app_settings(config) if config is not None else None
     kinds = store_hooks.registered()
-    p = _parser(kinds)
+    try:
+        p = _parser(kinds, settings)
+    except SettingsError as err:
+        _parser(kinds).error(f"the application's Config: {err}")
     a = p.parse_args(argv)
     if not a.app:
         p.error("the application is required: gazette-consumer package.module:Application")
     CONSUMER_FLAGS.check(p, a)
     if a.max_hot_standbys < 0:
         p.error(f"--max-hot-standbys must be >= 0, not {a.max_hot_standbys}")
+    app_config = None
+    if settings is not None:
+        try:
+            app_config = settings.build(a, os.environ)
+        except SettingsError as err:
+            p.error(str(err))
     return ConsumerConfig(
+        app_config=app_config,
         **CONSUMER_FLAGS.values(a),
         app=a.app,
         broker=a.broker,

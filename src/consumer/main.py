@@ -44,6 +44,7 @@ from gazette.consumer.shard_api import ShardAPI
 from gazette.keyspace.etcd import EtcdError
 from gazette.mainboilerplate import process
 
+from gazette.mainboilerplate.settings import settings_class
 __all__ = [
     "EXIT_FENCED",
     "ConsumerProcess",
@@ -66,8 +67,10 @@ class ConsumerStartupError(process.StartupError):
     """The consumer cannot start (bad application, etcd unreachable, address in use...)."""
 
 
-def load_application(ref: str) -> Application:
-    """The Application named by ``package.module:Name`` (a class is instantiated)."""
+def load_application(ref: str, config: Any = None) -> Application:
+    """The Application named by ``package.module:Name``. A class is instantiated: with
+    `config` if it declares a ``Config`` dataclass (its defaults if `config` is None), else
+    without arguments; an instance is used as it is."""
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
         raise ConsumerStartupError(f"application {ref!r} is not of the form package.module:Name")
@@ -79,7 +82,19 @@ def load_application(ref: str) -> Application:
         obj: Any = getattr(module, attr)
     except AttributeError as err:
         raise ConsumerStartupError(f"module {module_name} has no attribute {attr!r}") from err
-    app = obj() if inspect.isclass(obj) else obj
+    app: Any
+    if not inspect.isclass(obj):
+        app = obj
+    elif (config_class := settings_class(obj)) is None:
+        app = obj()
+    else:
+        if config is None:
+            try:
+                config = config_class()
+            except TypeError as err:
+                raise ConsumerStartupError(f"{ref}: its Config has no default: {err}") from err
+        make: Any = obj  # A class of the application's: it takes its Config.
+        app = make(config)
     missing = [
         m
         for m in ("new_store", "new_message", "consume_message", "finalize_txn")
@@ -91,7 +106,7 @@ def load_application(ref: str) -> Application:
         check_message_producer(app)
     except IncompleteMessageProducer as err:
         raise ConsumerStartupError(f"{ref}: {err}") from err
-    return app  # type: ignore[return-value]
+    return app  # type: ignore[no-any-return]
 
 
 class ConsumerProcess:
@@ -116,6 +131,9 @@ class ConsumerProcess:
         else:
             log.info("starting app=%s root=%s", cfg.app, cfg.root)
         if cfg.http_port:
+        if cfg.app_config is not None:
+            # Fields declared with repr=False (secrets) are left out.
+            log.info("application settings %r", cfg.app_config)
             # Bound before registering: a port in use fails the start with nothing announced.
             http = ConsumerHTTP(
                 runtime,
@@ -212,7 +230,7 @@ async def serve(cfg: ConsumerConfig, app: Application) -> None:
 
 
 async def _main(cfg: ConsumerConfig) -> None:
-    await serve(cfg, load_application(cfg.app))
+    await serve(cfg, load_application(cfg.app, cfg.app_config))
 
 
 def _fenced(cfg: ConsumerConfig, err: LeaseLostError) -> None:

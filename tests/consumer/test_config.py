@@ -1,5 +1,6 @@
 """The consumer's configuration as a user meets it: defaults shown by ``--help``, ports beside
-a quickstart's brokers, the root said at start, and the cap on hot standbys."""
+a quickstart's brokers, the root said at start, the cap on hot standbys, and an
+application's own settings (its ``Config``) from flags, environment and a file."""
 
 from __future__ import annotations
 
@@ -7,17 +8,21 @@ import asyncio
 import logging
 import socket
 from collections.abc import Callable
+from pathlib import Path
 
+import aiohttp
 import pytest
 
 from gazette.broker.client import JournalClient
 from gazette.broker.config import parse_args as broker_args
 from gazette.consumer.config import DEFAULT_ROOT, ConsumerConfig
 from gazette.consumer.config import parse_args as consumer_args
-from gazette.consumer.main import ConsumerProcess, ConsumerStartupError
+from gazette.consumer.main import ConsumerProcess, ConsumerStartupError, load_application
 from gazette.consumer.protocol import pb
 from gazette.consumer.spec import desired_replication
-from tests.consumer.support import Setup, apply_shards, shard_status, until_ready
+from gazette.testing.consumer import ConsumerProcess as ConsumerSubprocess
+from tests.consumer.settings_app import TunedCounter
+from tests.consumer.support import REPO, Setup, apply_shards, shard_status, until_ready
 
 QUICKSTART_BROKER_PORTS = range(8080, 8083)
 """The README's quickstart runs three brokers on 8080-8082."""
@@ -151,3 +156,108 @@ async def test_processes_capped_at_no_standbys_run_a_shard_that_asks_for_one(
         await until_ready(stub, [pb.ReplicaStatus.PRIMARY], "a primary")
         await asyncio.sleep(2)  # Long enough for the allocator to add a standby, were it to.
         assert await shard_status(stub) == {"shard-000": [pb.ReplicaStatus.PRIMARY]}
+
+
+TUNED = "tests.consumer.settings_app:TunedCounter"
+
+
+@pytest.fixture
+def no_app_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("APP_LABEL", "APP_TOP_N", "APP_RATIO", "APP_VERBOSE", "CONSUMER_APP_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_an_application_config_is_filled_and_handed_to_its_class(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_app_environment: None
+) -> None:
+    (tmp_path / "app.yaml").write_text("label: from-file\ntop_n: 5\nratio: 0.25\n")
+    monkeypatch.setenv("APP_TOP_N", "6")
+    argv = [TUNED, "--app-config", str(tmp_path / "app.yaml"), "--app.label", "from-flag"]
+    cfg = consumer_args(argv)
+    assert cfg.app_config == TunedCounter.Config(label="from-flag", top_n=6, ratio=0.25)
+    app = load_application(cfg.app, cfg.app_config)
+    assert isinstance(app, TunedCounter) and app.config is cfg.app_config
+    # The flags may come before the application too.
+    cfg = consumer_args(["--app.label", "first", "--app.verbose", "--etcd", "a:1", TUNED])
+    assert (cfg.app_config.label, cfg.app_config.verbose, cfg.etcd) == ("first", True, "a:1")
+
+
+def test_an_application_config_error_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], no_app_environment: None
+) -> None:
+    for argv, error in [
+        ([TUNED], "required: --app.label (APP_LABEL, or label in the file)"),
+        ([TUNED, "--app.label=x", "--app.top-n", "many"], "--app.top-n: 'many' is not an int"),
+    ]:
+        with pytest.raises(SystemExit) as exit:
+            consumer_args(argv)
+        assert exit.value.code == 2
+        assert error in capsys.readouterr().err
+
+
+def test_help_lists_the_application_settings(
+    capsys: pytest.CaptureFixture[str], no_app_environment: None
+) -> None:
+    text = help_of(consumer_args, [TUNED, "--help"], capsys)
+    assert "application settings (TunedCounter.Config;" in text
+    assert "--app.top-n INT [APP_TOP_N] (default: 10)" in text
+    assert "--app.token STR a secret [APP_TOKEN] (default: '')" in text
+    assert "--app-config FILE YAML or JSON file of the settings, by field name" in text
+
+
+def test_applications_without_config_are_built_as_before(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert consumer_args(["tests.consumer.counter_app:Counter"]).app_config is None
+    # Settings flags are the application's: one without a Config has none.
+    with pytest.raises(SystemExit):
+        consumer_args(["tests.consumer.counter_app:Counter", "--app.label", "x"])
+    assert "unrecognized arguments: --app.label x" in capsys.readouterr().err
+    # An instance is used as it is, whatever its class declares.
+    tuned = TunedCounter(TunedCounter.Config(label="made"))
+    import tests.consumer.settings_app as module
+
+    module.TUNED_INSTANCE = tuned  # type: ignore[attr-defined]
+    try:
+        assert load_application("tests.consumer.settings_app:TUNED_INSTANCE") is tuned
+    finally:
+        del module.TUNED_INSTANCE  # type: ignore[attr-defined]
+    with pytest.raises(ConsumerStartupError, match="its Config has no default"):
+        load_application(TUNED)
+
+
+async def test_a_consumer_process_hands_its_settings_to_the_application(
+    new_setup: Callable[..., Setup], tmp_path: Path
+) -> None:
+    """``gazette-consumer`` of an application with a Config: a flag, a variable and a file
+    each set a field; the application's handler answers the values it was built with, and
+    the start logs them (the secret left out)."""
+    s = new_setup()
+    (tmp_path / "app.yaml").write_text("label: from-file\nkeys: [a, b]\ntoken: hush\n")
+    c = ConsumerSubprocess(
+        TUNED,
+        s.etcd.endpoint,
+        [s.broker.endpoint],
+        root=s.root,
+        workdir=tmp_path / "consumer",
+        extra_env={"PYTHONPATH": str(REPO), "APP_RATIO": "0.75"},
+        extra_args=["--app-config", str(tmp_path / "app.yaml"), "--app.top-n", "4"],
+    )
+    s.consumers.append(c)
+    c.start()
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{c.http_endpoint}/settings") as resp:
+            assert resp.status == 200
+            got = await resp.json()
+    assert got == {
+        "label": "from-file",
+        "top_n": 4,
+        "ratio": 0.75,
+        "verbose": False,
+        "keys": ["a", "b"],
+        "spill_dir": "None",
+        "token": "hush",
+    }
+    log = c.tail_log(20000)
+    assert "application settings TunedCounter.Config(label='from-file', top_n=4" in log
+    assert "hush" not in log
