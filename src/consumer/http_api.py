@@ -12,9 +12,16 @@ Served with aiohttp on ``--http-port`` (same host as ``--listen``) next to the g
   Gazette's names and path).
 - Whatever the Application adds in ``register_http(app, runtime)``: `app` is the
   `aiohttp.web.Application` (add routes to ``app.router``); `runtime` the `ConsumerRuntime`,
-  whose ``resolve`` finds a shard's primary. Until the member is registered, and again
-  once the drain is over (the runtime is about to shut down), requests to the
-  application's routes are answered 503 (the runtime cannot resolve anything then).
+  whose ``resolver`` (`consumer.resolver`) finds a shard's primary. Until the member is
+  registered, and again once the drain is over (the runtime is about to shut down),
+  requests to the application's routes are answered 503 (the runtime cannot resolve
+  anything then).
+
+Forwarding: the server's URL (the host of the advertised gRPC endpoint, the bound port) is
+announced in the process's ConsumerSpec (``http_endpoint``), so that a handler on another
+process can hand a request for a shard primary here over (`forward`, through
+``Resolution.forward_http``). The forwarded request carries `HTTP_PROXY_HEADER`; one that
+does is never forwarded again.
 
 On exit the server is closed before the runtime shuts down; `close` waits
 ``shutdown_timeout`` (2 s) for requests in flight, then cancels their handlers (a few
@@ -30,21 +37,35 @@ from gazette._extras import require
 
 require("the consumer's HTTP server", "consumer", "aiohttp")
 
+import base64
 import errno
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
 
+from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer import metrics
 from gazette.consumer.protocol import pb
+from gazette.consumer.resolver import HTTP_PROXY_HEADER, http_endpoint
 
 if TYPE_CHECKING:
     from gazette.consumer.runtime import ConsumerRuntime
 
-__all__ = ["DEFAULT_SHUTDOWN_TIMEOUT", "ConsumerHTTP", "HTTPAddressInUse", "HTTPStartError"]
+__all__ = [
+    "DEFAULT_SHUTDOWN_TIMEOUT",
+    "ConsumerHTTP",
+    "HTTPAddressInUse",
+    "HTTPStartError",
+    "forward",
+    "forwarding_session",
+    "status_response",
+]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +147,9 @@ class ConsumerHTTP:
         self._runner = runner
         if self.port == 0 and runner.addresses:  # An ephemeral port: report the one bound.
             self.port = int(runner.addresses[0][1])
+        # Announced with the member (registered after this start): other processes forward
+        # requests for shards primary here to it.
+        self.runtime.spec.http_endpoint = http_endpoint(self.runtime.cfg.endpoint, self.port)
 
     def set_ready(self) -> None:
         self.state = "ok"
@@ -192,3 +216,90 @@ class ConsumerHTTP:
         return web.json_response(
             {"member": f"{rt.cfg.zone}#{rt.cfg.suffix}", "state": self.state, "shards": shards}
         )
+
+
+# --- forwarding to a shard's primary --------------------------------------------------------
+_NOT_FORWARDED = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        HTTP_PROXY_HEADER.lower(),
+    }
+)
+"""Headers a forwarded request or response does not carry along (hop by hop, or set anew)."""
+
+
+def status_response(status: pb.Status.ValueType, shard: str, error: str) -> web.Response:
+    """A resolution's failure as JSON ``{"status", "shard", "error"}``: 404 for
+    SHARD_NOT_FOUND, 503 otherwise (no primary, not primary, stopped, unreachable: the
+    client may retry, here or on another process)."""
+    name = pb.Status.Name(status)
+    body = {"status": name, "shard": shard, "error": error}
+    return web.json_response(body, status=404 if status == pb.SHARD_NOT_FOUND else 503)
+
+
+def _unavailable(shard: str, error: str) -> web.Response:
+    body = {"status": "UNAVAILABLE", "shard": shard, "error": error}
+    return web.json_response(body, status=503)
+
+
+def forwarding_session() -> aiohttp.ClientSession:
+    """The client session `forward` uses (bodies passed on as they are, encoded or not)."""
+    return aiohttp.ClientSession(
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
+    )
+
+
+async def forward(
+    session: aiohttp.ClientSession,
+    request: web.Request,
+    target: str,
+    header: bpb.Header,
+    shard: str,
+) -> web.StreamResponse:
+    """Send `request` (method, path and query, headers, body) to the HTTP server at `target`
+    with `header` (a resolution's) in `HTTP_PROXY_HEADER`, and stream its response back as
+    the answer. A request that was itself forwarded, a primary serving no HTTP (`target`
+    empty) and one that cannot be reached are answered 503 UNAVAILABLE (JSON). A failure once
+    the response started streaming raises (the connection is closed: the client sees a
+    truncated response, not a wrong one)."""
+    if HTTP_PROXY_HEADER in request.headers:
+        return _unavailable(shard, "a forwarded request is not forwarded again")
+    if not target:
+        return _unavailable(shard, f"the primary of shard {shard} serves no HTTP")
+    headers: CIMultiDict[str] = CIMultiDict(
+        (k, v) for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED
+    )
+    headers[HTTP_PROXY_HEADER] = base64.b64encode(header.SerializeToString()).decode()
+    body = await request.read()
+    url = URL(target.rstrip("/") + request.raw_path, encoded=True)
+    out: web.StreamResponse | None = None
+    try:
+        async with session.request(
+            request.method, url, headers=headers, data=body or None, allow_redirects=False
+        ) as resp:
+            out = web.StreamResponse(status=resp.status, reason=resp.reason)
+            for k, v in resp.headers.items():
+                if k.lower() not in _NOT_FORWARDED:
+                    out.headers.add(k, v)
+            if resp.content_length is not None:
+                out.content_length = resp.content_length
+            await out.prepare(request)
+            async for chunk in resp.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+    except (aiohttp.ClientError, TimeoutError, OSError) as err:
+        if out is not None and out.prepared:
+            raise
+        log.warning("forwarding to a shard's primary failed shard=%s to=%s err=%r", shard, url, err)
+        return _unavailable(shard, f"request to primary {target} failed: {err!r}")

@@ -2,13 +2,14 @@
 
 Serves ``consumer.Shard`` (Stat, List, Apply, GetHints, Unassign) on ``--listen``; an
 application may add its own gRPC services by defining ``register_grpc(server, runtime)``
-(called before the server starts; `runtime` is the `ConsumerRuntime`, whose ``resolve``
-finds a shard's primary). HTTP on ``--http-port`` (same host; 0: none) serves ``/healthz``,
-``/debug/shards`` and the handlers of the application's ``register_http(web_app, runtime)``
-(`consumer.http_api`). SIGTERM/SIGINT: hand shards over to other processes (up to
-``--drain-timeout``, and no longer than some other member can take them), then stop: the
-servers first (HTTP answers 503 to the application's routes once the drain is over, and
-waits a few seconds at most for requests in flight), then the runtime.
+(called before the server starts; `runtime` is the `ConsumerRuntime`, whose ``resolver``
+finds a shard's primary and forwards calls to it). HTTP on ``--http-port`` (same host; 0:
+none) serves ``/healthz``, ``/debug/shards`` and the handlers of the application's
+``register_http(web_app, runtime)`` (`consumer.http_api`). SIGTERM/SIGINT: hand shards
+over to other processes (up to ``--drain-timeout``, and no longer than some other member
+can take them), then stop: the servers first (HTTP answers 503 to the application's routes
+once the drain is over, and waits a few seconds at most for requests in flight), then the
+runtime.
 
 A process whose etcd lease expired (it was paused, or cut off from etcd, for longer than
 ``--lease-ttl``) has been fenced: its shards went to other members, and its recovery logs'
@@ -202,7 +203,9 @@ class ConsumerProcess:
         """After the drain: stop serving. The HTTP server answers 503 to the application's
         routes from here on, and is closed (requests in flight get its ``shutdown_timeout``)
         before the runtime shuts down: no handler runs on a runtime whose replicas are
-        released and whose clients are closed."""
+        released and whose clients are closed. Long-lived application calls are told first
+        (``runtime.resolver.stopping``), so that they end within the servers' grace."""
+        self.runtime.resolver.begin_stopping()
         if self.http is not None:
             self.http.set_stopped()
         assert self.server is not None

@@ -140,6 +140,9 @@ class ShardReplica:
         self._task: asyncio.Task[None] | None = None
         self.recording_lost: RecordingLost | None = None
         """Why the replica FAILED, if its store's recording process died (module docs)."""
+        self._holds = 0
+        self._unheld = asyncio.Event()
+        self._unheld.set()
 
     # --- control (from the runtime) ---------------------------------------------------------
     def start(self) -> None:
@@ -153,13 +156,26 @@ class ShardReplica:
     def is_primary(self) -> bool:
         return self._primary.is_set()
 
+    def hold(self) -> None:
+        """A resolution uses the shard and its store (`consumer.resolver`): they are released
+        only once every hold is `unhold`-ed, also when the replica stops or fails."""
+        self._holds += 1
+        self._unheld.clear()
+
+    def unhold(self) -> None:
+        self._holds -= 1
+        if self._holds == 0:
+            self._unheld.set()
+
     async def stop(self) -> None:
-        """Stop processing and release the store. Returns once done."""
+        """Stop processing and release the store (once no resolution holds it). Returns once
+        done."""
         self.shard.stopping.set()
         task = self._task
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait({task})  # Not `await task`: our own cancellation propagates.
+        await self._unheld.wait()
         self._release()
         await self._close_appends()
 
@@ -204,6 +220,7 @@ class ShardReplica:
                 log.error("shard failed shard=%s err=%s", self.id, cause, exc_info=cause)
             self.shard.stopping.set()
             self._set_status(Code.FAILED, f"{type(cause).__name__}: {cause}")
+            await self._unheld.wait()
             self._release()
 
     async def _serve(self) -> None:

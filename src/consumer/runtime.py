@@ -10,8 +10,9 @@ without standbys).
 
 For every assignment of this process a `ShardReplica` runs (standby, then primary when its
 slot becomes 0); its ReplicaStatus is written as the assignment's value, guarded by the
-assignment's mod revision. `resolve` answers where a shard is served (the Resolver of
-upstream): here, or the primary's endpoint for proxying.
+assignment's mod revision. `resolver` (`consumer.resolver`) answers where a shard is served,
+for Stat and for the application's own APIs: here (holding the replica), or the primary's
+endpoints for forwarding.
 
 Graceful exit (`drain`): the member marks itself exiting, the allocator moves its shards
 away (each successor reaching STANDBY first), and the process returns once none is left that
@@ -33,7 +34,6 @@ import contextlib
 import inspect
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -50,7 +50,7 @@ from gazette.consumer.config import ConsumerConfig
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
 from gazette.consumer.replica import ReplicaContext, ShardReplica
-from gazette.consumer.shard_api import shard_route
+from gazette.consumer.resolver import Resolution, Resolver
 from gazette.consumer.spec import ShardKeys, decode_consumer_value, desired_replication
 from gazette.consumer.store_hooks import StoreHook, registered
 from gazette.keyspace.etcd import Compare, Etcd, EtcdError, op_delete
@@ -65,16 +65,6 @@ Code = pb.ReplicaStatus.Code
 RECORDING_LOST_INTERVAL = 60.0
 """Seconds within which a shard's replica here gives its assignment up for a lost recording
 process only once (module docs)."""
-
-
-@dataclass
-class Resolution:
-    """Where a shard is served: `replica` here (its primary), else `primary_endpoint`."""
-
-    status: Any
-    header: bpb.Header
-    replica: ShardReplica | None = None
-    primary_endpoint: str = ""
 
 
 class ConsumerRuntime:
@@ -109,7 +99,8 @@ class ConsumerRuntime:
         # Replicas being stopped, by shard: a new replica of the shard waits for its directory.
         self._stopping: dict[str, asyncio.Task[None]] = {}
         self._stubs: dict[str, Any] = {}
-        self._channels: list[grpc.aio.Channel] = []
+        self.resolver = Resolver(self)
+        """Where shards are served, for Stat and the application (`consumer.resolver`)."""
         # Replicas that lost their store's recording process, by shard: (the replica, whether
         # it gives its assignment up, the create revision of the assignment it failed under);
         # and when one last gave it up (`_give_up`).
@@ -201,7 +192,9 @@ class ConsumerRuntime:
         return self.allocator.movable(self.member_id, set(mine) - failed)
 
     async def shutdown(self) -> None:
-        """Stop every replica, release the member session and close connections."""
+        """Stop every replica (each once no resolution holds it), release the member session
+        and close connections."""
+        self.resolver.stop()
         await asyncio.gather(*(r.stop() for r in self.replicas.values()), return_exceptions=True)
         self.replicas.clear()
         if self._stopping:
@@ -212,8 +205,7 @@ class ConsumerRuntime:
         if self.client is not None:
             with contextlib.suppress(Exception):
                 await self.client.close()
-        for ch in self._channels:
-            await ch.close(None)
+        await self.resolver.close()
 
     # --- reconciliation -----------------------------------------------------------------------
     def _mine(self) -> dict[str, tuple[KeyValue[Any], int]]:
@@ -328,49 +320,21 @@ class ConsumerRuntime:
 
     # --- resolution ---------------------------------------------------------------------------
     def header(self, shard_id: str = "") -> bpb.Header:
-        h = self.keyspace.header
-        header = bpb.Header(
-            process_id=self.process_id,
-            etcd=bpb.Header.Etcd(
-                cluster_id=h.cluster_id,
-                member_id=h.member_id,
-                revision=h.revision,
-                raft_term=h.raft_term,
-            ),
-        )
-        header.route.CopyFrom(self.route_of(shard_id) if shard_id else bpb.Route(primary=-1))
-        return header
+        """A response header of this process (`Resolver.header`)."""
+        return self.resolver.header(shard_id)
 
     def route_of(self, shard_id: str) -> bpb.Route:
         """The shard's route: its assigned members sorted, the primary marked."""
-        return shard_route(self.keyspace, self.keys, shard_id)[0]
+        return self.resolver.route_of(shard_id)
 
     async def resolve(
         self, shard_id: str, *, min_etcd_revision: int = 0, wait: float = 30.0
     ) -> Resolution:
-        """Where `shard_id` is served: a local PRIMARY replica, else its primary's endpoint;
-        SHARD_NOT_FOUND, NO_SHARD_PRIMARY or NOT_SHARD_PRIMARY (primary here but not ready
-        after waiting up to `wait` seconds for its recovery)."""
-        if min_etcd_revision > self.keyspace.revision:
-            await self.keyspace.wait_for_revision(min_etcd_revision, timeout=10.0)
-        if self.keyspace.get(self.keys.item(shard_id)) is None:
-            return Resolution(pb.SHARD_NOT_FOUND, self.header())
-        header = self.header(shard_id)
-        route = header.route
-        if route.primary < 0:
-            return Resolution(pb.NO_SHARD_PRIMARY, header)
-        primary = route.members[route.primary]
-        if (primary.zone, primary.suffix) == (self.cfg.zone, self.cfg.suffix):
-            replica = self.replicas.get(shard_id)
-            if replica is not None and not replica.settled.is_set() and wait > 0:
-                # Our primary is still recovering: answer once it is ready (or failed).
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
-                        await replica.settled.wait()
-            if replica is None or replica.status.code != Code.PRIMARY:
-                return Resolution(pb.NOT_SHARD_PRIMARY, header)
-            return Resolution(pb.OK, header, replica=replica)
-        return Resolution(pb.OK, header, primary_endpoint=route.endpoints[route.primary])
+        """Where `shard_id` is served, holding nothing (`Resolver.locate`): a local PRIMARY
+        replica, else its primary's endpoint; SHARD_NOT_FOUND, NO_SHARD_PRIMARY or
+        NOT_SHARD_PRIMARY (primary here but not ready after waiting up to `wait` seconds for
+        its recovery). Applications use ``resolver.resolve``, which holds the shard."""
+        return await self.resolver.locate(shard_id, min_etcd_revision=min_etcd_revision, wait=wait)
 
     async def read_through_offsets(
         self, replica: ShardReplica, args: ResolveArgs
@@ -394,9 +358,7 @@ class ConsumerRuntime:
         target = endpoint.split("://", 1)[-1]
         stub = self._stubs.get(target)
         if stub is None:
-            channel = grpc.aio.insecure_channel(target)
-            self._channels.append(channel)
-            stub = self._stubs[target] = pb_grpc.ShardStub(channel)
+            stub = self._stubs[target] = pb_grpc.ShardStub(self.resolver.channel(target))
         return stub
 
     async def stat(self, req: pb.StatRequest, context: Any) -> pb.StatResponse:

@@ -10,7 +10,7 @@ import itertools
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -416,35 +416,47 @@ async def test_word_count_registers_its_http_query(monkeypatch: pytest.MonkeyPat
 
 
 class ResolvesTo:
-    """A stand-in runtime for word-count's query: `resolve` returns `resolution` or raises
-    `error`."""
+    """A stand-in runtime for word-count's query: its resolver yields `resolution` or
+    raises `error`."""
 
     def __init__(self, resolution: Any = None, error: Exception | None = None) -> None:
         self.cfg = ConsumerConfig(zone="z", suffix="s")
+        self.spec = pb.ConsumerSpec()
+        self.resolver = self
         self.resolution, self.error = resolution, error
 
-    async def resolve(self, shard_id: str, min_etcd_revision: int = 0) -> Any:
+    @contextlib.asynccontextmanager
+    async def resolve(self, shard: str, **kwargs: Any) -> AsyncIterator[Any]:
         if self.error is not None:
             raise self.error
-        return self.resolution
+        yield self.resolution
 
 
-@pytest.mark.parametrize("failure", ["proxied call", "resolve"])
+@pytest.mark.parametrize("failure", ["forwarded request", "resolve"])
 async def test_word_count_http_query_answers_503_when_it_cannot_answer(
     monkeypatch: pytest.MonkeyPatch, failure: str
 ) -> None:
-    """GET /ngrams answers 503 UNAVAILABLE (JSON, as its other errors) when the gRPC call
-    to the shard's primary fails (the primary just died: nothing listens there) or the
-    resolution raises; not aiohttp's plain-text 500."""
+    """GET /ngrams answers 503 UNAVAILABLE (JSON, as its other errors) when the request
+    forwarded to the shard's primary fails (the primary just died: nothing listens there)
+    or the resolution raises; not aiohttp's plain-text 500."""
     monkeypatch.syspath_prepend(str(REPO / "examples" / "word-count"))
     from word_count.app import WordCount
 
     from gazette.broker.protocol import protocol_pb2 as bpb
-    from gazette.consumer.runtime import Resolution
+    from gazette.consumer.resolver import Resolution, Resolver
 
-    if failure == "proxied call":
+    resolver = Resolver(ConsumerRuntime(ConsumerConfig(zone="z", suffix="s"), WordCount()))
+    if failure == "forwarded request":
         dead = f"127.0.0.1:{free_port()}"
-        runtime: Any = ResolvesTo(Resolution(pb.OK, bpb.Header(), None, dead))
+        res = Resolution(
+            pb.OK,
+            bpb.Header(),
+            shard_id="shard-000",
+            primary_endpoint=dead,
+            primary_http=f"http://{dead}",
+            resolver=resolver,
+        )
+        runtime: Any = ResolvesTo(res)
     else:
         runtime = ResolvesTo(error=RuntimeError("etcd went away"))
     app = WordCount()
@@ -462,5 +474,4 @@ async def test_word_count_http_query_answers_503_when_it_cannot_answer(
             assert body["error"]
     finally:
         await server.close()
-        for ch in app._channels.values():
-            await ch.close()
+        await resolver.close()

@@ -9,20 +9,22 @@ commits, together with the store's checkpoint. A shard killed mid-transaction le
 
 Queries: the unary gRPC method ``/wordcount.NGrams/Query`` (added by `register_grpc`; JSON
 bytes in and out, see `QUERY_METHOD`) reads a shard's store on its primary. Any consumer
-process answers: a request for a shard primary elsewhere is proxied once to the primary.
+process answers: the runtime's resolver holds the shard's store while a local query reads
+it, and forwards a query for a shard primary elsewhere to that primary (once).
 
     {"shard": "word-count-part-000", "prefix": "the "}  -> counts of n-grams starting "the "
     {"ngram": "of the"}                                  -> its count, from the shard owning it
 
 The same queries over HTTP (added by `register_http`, served on the consumer's
-``--http-port``): ``GET /ngrams?ngram=of+the`` or ``GET /ngrams?shard=ID&prefix=the+``; 200
-with the response below, 404 for SHARD_NOT_FOUND, 400 for a bad request, else 503.
+``--http-port``, forwarded to the primary's): ``GET /ngrams?ngram=of+the`` or
+``GET /ngrams?shard=ID&prefix=the+``; 200 with the response below, 404 for SHARD_NOT_FOUND,
+400 for a bad request, else 503.
 
 Responses: ``{"status": "OK", "shard": ..., "served_by": "zone#suffix", "counts": {...}}``,
 or a `consumer.Status` name (SHARD_NOT_FOUND, NO_SHARD_PRIMARY, NOT_SHARD_PRIMARY) with an
-``error``, or UNAVAILABLE with an ``error``: a proxied request found this process's etcd view
-behind, the call to the primary failed (it just died, or timed out), or (over HTTP) the
-shard could not be resolved. Requests that are not JSON objects fail with INVALID_ARGUMENT.
+``error``, or UNAVAILABLE with an ``error`` (over HTTP: the shard could not be resolved, or
+its primary not reached; over gRPC the forwarded call's own error). Requests that are not
+JSON objects fail with INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from gazette.broker.client import list_all_journals
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.application import Shard
 from gazette.consumer.protocol import pb
+from gazette.consumer.resolver import Resolution, Resolver
 from gazette.consumer.runtime import ConsumerRuntime
 from gazette.consumer.store import RecoveredLog
 from gazette.message.envelope import Envelope
@@ -70,7 +73,6 @@ class WordCount:
         # Shard id -> n-gram -> its count as of the open transaction.
         self._pending: dict[str, dict[str, int]] = {}
         self._runtime: ConsumerRuntime | None = None
-        self._channels: dict[str, grpc.aio.Channel] = {}
 
     # -- Application --------------------------------------------------------------------------
 
@@ -124,19 +126,23 @@ class WordCount:
         self._runtime = runtime
         app.router.add_get("/ngrams", self._query_http)
 
-    async def _query_http(self, request: web.Request) -> web.Response:
+    async def _query_http(self, request: web.Request) -> web.StreamResponse:
         req = {k: v for k, v in request.query.items() if k in ("ngram", "shard", "prefix")}
         if "ngram" not in req and "shard" not in req:
             body = {"status": "INVALID_ARGUMENT", "error": "give ngram= or shard= (and prefix=)"}
             return web.json_response(body, status=400)
         try:
-            resp = await self.query(req, timeout=30.0)
+            shard_id = await self.shard_of_query(req)
+            if not shard_id:
+                return web.json_response(_no_shard(req), status=404)
+            async with self.resolver.resolve(shard_id, may_proxy=True, incoming=request) as res:
+                if not res.local:
+                    return await res.forward_http(request)  # Or the failure, as JSON.
+                return web.json_response(self.read(res, req))
         except Exception as err:  # noqa: BLE001 - e.g. etcd or broker errors resolving
             log.warning("ngrams query failed req=%s err=%r", req, err)
             body = {"status": "UNAVAILABLE", "error": f"{type(err).__name__}: {err}"}
             return web.json_response(body, status=503)
-        status = {"OK": 200, "SHARD_NOT_FOUND": 404}.get(resp["status"], 503)
-        return web.json_response(resp, status=status)
 
     async def _query_rpc(
         self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
@@ -148,54 +154,28 @@ class WordCount:
         except ValueError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad query: {err}")
             raise  # abort raises; this is for type checkers.
-        timeout = context.time_remaining()
-        resp = await self.query(req, timeout=timeout)
-        return json.dumps(resp).encode()
+        shard_id = await self.shard_of_query(req)
+        if not shard_id:
+            return json.dumps(_no_shard(req)).encode()
+        async with self.resolver.resolve(shard_id, may_proxy=True, incoming=context) as res:
+            if res.status != pb.OK:
+                name = pb.Status.Name(res.status)
+                return json.dumps({"status": name, "shard": shard_id, "error": res.error}).encode()
+            if not res.local:
+                out: bytes = await res.forward_unary(QUERY_METHOD, request, context)
+                return out
+            return json.dumps(self.read(res, req)).encode()
 
-    async def query(self, req: dict[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
-        """Answer a query (module docs) here, or from the shard's primary (proxied once)."""
-        runtime = self._runtime
-        assert runtime is not None, "neither register_grpc nor register_http was called"
+    @property
+    def resolver(self) -> Resolver:
+        assert self._runtime is not None, "neither register_grpc nor register_http was called"
+        return self._runtime.resolver
+
+    def read(self, res: Resolution, req: dict[str, Any]) -> dict[str, Any]:
+        """Answer query `req` from the store of `res`, a local resolution."""
+        store = res.store
+        assert isinstance(store, RocksDBStore) and self._runtime is not None
         ngram = req.get("ngram")
-        shard_id = req.get("shard") or ""
-        if not shard_id and isinstance(ngram, str):
-            shard_id = await self.shard_of(ngram)
-            if not shard_id:
-                return {"status": "SHARD_NOT_FOUND", "error": f"no shard reads {ngram!r}"}
-        try:
-            res = await runtime.resolve(
-                shard_id, min_etcd_revision=int(req.get("etcd_revision", 0))
-            )
-        except TimeoutError:
-            return {"status": "UNAVAILABLE", "error": "this consumer lags etcd"}
-        if res.status != pb.OK:
-            name = pb.Status.Name(res.status)
-            return {"status": name, "shard": shard_id, "error": f"shard {shard_id}: {name}"}
-        if res.replica is None:
-            if req.get("proxied"):
-                # The route changed under the proxying process: let the caller retry.
-                return {"status": "NOT_SHARD_PRIMARY", "shard": shard_id, "error": "moved"}
-            fwd = {
-                **req,
-                "shard": shard_id,
-                "proxied": True,
-                "etcd_revision": res.header.etcd.revision,
-            }
-            call = self._channel(res.primary_endpoint).unary_unary(QUERY_METHOD, None, None)
-            try:
-                raw = await call(json.dumps(fwd).encode(), timeout=timeout)
-            except grpc.aio.AioRpcError as err:  # The primary died, or the call timed out.
-                return {
-                    "status": "UNAVAILABLE",
-                    "shard": shard_id,
-                    "error": f"query of primary {res.primary_endpoint} failed: "
-                    f"{err.code().name}: {err.details()}",
-                }
-            out: dict[str, Any] = json.loads(raw)
-            return out
-        store = res.replica.store
-        if not isinstance(store, RocksDBStore):
-            return {"status": "NOT_SHARD_PRIMARY", "shard": shard_id, "error": "no store yet"}
         counts: dict[str, int] = {}
         truncated = False
         if isinstance(ngram, str) and "prefix" not in req:
@@ -210,10 +190,10 @@ class WordCount:
                     truncated = True
                     break
                 counts[key[len(KEY_PREFIX) :].decode()] = int(value)
-        cfg = runtime.cfg
+        cfg = self._runtime.cfg
         out = {
             "status": "OK",
-            "shard": shard_id,
+            "shard": res.shard_id,
             "served_by": f"{cfg.zone}#{cfg.suffix}",
             "counts": counts,
         }
@@ -221,24 +201,23 @@ class WordCount:
             out["truncated"] = True
         return out
 
-    async def shard_of(self, ngram: str) -> str:
-        """The shard reading the deltas partition `ngram` maps to (as the feeder maps it:
-        FNV-1a modulo the listed partitions), or '' if none does."""
+    async def shard_of_query(self, req: dict[str, Any]) -> str:
+        """The shard a query asks: its ``shard``, else the one reading the deltas partition
+        its ``ngram`` maps to (as the feeder maps it: FNV-1a modulo the listed partitions);
+        '' if none does."""
+        if req.get("shard"):
+            return str(req["shard"])
+        ngram = req.get("ngram")
         runtime = self._runtime
-        assert runtime is not None and runtime.client is not None
+        if not isinstance(ngram, str) or runtime is None or runtime.client is None:
+            return ""
         parts = await list_all_journals(runtime.client, deltas_selector())
         if not parts:
             return ""
         journal = parts[fnv1a_32(ngram) % len(parts)].spec.name
-        for kv in runtime.keyspace.prefixed(runtime.keys.items):
-            spec = kv.value
-            if isinstance(spec, pb.ShardSpec) and any(s.journal == journal for s in spec.sources):
-                return str(spec.id)
-        return ""
+        specs = self.resolver.shards_with_source(journal)
+        return str(specs[0].id) if specs else ""
 
-    def _channel(self, endpoint: str) -> grpc.aio.Channel:
-        target = endpoint.split("://", 1)[-1]
-        ch = self._channels.get(target)
-        if ch is None:
-            ch = self._channels[target] = grpc.aio.insecure_channel(target)
-        return ch
+
+def _no_shard(req: dict[str, Any]) -> dict[str, Any]:
+    return {"status": "SHARD_NOT_FOUND", "error": f"no shard reads {req.get('ngram')!r}"}

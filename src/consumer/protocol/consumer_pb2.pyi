@@ -158,8 +158,13 @@ class ConsumerSpec(_message.Message):
     PROCESS_SPEC_FIELD_NUMBER: _builtins.int
     SHARD_LIMIT_FIELD_NUMBER: _builtins.int
     EXITING_FIELD_NUMBER: _builtins.int
+    HTTP_ENDPOINT_FIELD_NUMBER: _builtins.int
     shard_limit: _builtins.int
     exiting: _builtins.bool
+    http_endpoint: _builtins.str
+    """URL of the process's HTTP server (``http://host:port``), empty if it serves none: where
+    another process forwards an application's HTTP request for a shard primary here.
+    """
     @_builtins.property
     def process_spec(self) -> _protocol_pb2.ProcessSpec: ...
     def __init__(
@@ -168,10 +173,11 @@ class ConsumerSpec(_message.Message):
         process_spec: _protocol_pb2.ProcessSpec | None = ...,
         shard_limit: _builtins.int = ...,
         exiting: _builtins.bool = ...,
+        http_endpoint: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["process_spec", b"process_spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exiting", b"exiting", "process_spec", b"process_spec", "shard_limit", b"shard_limit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["exiting", b"exiting", "http_endpoint", b"http_endpoint", "process_spec", b"process_spec", "shard_limit", b"shard_limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -380,6 +380,7 @@ FIELDS: dict[str, dict[str, tuple[int, int]]] = {
         "process_spec": (1, T.TYPE_MESSAGE),
         "shard_limit": (2, T.TYPE_UINT32),
         "exiting": (3, T.TYPE_BOOL),
+        "http_endpoint": (4, T.TYPE_STRING),
     },
     "consumer.ReplicaStatus": {"code": (1, T.TYPE_ENUM), "errors": (2, T.TYPE_STRING)},
     "consumer.Checkpoint": {"sources": (1, T.TYPE_MESSAGE), "ack_intents": (2, T.TYPE_MESSAGE)},

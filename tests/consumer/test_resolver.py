@@ -1,0 +1,252 @@
+"""consumer.resolver in process, over the runtime with a fake keyspace and etcd: a held
+resolution keeps its replica's store until released (a stop and a new replica of the shard
+wait for it), the stopped state, proxying rules, read-through, shards_with_source."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gazette.consumer.replica as replica_mod
+from gazette.allocator.model import MemberID, assignment_key, item_key, member_key
+from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.consumer.protocol import pb
+from gazette.consumer.resolver import GRPC_PROXY_METADATA, ResolverStopped
+from gazette.consumer.runtime import ConsumerRuntime
+from tests.consumer.fakes import JOURNAL, FakeStore, outside
+from tests.consumer.test_runtime_unit import ROOT, IdleReaders, make_runtime
+from tests.kit.eventually import eventually
+
+Code = pb.ReplicaStatus.Code
+OTHER = MemberID("z", "other")
+
+
+class DestroyedStore(FakeStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.destroyed = False
+
+    def destroy(self) -> None:
+        self.destroyed = True
+
+
+class App:
+    def __init__(self) -> None:
+        self.stores: list[DestroyedStore] = []
+
+    def new_store(self, shard: Any, recovered: Any) -> DestroyedStore:
+        self.stores.append(DestroyedStore())
+        return self.stores[-1]
+
+    def new_message(self, spec: Any) -> Any:
+        raise NotImplementedError
+
+    def consume_message(self, shard: Any, store: Any, env: Any, pub: Any) -> None:
+        pass
+
+    def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def runtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[ConsumerRuntime, Any, MemberID]:
+    monkeypatch.setattr(replica_mod, "SourceReaders", IdleReaders)
+    rt, ks, me = make_runtime(tmp_path)
+    rt.app = App()  # type: ignore[assignment]
+    ks.put(
+        member_key(ROOT, OTHER),
+        pb.ConsumerSpec(
+            process_spec=bpb.ProcessSpec(endpoint="http://10.0.0.2:8090"),
+            http_endpoint="http://10.0.0.2:8091",
+        ),
+    )
+    return rt, ks, me
+
+
+async def primary_here(rt: ConsumerRuntime, ks: Any, me: MemberID) -> str:
+    akey = assignment_key(ROOT, "shard", me, 0)
+    ks.put(akey, pb.ReplicaStatus())
+    await rt._reconcile_once()
+    replica = rt.replicas["shard"]
+    await eventually(lambda: replica.status.code == Code.PRIMARY, what="PRIMARY", timeout=5)
+    return akey
+
+
+async def stop_all(rt: ConsumerRuntime) -> None:
+    for r in list(rt.replicas.values()):
+        await r.stop()
+    await asyncio.gather(*rt._stopping.values(), return_exceptions=True)
+
+
+async def test_a_held_resolution_keeps_the_store_until_released(
+    runtime: tuple[ConsumerRuntime, Any, MemberID],
+) -> None:
+    """The shard is unassigned (its successor elsewhere takes over) while a handler holds
+    its resolution: the replica stops processing and says so (`shard.stopping`), but its
+    store stays open until the handler is done; the shard assigned here again meanwhile
+    waits for that too (its directory is the old replica's until released)."""
+    rt, ks, me = runtime
+    akey = await primary_here(rt, ks, me)
+    app: App = rt.app  # type: ignore[assignment]
+    try:
+        async with rt.resolver.resolve("shard") as res:
+            assert res.status == pb.OK and res.local
+            assert res.store is app.stores[0] and res.shard is not None
+            del ks.kvs[akey]
+            await rt._reconcile_once()  # Stops the replica: in the background.
+            stopping = rt._stopping["shard"]
+            ks.put(akey, pb.ReplicaStatus())
+            await rt._reconcile_once()  # Assigned here again.
+            await asyncio.sleep(0.3)
+            assert res.shard.stopping.is_set()
+            assert not app.stores[0].destroyed, "the store was destroyed while held"
+            assert not stopping.done() and "shard" not in rt.replicas
+        await asyncio.wait_for(stopping, 5)
+        assert app.stores[0].destroyed
+        await rt._reconcile_once()
+        assert "shard" in rt.replicas, "the shard did not start again once released"
+    finally:
+        await stop_all(rt)
+
+
+class FailingApp(App):
+    def consume_message(self, shard: Any, store: Any, env: Any, pub: Any) -> None:
+        raise RuntimeError("the application fails")
+
+
+async def test_a_failed_replica_keeps_a_held_store_until_released(
+    runtime: tuple[ConsumerRuntime, Any, MemberID], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = asyncio.Event()
+
+    class GatedReaders(IdleReaders):
+        async def run(self) -> None:
+            await gate.wait()
+            self.queue.put_nowait(outside(0))
+            await asyncio.Event().wait()
+
+    monkeypatch.setattr(replica_mod, "SourceReaders", GatedReaders)
+    rt, ks, me = runtime
+    rt.app = app = FailingApp()  # type: ignore[assignment]
+    await primary_here(rt, ks, me)
+    replica = rt.replicas["shard"]
+    try:
+        async with rt.resolver.resolve("shard") as res:
+            gate.set()  # A message: the application fails, so does the shard.
+            await eventually(lambda: replica.status.code == Code.FAILED, what="FAILED")
+            await asyncio.sleep(0.1)
+            assert res.shard is not None and res.shard.stopping.is_set()
+            assert not app.stores[0].destroyed, "the store was destroyed while held"
+        await eventually(lambda: app.stores[0].destroyed, what="the store released", timeout=2)
+    finally:
+        await stop_all(rt)
+
+
+async def test_stopped_resolver_refuses_local_shards_and_still_routes_others(
+    runtime: tuple[ConsumerRuntime, Any, MemberID],
+) -> None:
+    rt, ks, me = runtime
+    await primary_here(rt, ks, me)
+    ks.put(item_key(ROOT, "elsewhere"), pb.ShardSpec(id="elsewhere"))
+    ks.put(assignment_key(ROOT, "elsewhere", OTHER, 0), pb.ReplicaStatus(code=Code.PRIMARY))
+    rt.resolver.stop()
+    try:
+        assert rt.resolver.stopping.is_set()
+        with pytest.raises(ResolverStopped, match="shard"):
+            async with rt.resolver.resolve("shard"):
+                pass
+        async with rt.resolver.resolve("elsewhere", may_proxy=True) as res:
+            assert (res.status, res.local) == (pb.OK, False)
+            assert res.primary_endpoint == "http://10.0.0.2:8090"
+    finally:
+        await stop_all(rt)
+
+
+class Context:
+    """What `resolve` reads of a gRPC servicer context."""
+
+    def __init__(self, metadata: list[tuple[str, Any]], remaining: float | None = None) -> None:
+        self.metadata, self.remaining = metadata, remaining
+
+    def invocation_metadata(self) -> list[tuple[str, Any]]:
+        return self.metadata
+
+    def time_remaining(self) -> float | None:
+        return self.remaining
+
+
+async def test_a_primary_elsewhere_is_named_proxied_requests_are_not_proxied_again(
+    runtime: tuple[ConsumerRuntime, Any, MemberID],
+) -> None:
+    rt, ks, _me = runtime
+    ks.put(assignment_key(ROOT, "shard", OTHER, 0), pb.ReplicaStatus(code=Code.PRIMARY))
+    async with rt.resolver.resolve("shard") as res:
+        assert res.status == pb.NOT_SHARD_PRIMARY and not res.local
+        assert "NOT_SHARD_PRIMARY" in res.error
+    async with rt.resolver.resolve("shard", may_proxy=True) as res:
+        assert (res.status, res.local) == (pb.OK, False)
+        assert (res.primary_endpoint, res.primary_http) == (
+            "http://10.0.0.2:8090",
+            "http://10.0.0.2:8091",
+        )
+        assert res.header.process_id == bpb.ProcessSpec.ID(zone="z", suffix="other")
+        header = res.header
+    # The same request forwarded here (the route changed meanwhile): never forwarded on, and
+    # answered once this process's view reached the forwarder's revision.
+    header.etcd.revision = ks.revision + 5
+    incoming = Context([(GRPC_PROXY_METADATA, header.SerializeToString())])
+    async with rt.resolver.resolve("shard", may_proxy=True, incoming=incoming) as res:
+        assert res.status == pb.NOT_SHARD_PRIMARY and res.proxied
+        with pytest.raises(ValueError, match="not forwarded again"):
+            await res.forward_unary("/x.Y/Z", b"")
+    assert ks.awaited == [header.etcd.revision]
+    async with rt.resolver.resolve("nope", may_proxy=True) as res:
+        assert res.status == pb.SHARD_NOT_FOUND
+    ks.kvs.pop(assignment_key(ROOT, "shard", OTHER, 0))
+    async with rt.resolver.resolve("shard", may_proxy=True) as res:
+        assert res.status == pb.NO_SHARD_PRIMARY
+
+
+async def test_read_through_waits_for_commits_and_ends_when_the_shard_stops(
+    runtime: tuple[ConsumerRuntime, Any, MemberID],
+) -> None:
+    rt, ks, me = runtime
+    await primary_here(rt, ks, me)
+    shard = rt.replicas["shard"].shard
+    try:
+
+        async def resolved(offset: int) -> tuple[int, bool]:
+            async with rt.resolver.resolve("shard", read_through={JOURNAL: offset}) as res:
+                return res.status, res.local
+
+        waiting = asyncio.create_task(resolved(10))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        await shard._set_progress({JOURNAL: 10}, {})
+        assert await asyncio.wait_for(waiting, 2) == (pb.OK, True)
+
+        waiting = asyncio.create_task(resolved(11))
+        with pytest.raises(TimeoutError):
+            async with rt.resolver.resolve("shard", read_through={JOURNAL: 11}, timeout=0.1):
+                pass
+        await rt.replicas["shard"].stop()
+        assert await asyncio.wait_for(waiting, 2) == (pb.SHARD_STOPPED, False)
+    finally:
+        await stop_all(rt)
+
+
+def test_shards_with_source(runtime: tuple[ConsumerRuntime, Any, MemberID]) -> None:
+    rt, ks, _me = runtime
+    src = pb.ShardSpec.Source
+    ks.put(item_key(ROOT, "b"), pb.ShardSpec(id="b", sources=[src(journal="j1")]))
+    ks.put(item_key(ROOT, "a"), pb.ShardSpec(id="a", sources=[src(journal="j1")]))
+    assert [s.id for s in rt.resolver.shards_with_source("j1")] == ["a", "b"]
+    assert [s.id for s in rt.resolver.shards_with_source(JOURNAL)] == ["shard"]
+    assert rt.resolver.shards_with_source("j2") == []
+    ks.put(item_key(ROOT, "c"), pb.ShardSpec(id="c", sources=[src(journal="j2")]))
+    assert [s.id for s in rt.resolver.shards_with_source("j2")] == ["c"]
