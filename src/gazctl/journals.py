@@ -72,6 +72,7 @@ from gazette.gazctl.journalspace import (
 from gazette.gazctl.main import GazctlError, Streams, kept_edit_error, raise_if_txn_too_large
 from gazette.gazctl.output import apply_plan, render_table
 from gazette.gazctl.quarantined import add_journals_quarantined
+from gazette.gazctl.read_committed import CommittedMessages, committed_framing
 from gazette.gazctl.spec_errors import in_yaml_terms
 from gazette.gazctl.specyaml import format_duration, parse_duration
 from gazette.message.framing_fixed import FIXED_FRAME_HEADER_LENGTH, FIXED_FRAME_WORD
@@ -172,6 +173,12 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="read past content that is missing (reporting each skipped range on stderr) "
         "instead of stopping there with exit status 3",
+    )
+    p.add_argument(
+        "--committed",
+        action="store_true",
+        help="print only messages of committed transactions, each once, without "
+        "acknowledgements (JSON-lines and CSV journals; see above)",
     )
 
     p = cmd("append", "append input to journals", cmd_append, selector=None)
@@ -540,7 +547,16 @@ begins, and the exit status is 3. With --allow-gaps the read goes on past each g
 reporting the skipped range on stderr. Fragments skipped by --from are skipped by request
 and are no gap.
 
+With --committed, the read is what an exactly-once reader of the journals gets: messages
+are decoded with each journal's framing and sequenced by their UUIDs, and only those of
+committed transactions are printed, each once, in commit order, without the
+acknowledgements (a raw read also shows messages of rolled-back or never-committed
+transactions, and acknowledgements as records of their own). Each is printed as written,
+one a line. It reads JSON-lines and CSV journals, from the beginning (or --tail); --offsets
+and --offsets-out, which are raw byte offsets, are not taken.
+
   gazctl journals read -l name=my/journal
+  gazctl journals read -l name=examples/word-count/counts --committed
   gazctl journals read -l app=clicks --block --tail
   gazctl journals read -l app=clicks --offsets o.json --offsets-out o.json --allow-gaps
 """
@@ -652,6 +668,30 @@ async def _pump(rr: RetryReader, gaps: _Gaps, state: _ReadState) -> None:
         rr.close()
 
 
+async def _pump_committed(
+    rr: RetryReader, gaps: _Gaps, state: _ReadState, messages: CommittedMessages
+) -> None:
+    """Write one journal's committed messages, one a line, until its head (non-blocking)
+    or cancellation. Raises `ReadGap` at a gap (unless ``--allow-gaps``), writing nothing
+    read after it."""
+    journal = rr.journal
+    try:
+        while True:
+            try:
+                payload: bytes | None = await messages.next()
+            except (OffsetNotYetAvailable, StopAsyncIteration):
+                payload = None
+            state.check_gaps(gaps.take(delivering=payload is not None))
+            if payload is None:
+                break
+            state.out.write(payload + b"\n")
+            state.out.flush()
+            state.bytes_read[journal] = state.bytes_read.get(journal, 0) + len(payload) + 1
+    finally:
+        state.done[journal] = rr.offset if rr.offset >= 0 else 0
+        rr.close()
+
+
 async def _progress(state: _ReadState, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
@@ -676,6 +716,13 @@ def _offset(value: object, journal: str, path: str) -> int:
 
 
 async def cmd_read(args: argparse.Namespace, io: Streams) -> int:
+    if args.committed and (args.offsets or args.offsets_out):
+        # A committed read can't resume at a byte offset: a transaction begun before it
+        # would be lost to the Sequencer, and its messages with it.
+        raise GazctlError(
+            "--committed reads each journal from its beginning (or --tail): --offsets and "
+            "--offsets-out are offsets of raw reads"
+        )
     begin: dict[str, int] = {}
     if args.offsets:
         try:
@@ -755,9 +802,15 @@ async def _read_loop(
                 journal=name, offset=offset, block=args.block, begin_mod_time=from_unix
             )
             gaps = _Gaps(from_time=state.from_time)
+            framing = committed_framing(j.spec) if args.committed else None
             rr = RetryReader(client, req, on_jump=gaps.jumped)
             state.readers[name] = rr
-            tasks[name] = asyncio.create_task(_pump(rr, gaps, state), name=f"read:{name}")
+            pump = (
+                _pump(rr, gaps, state)
+                if framing is None
+                else _pump_committed(rr, gaps, state, CommittedMessages(rr, j.spec, framing))
+            )
+            tasks[name] = asyncio.create_task(pump, name=f"read:{name}")
 
     progress = asyncio.create_task(_progress(state, args.progress_interval))
     stopper = asyncio.create_task(stop.wait())
