@@ -137,6 +137,15 @@ BENCHES: dict[str, Bench] = {
         baseline="native apsw on local disk with `synchronous=FULL`, same transactions, same "
         "run; the 1.25 target is read on the figure `target_for` names (docs/store-targets.md).",
     ),
+    "sqlite_log": Bench(
+        measures="Recovery-log bytes per transaction of a bike-share-like consumer (4 rides a "
+        "transaction, per-station upserts) on the SQLite store, for page sizes, against the "
+        "RocksDB store on the same transactions.",
+        baseline="the RocksDB store's log in the same run: `ratio_*` is SQLite's bytes over "
+        "RocksDB's (`ratio_default`: the store's default page size; `ratio_4k`: SQLite's "
+        "4 KiB); no target (docs/sqlite-app.md).",
+        headline=("rocksdb_bytes_per_txn", "sqlite_default_bytes_per_txn"),
+    ),
 }
 
 

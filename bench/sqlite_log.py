@@ -14,7 +14,9 @@ transactions, per transaction; ``ratio*`` is a SQLite side's bytes over RocksDB'
 the same run. ``*_snappy`` is the log's bytes compressed as a SNAPPY fragment store keeps them
 (the broker's spool and its replication carry the uncompressed bytes). ``*_txn_ms`` is the
 mean wall time of a transaction, commit included (a sanity check of what a page size costs in
-speed; bench/sqlite.py measures speed). ``ratio_default`` names the store's default against
+speed; bench/sqlite.py measures speed). ``*_live_kib`` is what a playback from the store's
+hints reads at the end: the part of the log that ``gazctl shards prune`` must keep, however
+long the log grew. ``ratio_default`` names the store's default against
 RocksDB; ``ratio_4k`` the same workload with 4 KiB pages (SQLite's default, the store's before
 it set its own).
 
@@ -50,7 +52,9 @@ from gazette.broker.client import AppendService, JournalClient, RetryReader, app
 from gazette.broker.fragment.codecs import compress_stream
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.consumer.protocol import pb as cpb
+from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.fsm import FSM
+from gazette.recoverylog.prune import live_ranges
 from gazette.recoverylog.recorder import Recorder
 from gazette.stores.rocksdb import RocksDBStore
 from gazette.stores.sqlite import DEFAULT_PAGE_SIZE, SQLiteStore
@@ -114,6 +118,7 @@ class Side:
 
     log_bytes: int
     snappy_bytes: int
+    live_bytes: int
     seconds: float
     txns: int
 
@@ -121,8 +126,15 @@ class Side:
         return {
             f"{name}_bytes_per_txn": round(self.log_bytes / self.txns),
             f"{name}_snappy_bytes_per_txn": round(self.snappy_bytes / self.txns),
+            f"{name}_live_kib": round(self.live_bytes / 1024, 1),
             f"{name}_txn_ms": round(1000 * self.seconds / self.txns, 3),
         }
+
+
+def live_bytes(hints: rpb.FSMHints, head: int) -> int:
+    """Bytes of the log a playback from `hints` reads, up to `head`: what pruning keeps."""
+    spans = live_ranges({"shard": [hints]}).get(hints.log, [])
+    return sum(min(end, head) - begin for begin, end in spans if begin < head)
 
 
 async def new_log(client: JournalClient, fragments: Path, name: str) -> str:
@@ -194,9 +206,11 @@ async def sqlite_side(
                 work, apply, lambda i: store.start_commit(None, checkpoint(i), [])
             )
             end = rec.write_head
+            live = live_bytes(await store.build_hints(), end)
         finally:
             await store.close()
-        return Side(end - begin, await snappy_size(client, log, begin, end), seconds, len(work))
+        snappy = await snappy_size(client, log, begin, end)
+        return Side(end - begin, snappy, live, seconds, len(work))
 
 
 async def rocksdb_side(endpoint: str, tmp: Path, work: list[list[Ride]]) -> Side:
@@ -220,11 +234,12 @@ async def rocksdb_side(endpoint: str, tmp: Path, work: list[list[Ride]]) -> Side
             lambda i: asyncio.ensure_future(store.start_commit(None, checkpoint(i), [])),
         )
         end = (await store.mount.stats())["write_head"]
+        live = live_bytes(await store.build_hints(), end)
     finally:
         await store.close()
     async with JournalClient(endpoint) as client:
         snappy = await snappy_size(client, log, begin, end)
-    return Side(end - begin, snappy, seconds, len(work))
+    return Side(end - begin, snappy, live, seconds, len(work))
 
 
 SQLITE_SIDES = [(0, "wal"), (4096, "wal"), (2048, "wal"), (1024, "wal"), (512, "wal")]
