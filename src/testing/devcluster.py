@@ -1,0 +1,303 @@
+"""``gazette-dev``: a development cluster on this machine, for running your own application.
+
+One command starts an etcd, brokers, and (given ``--app``) consumer processes of an
+application, every one on a free loopback port, with its data and log under one directory;
+applies journal and shard specs (``gazctl journals apply``, ``gazctl shards apply``); prints
+the addresses and the environment that points ``gazctl`` at them; and runs until Ctrl-C
+(SIGINT) or SIGTERM, when it stops the consumers, then the brokers, then etcd, and waits for
+each: nothing is left running. A process that exits on its own stops the cluster, with the
+end of its log.
+
+    gazette-dev --journals journals.yaml --app my_app.app:MyApp --consumers 2 \\
+        --shards shards.yaml --consumer-arg=--app.top-n=5
+
+The application's module is imported by the consumers from the current directory (or the
+``PYTHONPATH``). Consumers run with ``--drain-timeout 0`` (at the cluster's stop there is
+nowhere to hand shards to) and ``--lease-ttl 3``; ``--consumer-arg`` adds or overrides
+flags, e.g. ``--max-hot-standbys=0`` to run specs asking for standbys on one consumer.
+
+Like the rest of `gazette.testing` it runs the package's programs as processes and imports
+none of the package; `DevCluster` is the same cluster from Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from gazette.testing.cluster import BrokerCluster
+from gazette.testing.consumer import ConsumerProcess
+from gazette.testing.etcd import EtcdServer
+from gazette.testing.process import ProcessUnavailable, ReadyProcess
+
+__all__ = ["DevCluster", "DevClusterError", "main"]
+
+BROKER_ROOT = "/gazette/cluster"
+CONSUMER_ROOT = "/gazette/consumers/app"
+READY_LINE = "gazette-dev ready"
+"""Printed once everything is up and the specs are applied (scripts may wait for it)."""
+GAZCTL_TIMEOUT = 120.0
+
+
+class DevClusterError(RuntimeError):
+    """A process did not start, or a spec was not applied."""
+
+
+class DevCluster:
+    """etcd, `brokers` brokers and `consumers` consumers of `app` (none without it), with
+    data and logs under `directory` (module docs). `start` raises `DevClusterError` after
+    stopping what it started; `close` stops everything, consumers first."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        brokers: int = 1,
+        app: str = "",
+        consumers: int = 1,
+        consumer_root: str = CONSUMER_ROOT,
+        consumer_args: Sequence[str] = (),
+    ) -> None:
+        if brokers < 1:
+            raise ValueError(f"a cluster needs a broker, not {brokers}")
+        self.directory = directory
+        self.etcd = EtcdServer(data_dir=directory / "etcd")
+        self.n_brokers = brokers
+        self.brokers: BrokerCluster | None = None
+        self.app = app
+        self.n_consumers = consumers if app else 0
+        self.consumer_root = consumer_root
+        self.consumer_args = list(consumer_args)
+        self.consumers: list[ConsumerProcess] = []
+
+    def start(self) -> DevCluster:
+        """Start etcd, the brokers, then the consumers, each waited for until ready."""
+        try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.etcd.start()
+            zones = [("zone-a", "zone-b")[i % 2] for i in range(self.n_brokers)]
+            self.brokers = BrokerCluster(
+                self.etcd.endpoint,
+                root=BROKER_ROOT,
+                spool_root=self.directory / "brokers",
+                zones=zones,
+            )
+            self.brokers.start()
+            env = {"PYTHONPATH": _with_cwd(os.environ.get("PYTHONPATH", ""))}
+            for i in range(self.n_consumers):
+                c = ConsumerProcess(
+                    self.app,
+                    self.etcd.endpoint,
+                    self.brokers.endpoints,
+                    root=self.consumer_root,
+                    zone=zones[i % len(zones)],
+                    suffix=f"consumer-{i}",
+                    workdir=self.directory / "consumers" / f"consumer-{i}",
+                    extra_env=env,
+                    extra_args=["--drain-timeout", "0", *self.consumer_args],
+                )
+                self.consumers.append(c)
+                c.start()
+        except (ProcessUnavailable, OSError, RuntimeError) as err:
+            self.close()
+            raise DevClusterError(str(err)) from err
+        return self
+
+    def processes(self) -> list[ReadyProcess]:
+        """The brokers and consumers."""
+        return [*(self.brokers.brokers if self.brokers else []), *self.consumers]
+
+    def environment(self) -> dict[str, str]:
+        """The variables that point ``gazctl`` (and ``gazette-consumer``) at this cluster."""
+        env = {"ETCD_ADDRESS": self.etcd.endpoint}
+        if self.brokers is not None:
+            env["BROKER_ADDRESS"] = self.brokers.endpoints[0]
+        if self.consumers:
+            env["CONSUMER_ADDRESS"] = self.consumers[0].endpoint
+        return env
+
+    def gazctl(self, *args: str) -> str:
+        """Run ``gazctl ARGS`` against the cluster; its output. Raises `DevClusterError`
+        with its error output if it fails."""
+        argv = [sys.executable, "-m", "gazette.gazctl.main", *args]
+        proc = subprocess.run(
+            argv,
+            env={**os.environ, **self.environment()},
+            capture_output=True,
+            text=True,
+            timeout=GAZCTL_TIMEOUT,
+        )
+        if proc.returncode != 0:
+            raise DevClusterError(f"gazctl {' '.join(args)}: {proc.stderr.strip()}")
+        return proc.stdout + proc.stderr
+
+    def apply_journals(self, specs: Path) -> str:
+        return self.gazctl("journals", "apply", "--specs", str(specs))
+
+    def apply_shards(self, specs: Path) -> str:
+        if not self.consumers:
+            raise DevClusterError(f"{specs}: shards need consumers (--app)")
+        return self.gazctl("shards", "apply", "--specs", str(specs))
+
+    def exited(self) -> ReadyProcess | None:
+        """A process that exited on its own, if one did."""
+        for p in [*(self.brokers.brokers if self.brokers else []), *self.consumers]:
+            if p.proc is not None and p.proc.poll() is not None:
+                return p
+        return None
+
+    def describe(self) -> str:
+        """The addresses, log files and environment, as `main` prints them."""
+        lines = [f"etcd       {self.etcd.endpoint}  (log {self.directory / 'etcd' / 'etcd.log'})"]
+        for b in self.brokers.brokers if self.brokers else []:
+            lines.append(f"broker     {b.endpoint}  {b.zone}#{b.suffix}  (log {b.log_path})")
+        for c in self.consumers:
+            lines.append(
+                f"consumer   {c.endpoint}  http {c.http_endpoint}  {c.zone}#{c.suffix}  "
+                f"(log {c.log_path})"
+            )
+        if self.consumers:
+            lines.append(f"app        {self.app} under {self.consumer_root}")
+        lines.append(f"data       {self.directory}")
+        exports = " ".join(f"{k}={v}" for k, v in self.environment().items())
+        lines.append(f"gazctl     export {exports}")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        """Stop the consumers (SIGTERM to all, then each waited for), the brokers, etcd."""
+        for c in self.consumers:
+            if c.proc is not None and c.proc.poll() is None:
+                c.proc.send_signal(signal.SIGTERM)
+        for c in self.consumers:
+            c.close()
+        if self.brokers is not None:
+            for b in self.brokers.brokers:
+                if b.proc is not None and b.proc.poll() is None:
+                    b.proc.send_signal(signal.SIGTERM)
+            self.brokers.close()
+        self.etcd.stop()
+
+    def __enter__(self) -> DevCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _with_cwd(pythonpath: str) -> str:
+    """`pythonpath` with the current directory first: the application's module is found
+    where the user runs the command, as ``python -m`` finds it."""
+    return os.pathsep.join([os.getcwd(), *(p for p in pythonpath.split(os.pathsep) if p)])
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gazette-dev",
+        description="Run etcd, brokers and (with --app) consumers of an application on free "
+        "loopback ports until Ctrl-C, applying journal and shard specs.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--brokers", type=int, default=1, help="brokers to run")
+    p.add_argument(
+        "--journals",
+        type=Path,
+        action="append",
+        default=[],
+        help="journal specs to apply (gazctl journals apply); repeatable",
+    )
+    p.add_argument("--app", default="", help="consumer application, package.module:Name")
+    p.add_argument("--consumers", type=int, default=1, help="consumers of --app to run")
+    p.add_argument("--root", default=CONSUMER_ROOT, help="etcd root of the application's consumers")
+    p.add_argument(
+        "--shards",
+        type=Path,
+        action="append",
+        default=[],
+        help="shard specs to apply (gazctl shards apply) once the consumers run; repeatable",
+    )
+    p.add_argument(
+        "--consumer-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a flag for every consumer, e.g. --consumer-arg=--app.top-n=5; repeatable",
+    )
+    p.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="directory of the processes' data and logs, kept at the stop (default: a new "
+        "one under the temporary directory)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
+    """Run the cluster until SIGINT/SIGTERM (module docs); the exit status."""
+    p = _parser()
+    a = p.parse_args(argv)
+    if a.brokers < 1:
+        p.error(f"--brokers must be at least 1, not {a.brokers}")
+    if a.shards and not a.app:
+        p.error("--shards needs --app: shards are served by the application's consumers")
+    for spec in [*a.journals, *a.shards]:
+        if not spec.is_file():
+            p.error(f"{spec}: no such file")
+    directory = a.dir or Path(tempfile.mkdtemp(prefix="gazette-dev-"))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda _sig, _frame: stop.set())
+
+    def say(text: str) -> None:
+        print(text, file=out, flush=True)
+
+    cluster = DevCluster(
+        directory.resolve(),
+        brokers=a.brokers,
+        app=a.app,
+        consumers=a.consumers,
+        consumer_root=a.root,
+        consumer_args=a.consumer_arg,
+    )
+    status = 0
+    try:
+        consumers = f", {a.consumers} consumer(s) of {a.app}" if a.app else ""
+        say(f"starting etcd, {a.brokers} broker(s){consumers} in {directory}")
+        cluster.start()
+        for spec in a.journals:
+            say(f"applying journals {spec}")
+            say(cluster.apply_journals(spec).rstrip())
+        for spec in a.shards:
+            say(f"applying shards {spec}")
+            say(cluster.apply_shards(spec).rstrip())
+        say(cluster.describe())
+        say(f"{READY_LINE}: Ctrl-C stops everything")
+        while not stop.wait(0.5):
+            gone = cluster.exited()
+            if gone is not None:
+                assert gone.proc is not None
+                code = gone.proc.returncode
+                say(f"{gone.name} {gone.endpoint} exited with {code}; its log ends:")
+                say(gone.tail_log())
+                status = 1
+                break
+    except DevClusterError as err:
+        say(f"gazette-dev: {err}")
+        status = 1
+    finally:
+        say("stopping")
+        cluster.close()
+        say(f"stopped; data and logs are in {directory}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
