@@ -12,6 +12,14 @@ options given, and write the DataFrame as Parquet. Options the source rejects (n
 shards matched, bad selectors, missing hints, ...) fail before any job runs, as one
 ``gazctl: error:`` line. Progress (tasks done per stage) goes to stderr while the job runs.
 
+``shards export`` checks before Spark starts (which takes seconds, tens of them on a busy
+machine) what it can check alone: the options, that etcd answers within
+`ETCD_CHECK_TIMEOUT`, and that the selected shards exist with hints of the kind asked for
+(the source's own `resolve_shards`). A mistyped ``--etcd`` or shard then fails in a second
+or two rather than after Spark's start and the source's etcd retries. The source resolves
+the shards again when the query is planned (the check is no snapshot it could use: the
+shards may change in between, and the source serves any Spark session).
+
 A ``local`` master keeps the session on loopback. Any other master gets a driver that
 executors on other machines can reach back (`driver_address`), and ``--to`` may be a URI
 (``hdfs://``, ``s3a://``): on a cluster the executors write the part files, so the output
@@ -33,12 +41,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gazette.consumer.spec import ShardKeys
 from gazette.gazctl.main import GazctlError, Streams
+from gazette.keyspace.etcd import Etcd, EtcdError
 from gazette.mainboilerplate.etcd_endpoints import InvalidEndpoint, parse_endpoints
 
 __all__ = [
     "add_journals_export",
     "add_shards_export",
+    "check_shards",
     "driver_address",
     "export_parquet",
     "journals_options",
@@ -47,6 +58,9 @@ __all__ = [
 ]
 
 DEFAULT_MASTER = "local[2]"
+
+ETCD_CHECK_TIMEOUT = 2.0
+"""Seconds ``shards export`` gives etcd to answer before Spark starts."""
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -194,8 +208,36 @@ async def cmd_journals_export(args: argparse.Namespace, io: Streams) -> int:
     return 0
 
 
+async def check_shards(options: dict[str, str]) -> None:
+    """Raise GazctlError if the gazette-shards `options` are invalid, etcd does not answer
+    within `ETCD_CHECK_TIMEOUT`, or a selected shard is missing or lacks the hints asked for:
+    what the source's planning would raise, without starting Spark."""
+    try:
+        from gazette.consumer.spark.errors import ExportError
+        from gazette.consumer.spark.options import ShardsOptions
+        from gazette.consumer.spark.resolve import resolve_shards
+    except ImportError as err:
+        raise GazctlError(f"the gazette-shards data source is not available: {err}") from None
+    try:
+        opts = ShardsOptions.parse(options)
+    except ExportError as err:
+        raise GazctlError(str(err)) from None
+    try:
+        async with Etcd(opts.etcd, timeout=ETCD_CHECK_TIMEOUT) as etcd:
+            await etcd.get_prefix(ShardKeys(opts.root).items.encode())
+    except EtcdError as err:
+        raise GazctlError(
+            f"etcd does not answer ({err}): check --etcd (env ETCD_ADDRESS)"
+        ) from None
+    try:
+        await resolve_shards(opts)
+    except (ExportError, EtcdError) as err:
+        raise GazctlError(str(err)) from None
+
+
 async def cmd_shards_export(args: argparse.Namespace, io: Streams) -> int:
     opts = shards_options(args)
+    await check_shards(opts)
     await asyncio.to_thread(export_parquet, "gazette-shards", opts, args, io)
     return 0
 

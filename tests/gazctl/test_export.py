@@ -6,6 +6,9 @@ Runs gazctl in-process; it reuses the test session's local[2] Spark (the `spark`
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ from gazette.keyspace.etcd import Etcd
 from gazette.message.publisher import Publisher
 from gazette.stores.rocksdb import RocksDBStore
 from gazette.testing.broker import BrokerProcess
-from gazette.testing.etcd import EtcdServer
+from gazette.testing.etcd import EtcdServer, free_port
 from tests.consumer.spark.conftest import spark  # noqa: F401 -- the session fixture
 from tests.gazctl.conftest import Gazctl
 from tests.kit.specs import RECOVERY_LOG, apply_specs, journal_spec
@@ -147,12 +150,13 @@ def test_shards_export_errors_before_any_job(
         "--root", "/gazctl-export/none", "--shards", "no-such-shard", "--store", "rocksdb",
     )  # fmt: skip
     assert r.rc == 1
-    assert "gazctl: error: gazette-shards: " in r.err and "no-such-shard" in r.err, r.err
+    assert r.err.startswith("gazctl: error: shard 'no-such-shard' not found: "), r.err
     r = gazctl(
         "shards", "export", "--to", str(out), "--etcd", etcd_server.endpoint,
         "--root", "/gazctl-export/none", "-l", "app=x", "--store", "rocksdb", "--table", "t",
     )  # fmt: skip
     assert r.rc == 1 and "table" in r.err, r.err
+    assert "starting Spark" not in r.err
     assert len(tracker.getJobIdsForGroup(None)) == jobs
     assert not out.exists()
 
@@ -223,3 +227,36 @@ def test_shards_export_rocksdb(
     table = pq.read_table(out2)
     assert table.column_names == ["shard", "key", "value"]
     assert table.num_rows == 500
+
+
+def test_shards_export_checks_etcd_and_shards_before_spark(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """A wrong --etcd, or a shard that does not exist, fails in seconds: before Spark
+    starts (a command line of its own, as a user runs it: no Spark session to reuse)."""
+    unused = f"127.0.0.1:{free_port()}"
+    out = tmp_path / "s.parquet"
+    cases = [
+        (unused, "etcd does not answer (etcd " + unused),
+        (etcd_server.endpoint, "shard 'no-such-shard' not found: no ShardSpec at /gz-none/"),
+    ]
+    for etcd, message in cases:
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [
+                sys.executable, "-m", "gazette.gazctl", "shards", "export", "--to", str(out),
+                "--etcd", etcd, "--root", "/gz-none", "--shards", "no-such-shard",
+                "--store", "rocksdb",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )  # fmt: skip
+        took = time.monotonic() - t0
+        assert proc.returncode == 1, proc.stderr
+        assert "starting Spark" not in proc.stderr
+        assert f"gazctl: error: {message}" in proc.stderr, proc.stderr
+        assert "check --etcd (env ETCD_ADDRESS)" in proc.stderr or etcd != unused
+        # The interpreter's start and imports, then at most the etcd check's 2 s.
+        assert took < 15, took
+    assert not out.exists()
