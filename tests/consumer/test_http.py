@@ -324,7 +324,8 @@ class _Recorder:
 
 async def test_exit_closes_http_before_the_runtime_shuts_down() -> None:
     """After the drain the HTTP server stops admitting application requests and is closed
-    before `runtime.shutdown()` (a handler must not run on a shut-down runtime)."""
+    before `runtime.shutdown()` (a handler must not run on a shut-down runtime); long-lived
+    handlers were told to end first (`resolver.stopping`)."""
     from gazette.consumer.main import ConsumerProcess as Process
 
     calls: list[str] = []
@@ -335,14 +336,18 @@ async def test_exit_closes_http_before_the_runtime_shuts_down() -> None:
     server.set_draining()
     real_close = server.close
 
+    resolver = proc.runtime.resolver
+
     async def close() -> None:
         assert server.state == "stopped"
+        assert resolver.stopping.is_set()
         calls.append("http.close")
         await real_close()
 
     server.close = close  # type: ignore[method-assign]
     proc.http = server
     proc.runtime = _Recorder(calls, "runtime")  # type: ignore[assignment]
+    proc.runtime.resolver = resolver
     proc.server = _Recorder(calls, "grpc")  # type: ignore[assignment]
     # The order of the shared life cycle (mainboilerplate.process.serve).
     await proc.stop_serving()
