@@ -93,7 +93,8 @@ class BeginFinisher(Protocol):
 
 @dataclass(frozen=True)
 class ResolveArgs:
-    """A request to resolve a shard, as handed to `MessageProducer.read_through`.
+    """A request to resolve a shard (`consumer.resolver.Resolver.resolve`), as handed to
+    `MessageProducer.read_through`.
 
     `read_through`: journals and offsets the caller wants processed (committed) before it is
     answered ("read your writes"). `proxy_header` is set when another consumer process

@@ -444,8 +444,8 @@ class Resolver:
         a gRPC deadline bounds the wait. `proxy_header`: that header, given directly.
 
         Waits at most `timeout` seconds in all (TimeoutError). Raises `ResolverStopped`
-        (module docs); ValueError from `read_through` offsets the runtime refuses.
-        Cancellation while waiting holds nothing."""
+        (module docs), and what a `MessageProducer`'s ``read_through`` raises. Cancellation
+        while waiting holds nothing."""
         if incoming is not None:
             forwarded, found = proxy_header_of(incoming)
             if forwarded:

@@ -8,6 +8,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import grpc
+import grpc.aio
 import pytest
 
 import gazette.consumer.replica as replica_mod
@@ -250,3 +252,63 @@ def test_shards_with_source(runtime: tuple[ConsumerRuntime, Any, MemberID]) -> N
     assert rt.resolver.shards_with_source("j2") == []
     ks.put(item_key(ROOT, "c"), pb.ShardSpec(id="c", sources=[src(journal="j2")]))
     assert [s.id for s in rt.resolver.shards_with_source("j2")] == ["c"]
+
+
+async def test_forward_unary_sends_messages_with_the_proxy_header() -> None:
+    """A typed unary call forwarded to a primary: serialized by the request's type, the
+    response by `response_deserializer`, the resolution's header in the metadata; the
+    primary's error comes back as it is."""
+    from gazette.consumer.config import ConsumerConfig
+    from gazette.consumer.resolver import Resolution, Resolver, proxy_header_of
+
+    seen: list[bpb.Header | None] = []
+
+    async def stat(req: pb.StatRequest, context: Any) -> pb.StatResponse:
+        seen.append(proxy_header_of(context)[1])
+        if req.shard == "fails":
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no")
+        return pb.StatResponse(status=pb.OK, read_through={req.shard: 7})
+
+    server = grpc.aio.server()
+    handler = grpc.method_handlers_generic_handler(
+        "t.T",
+        {
+            "Stat": grpc.unary_unary_rpc_method_handler(
+                stat,
+                request_deserializer=pb.StatRequest.FromString,
+                response_serializer=pb.StatResponse.SerializeToString,
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    resolver = Resolver(ConsumerRuntime(ConsumerConfig(zone="z", suffix="me"), App()))  # type: ignore[arg-type]
+    header = bpb.Header(etcd=bpb.Header.Etcd(revision=42))
+    res = Resolution(
+        pb.OK,
+        header,
+        shard_id="s",
+        primary_endpoint=f"http://127.0.0.1:{port}",
+        resolver=resolver,
+    )
+    try:
+        got = await res.forward_unary(
+            "/t.T/Stat",
+            pb.StatRequest(shard="s"),
+            response_deserializer=pb.StatResponse.FromString,
+            timeout=10,
+        )
+        assert got == pb.StatResponse(status=pb.OK, read_through={"s": 7})
+        assert seen == [header]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await res.forward_unary(
+                "/t.T/Stat",
+                pb.StatRequest(shard="fails"),
+                response_deserializer=pb.StatResponse.FromString,
+                timeout=10,
+            )
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        await resolver.close()
+        await server.stop(None)
