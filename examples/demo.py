@@ -37,8 +37,7 @@ from pathlib import Path
 from gazette.broker.client import JournalClient, list_all_journals, name_selector
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.testing.broker import BrokerProcess
-from gazette.testing.cluster import BrokerCluster
-from gazette.testing.etcd import EtcdServer
+from gazette.testing.devcluster import DevCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "word-count"))
 from word_count import demo as word_count_demo  # noqa: E402
@@ -173,19 +172,17 @@ def main() -> None:
     specs.write_text(journals_yaml(store))
 
     t_start = time.monotonic()
-    step("starting etcd on loopback")
-    with EtcdServer() as etcd:
-        print(f"    etcd at {etcd.endpoint}")
-        step(f"starting three brokers in zones {', '.join(ZONES)}")
-        # The demo ends by stopping every broker: there is nowhere to drain to (the
-        # cluster's default --drain-timeout 0).
-        with BrokerCluster(
-            etcd.endpoint, root="/gazette/cluster", spool_root=data, zones=ZONES
-        ) as cluster:
-            for b in cluster.brokers:
-                print(f"    {b.zone}#{b.suffix} at {b.endpoint}, spool dir {b.spool_dir}")
-            run_demo(cluster.brokers, specs, args.lines)
-            word_count_demo.run(etcd.endpoint, [b.endpoint for b in cluster.brokers], data)
+    step(f"starting etcd and three brokers in zones {', '.join(ZONES)} (what `gazette-dev` runs)")
+    # The demo ends by stopping every broker: there is nowhere to drain to (the cluster's
+    # --drain-timeout 0).
+    with DevCluster(data / "cluster", brokers=len(ZONES)) as cluster:
+        assert cluster.brokers is not None
+        brokers = cluster.brokers.brokers
+        print(f"    etcd at {cluster.etcd.endpoint}")
+        for b in brokers:
+            print(f"    {b.zone}#{b.suffix} at {b.endpoint}, spool dir {b.spool_dir}")
+        run_demo(brokers, specs, args.lines)
+        word_count_demo.run(cluster.etcd.endpoint, [b.endpoint for b in brokers], data)
     step("done")
     print(
         f"    etcd, three brokers, two consumers and gazctl in {time.monotonic() - t_start:.0f}s:"
