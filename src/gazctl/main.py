@@ -3,7 +3,9 @@
     gazctl journals list -l app=clicks --format yaml
     gazctl journals apply --specs journals.yaml
     gazctl journals read -l name=a/journal --block
+    gazctl journals read -l name=app/outputs --committed
     gazctl shards list -l app=word-count --lag
+    gazctl shards stat -l app=word-count
 
 Commands are grouped (`journals`; `shards` for shard specs, assignments and recovery logs,
 which also take `--consumer`): each group module
@@ -11,6 +13,7 @@ exposes ``register(subparsers, common)``, adding its subcommands with the `commo
 (`--broker`, ...) and a coroutine handler ``handler(args, io) -> int``. `main` parses, runs the
 handler on a fresh event loop and turns expected failures (broker statuses, invalid specs,
 unreachable brokers, bad files) into one ``gazctl: error: ...`` line and exit status 1.
+Every option's ``--help`` says its default (`HelpFormatter`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
 """``gazctl shards ...``: consumer shards' specs and assignments, and their recovery logs.
 
 Spec commands talk to a consumer process's ``consumer.Shard`` service (``--consumer``, env
-CONSUMER_ADDRESS): ``list`` (with ``--lag``, which also asks ``--broker`` for the write heads
-of the shards' sources), ``apply`` and ``edit`` (the hierarchical YAML of `gazctl.shardspace`),
-and ``unassign``. Selectors (``-l``) match shard labels and the ``id`` meta-label:
+CONSUMER_ADDRESS; several addresses are tried in turn, `gazctl.consumers`): ``list`` (with
+``--lag``, which also asks ``--broker`` for the write heads of the shards' sources), ``stat``
+(the offsets each shard read through and published at, optionally once it read through given
+offsets), ``apply`` and ``edit`` (the hierarchical YAML of `gazctl.shardspace`), and
+``unassign``. Selectors (``-l``) match shard labels and the ``id`` meta-label:
 ``-l 'id in (shard-1, shard-2)'``.
 
     gazctl shards list -l app=word-count --lag
+    gazctl shards stat -l app=word-count --read-through words/part-000=1234
     gazctl shards apply --specs shards.yaml
     gazctl shards unassign -l app=word-count --failed
 

@@ -12,6 +12,7 @@ import shlex
 import subprocess
 import tempfile
 from collections.abc import Callable, Coroutine
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from gazette.broker.protocol.labels import value_of
 from gazette.broker.protocol.selector import parse_label_selector
 from gazette.consumer.protocol import pb
 from gazette.consumer.shard_client import (
+    ShardClient,
     apply_shards_in_batches,
     list_shards,
     stat_shard,
@@ -319,6 +321,12 @@ def _offsets_text(offsets: Any) -> str:
     return ", ".join(f"{j}:{o}" for j, o in sorted(offsets.items())) or "-"
 
 
+async def _stat(sc: ShardClient, req: pb.StatRequest, timeout: float) -> pb.StatResponse:
+    """Stat, whatever status it answers (the caller shows it)."""
+    resp: pb.StatResponse = await sc.stub.Stat(req, timeout=timeout)
+    return resp
+
+
 async def cmd_stat(args: argparse.Namespace, io: Streams) -> int:
     wanted = _read_through_args(args.read_through)
     selector = _selector(args.selector)
@@ -338,9 +346,7 @@ async def cmd_stat(args: argparse.Namespace, io: Streams) -> int:
                 read_through={j: o for j, o in wanted.items() if j in sources},
             )
             try:
-                resp = await consumers.call(
-                    lambda sc, req=req: sc.stub.Stat(req, timeout=args.timeout)  # type: ignore[misc]
-                )
+                resp = await consumers.call(partial(_stat, req=req, timeout=args.timeout))
             except ConsumerError as err:
                 cause = err.__cause__
                 if isinstance(cause, grpc.aio.AioRpcError) and (
@@ -524,8 +530,8 @@ async def cmd_unassign(args: argparse.Namespace, io: Streams) -> int:
         for i in range(0, len(ids), UNASSIGN_BATCH):
             batch = ids[i : i + UNASSIGN_BATCH]
             done += await consumers.call(
-                lambda sc, batch=batch: unassign_shards(  # type: ignore[misc]
-                    sc, batch, only_failed=args.failed, dry_run=args.dry_run
+                partial(
+                    unassign_shards, shards=batch, only_failed=args.failed, dry_run=args.dry_run
                 )
             )
     verb = "would unassign" if args.dry_run else "unassigned"
