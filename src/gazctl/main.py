@@ -125,10 +125,16 @@ class Streams:
         self.stderr.flush()
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+class HelpFormatter(argparse.HelpFormatter):
     """Help whose options say their defaults: ``(default: X)`` is added to each option having
     a default worth saying (not None, empty or False) unless its help mentions it already.
-    Descriptions keep their line breaks (they hold examples)."""
+    A description of several lines keeps its line breaks (it holds examples); one of a single
+    line is wrapped."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text.strip("\n"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
