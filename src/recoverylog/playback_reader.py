@@ -4,8 +4,9 @@ A `PlaybackReader` holds one `RetryReader` at a time, opened where the Player as
 first offset of the next hinted segment (a seek over dead log is a new Read RPC), bounded by
 the end of a run of segments of known extent, or unbounded to follow the log's head. Every
 read is fed to a sans-I/O `OpDecoder`, whose events the Player applies. When the log's
-content jumps (its fragments were removed), the jump is fatal if it skips hinted content
-(`OffsetJumpOverHints`) and otherwise logged, the decoder continuing at the jump's end.
+content jumps (its fragments were removed, or an append failed and a new primary rolled past
+its offsets), the jump is fatal if it skips the end of a hinted segment (`jump_over_hints`,
+`OffsetJumpOverHints`) and otherwise logged, the decoder continuing at the jump's end.
 
 A read left pending while the Player attends to a request (a finish, a hand-off) is kept and
 returned by the next read, so that no content is lost or read twice. `write_head` learns a
@@ -21,11 +22,12 @@ import logging
 from gazette.broker.client import JournalClient, RetryReader, append
 from gazette.broker.client.errors import OffsetJump
 from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.codec import OpDecoder
 from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.playback_errors import OffsetJumpOverHints
 
-__all__ = ["PlaybackReader", "write_head"]
+__all__ = ["PlaybackReader", "jump_over_hints", "write_head"]
 
 log = logging.getLogger(__name__)
 
@@ -150,13 +152,9 @@ class PlaybackReader:
         self.decoder.feed(data)
 
     def _jumped(self, jump: OffsetJump, fsm: FSM) -> None:
-        for seg in fsm.hinted_segments:
-            if (
-                seg.log == jump.journal
-                and seg.first_offset < jump.to_offset
-                and (seg.last_offset == 0 or seg.last_offset > jump.from_offset)
-            ):
-                raise OffsetJumpOverHints(jump, seg)
+        skipped = jump_over_hints(jump, fsm.hinted_segments)
+        if skipped is not None:
+            raise OffsetJumpOverHints(jump, skipped)
         log.warning(
             "recovery log offset jump log=%s from=%d to=%d (content is gone; continuing)",
             jump.journal,
@@ -168,3 +166,19 @@ class PlaybackReader:
     def _reset_decoder(self, offset: int, journal: str) -> None:
         self.decoder.reset(offset, journal)
         self.live_payload = False
+
+
+def jump_over_hints(jump: OffsetJump, segments: list[rpb.Segment]) -> rpb.Segment | None:
+    """The first of `segments` (hinted, not yet applied) whose end `jump` skips, else None.
+
+    As upstream, a jump is fatal only when a hinted segment of known extent ends inside the
+    skipped range: its last ops are gone for certain. A jump within a segment is not: the
+    range may be a failed append the recorder retried further on (which is where a new
+    primary rolls past a failed append's offsets), and if it did hold hinted ops, the FSM
+    refuses every later op of the segment (wrong sequence number) and the read through the
+    segment's end (or through the head, for an open segment) fails with `UnusedHints`.
+    """
+    for seg in segments:
+        if seg.log == jump.journal and jump.from_offset < seg.last_offset <= jump.to_offset:
+            return seg
+    return None
