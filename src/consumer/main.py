@@ -44,8 +44,8 @@ from gazette.consumer.runtime import ConsumerRuntime
 from gazette.consumer.shard_api import ShardAPI
 from gazette.keyspace.etcd import EtcdError
 from gazette.mainboilerplate import process
-
 from gazette.mainboilerplate.settings import settings_class
+
 __all__ = [
     "EXIT_FENCED",
     "ConsumerProcess",
@@ -131,10 +131,10 @@ class ConsumerProcess:
             )
         else:
             log.info("starting app=%s root=%s", cfg.app, cfg.root)
-        if cfg.http_port:
         if cfg.app_config is not None:
             # Fields declared with repr=False (secrets) are left out.
             log.info("application settings %r", cfg.app_config)
+        if cfg.http_port:
             # Bound before registering: a port in use fails the start with nothing announced.
             http = ConsumerHTTP(
                 runtime,
