@@ -28,9 +28,10 @@ from gazette.testing.etcd import EtcdServer  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def etcd_server() -> Iterator[EtcdServer]:
-    with EtcdServer() as server:
-        yield server
+def etcd_server(gazette_etcd: EtcdServer) -> EtcdServer:
+    """The session's etcd: the package's pytest plugin's (gazette.testing.pytest_plugin), so
+    tests using the plugin's fixtures and those using ours share one server."""
+    return gazette_etcd
 
 
 def session_broker(
