@@ -7,22 +7,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
+from google.protobuf.duration_pb2 import Duration
 
-from gazette.broker.client import JournalClient
 from gazette.broker.config import parse_args as broker_args
 from gazette.consumer.config import DEFAULT_ROOT, ConsumerConfig
 from gazette.consumer.config import parse_args as consumer_args
 from gazette.consumer.main import ConsumerProcess, ConsumerStartupError, load_application
 from gazette.consumer.protocol import pb
 from gazette.consumer.spec import desired_replication
-from gazette.testing.consumer import ConsumerProcess as ConsumerSubprocess
+from gazette.testing.pytest_plugin import GazetteCluster
 from tests.consumer.settings_app import TunedCounter
-from tests.consumer.support import REPO, Setup, apply_shards, shard_status, until_ready
+from tests.consumer.support import COUNTER, json_journal, recovery_log
 
 QUICKSTART_BROKER_PORTS = range(8080, 8083)
 """The README's quickstart runs three brokers on 8080-8082."""
@@ -140,22 +139,27 @@ def test_desired_replication_is_capped(
 
 
 async def test_processes_capped_at_no_standbys_run_a_shard_that_asks_for_one(
-    new_setup: Callable[..., Setup], client: JournalClient
+    gazette: GazetteCluster, tmp_path: Path
 ) -> None:
     """Two processes, both run with ``--max-hot-standbys 0``, and a shard whose spec asks for
     one hot standby: the allocator gives it its primary alone, and keeps it so."""
-    s = new_setup()
-    await s.create_journals(client)
-    consumers = [s.consumer(i) for i in range(2)]
-    for c in consumers:
-        c.extra_args += ["--max-hot-standbys", "0"]
-        c.start()
-    async with s.stubs() as stubs:
-        stub = stubs["consumer-0"]
-        await apply_shards(stub, s.shard_specs(hot_standbys=1))
-        await until_ready(stub, [pb.ReplicaStatus.PRIMARY], "a primary")
-        await asyncio.sleep(2)  # Long enough for the allocator to add a standby, were it to.
-        assert await shard_status(stub) == {"shard-000": [pb.ReplicaStatus.PRIMARY]}
+    store = tmp_path / "fragments"
+    gazette.journals(
+        [json_journal("capped/in", store), recovery_log("capped/recovery/shard-000", store)]
+    )
+    shard = pb.ShardSpec(
+        id="shard-000",
+        sources=[pb.ShardSpec.Source(journal="capped/in")],
+        recovery_log_prefix="capped/recovery",
+        hint_prefix="/hints",
+        max_txn_duration=Duration(nanos=200_000_000),
+        hot_standbys=1,
+    )
+    gazette.consumer(COUNTER, [shard], max_hot_standbys=0)
+    gazette.consumer(COUNTER, max_hot_standbys=0)
+    primary = await gazette.wait_primary("shard-000")
+    await asyncio.sleep(2)  # Long enough for the allocator to add a standby, were it to.
+    assert await gazette.shard_statuses() == {"shard-000": {primary.suffix: "PRIMARY"}}
 
 
 TUNED = "tests.consumer.settings_app:TunedCounter"
@@ -227,24 +231,15 @@ def test_applications_without_config_are_built_as_before(
 
 
 async def test_a_consumer_process_hands_its_settings_to_the_application(
-    new_setup: Callable[..., Setup], tmp_path: Path
+    gazette: GazetteCluster, tmp_path: Path
 ) -> None:
     """``gazette-consumer`` of an application with a Config: a flag, a variable and a file
     each set a field; the application's handler answers the values it was built with, and
     the start logs them (the secret left out)."""
-    s = new_setup()
     (tmp_path / "app.yaml").write_text("label: from-file\nkeys: [a, b]\ntoken: hush\n")
-    c = ConsumerSubprocess(
-        TUNED,
-        s.etcd.endpoint,
-        [s.broker.endpoint],
-        root=s.root,
-        workdir=tmp_path / "consumer",
-        extra_env={"PYTHONPATH": str(REPO), "APP_RATIO": "0.75"},
-        extra_args=["--app-config", str(tmp_path / "app.yaml"), "--app.top-n", "4"],
+    c = gazette.consumer(
+        TUNED, env={"APP_RATIO": "0.75"}, app_config=tmp_path / "app.yaml", **{"app.top-n": 4}
     )
-    s.consumers.append(c)
-    c.start()
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{c.http_endpoint}/settings") as resp:
             assert resp.status == 200
@@ -258,6 +253,6 @@ async def test_a_consumer_process_hands_its_settings_to_the_application(
         "spill_dir": "None",
         "token": "hush",
     }
-    log = c.tail_log(20000)
+    log = c.process.tail_log(20000)
     assert "application settings TunedCounter.Config(label='from-file', top_n=4" in log
     assert "hush" not in log
