@@ -23,8 +23,10 @@ else (no other live member with room).
 A replica FAILED because its store lost its recording process (`consumer.store.RecordingLost`,
 e.g. the process recording a RocksDB store died) gives its assignment up (`_give_up`): the
 allocator promotes a standby, or assigns the shard anew, and the log has everything
-acknowledged. Not twice within `RECORDING_LOST_INTERVAL` for one shard here: a recording
-process that keeps dying leaves the replica FAILED, for the operator.
+acknowledged. So does a replica whose Recorder was fenced (`RecordingFenced`): a zombie's
+assignment is gone already, and a primary still assigned was fenced by registers gone stale
+(a log's brokers restarted). Not twice within `RECORDING_LOST_INTERVAL` for one shard here: a
+recording process that keeps dying leaves the replica FAILED, for the operator.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from gazette.consumer.protocol import pb
 from gazette.consumer.replica import ReplicaContext, ShardReplica
 from gazette.consumer.resolver import Resolution, Resolver
 from gazette.consumer.spec import ShardKeys, decode_consumer_value, desired_replication
+from gazette.consumer.store import RecordingFenced
 from gazette.consumer.store_hooks import StoreHook, registered
 from gazette.keyspace.etcd import Compare, Etcd, EtcdError, op_delete
 from gazette.keyspace.keyspace import KeySpace, KeyValue
@@ -281,7 +284,7 @@ class ConsumerRuntime:
             give_up = last is None or now - last >= RECORDING_LOST_INTERVAL
             if give_up:
                 self._lost_at[shard_id] = now
-                log.info("shard gives its assignment up (recording lost) shard=%s", shard_id)
+                log.info("shard gives its assignment up (%s) shard=%s", _why(replica), shard_id)
             else:
                 log.error(
                     "shard lost its recording process again within %.0fs: left FAILED, "
@@ -301,7 +304,7 @@ class ConsumerRuntime:
             # Until our mirror has the delete, a reconcile would start a new replica for it.
             with contextlib.suppress(TimeoutError):
                 await self.keyspace.wait_for_revision(int(resp.header.revision), timeout=10.0)
-        self._stop_replica(shard_id, "gave its assignment up (recording lost)")
+        self._stop_replica(shard_id, f"gave its assignment up ({_why(replica)})")
         return True
 
     def _context(self) -> ReplicaContext:
@@ -417,3 +420,9 @@ class ConsumerRuntime:
         return pb.StatResponse(
             status=pb.OK, header=res.header, read_through=read_through, publish_at=publish_at
         )
+
+
+def _why(replica: ShardReplica) -> str:
+    """Why `replica` hands its shard over, for logs."""
+    fenced = isinstance(replica.recording_lost, RecordingFenced)
+    return "recorder fenced" if fenced else "recording lost"

@@ -15,6 +15,7 @@ another replica, which recovers it from the log, instead of leaving it FAILED
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +33,12 @@ if TYPE_CHECKING:
 __all__ = [
     "Checkpoint",
     "OpFuture",
+    "RecordingFenced",
     "RecordingLost",
     "RecoveredLog",
     "Shard",
     "Store",
+    "recording_fenced",
     "recording_lost",
 ]
 
@@ -54,6 +57,29 @@ class RecordingLost(Exception):
     (e.g. the fusefs process of a RocksDB store was killed): the store can record nothing
     more. Not the application's fault, and nothing acknowledged is lost; the shard recovers
     from its log on another replica (module docs)."""
+
+
+class RecordingFenced(RecordingLost):
+    """The store's Recorder was fenced (its recovery log's registers name another author)
+    while this replica may still hold the shard's assignment: e.g. the log's brokers
+    restarted on registers older than its route's. Handled as a lost recording: the shard is
+    handed to a replica assigned anew, whose playback fences the log to its own author; a
+    true zombie's hand-over finds its assignment gone and changes nothing."""
+
+
+async def recording_fenced(store: object, timeout: float = 5.0) -> RecordingFenced | None:
+    """`store`'s `RecordingFenced` if the process recording it says its Recorder was fenced,
+    else None (also for a store without ``recording_fenced()``, or that does not answer
+    within `timeout` seconds)."""
+    ask = getattr(store, "recording_fenced", None)
+    if ask is None:
+        return None
+    try:
+        async with asyncio.timeout(timeout):
+            fenced = await ask()
+    except Exception:  # noqa: BLE001 - a process that cannot answer is not known fenced
+        return None
+    return fenced if isinstance(fenced, RecordingFenced) else None
 
 
 def recording_lost(store: object) -> RecordingLost | None:
@@ -126,7 +152,9 @@ class Store(Protocol):
     - `destroy` is called once nothing uses the store any more.
 
     Optionally, a store recorded by a process of its own defines ``recording_lost() ->
-    RecordingLost | None``: checked when the shard fails, before `destroy` (module docs).
+    RecordingLost | None``: checked when the shard fails, before `destroy` (module docs); and
+    ``async recording_fenced() -> RecordingFenced | None``, which asks that process whether
+    its Recorder was fenced (its own failure reaches the store only as an I/O error).
     """
 
     def start_commit(

@@ -226,6 +226,7 @@ class _Server:
             "ops_recorded": rec.ops_recorded,
             "bytes_recorded": rec.bytes_recorded,
             "error": repr(self.link.error) if self.link.error is not None else None,
+            "fenced": self.link.fenced,
             "cpu_s": round(sum(os.times()[:2]), 3),
         }
 

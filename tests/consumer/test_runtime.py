@@ -13,11 +13,15 @@ from collections.abc import Callable
 import grpc.aio
 import pytest
 
-from gazette.broker.client import AppendService, JournalClient
+from gazette.broker.client import AppendService, JournalClient, append
+from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.main import EXIT_FENCED
 from gazette.consumer.protocol import pb
 from gazette.message import CONTENT_TYPE_JSON_LINES
 from gazette.message.publisher import Publisher
+from gazette.recoverylog import recoverylog_pb2 as rpb
+from gazette.recoverylog.author import author_fence
+from gazette.recoverylog.codec import encode_op
 from gazette.testing.consumer import ConsumerProcess
 from tests.consumer.counter_app import POISON, Add
 from tests.consumer.support import (
@@ -234,6 +238,53 @@ async def test_a_killed_fusefs_process_hands_the_shard_over(
         log = procs[victim].tail_log(200_000)
         assert "shard lost its store's recording process; handing it over" in log, log[-3000:]
         assert "shard failed" not in log, log[-3000:]
+
+
+async def test_a_primary_fenced_while_still_assigned_hands_the_shard_over(
+    new_setup: Callable[..., Setup], client: JournalClient
+) -> None:
+    """The recovery log's registers stop naming the primary's author while it still holds its
+    assignment (as when a broker restarted on registers older than the route's): its Recorder
+    is fenced, but the shard does not stay FAILED. The replica gives the assignment up, one
+    assigned anew recovers the log, fences it to its own author, and processing resumes;
+    totals stay exact."""
+    s = new_setup()
+    await s.create_journals(client)
+    procs = s.start(1)
+    (name,) = procs
+    async with s.stubs() as stubs:
+        await apply_shards(stubs[name], s.shard_specs(hot_standbys=0))
+        await until_ready(stubs[name], [PRIMARY], "the shard's primary")
+        expected: dict[str, int] = {}
+        stop = asyncio.Event()
+        feeder = asyncio.create_task(feed(client, s.inputs[0], stop, expected))
+        try:
+            await asyncio.sleep(1.0)  # The primary records transactions.
+            log_name = f"{s.prefix}/recovery/shard-000"
+            current = await append(client, bpb.AppendRequest(journal=log_name), b"")
+            stale = bpb.AppendRequest(
+                journal=log_name,
+                subtract_registers=current.registers,
+                union_registers=author_fence(0xDEAD),
+            )
+            # A no-op of another author (players skip it) carries the register change.
+            resp = await append(client, stale, encode_op(rpb.RecordedOp(author=0xDEAD)))
+            assert resp.registers == author_fence(0xDEAD), resp
+            await eventually(
+                lambda: (
+                    b"gave its assignment up (recorder fenced)" in procs[name].log_path.read_bytes()
+                ),
+                what="the replica to give its assignment up",
+                timeout=PROCESS_TIMEOUT,
+            )
+            await until_ready(stubs[name], [PRIMARY], "the shard's primary again")
+            await caught_up(client, stubs[name], s.inputs[0])  # It commits transactions.
+            assert not feeder.done()
+        finally:
+            stop.set()
+            await asyncio.wait({feeder}, timeout=30)
+        await feeder
+        await check_totals(client, stubs[name], s, expected)
 
 
 @pytest.mark.parametrize("status", ["primary", "failed"])

@@ -41,7 +41,14 @@ from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOption
 from gazette.broker.client import AppendService, JournalClient
 from gazette.consumer.protocol import pb
 from gazette.consumer.recovery import recover
-from gazette.consumer.store import Checkpoint, OpFuture, RecordingLost, RecoveredLog, Shard
+from gazette.consumer.store import (
+    Checkpoint,
+    OpFuture,
+    RecordingFenced,
+    RecordingLost,
+    RecoveredLog,
+    Shard,
+)
 from gazette.consumer.store_errors import StoreClosed, StoreFailed
 from gazette.fusefs import FuseMount, force_unmount, is_mounted
 from gazette.recoverylog import recoverylog_pb2 as rpb
@@ -268,6 +275,19 @@ class RocksDBStore:
         return RecordingLost(
             f"the fusefs process (pid {self.mount.pid}) recording {self.mount.config.log} "
             f"exited while its RocksDB store at {self.mount.mountpoint} was open"
+        )
+
+    async def recording_fenced(self) -> RecordingFenced | None:
+        """A `RecordingFenced` if the fusefs process says its Recorder was fenced (another
+        author took the log over), else None."""
+        if self._closed or self.mount.exited:
+            return None
+        stats = await self.mount.stats()
+        if not stats.get("fenced"):
+            return None
+        return RecordingFenced(
+            f"the recorder of {self.mount.config.log} (fusefs pid {self.mount.pid}) was "
+            f"fenced: {stats.get('error')}"
         )
 
     def _check(self) -> None:
