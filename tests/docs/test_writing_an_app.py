@@ -128,9 +128,16 @@ class Background:
         self._reader.join(timeout=10)
         return code
 
-    def kill(self) -> None:
-        """Whatever is left of its process group (a failed test)."""
-        if self.proc.poll() is None:
+    def stop(self) -> None:
+        """After a failure: Ctrl-C, which stops the processes it started (each runs in a
+        session of its own, so killing its group would leave them running); SIGKILL only if
+        it does not exit."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
@@ -202,7 +209,7 @@ def check_query(block: Block, published: Published, expected: str) -> Callable[[
         )
 
     def check(out: str) -> None:
-        assert out == expected
+        assert out == expected, f"line {block.line}: answered\n{out}"
 
     return check
 
@@ -337,4 +344,4 @@ def test_writing_an_app(tmp_path: Path) -> None:
         assert background.lines[-1].startswith("stopped; data and logs are in"), background.output
     finally:
         if background is not None:
-            background.kill()
+            background.stop()
