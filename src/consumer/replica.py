@@ -60,6 +60,7 @@ from gazette.consumer.store import (
     RecordingLost,
     RecoveredLog,
     Store,
+    fenced_by,
     recording_fenced,
     recording_lost,
 )
@@ -76,7 +77,6 @@ from gazette.message.publisher import AckIntent, Publisher
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.author import new_author
 from gazette.recoverylog.player import TAIL, PlaybackProgress, Player
-from gazette.recoverylog.recorder import RecorderFenced
 
 if TYPE_CHECKING:
     from gazette.consumer.store_hooks import StoreHook
@@ -215,7 +215,8 @@ class ShardReplica:
         except Exception as err:  # noqa: BLE001 - the shard fails, the process goes on
             cause = _root_cause(err)
             # Asked before `_release` ends the store.
-            lost = recording_lost(self.store) or _fenced(err) or await recording_fenced(self.store)
+            lost = recording_lost(self.store) or fenced_by(err)
+            lost = lost or await recording_fenced(self.store)
             if lost is not None:
                 log.warning(
                     "shard %s; handing it over shard=%s err=%s failure=%r",
@@ -548,22 +549,6 @@ async def _first_of(task: asyncio.Future[Any], other: Any) -> None:
         waiter.cancel()
     if waiter.done() and not waiter.cancelled() and waiter.exception() is not None:
         raise waiter.exception()  # type: ignore[misc]
-
-
-def _fenced(err: BaseException) -> RecordingFenced | None:
-    """A `RecordingFenced` if `err` came of the Recorder being fenced (`RecorderFenced`
-    anywhere in its causes), else None."""
-    seen: set[int] = set()
-    stack: list[BaseException | None] = [err]
-    while stack:
-        e = stack.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, RecorderFenced):
-            return RecordingFenced(str(e))
-        stack += [e.__cause__, e.__context__]
-    return None
 
 
 def _root_cause(err: BaseException) -> BaseException:

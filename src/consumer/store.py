@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from gazette.consumer.protocol import pb
+from gazette.recoverylog.recorder import RecorderFenced
 
 if TYPE_CHECKING:
     from gazette.broker.client import AppendService, JournalClient
@@ -38,6 +39,7 @@ __all__ = [
     "RecoveredLog",
     "Shard",
     "Store",
+    "fenced_by",
     "recording_fenced",
     "recording_lost",
 ]
@@ -65,6 +67,24 @@ class RecordingFenced(RecordingLost):
     restarted on registers older than its route's. Handled as a lost recording: the shard is
     handed to a replica assigned anew, whose playback fences the log to its own author; a
     true zombie's hand-over finds its assignment gone and changes nothing."""
+
+
+def fenced_by(err: BaseException) -> RecordingFenced | None:
+    """A `RecordingFenced` if `err` came of the Recorder being fenced (`RecorderFenced`
+    anywhere in its causes or, for exception groups, their members), else None."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [err]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, RecorderFenced):
+            return RecordingFenced(str(e))
+        stack += [e.__cause__, e.__context__]
+        if isinstance(e, BaseExceptionGroup):
+            stack += e.exceptions
+    return None
 
 
 async def recording_fenced(store: object, timeout: float = 5.0) -> RecordingFenced | None:
