@@ -130,9 +130,10 @@ class Consumer:
 
 
 class _App:
-    """The consumers of one application, under their own etcd root."""
+    """The consumers of the test's `index`th application, under their own etcd root."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, index: int, root: str) -> None:
+        self.index = index
         self.root = root
         self.consumers: list[Consumer] = []
 
@@ -229,7 +230,8 @@ class GazetteCluster:
         brokers = self.brokers()
         group = self._apps.get(app)
         if group is None:
-            group = self._apps[app] = _App(f"{self.root}/consumers/{len(self._apps)}")
+            n = len(self._apps)
+            group = self._apps[app] = _App(n, f"{self.root}/consumers/{n}")
         i = len(group.consumers)
         process = ConsumerProcess(
             app,
@@ -238,7 +240,7 @@ class GazetteCluster:
             root=group.root,
             zone=("zone-a", "zone-b")[i % 2],
             suffix=f"consumer-{i}",
-            workdir=self.directory / "consumers" / f"{len(self._apps) - 1}-{i}",
+            workdir=self.directory / "consumers" / f"{group.index}-{i}",
             extra_env={"PYTHONPATH": _pythonpath(), **(env or {})},
             extra_args=_flag_args(flags),
         )
