@@ -30,6 +30,7 @@ from pathlib import Path
 
 import grpc.aio
 
+from gazette.broker.client import append
 from gazette.broker.client.errors import BrokerError
 from gazette.broker.client.journal_client import JournalClient
 from gazette.broker.client.list import list_all_journals
@@ -357,6 +358,48 @@ class NodeCluster:
                 continue
         return []
 
+    async def progress(self) -> list[str]:
+        """Lines saying how far each shard's primary has read its sources (Stat) against the
+        sources' write heads, and each replica's status: what a stalled shard looks like."""
+        lines: list[str] = []
+        heads: dict[str, int] = {}
+        brokers = self.brokers_arg(live_first=True).split(",")
+        async with JournalClient(brokers) as client:
+            for s in await self.shards():
+                codes = [cpb.ReplicaStatus.Code.Name(st.code) for st in s.status]
+                errors = [e for st in s.status for e in st.errors]
+                line = f"shard {s.spec.id}: {codes}"
+                if errors:
+                    line += f" errors={errors}"
+                primary = next(
+                    (i for i, st in enumerate(s.status) if st.code == cpb.ReplicaStatus.PRIMARY),
+                    None,
+                )
+                if primary is not None and primary < len(s.route.endpoints):
+                    target = s.route.endpoints[primary].removeprefix("http://")
+                    try:
+                        async with grpc.aio.insecure_channel(target) as ch:
+                            stub = consumer_pb2_grpc.ShardStub(ch)
+                            resp = await stub.Stat(cpb.StatRequest(shard=s.spec.id), timeout=5)
+                        for journal, offset in sorted(resp.read_through.items()):
+                            if journal not in heads:
+                                heads[journal] = await asyncio.wait_for(
+                                    _write_head(client, journal), 5
+                                )
+                            line += f" | {journal} read {offset} of {heads[journal]}"
+                    except (grpc.aio.AioRpcError, TimeoutError, BrokerError) as err:
+                        line += f" | Stat failed: {err}"
+                lines.append(line)
+            for j in await self.journals():
+                if j.spec.name.endswith("/sums"):
+                    members = [f"{m.zone}#{m.suffix}" for m in j.route.members]
+                    head = await asyncio.wait_for(_write_head(client, j.spec.name), 5)
+                    lines.append(
+                        f"journal {j.spec.name}: write head {head}, primary {j.route.primary} "
+                        f"of {members}"
+                    )
+        return lines
+
     def route_hosts(self, journal: str) -> list[Host]:
         """The hosts of `journal`'s route, its primary first ([] if it has no primary)."""
         for j in asyncio.run(self.journals()):
@@ -427,3 +470,9 @@ class NodeCluster:
                 return time.monotonic() - t0
             time.sleep(0.5)
         raise ClusterError(f"not converged within {timeout:.0f}s: {'; '.join(problems[:6])}")
+
+
+async def _write_head(client: JournalClient, journal: str) -> int:
+    """`journal`'s write head: an empty append's commit end (ordered after every append)."""
+    resp = await append(client, pb.AppendRequest(journal=journal.split(";")[0]), b"")
+    return int(resp.commit.end)

@@ -208,6 +208,9 @@ class Runner:
             result.streams_verified, result.streams_expected = res.verified, res.expected
             result.violations = len(res.violations)
             result.violation_kinds = dict(Counter(v.kind for v in res.violations))
+            if res.violations:
+                for line in asyncio.run(self.cluster.progress()):
+                    say(f"  {line}")
         else:
             result.failures.append("the chunker left no record")
         result.acks_checked, result.acks_lost = self.check_acks()

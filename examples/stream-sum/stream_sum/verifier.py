@@ -82,6 +82,8 @@ class VerifyResult:
     read_through: int | None = None
     """The write head read through once every expected sum was seen (None: not reached)."""
     seconds: float = 0.0
+    read_to: int | None = None
+    """The journal offset the reader had read to when the verification ended."""
 
     @property
     def ok(self) -> bool:
@@ -99,6 +101,7 @@ class VerifyResult:
             f"summed exactly once; {counts}; {self.sums_read} sums read "
             f"({self.unrecorded} unrecorded, {self.other_runs} of other runs) in "
             f"{self.seconds:.1f}s; write head read through: {through}"
+            + ("" if self.ok or self.read_to is None else f"; read to offset {self.read_to}")
         )
 
 
@@ -147,7 +150,9 @@ class SumChecker:
                 f"total={want.total}",
             )
 
-    def result(self, *, read_through: int | None = None, seconds: float = 0.0) -> VerifyResult:
+    def result(
+        self, *, read_through: int | None = None, seconds: float = 0.0, read_to: int | None = None
+    ) -> VerifyResult:
         """The verdict as of now: streams without a sum so far are missing."""
         missing = [
             Violation("missing", stream, "no committed sum") for stream in sorted(self._unseen)
@@ -163,6 +168,7 @@ class SumChecker:
             other_runs=self.other_runs,
             read_through=read_through,
             seconds=seconds,
+            read_to=read_to,
         )
 
     def _violation(self, kind: str, stream: str, detail: str) -> None:
@@ -215,7 +221,9 @@ async def verify_sums(
     finally:
         it.close()
     through = head if head is not None and reader.offset >= head else None
-    return checker.result(read_through=through, seconds=time.monotonic() - t0)
+    return checker.result(
+        read_through=through, seconds=time.monotonic() - t0, read_to=reader.offset
+    )
 
 
 async def _main(args: argparse.Namespace) -> VerifyResult:
