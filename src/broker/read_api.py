@@ -77,10 +77,20 @@ async def read(
         yield pb.ReadResponse(status=pb.NOT_ALLOWED, header=header)
         return
     offset = replica.write_head if request.offset == -1 else request.offset
+    told = request.offset  # the offset the client reads from, as far as it was told
     first = True
     gap_checks = 0
     while True:
         if request.end_offset and offset >= request.end_offset:
+            if offset > told:
+                # The rest of the range is missing (a gap, or the head beyond it): say where
+                # content resumes, or the client would retry the same range forever.
+                yield pb.ReadResponse(
+                    status=pb.OK,
+                    header=header if first else None,
+                    offset=offset,
+                    write_head=replica.write_head,
+                )
             return
         if replica.dropped and not replica.deleted:
             return  # Unassigned here meanwhile: the client reads on at the current brokers.
@@ -104,6 +114,8 @@ async def read(
                 continue
             if offset < replica.write_head:
                 offset = replica.write_head
+                if request.end_offset and offset >= request.end_offset:
+                    continue  # Nothing of the range is left to wait for.
             if not request.block:
                 yield pb.ReadResponse(
                     status=pb.OFFSET_NOT_YET_AVAILABLE,
@@ -133,6 +145,7 @@ async def read(
             except FragmentStoreError as err:
                 log.warning("cannot sign fragment URL journal=%s err=%s", replica.name, err)
         yield meta
+        told = offset
         if request.metadata_only or (remote and request.do_not_proxy):
             return
         end = entry.end if not request.end_offset else min(entry.end, request.end_offset)
@@ -151,6 +164,7 @@ async def read(
                     )
                 yield pb.ReadResponse(offset=offset, content=data)
                 offset += n
+                told = offset
         finally:
             os.close(fd)
 

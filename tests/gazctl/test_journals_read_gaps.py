@@ -3,14 +3,18 @@ deleted from the store): it stops at the gap and exits 3, unless --allow-gaps.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
 
 import pytest
 
+from gazette.broker.client import JournalClient, RetryReader
 from gazette.broker.client.errors import OffsetJump
+from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.gazctl.journals import _Gaps
+from gazette.testing.broker import BrokerProcess
 from tests.kit.eventually import eventually_blocking
 
 from .conftest import Gazctl
@@ -109,3 +113,20 @@ def test_read_refuses_bad_offsets_files(gazctl: Gazctl, tmp_path: Path, bad: str
     ), r.err
     r = gazctl("journals", "read", "-l", "name=gz/x/y", "--from", "99999999999999999999")
     assert r.rc == 1 and "invalid time" in r.err and r.err.count("\n") == 1, r.err
+
+
+@pytest.mark.parametrize(("begin", "end"), [(1100, 2000), (1500, 2200)])
+async def test_a_blocking_read_of_a_range_inside_a_gap_ends_with_the_jump(
+    holed: str, gazctl_broker: BrokerProcess, begin: int, end: int
+) -> None:
+    """A bounded, blocking read whose whole range is missing (as a Sequencer's replay or a
+    recovery-log segment read may ask for) is told where content resumes and ends, rather
+    than being ended without a word and retried forever."""
+    req = pb.ReadRequest(journal=holed, offset=begin, end_offset=end, block=True)
+    async with JournalClient(gazctl_broker.endpoint) as client:
+        reader = RetryReader(client, req)
+        try:
+            assert await asyncio.wait_for(reader.read(), 20) == b""
+        finally:
+            reader.close()
+    assert reader.offset == 2200
