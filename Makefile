@@ -67,7 +67,7 @@ typecheck: venv $(TYPECHECK_LINK)
 
 test: deps lint typecheck
 	$(PY) tools/gen_protos.py --check
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=15
 
 demo: deps
 	$(PY) examples/demo.py
