@@ -252,8 +252,11 @@ def _unavailable(shard: str, error: str) -> web.Response:
 
 
 def forwarding_session() -> aiohttp.ClientSession:
-    """The client session `forward` uses (bodies passed on as they are, encoded or not)."""
+    """The client session `forward` uses (bodies passed on as they are, encoded or not). It
+    keeps no cookies: one session forwards every caller's requests, and a cookie a primary
+    set for one must never ride along with another's."""
     return aiohttp.ClientSession(
+        cookie_jar=aiohttp.DummyCookieJar(),
         auto_decompress=False,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
     )
@@ -281,7 +284,20 @@ async def forward(
     )
     headers[HTTP_PROXY_HEADER] = base64.b64encode(header.SerializeToString()).decode()
     body = await request.read()
-    url = URL(target.rstrip("/") + request.raw_path, encoded=True)
+    try:
+        # The primary's origin with the request's own path and query: never the raw request
+        # target, which may be an absolute URL naming another host.
+        origin, rel = URL(target), request.rel_url
+        url = URL.build(
+            scheme=origin.scheme,
+            host=origin.raw_host or "",
+            port=origin.port,
+            path=rel.raw_path,
+            query_string=rel.raw_query_string,
+            encoded=True,
+        )
+    except ValueError as err:
+        return _unavailable(shard, f"cannot forward to {target}: {err}")
     out: web.StreamResponse | None = None
     try:
         async with session.request(

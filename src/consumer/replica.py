@@ -119,6 +119,11 @@ class ReplicaContext:
     in `RecoveredLog.store_hooks`; a standby asks them to prepare for its promotion."""
 
 
+HOLD_RELEASE_TIMEOUT = 30.0
+"""Seconds a stopping or failed replica waits for resolutions holding its store (`hold`)
+before releasing it anyway."""
+
+
 class ShardReplica:
     """A shard assigned to this process (module docs). Owned by the runtime: `start`, then
     `promote` when the assignment becomes primary, `stop` when it is removed."""
@@ -183,9 +188,26 @@ class ShardReplica:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.wait({task})  # Not `await task`: our own cancellation propagates.
-        await self._unheld.wait()
+        await self._wait_unheld()
         self._release()
         await self._close_appends()
+
+    async def _wait_unheld(self) -> None:
+        """Wait until no resolution holds the store, at most `HOLD_RELEASE_TIMEOUT` seconds:
+        then release it anyway (a holder finds it closed), so that one holder ignoring
+        ``shard.stopping`` cannot keep the shard from being assigned here again, nor the
+        process from exiting."""
+        try:
+            async with asyncio.timeout(HOLD_RELEASE_TIMEOUT):
+                await self._unheld.wait()
+        except TimeoutError:
+            log.warning(
+                "releasing a store still held shard=%s holds=%d seconds=%.0f (a resolution "
+                "was not exited once shard.stopping was set)",
+                self.id,
+                self._holds,
+                HOLD_RELEASE_TIMEOUT,
+            )
 
     async def _close_appends(self) -> None:
         try:
@@ -232,7 +254,7 @@ class ShardReplica:
                 log.error("shard failed shard=%s err=%s", self.id, cause, exc_info=cause)
             self.shard.stopping.set()
             self._set_status(Code.FAILED, f"{type(cause).__name__}: {cause}")
-            await self._unheld.wait()
+            await self._wait_unheld()
             self._release()
 
     async def _serve(self) -> None:

@@ -197,6 +197,13 @@ class Resolution:
         abort it with the matching code (`grpc_code`; the primary's own code). Without it,
         ValueError for a resolution that cannot be forwarded, `grpc.aio.AioRpcError` for a
         failed call. Cancellation cancels the forwarded call."""
+        if context is not None and proxy_header_of(context)[0] and self._forwardable():
+            # Resolved without `incoming`: still, a forwarded call is never forwarded again
+            # (two processes that disagree on the route would pass it back and forth).
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"shard {self.shard_id}: a forwarded request is not forwarded again",
+            )
         if not self._forwardable():
             why = self.error or "the shard is served here: nothing to forward"
             if context is not None:

@@ -126,15 +126,20 @@ class DevCluster:
 
     def gazctl(self, *args: str) -> str:
         """Run ``gazctl ARGS`` against the cluster; its output. Raises `DevClusterError`
-        with its error output if it fails."""
+        with its error output if it fails, or does not finish within `GAZCTL_TIMEOUT`."""
         argv = [sys.executable, "-m", "gazette.gazctl.main", *args]
-        proc = subprocess.run(
-            argv,
-            env={**os.environ, **self.environment()},
-            capture_output=True,
-            text=True,
-            timeout=GAZCTL_TIMEOUT,
-        )
+        try:
+            proc = subprocess.run(
+                argv,
+                env={**os.environ, **self.environment()},
+                capture_output=True,
+                text=True,
+                timeout=GAZCTL_TIMEOUT,
+            )
+        except subprocess.TimeoutExpired as err:
+            raise DevClusterError(
+                f"gazctl {' '.join(args)}: no answer within {GAZCTL_TIMEOUT:.0f}s"
+            ) from err
         if proc.returncode != 0:
             raise DevClusterError(f"gazctl {' '.join(args)}: {proc.stderr.strip()}")
         return proc.stdout + proc.stderr

@@ -116,6 +116,28 @@ async def test_a_held_resolution_keeps_the_store_until_released(
         await stop_all(rt)
 
 
+async def test_a_holder_that_never_exits_keeps_the_store_only_so_long(
+    runtime: tuple[ConsumerRuntime, Any, MemberID], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handler that ignores ``shard.stopping`` and keeps its resolution: past
+    `HOLD_RELEASE_TIMEOUT` the store is released anyway, so the shard is not wedged here."""
+    from gazette.consumer import replica as replica_module
+
+    monkeypatch.setattr(replica_module, "HOLD_RELEASE_TIMEOUT", 0.5)
+    rt, ks, me = runtime
+    akey = await primary_here(rt, ks, me)
+    app: App = rt.app  # type: ignore[assignment]
+    try:
+        async with rt.resolver.resolve("shard") as res:
+            assert res.local
+            del ks.kvs[akey]
+            await rt._reconcile_once()  # Stops the replica: in the background.
+            await asyncio.wait_for(rt._stopping["shard"], 5)
+            assert app.stores[0].destroyed
+    finally:
+        await stop_all(rt)
+
+
 class FailingApp(App):
     def consume_message(self, shard: Any, store: Any, env: Any, pub: Any) -> None:
         raise RuntimeError("the application fails")
@@ -309,6 +331,69 @@ async def test_forward_unary_sends_messages_with_the_proxy_header() -> None:
                 timeout=10,
             )
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        await resolver.close()
+        await server.stop(None)
+
+
+async def test_forward_unary_never_forwards_a_forwarded_call_again() -> None:
+    """A handler that resolved without `incoming` and forwards with its context: a call that
+    was itself forwarded is refused (UNAVAILABLE) instead of being passed on, so processes
+    that disagree on the route cannot pass a call back and forth."""
+    from gazette.consumer.config import ConsumerConfig
+    from gazette.consumer.resolver import GRPC_PROXY_METADATA, Resolution, Resolver
+
+    reached: list[str] = []
+    resolver = Resolver(ConsumerRuntime(ConsumerConfig(zone="z", suffix="me"), App()))  # type: ignore[arg-type]
+    server = grpc.aio.server()
+    port = server.add_insecure_port("127.0.0.1:0")
+
+    async def stat(req: pb.StatRequest, context: Any) -> pb.StatResponse:
+        reached.append(req.shard)
+        return pb.StatResponse(status=pb.OK)
+
+    async def forwarding(req: pb.StatRequest, context: Any) -> pb.StatResponse:
+        res = Resolution(
+            pb.OK,
+            bpb.Header(),
+            shard_id="s",
+            primary_endpoint=f"127.0.0.1:{port}",
+            resolver=resolver,
+        )
+        out: pb.StatResponse = await res.forward_unary(
+            "/t.T/Stat", req, context, response_deserializer=pb.StatResponse.FromString
+        )
+        return out
+
+    def unary(fn: Any) -> Any:
+        return grpc.unary_unary_rpc_method_handler(
+            fn,
+            request_deserializer=pb.StatRequest.FromString,
+            response_serializer=pb.StatResponse.SerializeToString,
+        )
+
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "t.T", {"Stat": unary(stat), "Fwd": unary(forwarding)}
+            ),
+        )
+    )
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            call = ch.unary_unary(
+                "/t.T/Fwd",
+                request_serializer=pb.StatRequest.SerializeToString,
+                response_deserializer=pb.StatResponse.FromString,
+            )
+            await call(pb.StatRequest(shard="first"), timeout=10)
+            forwarded = [(GRPC_PROXY_METADATA, bpb.Header().SerializeToString())]
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call(pb.StatRequest(shard="again"), timeout=10, metadata=forwarded)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "not forwarded again" in (err.value.details() or "")
+        assert reached == ["first"]
     finally:
         await resolver.close()
         await server.stop(None)
