@@ -369,8 +369,8 @@ class Resolver:
         """Where `shard_id` is served, holding nothing (`resolve` holds a local shard). A
         local primary still recovering is waited for up to `wait` seconds. Raises
         TimeoutError if this process's etcd view does not reach the revision asked for (or
-        the proxy header's) within `REVISION_TIMEOUT`, `ResolverStopped` after `stop` for a
-        shard whose primary is here."""
+        the proxy header's) within `REVISION_TIMEOUT` (or `wait`, if less), and
+        `ResolverStopped` after `stop` for a shard whose primary is here."""
         rt = self._runtime
         proxied = proxy_header is not None
         if proxied:
@@ -378,7 +378,8 @@ class Resolver:
             assert proxy_header is not None
             min_etcd_revision = max(min_etcd_revision, proxy_header.etcd.revision)
         if min_etcd_revision > rt.keyspace.revision:
-            await rt.keyspace.wait_for_revision(min_etcd_revision, timeout=REVISION_TIMEOUT)
+            bound = min(REVISION_TIMEOUT, wait) if wait > 0 else REVISION_TIMEOUT
+            await rt.keyspace.wait_for_revision(min_etcd_revision, timeout=bound)
         kv = rt.keyspace.get(rt.keys.item(shard_id))
         if kv is None:
             return self._failed(pb.SHARD_NOT_FOUND, shard_id, self.header(), proxied)

@@ -393,7 +393,18 @@ class ConsumerRuntime:
                 fwd, timeout=timeout
             )
             return resp
-        shard = res.replica.shard
+        replica = res.replica
+        replica.hold()  # An application's read_through may use the store: keep it open.
+        try:
+            return await self._stat_here(req, context, res, replica)
+        finally:
+            replica.unhold()
+
+    async def _stat_here(
+        self, req: pb.StatRequest, context: Any, res: Resolution, replica: ShardReplica
+    ) -> pb.StatResponse:
+        """Stat of a primary here, held by the caller: wait for the read-through offsets."""
+        shard = replica.shard
         proxied = bool(req.header.process_id.zone or req.header.process_id.suffix)
         args = ResolveArgs(
             shard=req.shard,
@@ -402,7 +413,7 @@ class ConsumerRuntime:
             proxy_header=req.header if proxied else None,
         )
         try:
-            offsets = await self.read_through_offsets(res.replica, args)
+            offsets = await self.read_through_offsets(replica, args)
         except ValueError as err:
             if context is not None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))

@@ -229,6 +229,11 @@ async def test_a_primary_elsewhere_is_named_proxied_requests_are_not_proxied_aga
         with pytest.raises(ValueError, match="not forwarded again"):
             await res.forward_unary("/x.Y/Z", b"")
     assert ks.awaited == [header.etcd.revision]
+    # A caller's deadline bounds the wait for a forwarder's revision, whatever it claims.
+    incoming = Context([(GRPC_PROXY_METADATA, header.SerializeToString())], remaining=0.25)
+    async with rt.resolver.resolve("shard", may_proxy=True, incoming=incoming):
+        pass
+    assert ks.bounds[-1] == 0.25
     async with rt.resolver.resolve("nope", may_proxy=True) as res:
         assert res.status == pb.SHARD_NOT_FOUND
     ks.kvs.pop(assignment_key(ROOT, "shard", OTHER, 0))

@@ -50,9 +50,11 @@ class FakeKeySpace:
         self.revision = 1
         self.header = EtcdHeader(1, 1, 1, 1)
         self.awaited: list[int] = []  # revisions waited for
+        self.bounds: list[float | None] = []  # and the longest each wait was allowed
 
     async def wait_for_revision(self, revision: int, timeout: float | None = None) -> None:
         self.awaited.append(revision)
+        self.bounds.append(timeout)
 
     def put(self, key: str, value: Any) -> None:
         self.revision += 1
