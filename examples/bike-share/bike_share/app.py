@@ -15,8 +15,9 @@ Queries: ``GET /api/stations/{id}`` on the consumer's HTTP port (``register_http
 from the primary of the station's shard, with ``{"status": "OK", "station", "name",
 "departures", "mean_ride_seconds", "last_departure", "top_destinations": [{"station",
 "rides"}...], "shard", "served_by"}``; 404 for a station without departures, 400 for an id
-that is not an integer, 421 with ``"primary"`` (its gRPC endpoint) from a process that is not
-the shard's primary, 503 while the shard has no primary. A query reads the primary's
+that is not an integer, 503 while the shard has no primary. A process that is not the shard's
+primary forwards the query to the one that is (``Resolution.forward_http``, docs/consumer.md),
+so any consumer answers. A query reads the primary's
 database as its connection sees it, which includes the open transaction's rides: they are
 counted, but a crash before its commit would take them back until they are consumed again
 (docs/sqlite-app.md).
@@ -34,7 +35,6 @@ from bike_share.messages import Ride, rides_selector, station_partition
 from gazette.broker.client import list_all_journals
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.application import Shard
-from gazette.consumer.protocol import pb
 from gazette.consumer.runtime import ConsumerRuntime
 from gazette.consumer.store import RecoveredLog
 from gazette.message.envelope import Envelope
@@ -138,43 +138,29 @@ class BikeShare:
         self._runtime = runtime
         app.router.add_get("/api/stations/{id}", self._station_http)
 
-    async def _station_http(self, request: web.Request) -> web.Response:
+    async def _station_http(self, request: web.Request) -> web.StreamResponse:
         try:
             station = int(request.match_info["id"])
         except ValueError:
             body = {"status": "INVALID_ARGUMENT", "error": "the station id is an integer"}
             return web.json_response(body, status=400)
-        status, body = await self.station(station)
-        return web.json_response(body, status=status)
-
-    async def station(self, station: int) -> tuple[int, dict[str, Any]]:
-        """The HTTP status and body answering a query of `station` (module docs)."""
         runtime = self._runtime
         assert runtime is not None, "register_http was not called"
         shard_id = await self.shard_of(station)
         if not shard_id:
-            return 503, {"status": "SHARD_NOT_FOUND", "error": "no shard reads the rides"}
-        res = await runtime.resolve(shard_id)
-        if res.status != pb.OK:
-            name = pb.Status.Name(res.status)
-            return 503, {"status": name, "shard": shard_id, "error": f"shard {shard_id}: {name}"}
-        if res.replica is None:
-            body = {
-                "status": "NOT_SHARD_PRIMARY",
-                "shard": shard_id,
-                "primary": res.primary_endpoint,
-                "error": f"shard {shard_id} is served by {res.primary_endpoint}",
-            }
-            return 421, body
-        store = res.replica.store
-        if not isinstance(store, SQLiteStore):
-            return 503, {"status": "NOT_SHARD_PRIMARY", "shard": shard_id, "error": "no store"}
-        report = await store.run(station_report, station)
+            body = {"status": "SHARD_NOT_FOUND", "error": "no shard reads the rides"}
+            return web.json_response(body, status=503)
+        async with runtime.resolver.resolve(shard_id, may_proxy=True, incoming=request) as res:
+            if not res.local:  # Another process is the primary (or none is): ask it.
+                return await res.forward_http(request)
+            store = res.store
+            assert isinstance(store, SQLiteStore)
+            report = await store.run(station_report, station)
         if report is None:
             body = {"status": "NOT_FOUND", "shard": shard_id, "error": f"no rides from {station}"}
-            return 404, body
-        cfg = runtime.cfg
-        return 200, {"status": "OK", **report, "shard": shard_id, "served_by": cfg.suffix}
+            return web.json_response(body, status=404)
+        body = {"status": "OK", **report, "shard": shard_id, "served_by": runtime.cfg.suffix}
+        return web.json_response(body)
 
     async def shard_of(self, station: int) -> str:
         """The shard reading the rides partition of `station`, or '' if none does."""
@@ -184,8 +170,5 @@ class BikeShare:
         if not parts:
             return ""
         journal = parts[station_partition(station, len(parts))].spec.name
-        for kv in runtime.keyspace.prefixed(runtime.keys.items):
-            spec = kv.value
-            if isinstance(spec, pb.ShardSpec) and any(s.journal == journal for s in spec.sources):
-                return str(spec.id)
-        return ""
+        shards = runtime.resolver.shards_with_source(journal)
+        return str(shards[0].id) if shards else ""
