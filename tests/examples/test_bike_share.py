@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import grpc.aio
-import pytest
+from bike_share.feed import feed, generate, read_csv
+from bike_share.messages import Ride, shard_id, station_partition
+from bike_share.specs import journal_specs, shard_specs
 
 from gazette.broker.client import JournalClient
 from gazette.broker.client.list import apply_journals
@@ -25,35 +25,13 @@ from gazette.consumer.protocol import pb
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.consumer import ConsumerProcess
 from gazette.testing.etcd import EtcdServer
-from tests.conftest import session_broker
-from tests.examples.conftest import EXAMPLES
+from tests.examples.conftest import BIKE_SHARE
 from tests.examples.shards_support import all_shards, statuses, until
 from tests.kit.eventually import eventually
-
-BIKE_SHARE = EXAMPLES / "bike-share"
-if str(BIKE_SHARE) not in sys.path:
-    sys.path.insert(0, str(BIKE_SHARE))
-
-from bike_share.feed import feed, generate, read_csv  # noqa: E402
-from bike_share.messages import Ride, shard_id, station_partition  # noqa: E402
-from bike_share.specs import journal_specs, shard_specs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 2
 PRIMARY, STANDBY = pb.ReplicaStatus.PRIMARY, pb.ReplicaStatus.STANDBY
-
-
-@pytest.fixture(scope="module")
-def broker(
-    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[BrokerProcess]:
-    yield from session_broker(etcd_server, tmp_path_factory, "bike-share")
-
-
-@pytest.fixture
-async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
-    async with JournalClient(broker.endpoint) as c:
-        yield c
 
 
 def expected(rides: list[Ride]) -> dict[int, dict[str, Any]]:

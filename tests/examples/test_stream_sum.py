@@ -13,7 +13,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc.aio
@@ -42,7 +42,6 @@ from gazette.message.publisher import Publisher
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.consumer import ConsumerProcess
 from gazette.testing.etcd import EtcdServer
-from tests.conftest import session_broker
 from tests.examples.conftest import STREAM_SUM
 from tests.examples.shards_support import all_shards, statuses, until
 
@@ -176,13 +175,6 @@ def test_spec_files_are_the_specs_of_four_partitions() -> None:
 
 
 # -- With a broker ------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def broker(
-    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[BrokerProcess]:
-    yield from session_broker(etcd_server, tmp_path_factory, "stream-sum")
 
 
 @pytest.fixture(scope="module")

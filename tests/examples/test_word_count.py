@@ -11,7 +11,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc.aio
@@ -31,7 +31,6 @@ from gazette.message.mapping import fnv1a_32
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.consumer import ConsumerProcess
 from gazette.testing.etcd import EtcdServer
-from tests.conftest import session_broker
 from tests.examples.conftest import WORD_COUNT
 from tests.examples.shards_support import all_shards, statuses, until
 
@@ -41,19 +40,6 @@ KILLS = 10
 TAIL_LINES = 300
 
 PRIMARY, STANDBY = pb.ReplicaStatus.PRIMARY, pb.ReplicaStatus.STANDBY
-
-
-@pytest.fixture(scope="module")
-def broker(
-    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[BrokerProcess]:
-    yield from session_broker(etcd_server, tmp_path_factory, "word-count")
-
-
-@pytest.fixture
-async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
-    async with JournalClient(broker.endpoint) as c:
-        yield c
 
 
 def corpus(seed: int = 7) -> Iterator[str]:
