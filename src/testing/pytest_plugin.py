@@ -341,6 +341,7 @@ class GazetteCluster:
         holds. Raises AssertionError, with what was read, if that takes over `timeout`
         seconds."""
         from gazette.broker.client.list import get_journal
+        from gazette.broker.client.reader import write_head
         from gazette.broker.protocol import protocol_pb2 as bpb
         from gazette.message.iterators import ReadCommittedIter
         from gazette.message.uuid import Flags, get_flags
@@ -353,7 +354,7 @@ class GazetteCluster:
             spec = await get_journal(client, journal)
             request = bpb.ReadRequest(journal=journal, offset=0, block=True)
             if until is None:
-                request.end_offset = await _write_head(client, journal)
+                request.end_offset = await write_head(client, journal)
                 if request.end_offset == 0:
                     return out
             it = ReadCommittedIter(client, request, spec, lambda _spec: message_type())
@@ -465,15 +466,6 @@ async def _statuses(group: _App) -> dict[str, dict[str, str]]:
         }
         for shard in resp.shards
     }
-
-
-async def _write_head(client: JournalClient, journal: str) -> int:
-    from gazette.broker.protocol import protocol_pb2 as bpb
-
-    request = bpb.ReadRequest(journal=journal, offset=-1, metadata_only=True)
-    resp = await client.stub_for(journal).Read(request).read()
-    assert isinstance(resp, bpb.ReadResponse), resp
-    return int(resp.write_head)
 
 
 def _to(journal: str, content_type: str) -> Callable[[Any], tuple[str, str]]:

@@ -29,11 +29,11 @@ from stream_sum.messages import (
     chunks_selector,
     shard_id,
 )
-from stream_sum.record import Expected, RecordWriter, RunRecord, load_record, write_head
+from stream_sum.record import Expected, RecordWriter, RunRecord, load_record
 from stream_sum.specs import journal_specs, journals_yaml, shard_specs, shards_yaml
 from stream_sum.verifier import SumChecker, verify_sums
 
-from gazette.broker.client import AppendService, JournalClient, list_all_journals
+from gazette.broker.client import AppendService, JournalClient, list_all_journals, write_head
 from gazette.broker.client.list import apply_journals
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc

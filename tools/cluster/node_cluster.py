@@ -30,7 +30,7 @@ from pathlib import Path
 
 import grpc.aio
 
-from gazette.broker.client import append
+from gazette.broker.client import write_head
 from gazette.broker.client.errors import BrokerError
 from gazette.broker.client.journal_client import JournalClient
 from gazette.broker.client.list import list_all_journals
@@ -384,7 +384,7 @@ class NodeCluster:
                         for journal, offset in sorted(resp.read_through.items()):
                             if journal not in heads:
                                 heads[journal] = await asyncio.wait_for(
-                                    _write_head(client, journal), 5
+                                    write_head(client, journal), 5
                                 )
                             line += f" | {journal} read {offset} of {heads[journal]}"
                     except (grpc.aio.AioRpcError, TimeoutError, BrokerError) as err:
@@ -393,7 +393,7 @@ class NodeCluster:
             for j in await self.journals():
                 if j.spec.name.endswith("/sums"):
                     members = [f"{m.zone}#{m.suffix}" for m in j.route.members]
-                    head = await asyncio.wait_for(_write_head(client, j.spec.name), 5)
+                    head = await asyncio.wait_for(write_head(client, j.spec.name), 5)
                     lines.append(
                         f"journal {j.spec.name}: write head {head}, primary {j.route.primary} "
                         f"of {members}"
@@ -470,9 +470,3 @@ class NodeCluster:
                 return time.monotonic() - t0
             time.sleep(0.5)
         raise ClusterError(f"not converged within {timeout:.0f}s: {'; '.join(problems[:6])}")
-
-
-async def _write_head(client: JournalClient, journal: str) -> int:
-    """`journal`'s write head: an empty append's commit end (ordered after every append)."""
-    resp = await append(client, pb.AppendRequest(journal=journal.split(";")[0]), b"")
-    return int(resp.commit.end)

@@ -32,11 +32,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gazette.broker.client import AppendService, JournalClient, list_all_journals
+from gazette.broker.client import AppendService, JournalClient, list_all_journals, write_head
 from gazette.message.mapping import NoPartitions, modulo_mapping
 from gazette.message.publisher import Publisher
 from stream_sum.messages import SUMS, Chunk, RunningSum, chunks_selector
-from stream_sum.record import Expected, RecordWriter, write_head
+from stream_sum.record import Expected, RecordWriter
 
 __all__ = ["ChunkerConfig", "ChunkerStats", "generate", "main", "run_chunker"]
 

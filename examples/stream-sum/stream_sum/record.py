@@ -24,10 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from gazette.broker.client import BrokerError, JournalClient, error_for_status
-from gazette.broker.protocol import protocol_pb2 as bpb
-
-__all__ = ["Expected", "RecordError", "RecordWriter", "RunRecord", "load_record", "write_head"]
+__all__ = ["Expected", "RecordError", "RecordWriter", "RunRecord", "load_record"]
 
 
 @dataclass(frozen=True)
@@ -116,19 +113,3 @@ def load_record(path: Path) -> RunRecord:
         else:
             raise RecordError(f"{path}:{n}: neither a stream nor the trailer: {doc}")
     return rec
-
-
-async def write_head(client: JournalClient, journal: str) -> int:
-    """The journal's write head (a metadata read at offset -1)."""
-    req = bpb.ReadRequest(journal=journal, offset=-1, block=False, metadata_only=True)
-    call = client.stub_for(journal, primary=False).Read(req)
-    try:
-        async for resp in call:
-            if resp.status not in (bpb.OK, bpb.OFFSET_NOT_YET_AVAILABLE):
-                raise error_for_status(
-                    resp.status, journal=journal, detail="reading its write head"
-                )
-            return int(resp.write_head)
-    finally:
-        call.cancel()
-    raise BrokerError(journal=journal, detail="no response to a metadata read")

@@ -34,12 +34,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gazette.broker.client import JournalClient
+from gazette.broker.client import JournalClient, write_head
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.message.iterators import ReadCommittedIter
 from gazette.message.uuid import Flags, get_flags
 from stream_sum.messages import Sum
-from stream_sum.record import Expected, RunRecord, load_record, write_head
+from stream_sum.record import Expected, RunRecord, load_record
 
 __all__ = [
     "EXIT_VIOLATIONS",

@@ -63,7 +63,7 @@ from gazette.broker.client.list import (
     name_selector,
     watch_journals,
 )
-from gazette.broker.client.reader import Reader
+from gazette.broker.client.reader import Reader, write_head
 from gazette.broker.client.retry_reader import RetryReader, backoff
 from gazette.broker.client.route_cache import RouteCache
 
@@ -113,4 +113,5 @@ __all__ = [
     "list_all_journals",
     "name_selector",
     "watch_journals",
+    "write_head",
 ]

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
-from gazette.broker.client.errors import OffsetJump, error_for_status
+from gazette.broker.client.errors import BrokerError, OffsetJump, error_for_status
 from gazette.broker.client.fragment_reader import VerifiedFragment, fetch_verified_fragment
 from gazette.broker.client.journal_client import JournalClient
 from gazette.broker.client.metrics import CLIENT
@@ -259,3 +259,21 @@ class Reader:
 
     async def __aexit__(self, *exc: object) -> None:
         self.close()
+
+
+async def write_head(client: JournalClient, journal: str) -> int:
+    """`journal`'s write head, from a non-blocking metadata read at offset -1 (any replica
+    answers; an append in flight may land beyond it). Raises the `BrokerError` of a non-OK
+    status."""
+    req = pb.ReadRequest(journal=journal, offset=-1, block=False, metadata_only=True)
+    call = client.stub_for(journal, primary=False).Read(req)
+    try:
+        async for resp in call:
+            if resp.status not in (pb.OK, pb.OFFSET_NOT_YET_AVAILABLE):
+                raise error_for_status(
+                    resp.status, journal=journal, detail="reading its write head"
+                )
+            return int(resp.write_head)
+    finally:
+        call.cancel()
+    raise BrokerError(journal=journal, detail="no response to a metadata read")
