@@ -21,6 +21,7 @@ __all__ = [
     "ShardClient",
     "ShardStatusError",
     "apply_shards",
+    "apply_batches",
     "apply_shards_in_batches",
     "get_hints",
     "list_shards",
@@ -87,12 +88,21 @@ async def apply_shards_in_batches(
 ) -> pb.ApplyResponse:
     """Apply the changes in transactions of at most `size` changes (0: all in one). Earlier
     batches stay applied if a later one fails. Returns the last response."""
+    resp = pb.ApplyResponse(status=pb.OK)
+    for batch in apply_batches(request, size):
+        resp = await apply_shards(client, batch)
+    return resp
+
+
+def apply_batches(request: pb.ApplyRequest, size: int) -> list[pb.ApplyRequest]:
+    """`request` split into requests of at most `size` changes each (0: one request), in
+    order; a caller that fails over between consumers retries a batch, not those before it."""
     changes = list(request.changes)
     size = size or len(changes) or 1
-    resp = pb.ApplyResponse(status=pb.OK)
-    for i in range(0, max(len(changes), 1), size):
-        resp = await apply_shards(client, pb.ApplyRequest(changes=changes[i : i + size]))
-    return resp
+    return [
+        pb.ApplyRequest(changes=changes[i : i + size])
+        for i in range(0, max(len(changes), 1), size)
+    ]
 
 
 async def stat_shard(

@@ -28,7 +28,8 @@ from gazette.broker.protocol.selector import parse_label_selector
 from gazette.consumer.protocol import pb
 from gazette.consumer.shard_client import (
     ShardClient,
-    apply_shards_in_batches,
+    apply_batches,
+    apply_shards,
     list_shards,
     stat_shard,
     unassign_shards,
@@ -459,7 +460,11 @@ async def _apply_text(
         io.err("nothing to apply")
         return 0
     try:
-        resp = await consumers.call(lambda sc: apply_shards_in_batches(sc, req, txn_size))
+        # One call per batch: a fail-over to another consumer retries only the batch that
+        # failed (those before it are applied, and would now fail their revision checks).
+        resp = pb.ApplyResponse()
+        for batch in apply_batches(req, txn_size):
+            resp = await consumers.call(partial(apply_shards, request=batch))
     except ConsumerError as err:
         raise_if_txn_too_large(err.__cause__ or err, len(changes), txn_size)
         raise

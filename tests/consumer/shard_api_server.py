@@ -36,12 +36,24 @@ _roots = itertools.count()
 class ShardAPIServer:
     """Serves ``consumer.Shard`` for a fresh consumer root on 127.0.0.1:`port`.
 
-    `read_through[shard]` is what the test Stat answers for an existing shard.
+    `read_through[shard]` is what the test Stat answers for an existing shard. `root` shares
+    another server's consumer root (two processes of one application). After `max_applies`
+    Apply calls (if given), Apply answers UNAVAILABLE as a draining consumer does; `applied`
+    holds the requests served.
     """
 
-    def __init__(self, etcd_endpoint: str, *, with_stat: bool = True) -> None:
+    def __init__(
+        self,
+        etcd_endpoint: str,
+        *,
+        with_stat: bool = True,
+        root: str | None = None,
+        max_applies: int | None = None,
+    ) -> None:
         self.etcd_endpoint = etcd_endpoint
-        self.root = f"/test-consumer/{os.getpid()}/app{next(_roots)}"
+        self.root = root or f"/test-consumer/{os.getpid()}/app{next(_roots)}"
+        self.max_applies = max_applies
+        self.applied: list[pb.ApplyRequest] = []
         self.keys = ShardKeys(self.root)
         self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
@@ -74,6 +86,16 @@ class ShardAPIServer:
                 bpb.ProcessSpec.ID(zone="local", suffix="shard-api"),
                 stat=self._stat if self.with_stat else None,
             )
+            apply = self.api.Apply
+
+            async def counted_apply(req: pb.ApplyRequest, context: Any) -> pb.ApplyResponse:
+                if self.max_applies is not None and len(self.applied) >= self.max_applies:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "consumer is draining")
+                resp = await apply(req, context)
+                self.applied.append(req)
+                return resp
+
+            self.api.Apply = counted_apply  # type: ignore[method-assign]
             server = grpc.aio.server()
             pb_grpc.add_ShardServicer_to_server(self.api, server)
             server.add_insecure_port(self.endpoint)

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from gazette.consumer.protocol import pb
+from gazette.testing.etcd import EtcdServer
 from tests.consumer.shard_api_server import ShardAPIServer
 
 from .conftest import Gazctl
@@ -360,3 +361,30 @@ def test_apply_too_large_for_one_transaction(shards: Gazctl) -> None:
     assert "--max-txn-size" in r.err
     r = shards("apply", "--skip-journal-check", "--max-txn-size", "50", stdin=specs)
     assert r.rc == 0 and "applied 200 change(s)" in r.err, r.err
+
+
+def test_apply_fails_over_between_batches(
+    gazctl: Gazctl, shard_api: ShardAPIServer, etcd_server: EtcdServer
+) -> None:
+    """A batched apply whose consumer goes away after a batch goes on at the next consumer
+    with the next batch: the batches before stay applied once (re-applying them would fail
+    their revision checks)."""
+    entries = "".join(
+        f"- id: shard-{i:03d}\n  sources: [{{journal: a/journal}}]\n" for i in range(6)
+    )
+    specs = f"common:\n  max_txn_duration: 1s\nshards:\n{entries}".encode()
+    first = ShardAPIServer(etcd_server.endpoint, root=shard_api.root, max_applies=1)
+    with first:
+        r = gazctl(
+            "shards", "apply", "--skip-journal-check", "--max-txn-size", "2",
+            "--consumer", f"{first.endpoint},{shard_api.endpoint}", stdin=specs,
+        )  # fmt: skip
+    assert r.rc == 0, r.err
+    assert f"consumer {first.endpoint} is unavailable (consumer is draining)" in r.err
+    assert "applied 6 change(s)" in r.err
+    ids = [[ch.upsert.id for ch in req.changes] for req in (*first.applied, *shard_api.applied)]
+    assert ids == [
+        ["shard-000", "shard-001"],
+        ["shard-002", "shard-003"],
+        ["shard-004", "shard-005"],
+    ]
