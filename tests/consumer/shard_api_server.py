@@ -95,7 +95,7 @@ class ShardAPIServer:
                 self.applied.append(req)
                 return resp
 
-            self.api.Apply = counted_apply  # type: ignore[method-assign]
+            self.api.Apply = counted_apply  # type: ignore[method-assign,assignment]
             server = grpc.aio.server()
             pb_grpc.add_ShardServicer_to_server(self.api, server)
             server.add_insecure_port(self.endpoint)
