@@ -251,14 +251,29 @@ def _unavailable(shard: str, error: str) -> web.Response:
     return web.json_response(body, status=503)
 
 
-def forwarding_session() -> aiohttp.ClientSession:
+FORWARD_CONNECT_TIMEOUT = 10.0
+"""Seconds a forwarded request may take to connect to the primary."""
+FORWARD_READ_TIMEOUT = 300.0
+"""Seconds a forwarded request may wait for the primary's next bytes (its response headers,
+or the next chunk of a streamed body) before it fails: a primary that hangs does not hold the
+caller, and this process's connection, forever. Long-polling handlers send something more
+often than this."""
+
+
+def forwarding_session(
+    *, read_timeout: float = FORWARD_READ_TIMEOUT, connect_timeout: float = FORWARD_CONNECT_TIMEOUT
+) -> aiohttp.ClientSession:
     """The client session `forward` uses (bodies passed on as they are, encoded or not). It
     keeps no cookies: one session forwards every caller's requests, and a cookie a primary
-    set for one must never ride along with another's."""
+    set for one must never ride along with another's. A forwarded request has no overall
+    deadline (a streamed response may be long), but fails after `read_timeout` seconds
+    without a byte from the primary."""
     return aiohttp.ClientSession(
         cookie_jar=aiohttp.DummyCookieJar(),
         auto_decompress=False,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
+        timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout, sock_read=read_timeout
+        ),
     )
 
 

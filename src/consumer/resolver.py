@@ -82,6 +82,8 @@ DEFAULT_TIMEOUT = 30.0
 """Seconds `Resolver.resolve` waits (etcd revision, recovery, read-through) by default."""
 REVISION_TIMEOUT = 10.0
 """Seconds a resolution waits for this process's view of etcd to reach a revision."""
+CHANNEL_CLOSE_GRACE = 30.0
+"""Seconds calls in flight on the channel to a departed process may take before it closes."""
 
 Code = pb.ReplicaStatus.Code
 
@@ -297,7 +299,9 @@ class Resolver:
         """Set when the process is about to stop serving (module docs). Wait on it; do not
         set it."""
         self._stopped = False
+        self._closed = False
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._closing: set[asyncio.Task[None]] = set()
         self._session: ClientSession | None = None
         self._sources: tuple[int, dict[str, list[pb.ShardSpec]]] = (-1, {})
 
@@ -312,8 +316,12 @@ class Resolver:
         self.stopping.set()
 
     async def close(self) -> None:
-        """Close the connections made to forward requests. Idempotent."""
+        """Close the connections made to forward requests; forwarding afterwards raises
+        RuntimeError. Idempotent."""
+        self._closed = True
         channels, self._channels = self._channels, {}
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
         for ch in channels.values():
             await ch.close(None)
         session, self._session = self._session, None
@@ -321,15 +329,36 @@ class Resolver:
             await session.close()
 
     def channel(self, endpoint: str) -> grpc.aio.Channel:
-        """A channel to another consumer process's gRPC `endpoint` (reused until `close`)."""
+        """A channel to another consumer process's gRPC `endpoint` (reused until `close`, or
+        until that process leaves the application). RuntimeError after `close`."""
+        if self._closed:
+            raise RuntimeError("the resolver is closed: it forwards nothing more")
         target = endpoint.split("://", 1)[-1]
         ch = self._channels.get(target)
         if ch is None:
+            self._prune_channels()
             ch = self._channels[target] = grpc.aio.insecure_channel(target)
         return ch
 
+    def _prune_channels(self) -> None:
+        """Close the channels to processes no longer members of the application (members
+        come and go with every restart under a new address: their channels would pile up)."""
+        rt = self._runtime
+        live = {
+            kv.value.process_spec.endpoint.split("://", 1)[-1]
+            for kv in rt.keyspace.prefixed(rt.keys.members)
+        }
+        for target in [t for t in self._channels if t not in live]:
+            ch = self._channels.pop(target)
+            task = asyncio.get_running_loop().create_task(ch.close(CHANNEL_CLOSE_GRACE))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
     def http_session(self) -> ClientSession:
-        """The HTTP client session forwarded requests go through (made at first use)."""
+        """The HTTP client session forwarded requests go through (made at first use).
+        RuntimeError after `close`."""
+        if self._closed:
+            raise RuntimeError("the resolver is closed: it forwards nothing more")
         if self._session is None:
             from gazette.consumer import http_api
 

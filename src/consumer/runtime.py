@@ -101,7 +101,6 @@ class ConsumerRuntime:
         self.client: JournalClient | None = None
         # Replicas being stopped, by shard: a new replica of the shard waits for its directory.
         self._stopping: dict[str, asyncio.Task[None]] = {}
-        self._stubs: dict[str, Any] = {}
         self.resolver = Resolver(self)
         """Where shards are served, for Stat and the application (`consumer.resolver`)."""
         # Replicas that lost their store's recording process, by shard: (the replica, whether
@@ -357,12 +356,10 @@ class ConsumerRuntime:
         return {j: offset for j, offset in args.read_through.items() if j in sources}
 
     def shard_stub(self, endpoint: str) -> Any:
-        """A `consumer.Shard` stub of another consumer process (channels are reused)."""
-        target = endpoint.split("://", 1)[-1]
-        stub = self._stubs.get(target)
-        if stub is None:
-            stub = self._stubs[target] = pb_grpc.ShardStub(self.resolver.channel(target))
-        return stub
+        """A `consumer.Shard` stub of another consumer process (over the resolver's channel
+        to it, which is reused; a stub is cheap, and caching one would outlive a channel the
+        resolver closed)."""
+        return pb_grpc.ShardStub(self.resolver.channel(endpoint))
 
     async def stat(self, req: pb.StatRequest, context: Any) -> pb.StatResponse:
         """consumer.Shard/Stat: wait until the shard's committed transactions read through

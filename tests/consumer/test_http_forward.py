@@ -1,8 +1,12 @@
 """`http_api.forward` against a real HTTP server standing for a shard's primary: what is
-passed on, and what must not be (cookies of other callers, hosts named by the caller)."""
+passed on, what must not be (cookies of other callers, hosts named by the caller), and a
+primary that hangs."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -20,9 +24,12 @@ async def primary() -> AsyncIterator[tuple[str, Seen]]:
     """An HTTP server answering every request with its path and query, setting a cookie;
     its address and the requests it saw."""
     seen: Seen = []
+    release = asyncio.Event()  # /hang answers only once the test is over
 
     async def echo(request: web.Request) -> web.Response:
         seen.append(request)
+        if request.path == "/hang":
+            await release.wait()
         resp = web.json_response({"path": request.raw_path})
         resp.set_cookie("session", f"of-{request.query.get('user', '')}")
         return resp
@@ -37,6 +44,7 @@ async def primary() -> AsyncIterator[tuple[str, Seen]]:
     try:
         yield f"http://localhost:{port}", seen
     finally:
+        release.set()
         await runner.cleanup()
 
 
@@ -62,3 +70,22 @@ async def test_path_and_query_are_passed_as_encoded_to_the_primary_alone(
             request = make_mocked_request("GET", path)
             await forward(session, request, target, bpb.Header(), "shard-0")
     assert [r.raw_path for r in seen] == ["/api/x%2Fy?a=1&b=%20x", "/api/s?u=1"]
+
+
+async def test_a_primary_that_hangs_is_answered_unavailable_after_the_read_timeout(
+    primary: tuple[str, Seen],
+) -> None:
+    target, seen = primary
+    async with forwarding_session(read_timeout=0.5) as session:
+        start = time.monotonic()
+        resp = await forward(
+            session, make_mocked_request("GET", "/hang"), target, bpb.Header(), "shard-0"
+        )
+        waited = time.monotonic() - start
+    assert [r.path for r in seen] == ["/hang"]
+    assert 0.4 < waited < 5, waited
+    assert isinstance(resp, web.Response) and resp.status == 503
+    assert resp.body is not None
+    body = json.loads(bytes(resp.body))  # type: ignore[arg-type]
+    assert body["status"] == "UNAVAILABLE" and body["shard"] == "shard-0"
+    assert f"request to primary {target} failed" in body["error"]

@@ -402,3 +402,34 @@ async def test_forward_unary_never_forwards_a_forwarded_call_again() -> None:
     finally:
         await resolver.close()
         await server.stop(None)
+
+
+async def test_channels_to_departed_processes_are_closed_and_a_closed_resolver_refuses(
+    runtime: tuple[ConsumerRuntime, Any, MemberID],
+) -> None:
+    rt, ks, _ = runtime
+    resolver = rt.resolver
+    first = resolver.channel("http://10.0.0.2:8090")
+    assert resolver.channel("10.0.0.2:8090") is first  # one channel per process
+
+    # The other process restarts under a new address: its old channel goes when a new one
+    # is made (channels would otherwise pile up, one per restart).
+    ks.put(
+        member_key(ROOT, OTHER),
+        pb.ConsumerSpec(process_spec=bpb.ProcessSpec(endpoint="http://10.0.0.3:8090")),
+    )
+    second = resolver.channel("http://10.0.0.3:8090")
+    assert second is not first
+    await eventually(
+        lambda: first.get_state() == grpc.ChannelConnectivity.SHUTDOWN,
+        what="the departed process's channel closed",
+        timeout=5,
+    )
+    assert second.get_state() != grpc.ChannelConnectivity.SHUTDOWN
+
+    resolver.http_session()
+    await resolver.close()
+    assert second.get_state() == grpc.ChannelConnectivity.SHUTDOWN
+    for make in (lambda: resolver.channel("10.0.0.3:8090"), resolver.http_session):
+        with pytest.raises(RuntimeError, match="the resolver is closed"):
+            make()
