@@ -100,8 +100,7 @@ def apply_batches(request: pb.ApplyRequest, size: int) -> list[pb.ApplyRequest]:
     changes = list(request.changes)
     size = size or len(changes) or 1
     return [
-        pb.ApplyRequest(changes=changes[i : i + size])
-        for i in range(0, max(len(changes), 1), size)
+        pb.ApplyRequest(changes=changes[i : i + size]) for i in range(0, max(len(changes), 1), size)
     ]
 
 
