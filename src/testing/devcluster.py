@@ -121,7 +121,8 @@ class DevCluster:
         if self.brokers is not None:
             env["BROKER_ADDRESS"] = self.brokers.endpoints[0]
         if self.consumers:
-            env["CONSUMER_ADDRESS"] = self.consumers[0].endpoint
+            # Every consumer: gazctl passes over one that is down for the next.
+            env["CONSUMER_ADDRESS"] = ",".join(c.endpoint for c in self.consumers)
         return env
 
     def gazctl(self, *args: str) -> str:
@@ -245,6 +246,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Interrupted(Exception):
+    """A signal arrived while the cluster was starting (raised from the signal handler, so
+    that a process's start or a spec's apply is abandoned where it is)."""
+
+
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     """Run the cluster until SIGINT/SIGTERM (module docs); the exit status."""
     p = _parser()
@@ -258,8 +264,16 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
             p.error(f"{spec}: no such file")
     directory = a.dir or Path(tempfile.mkdtemp(prefix="gazette-dev-"))
     stop = threading.Event()
+    starting = [True]  # until ready: a signal interrupts the start-up where it is
+
+    def on_signal(sig: int, _frame: object) -> None:
+        stop.set()
+        if starting[0]:
+            starting[0] = False  # a second signal does not interrupt the clean-up
+            raise _Interrupted(signal.Signals(sig).name)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda _sig, _frame: stop.set())
+        signal.signal(sig, on_signal)
 
     def say(text: str) -> None:
         print(text, file=out, flush=True)
@@ -284,6 +298,7 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
             say(f"applying shards {spec}")
             say(cluster.apply_shards(spec).rstrip())
         say(cluster.describe())
+        starting[0] = False
         say(f"{READY_LINE}: Ctrl-C stops everything")
         while not stop.wait(0.5):
             gone = cluster.exited()
@@ -297,7 +312,11 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     except DevClusterError as err:
         say(f"gazette-dev: {err}")
         status = 1
+    except _Interrupted as err:
+        say(f"gazette-dev: {err} during start-up")
+        status = 130
     finally:
+        starting[0] = False
         say("stopping")
         cluster.close()
         say(f"stopped; data and logs are in {directory}")

@@ -168,6 +168,35 @@ def test_a_dev_cluster_of_an_application_runs_until_ctrl_c(tmp_path: Path) -> No
     assert (directory / "etcd" / "etcd.log").exists()
 
 
+@pytest.mark.parametrize("after", ["starting etcd", "applying journals"])
+def test_ctrl_c_during_start_up_stops_at_once(tmp_path: Path, after: str) -> None:
+    """Ctrl-C while processes are still starting (or specs being applied) abandons the
+    start-up where it is and stops what runs, rather than waiting for all to be ready."""
+    (tmp_path / "fragments").mkdir()
+    (tmp_path / "journals.yaml").write_text(journals_yaml(tmp_path / "fragments"))
+    directory = tmp_path / "cluster"
+    argv = [sys.executable, "-m", "gazette.testing.devcluster", "--dir", str(directory)]
+    argv += ["--brokers", "3", "--journals", str(tmp_path / "journals.yaml")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        seen = ""
+        while not seen.startswith(after):
+            seen = proc.stdout.readline()
+            assert seen, "gazette-dev exited before it was interrupted"
+        proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        rest, _ = proc.communicate(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, rest
+    assert "gazette-dev: SIGINT during start-up" in rest and READY_LINE not in rest
+    assert took < 20, took
+    assert running_under(directory) == []
+
+
 def test_usage_errors_start_nothing(tmp_path: Path) -> None:
     for args, error in [
         (["--shards", "s.yaml"], "--shards needs --app"),
