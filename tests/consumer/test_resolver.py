@@ -433,3 +433,58 @@ async def test_channels_to_departed_processes_are_closed_and_a_closed_resolver_r
     for make in (lambda: resolver.channel("10.0.0.3:8090"), resolver.http_session):
         with pytest.raises(RuntimeError, match="the resolver is closed"):
             make()
+
+
+class ReadThroughApp(App):
+    """A MessageProducer (producing nothing) whose read_through hook reads its store,
+    slowly: it waits on `gate`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+        self.store_open_in_hook: list[bool] = []
+
+    async def start_reading_messages(
+        self, shard: Any, store: Any, checkpoint: Any, into: Any
+    ) -> None:
+        await asyncio.Event().wait()
+
+    def replay_range(self, shard: Any, store: Any, journal: str, begin: int, end: int) -> Any:
+        return []
+
+    async def read_through(self, shard: Any, store: Any, args: Any) -> dict[str, int]:
+        self.entered.set()
+        await self.gate.wait()
+        self.store_open_in_hook.append(not store.destroyed)
+        return {JOURNAL: 100}  # never read through here: the Stat waits until the stop
+
+
+async def test_stat_holds_the_store_while_the_read_through_hook_uses_it(
+    runtime: tuple[ConsumerRuntime, Any, MemberID],
+) -> None:
+    """The shard stops while a Stat's read_through hook is using its store: the store stays
+    open until the hook returns, and the Stat then answers SHARD_STOPPED."""
+    rt, ks, me = runtime
+    app = ReadThroughApp()
+    rt.app = app  # type: ignore[assignment]
+    akey = await primary_here(rt, ks, me)
+    try:
+        stat = asyncio.create_task(
+            rt.stat(pb.StatRequest(shard="shard", read_through={JOURNAL: 100}), None)
+        )
+        await asyncio.wait_for(app.entered.wait(), 5)
+        del ks.kvs[akey]
+        await rt._reconcile_once()  # Stops the replica: in the background.
+        stopping = rt._stopping["shard"]
+        await asyncio.sleep(0.3)
+        assert not app.stores[0].destroyed, "the store was destroyed while the hook used it"
+        assert not stopping.done()
+        app.gate.set()
+        resp = await asyncio.wait_for(stat, 5)
+        assert resp.status == pb.SHARD_STOPPED
+        assert app.store_open_in_hook == [True]
+        await asyncio.wait_for(stopping, 5)
+        assert app.stores[0].destroyed
+    finally:
+        await stop_all(rt)
