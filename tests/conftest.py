@@ -25,6 +25,7 @@ import pytest  # noqa: E402
 
 from gazette.testing.broker import BrokerProcess  # noqa: E402
 from gazette.testing.etcd import EtcdServer  # noqa: E402
+from tests.kit.certs import Certs, write_certs  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +47,10 @@ def session_broker(
     )
     with proc:
         yield proc
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """Certificates for TLS tests (tests.kit.certs): a CA, a server certificate for
+    127.0.0.1/localhost, a client certificate, and a wrong CA."""
+    return write_certs(tmp_path_factory.mktemp("certs"))

@@ -99,7 +99,7 @@ class Broker:
         self._lock_fd: int | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._relieved_at = -RELIEF_INTERVAL
-        self.peers = Peers()
+        self.peers = Peers(cfg.peer_tls)
         self.resolver = Resolver(
             self.member, self.keys, self.member_id, self.process_id, self.replicas
         )

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
+from gazette.auth.tls import PEER_FLAGS, SERVER_FLAGS, ClientTLS, ServerTLS, TLSConfigError
 from gazette.mainboilerplate.flags import (
     DefaultsHelpFormatter,
     MemberConfig,
@@ -35,7 +36,48 @@ class BrokerConfig(MemberConfig):
     0: none."""
     direct_port: int = 0
     """Port of the direct-append listener (the Append RPC over a plain TCP stream, for our
-    clients; docs/direct-appends.md) on the host of `listen`; 0: a free port; -1: none."""
+    clients; docs/direct-appends.md) on the host of `listen`; 0: a free port; -1: none.
+    Not opened while the server has TLS on (docs/security.md)."""
+    server_cert_file: Path | None = None
+    """The server's TLS certificate: with it, gRPC and HTTP are served over TLS only, and the
+    advertised endpoint is ``https://``; without it, all TLS settings are unused."""
+    server_cert_key_file: Path | None = None
+    server_ca_file: Path | None = None
+    """With it, clients must present a certificate this CA signed."""
+    peer_cert_file: Path | None = None
+    """The certificate this broker presents to other brokers (when they ask for one)."""
+    peer_cert_key_file: Path | None = None
+    peer_ca_file: Path | None = None
+    """The CA other brokers' certificates must be signed by (default: the system's)."""
+
+    @property
+    def endpoint(self) -> str:
+        """The advertised endpoint (`MemberConfig.endpoint`), ``https://`` when the server
+        has TLS on."""
+        ep = self.advertise or self.listen
+        if "://" in ep:
+            return ep
+        return f"{'https' if self.server_cert_file is not None else 'http'}://{ep}"
+
+    @property
+    def server_tls(self) -> ServerTLS | None:
+        """The TLS of the gRPC and HTTP servers, if on. Raises `TLSConfigError` for a
+        certificate without its key."""
+        if self.server_cert_file is None:
+            return None
+        if self.server_cert_key_file is None:
+            raise TLSConfigError(f"{SERVER_FLAGS.cert} is given without {SERVER_FLAGS.key}")
+        return ServerTLS(self.server_cert_file, self.server_cert_key_file, self.server_ca_file)
+
+    @property
+    def peer_tls(self) -> ClientTLS | None:
+        """The TLS of calls to brokers that advertise ``https://`` endpoints: built, as
+        upstream's, only when the server has TLS on (else the system's CAs, no certificate)."""
+        if self.server_cert_file is None:
+            return None
+        return ClientTLS(
+            self.peer_ca_file, self.peer_cert_file, self.peer_cert_key_file, flags=PEER_FLAGS
+        )
 
 
 BROKER_FLAGS = MemberFlags(
@@ -129,8 +171,10 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         default=env("BROKER_DIRECT_PORT", str(d.direct_port)),
         help="serve direct appends (Append over a plain TCP stream, which our clients use "
         "instead of gRPC) on this port of the host of --listen; 0 (the default): a free "
-        "port, which clients discover over gRPC; -1: none [BROKER_DIRECT_PORT]",
+        "port, which clients discover over gRPC; -1: none; not opened with --server-cert-file "
+        "[BROKER_DIRECT_PORT]",
     )
+    _add_tls_flags(p)
     a = p.parse_args(argv)
     if a.hole_wait < 0:
         p.error(f"--hole-wait must be >= 0, not {a.hole_wait}")
@@ -139,6 +183,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             f"--direct-port must be a port number (0: any free port, -1: none), not {a.direct_port}"
         )
     flags.check(p, a)
+    _check_tls_flags(p, a)
     return BrokerConfig(
         **flags.values(a),
         spool_dir=a.spool_dir,
@@ -148,4 +193,63 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         journal_limit=a.journal_limit,
         hole_wait=a.hole_wait,
         direct_port=a.direct_port,
+        server_cert_file=a.server_cert_file,
+        server_cert_key_file=a.server_cert_key_file,
+        server_ca_file=a.server_ca_file,
+        peer_cert_file=a.peer_cert_file,
+        peer_cert_key_file=a.peer_cert_key_file,
+        peer_ca_file=a.peer_ca_file,
     )
+
+
+_TLS_FLAGS = {
+    "server-cert-file": "the server's TLS certificate (PEM): gRPC and HTTP are served over "
+    "TLS, and the advertised endpoint is https:// (default: none, plaintext; the other TLS "
+    "flags need it)",
+    "server-cert-key-file": "the private key of --server-cert-file (PEM)",
+    "server-ca-file": "a CA certificate (PEM): clients must present a certificate it signed",
+    "peer-cert-file": "the TLS certificate this broker presents to other brokers",
+    "peer-cert-key-file": "the private key of --peer-cert-file",
+    "peer-ca-file": "the CA other brokers' certificates must be signed by (default: the "
+    "system's CAs)",
+}
+
+
+def _add_tls_flags(p: argparse.ArgumentParser) -> None:
+    """The TLS flags, named as upstream's broker names them (and their environment)."""
+    for name, text in _TLS_FLAGS.items():
+        variable = "BROKER_" + name.upper().replace("-", "_")
+        p.add_argument(
+            f"--{name}",
+            type=Path,
+            default=env(variable, "") or None,
+            metavar="FILE",
+            help=f"{text} [{variable}]",
+        )
+
+
+def _check_tls_flags(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Exit through `p` (status 2) on TLS flags that cannot go together."""
+    for flag, file in (
+        (SERVER_FLAGS.key, a.server_cert_key_file),
+        (SERVER_FLAGS.ca, a.server_ca_file),
+        (PEER_FLAGS.cert, a.peer_cert_file),
+        (PEER_FLAGS.key, a.peer_cert_key_file),
+        (PEER_FLAGS.ca, a.peer_ca_file),
+    ):
+        if file is not None and a.server_cert_file is None:
+            p.error(f"{flag} is given without {SERVER_FLAGS.cert} (TLS is off without it)")
+    if a.server_cert_file is not None and a.server_cert_key_file is None:
+        p.error(f"{SERVER_FLAGS.cert} is given without {SERVER_FLAGS.key}")
+    if (a.peer_cert_file is None) != (a.peer_cert_key_file is None):
+        given, missing = (
+            (PEER_FLAGS.cert, PEER_FLAGS.key)
+            if a.peer_cert_key_file is None
+            else (PEER_FLAGS.key, PEER_FLAGS.cert)
+        )
+        p.error(f"{given} is given without {missing}")
+    if a.server_cert_file is not None and a.advertise.startswith("http://"):
+        p.error(
+            f"--advertise {a.advertise} is http:// but {SERVER_FLAGS.cert} serves TLS only "
+            "(advertise https://, or host:port)"
+        )

@@ -6,7 +6,8 @@
 - ``GET /debug/metrics``: Prometheus metrics (`broker.metrics`), upstream Gazette's path.
 
 Upstream serves these on its gRPC port; grpc.aio owns its listening socket, so here they
-have a port of their own.
+have a port of their own. With the server's TLS on, it is HTTPS with the same certificate
+(and the same client certificates required, if any).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from gazette._extras import require
 require("the broker's HTTP server", "broker", "aiohttp")
 
 import errno
+import ssl as _ssl
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -32,9 +34,12 @@ __all__ = ["BrokerHTTP"]
 class BrokerHTTP:
     """`start`, `set_ready`, `set_draining`, then `close`."""
 
-    def __init__(self, broker: Broker, host: str, port: int) -> None:
+    def __init__(
+        self, broker: Broker, host: str, port: int, *, ssl: _ssl.SSLContext | None = None
+    ) -> None:
         self.broker = broker
         self.host, self.port = host, port
+        self.ssl = ssl
         self.state = "starting"
         self.web = web.Application()
         self.web.router.add_get("/healthz", self._healthz)
@@ -46,7 +51,7 @@ class BrokerHTTP:
         runner = web.AppRunner(self.web, access_log=None, handle_signals=False, shutdown_timeout=2)
         await runner.setup()
         try:
-            await web.TCPSite(runner, self.host, self.port).start()
+            await web.TCPSite(runner, self.host, self.port, ssl_context=self.ssl).start()
         except OSError as err:
             await runner.cleanup()
             why = "address already in use" if err.errno == errno.EADDRINUSE else str(err)

@@ -2,7 +2,9 @@
 
 The life cycle is the one every member process shares (`mainboilerplate.process`); the
 broker's parts are `BrokerProcess`: its HTTP server (bound before the broker announces
-itself), the gRPC server of protocol.Journal and the direct-append listener. A graceful stop
+itself), the gRPC server of protocol.Journal and the direct-append listener. With
+``--server-cert-file`` gRPC and HTTP are served over TLS only, and the direct-append listener,
+which is plaintext, is not opened (docs/security.md). A graceful stop
 keeps serving (and proxying) while the allocator moves the broker's journals away, then ends
 long-lived Replicate streams and gives appends in progress `STOP_GRACE` on both transports.
 """
@@ -15,6 +17,7 @@ import logging
 import grpc
 
 from gazette.allocator.session import LeaseLostError
+from gazette.auth.tls import TLSConfigError
 from gazette.broker.broker import Broker, BrokerStartupError
 from gazette.broker.config import BrokerConfig, parse_args
 from gazette.broker.direct_listener import DirectAppendServer, port_handler
@@ -42,6 +45,14 @@ class BrokerProcess:
 
     def __init__(self, cfg: BrokerConfig) -> None:
         self.cfg = cfg
+        try:  # The files are read now: a bad one fails the start, not the first connection.
+            tls = cfg.server_tls
+            self.credentials = None if tls is None else tls.grpc_credentials()
+            self.http_ssl = None if tls is None else tls.ssl_context()
+            if (peer_tls := cfg.peer_tls) is not None:
+                peer_tls.check()
+        except TLSConfigError as err:
+            raise BrokerStartupError(str(err)) from None
         self.broker = Broker(cfg)
         self.http: BrokerHTTP | None = None
         self.server: grpc.aio.Server | None = None
@@ -50,7 +61,7 @@ class BrokerProcess:
     async def start(self) -> None:
         cfg = self.cfg
         if cfg.http_port:  # Bound before the broker registers: a port in use fails the start.
-            http = BrokerHTTP(self.broker, cfg.http_host, cfg.http_port)
+            http = BrokerHTTP(self.broker, cfg.http_host, cfg.http_port, ssl=self.http_ssl)
             try:
                 await http.start()
             except OSError as err:
@@ -63,7 +74,12 @@ class BrokerProcess:
         service = JournalService(self.broker)
         add_journal_service(server, service)
         try:
-            if cfg.direct_port >= 0:
+            if cfg.direct_port >= 0 and self.credentials is not None:
+                log.info(
+                    "direct appends off: the server has TLS on, and the direct-append port "
+                    "would take appends in plaintext; clients append over gRPC"
+                )
+            elif cfg.direct_port >= 0:
                 self.direct = DirectAppendServer(service, cfg.http_host, cfg.direct_port)
                 try:
                     await self.direct.start()
@@ -74,7 +90,10 @@ class BrokerProcess:
                     ) from err
                 server.add_generic_rpc_handlers([port_handler(self.direct.port)])
             try:
-                server.add_insecure_port(cfg.listen)
+                if self.credentials is None:
+                    server.add_insecure_port(cfg.listen)
+                else:
+                    server.add_secure_port(cfg.listen, self.credentials)
             except RuntimeError as err:
                 raise BrokerStartupError(f"cannot listen on {cfg.listen}: {err}") from err
             await server.start()
@@ -89,7 +108,10 @@ class BrokerProcess:
         cfg = self.cfg
         if self.http is not None:
             self.http.set_ready()
-        served = f" http=http://{self.http.host}:{self.http.port}" if self.http is not None else ""
+        served = ""
+        if self.http is not None:
+            scheme = "http" if self.http_ssl is None else "https"
+            served = f" http={scheme}://{self.http.host}:{self.http.port}"
         if self.direct is not None:
             served += f" direct={self.direct.port}"
         log.info(

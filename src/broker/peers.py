@@ -2,7 +2,9 @@
 
 Replication pipelines, proxied requests, catching up from a peer and judging a spool against
 a journal's primary all reach other brokers through `Peers.stub`; the channels are closed
-once, at shutdown.
+once, at shutdown. A peer advertising an ``https://`` endpoint is dialled with TLS (the
+broker's peer TLS settings, else the system's CAs), others in plaintext: the scheme each
+broker advertises says how it serves, as with upstream's brokers.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from gazette.broker.client.route_cache import endpoint_to_target
+from gazette.auth.tls import ClientTLS, endpoint_target
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 
 PEER_CHANNEL_OPTIONS = [
@@ -26,18 +28,30 @@ PEER_CHANNEL_OPTIONS = [
 class Peers:
     """`protocol.Journal` stubs on other brokers, by endpoint."""
 
-    def __init__(self) -> None:
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._stubs: dict[str, Any] = {}
+    def __init__(self, tls: ClientTLS | None = None) -> None:
+        self._tls = tls
+        self._credentials: grpc.ChannelCredentials | None = None
+        self._channels: dict[tuple[str, bool], grpc.aio.Channel] = {}
+        self._stubs: dict[tuple[str, bool], Any] = {}
 
     def stub(self, endpoint: str) -> Any:
-        """A `protocol.Journal` stub on the broker at `endpoint` (its channel is reused)."""
-        target = endpoint_to_target(endpoint)
-        stub = self._stubs.get(target)
+        """A `protocol.Journal` stub on the broker at `endpoint` (its channel is reused).
+        Raises `TLSConfigError` if the TLS files cannot be read at the first ``https://``
+        peer (the broker checks them at start-up)."""
+        key = endpoint_target(endpoint)
+        stub = self._stubs.get(key)
         if stub is None:
-            channel = grpc.aio.insecure_channel(target, options=PEER_CHANNEL_OPTIONS)
-            self._channels[target] = channel
-            stub = self._stubs[target] = pb_grpc.JournalStub(channel)
+            target, secure = key
+            if secure:
+                if self._credentials is None:
+                    self._credentials = (self._tls or ClientTLS()).grpc_credentials()
+                channel = grpc.aio.secure_channel(
+                    target, self._credentials, options=PEER_CHANNEL_OPTIONS
+                )
+            else:
+                channel = grpc.aio.insecure_channel(target, options=PEER_CHANNEL_OPTIONS)
+            self._channels[key] = channel
+            stub = self._stubs[key] = pb_grpc.JournalStub(channel)
         return stub
 
     async def close(self) -> None:

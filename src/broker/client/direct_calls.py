@@ -53,7 +53,9 @@ STREAM_LIMIT = 1 << 20
 
 
 def host_of(target: str) -> str | None:
-    """The host of a ``host:port`` gRPC target (None for other target forms)."""
+    """The host of a ``host:port`` gRPC target (None for other target forms, among them the
+    ``https://host:port`` of a TLS channel: the direct-append port is plaintext, so appends
+    to a broker dialled with TLS go over gRPC)."""
     if "://" in target or target.startswith("unix:") or ":" not in target:
         return None
     host = target.rsplit(":", 1)[0].strip("[]")

@@ -7,6 +7,10 @@ routing is an optimisation: responses carry the journal's route in their header,
 remembers it in a `RouteCache`, and later RPCs of that journal dial the primary (or, for reads,
 a replica in the client's zone) directly. Channels are opened lazily, one per endpoint, and
 closed by `close()`.
+
+Channels use TLS to ``https://`` endpoints (those TLS brokers advertise, and so the routes
+learned from them) and, when the client is given a `ClientTLS`, to every endpoint. Such
+channels never carry direct appends, whose port is plaintext: appends to them go over gRPC.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
+from gazette.auth.tls import ClientTLS, endpoint_target
 from gazette.broker.client.direct_calls import DirectAppendCall, DirectAppends
-from gazette.broker.client.route_cache import RouteCache, endpoint_to_target, pick_endpoint
+from gazette.broker.client.route_cache import RouteCache, pick_endpoint
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 
@@ -53,6 +58,8 @@ class JournalClient:
     the first is the default endpoint. `zone` is the client's availability zone, used to prefer
     same-zone replicas for reads. With `direct_appends` (the default), appends to our
     brokers go over their direct-append port rather than gRPC (docs/direct-appends.md).
+    With `tls`, every channel is TLS (its files are read here: `TLSConfigError`); without,
+    only those to ``https://`` endpoints are, trusting the system's CAs.
     """
 
     def __init__(
@@ -62,10 +69,13 @@ class JournalClient:
         zone: str = "",
         route_cache: RouteCache | None = None,
         direct_appends: bool = True,
+        tls: ClientTLS | None = None,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [endpoints]
-        targets = [endpoint_to_target(e) for e in endpoints if e]
+        self._tls = tls
+        self._credentials = None if tls is None else tls.grpc_credentials()
+        targets = [self._target(e) for e in endpoints if e]
         if not targets:
             raise ValueError("JournalClient needs at least one broker endpoint")
         self.endpoints: tuple[str, ...] = tuple(targets)
@@ -79,25 +89,38 @@ class JournalClient:
 
     @property
     def default_endpoint(self) -> str:
-        """The gRPC target of the configured broker currently used by default: the first,
+        """The gRPC target of the configured broker currently used by default (as
+        ``https://host:port`` if dialled with TLS): the first,
         until a journal's route is invalidated after a failure, which moves on to the next
         (so a client configured with several brokers survives the loss of any one)."""
         return self.endpoints[self._default]
+
+    def _target(self, endpoint: str) -> str:
+        """The key of `endpoint`'s channel: its gRPC target, as ``https://`` when dialled
+        with TLS (so that no plaintext channel, nor a direct append, reaches it)."""
+        target, secure = endpoint_target(endpoint)
+        return f"https://{target}" if secure or self._tls is not None else target
 
     def channel(self, target: str | None = None) -> grpc.aio.Channel:
         """The (lazily opened) channel to `target`, or to the default endpoint."""
         if self._closed:
             raise RuntimeError("JournalClient is closed")
-        target = endpoint_to_target(target) if target else self.default_endpoint
+        target = self._target(target) if target else self.default_endpoint
         ch = self._channels.get(target)
         if ch is None:
-            ch = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+            dial, secure = endpoint_target(target)
+            if secure:
+                if self._credentials is None:  # An https:// endpoint: the system's CAs.
+                    self._credentials = ClientTLS().grpc_credentials()
+                ch = grpc.aio.secure_channel(dial, self._credentials, options=_CHANNEL_OPTIONS)
+            else:
+                ch = grpc.aio.insecure_channel(dial, options=_CHANNEL_OPTIONS)
             self._channels[target] = ch
         return ch
 
     def stub(self, target: str | None = None) -> JournalStub:
         """A `protocol.Journal` stub on `target`, or on the default endpoint."""
-        target = endpoint_to_target(target) if target else self.default_endpoint
+        target = self._target(target) if target else self.default_endpoint
         st = self._stubs.get(target)
         if st is None:
             st = pb_grpc.JournalStub(self.channel(target))
@@ -115,7 +138,7 @@ class JournalClient:
         if route is not None:
             ep = pick_endpoint(route, primary=primary, zone=self.zone)
             if ep:
-                return endpoint_to_target(ep)
+                return self._target(ep)
         return self.default_endpoint
 
     def stub_for(self, journal: str, *, primary: bool = True) -> JournalStub:

@@ -1,0 +1,149 @@
+"""Real certificates for TLS tests: a CA, a server and a client certificate it signed, and
+a second CA that signed neither (a client trusting it must refuse the server).
+
+EC P-256 keys, so that making them all takes milliseconds. The server's certificate names
+127.0.0.1 (an IP SAN) and localhost (a DNS SAN), where the test processes listen.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+__all__ = ["Certs", "write_certs"]
+
+
+@dataclass(frozen=True)
+class Certs:
+    """Paths of PEM files in one directory."""
+
+    ca: Path
+    """The CA that signed `server_cert` and `client_cert`."""
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+    wrong_ca: Path
+    """A CA that signed nothing here."""
+    wrong_client_cert: Path
+    """A client certificate signed by `wrong_ca`."""
+    wrong_client_key: Path
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _builder(
+    subject: str, issuer: x509.Name, key: ec.EllipticCurvePrivateKey
+) -> x509.CertificateBuilder:
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+    )
+
+
+def _ca(name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = _key()
+    cert = (
+        _builder(name, _name(name), key)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return cert, key
+
+
+def _leaf(
+    name: str,
+    ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
+    *,
+    server: bool,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    ca_cert, ca_key = ca
+    key = _key()
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = (
+        _builder(name, ca_cert.subject, key)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+    )
+    if server:
+        sans: list[x509.GeneralName] = [
+            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+            x509.DNSName("localhost"),
+        ]
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(ca_key, hashes.SHA256()), key
+
+
+def _write(path: Path, cert: x509.Certificate) -> Path:
+    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return path
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> Path:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+    return path
+
+
+def write_certs(directory: Path) -> Certs:
+    """Make the certificates and keys, written to `directory` (created if needed)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = _ca("gazette test CA")
+    wrong = _ca("gazette wrong CA")
+    server = _leaf("gazette test server", ca, server=True)
+    client = _leaf("gazette test client", ca, server=False)
+    wrong_client = _leaf("gazette wrong client", wrong, server=False)
+    return Certs(
+        ca=_write(directory / "ca.pem", ca[0]),
+        server_cert=_write(directory / "server.pem", server[0]),
+        server_key=_write_key(directory / "server-key.pem", server[1]),
+        client_cert=_write(directory / "client.pem", client[0]),
+        client_key=_write_key(directory / "client-key.pem", client[1]),
+        wrong_ca=_write(directory / "wrong-ca.pem", wrong[0]),
+        wrong_client_cert=_write(directory / "wrong-client.pem", wrong_client[0]),
+        wrong_client_key=_write_key(directory / "wrong-client-key.pem", wrong_client[1]),
+    )
