@@ -12,18 +12,23 @@ from typing import Any
 
 import grpc
 
+from gazette.auth.claims import Claims
+from gazette.auth.grpc_auth import journal_scope
 from gazette.broker.append_fsm import AppendFSM, AppendState
 from gazette.broker.broker import Broker
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.errors import ValidationError
 from gazette.broker.protocol.validation import validate_first_append_request
-from gazette.broker.serving import RpcFailure, abort_invalid, proxy_failure
+from gazette.broker.serving import UNLIMITED, RpcFailure, abort_invalid, proxy_failure
 
 __all__ = ["append"]
 
 
 async def append(
-    broker: Broker, request_iterator: AsyncIterator[pb.AppendRequest], context: Any
+    broker: Broker,
+    request_iterator: AsyncIterator[pb.AppendRequest],
+    context: Any,
+    claims: Claims = UNLIMITED,
 ) -> pb.AppendResponse:
     """Serve one Append stream on `broker`. Ends the RPC through `context.abort` (which
     raises) for a malformed or failed append. Cancelled (the client left), the append is
@@ -37,7 +42,7 @@ async def append(
         validate_first_append_request(first)
     except ValidationError as err:
         await abort_invalid(context, err)
-    fsm = AppendFSM(broker, first, it, chunk_timeout=broker.cfg.chunk_timeout)
+    fsm = AppendFSM(broker, first, it, chunk_timeout=broker.cfg.chunk_timeout, claims=claims)
     state = await fsm.run()
     if state is AppendState.FINISHED:
         assert fsm.response is not None
@@ -69,7 +74,10 @@ async def _proxy(
             yield msg
 
     try:
-        resp: pb.AppendResponse = await broker.peer_stub(target).Append(requests())
+        # Signed by this broker, on the caller's behalf, for this journal alone.
+        with journal_scope(first.journal):
+            call = broker.peer_stub(target).Append(requests())
+        resp: pb.AppendResponse = await call
         return resp
     except grpc.aio.AioRpcError as err:
         await proxy_failure(target, err).abort(context)

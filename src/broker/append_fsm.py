@@ -41,6 +41,7 @@ from typing import Protocol
 
 import grpc
 
+from gazette.auth.claims import Claims
 from gazette.broker.fragment.coverset import FragmentEntry
 from gazette.broker.protocol import labels
 from gazette.broker.protocol import protocol_pb2 as pb
@@ -53,7 +54,14 @@ from gazette.broker.replication import ReplicationError
 from gazette.broker.request_guard import drain_requests
 from gazette.broker.reservation import ReservationError, ReservationStoreError
 from gazette.broker.resolver import Resolution
-from gazette.broker.serving import Resolver, RpcFailure, resolve, spool_failure, was_proxied
+from gazette.broker.serving import (
+    UNLIMITED,
+    Resolver,
+    RpcFailure,
+    resolve,
+    spool_failure,
+    was_proxied,
+)
 from gazette.broker.spool import PendingAppend, Spool, SpoolError
 
 log = logging.getLogger(__name__)
@@ -226,8 +234,10 @@ class AppendFSM:
         requests: AsyncIterator[pb.AppendRequest],
         *,
         chunk_timeout: float,
+        claims: Claims = UNLIMITED,
     ) -> None:
         self.broker = broker
+        self.claims = claims
         self.first = first
         self.requests = requests
         self.chunk_timeout = chunk_timeout
@@ -311,6 +321,7 @@ class AppendFSM:
                 first.min_etcd_revision,
                 require_primary=True,
                 may_proxy=not first.do_not_proxy and not was_proxied(first.header),
+                claims=self.claims,
             )
         except RpcFailure as failure:
             return self._fail(failure)

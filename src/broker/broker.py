@@ -31,13 +31,15 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from gazette.allocator.allocator import Allocator
 from gazette.allocator.member import Member
 from gazette.allocator.model import Assignment, Item, MemberID
 from gazette.allocator.session import MemberExistsError, MemberSession
+from gazette.auth.grpc_auth import authorized
+from gazette.auth.keys import NO_AUTH, KeyedAuth, NoAuth
 from gazette.broker.config import BrokerConfig
 from gazette.broker.fragment.coverset import FragmentEntry
 from gazette.broker.fragment_cache import FragmentCache
@@ -71,8 +73,11 @@ class BrokerStartupError(StartupError):
 class Broker:
     """A broker process's state. `run()` serves until cancelled or `stop()` is called."""
 
-    def __init__(self, cfg: BrokerConfig) -> None:
+    def __init__(self, cfg: BrokerConfig, auth: KeyedAuth | NoAuth = NO_AUTH) -> None:
         self.cfg = cfg
+        self.auth = auth
+        """Verifies the calls served here, and signs this broker's calls to its peers."""
+        self._peer_stubs: dict[str, Any] = {}
         self.keys = Keys(cfg.root)
         self.process_id = pb.ProcessSpec.ID(zone=cfg.zone, suffix=cfg.suffix)
         self.member_id = MemberID(cfg.zone, cfg.suffix)
@@ -116,7 +121,7 @@ class Broker:
             cfg.spool_dir,
             self.process_id,
             self.resolver.route_of,
-            self.peers.stub,
+            self.peer_stub,
             self.reserver.close_hole,
             timeout=cfg.chunk_timeout,
         )
@@ -133,7 +138,7 @@ class Broker:
             self.replicas,
             self.resolver,
             self.persister.enqueue,
-            self.peers.stub,
+            self.peer_stub,
             self._spawn,
         )
 
@@ -190,8 +195,12 @@ class Broker:
         return self.resolver.header(journal, route)
 
     def peer_stub(self, endpoint: str) -> Any:
-        """A `protocol.Journal` stub on another broker (channels are kept and reused)."""
-        return self.peers.stub(endpoint)
+        """A `protocol.Journal` stub on another broker (channels are kept and reused), its
+        calls signed by this broker when authorization is on."""
+        stub = self._peer_stubs.get(endpoint)
+        if stub is None:
+            stub = self._peer_stubs[endpoint] = authorized(self.peers.stub(endpoint), self.auth)
+        return stub
 
     async def resolve(
         self,
@@ -201,6 +210,7 @@ class Broker:
         require_primary: bool = False,
         may_proxy: bool = True,
         timeout: float = 10.0,
+        covered: Callable[[pb.LabelSet], bool] | None = None,
     ) -> Resolution:
         """Where a request of `journal` is served (`Resolver.resolve`). Raises TimeoutError
         if the keyspace or the journal's replica is not ready within `timeout`."""
@@ -210,6 +220,7 @@ class Broker:
             require_primary=require_primary,
             may_proxy=may_proxy,
             timeout=timeout,
+            covered=covered,
         )
 
     async def ensure_pipeline(self, replica: JournalReplica) -> Pipeline:

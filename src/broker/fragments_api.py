@@ -15,12 +15,20 @@ from typing import Any
 
 import grpc
 
+from gazette.auth.claims import Claims
 from gazette.broker.broker import Broker
 from gazette.broker.fragment.store import FragmentStoreError, store_for_url
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.errors import ValidationError
 from gazette.broker.protocol.validation import validate_fragments_request
-from gazette.broker.serving import RpcFailure, abort_invalid, proxy_failure, resolve, was_proxied
+from gazette.broker.serving import (
+    UNLIMITED,
+    RpcFailure,
+    abort_invalid,
+    proxy_failure,
+    resolve,
+    was_proxied,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +38,7 @@ DEFAULT_FRAGMENTS_PAGE = 1000
 
 
 async def list_fragments(
-    broker: Broker, request: pb.FragmentsRequest, context: Any
+    broker: Broker, request: pb.FragmentsRequest, context: Any, claims: Claims = UNLIMITED
 ) -> pb.FragmentsResponse:
     """Serve one ListFragments on `broker`, here or forwarded to the primary."""
     try:
@@ -44,6 +52,7 @@ async def list_fragments(
             0,
             require_primary=False,
             may_proxy=not request.do_not_proxy and not was_proxied(request.header),
+            claims=claims,
         )
     except RpcFailure as failure:
         await failure.abort(context)

@@ -14,13 +14,16 @@ from typing import Any
 
 import grpc
 
+from gazette.auth.claims import Claims
+from gazette.auth.grpc_auth import refuse
 from gazette.broker.broker import Broker
 from gazette.broker.fragment.postfix import PostfixTemplateError, evaluate_postfix_template
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.errors import ValidationError
+from gazette.broker.protocol.labels import label_set
 from gazette.broker.protocol.selector import journal_labels_with_meta, matches
 from gazette.broker.protocol.validation import validate_apply_request, validate_list_request
-from gazette.broker.serving import abort_invalid
+from gazette.broker.serving import UNLIMITED, abort_invalid
 from gazette.keyspace.etcd import Compare, EtcdError, op_delete, op_put
 
 __all__ = ["LIST_PAGE", "apply", "list_journals"]
@@ -29,9 +32,10 @@ LIST_PAGE = 25  # journals per ListResponse
 
 
 async def list_journals(
-    broker: Broker, request: pb.ListRequest, context: Any
+    broker: Broker, request: pb.ListRequest, context: Any, claims: Claims = UNLIMITED
 ) -> AsyncGenerator[pb.ListResponse, None]:
-    """Serve one List (or a watch of it, until cancelled) on `broker`."""
+    """Serve one List (or a watch of it, until cancelled) on `broker`: the journals both
+    the request's selector and the caller's `claims` select."""
     try:
         validate_list_request(request)
     except ValidationError as err:
@@ -45,10 +49,10 @@ async def list_journals(
         journals = []
         for kv in ks.prefixed(broker.keys.items):
             spec: pb.JournalSpec = kv.value
-            if request.selector.ByteSize() and not matches(
-                request.selector, journal_labels_with_meta(spec)
-            ):
-                continue
+            if request.selector.ByteSize() or claims.selector.ByteSize():
+                labels = journal_labels_with_meta(spec)
+                if not matches(request.selector, labels) or not claims.covers(labels):
+                    continue
             journals.append(
                 pb.ListResponse.Journal(
                     spec=spec,
@@ -78,14 +82,25 @@ async def list_journals(
         await ks.wait_for_change(revision)
 
 
-async def apply(broker: Broker, request: pb.ApplyRequest, context: Any) -> pb.ApplyResponse:
+async def apply(
+    broker: Broker, request: pb.ApplyRequest, context: Any, claims: Claims = UNLIMITED
+) -> pb.ApplyResponse:
     """Serve one Apply on `broker`: ETCD_TRANSACTION_FAILED if an expected mod revision
     does not hold; UNAVAILABLE if etcd fails, or this broker's keyspace does not reach the
-    transaction's revision within 10s."""
+    transaction's revision within 10s. A change of a journal the caller's `claims` do not
+    cover (an upsert by its labels and meta-labels, a deletion by its name) refuses the
+    whole request UNAUTHENTICATED, as upstream does."""
     try:
         validate_apply_request(request)
     except ValidationError as err:
         await abort_invalid(context, err)
+    for ch in request.changes:
+        if ch.HasField("upsert"):
+            covered, name = claims.covers(journal_labels_with_meta(ch.upsert)), ch.upsert.name
+        else:
+            covered, name = claims.covers(label_set(("name", ch.delete))), ch.delete
+        if not covered:
+            await refuse(context, f"not authorized to {name}")
     for i, ch in enumerate(request.changes):
         template = ch.upsert.fragment.path_postfix_template
         if ch.HasField("upsert") and template:

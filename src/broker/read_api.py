@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from gazette.auth.claims import Claims
 from gazette.broker.broker import Broker
 from gazette.broker.fragment.coverset import FragmentEntry
 from gazette.broker.fragment.store import FragmentCorrupted, FragmentStoreError, store_for_url
@@ -28,7 +29,14 @@ from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.errors import ValidationError
 from gazette.broker.protocol.validation import validate_read_request
 from gazette.broker.replica import JournalReplica
-from gazette.broker.serving import RpcFailure, abort_invalid, proxy_failure, resolve, was_proxied
+from gazette.broker.serving import (
+    UNLIMITED,
+    RpcFailure,
+    abort_invalid,
+    proxy_failure,
+    resolve,
+    was_proxied,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +48,7 @@ HOLE_RECHECK = 1.0  # seconds between listings while a blocking read waits in a 
 
 
 async def read(
-    broker: Broker, request: pb.ReadRequest, context: Any
+    broker: Broker, request: pb.ReadRequest, context: Any, claims: Claims = UNLIMITED
 ) -> AsyncGenerator[pb.ReadResponse, None]:
     """Serve one Read on `broker`, here or forwarded to the primary."""
     try:
@@ -54,6 +62,7 @@ async def read(
             request.min_etcd_revision,
             require_primary=False,
             may_proxy=not request.do_not_proxy and not was_proxied(request.header),
+            claims=claims,
         )
     except RpcFailure as failure:
         await failure.abort(context)

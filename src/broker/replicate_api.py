@@ -17,10 +17,12 @@ from typing import Any
 
 import grpc
 
+from gazette.auth.claims import Claims
 from gazette.broker.broker import Broker
 from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.selector import journal_labels_with_meta
 from gazette.broker.replication import Follower, ReplicationProtocolError, route_key
-from gazette.broker.serving import spool_failure
+from gazette.broker.serving import UNLIMITED, spool_failure
 from gazette.broker.spool import SpoolError
 
 log = logging.getLogger(__name__)
@@ -29,10 +31,14 @@ __all__ = ["next_unless", "replicate"]
 
 
 async def replicate(
-    broker: Broker, request_iterator: AsyncIterator[pb.ReplicateRequest], context: Any
+    broker: Broker,
+    request_iterator: AsyncIterator[pb.ReplicateRequest],
+    context: Any,
+    claims: Claims = UNLIMITED,
 ) -> AsyncGenerator[pb.ReplicateResponse, None]:
     """Serve one Replicate stream on `broker`. An append the stream leaves unresolved (it
-    ends, fails or is cancelled mid-append) is rolled back."""
+    ends, fails or is cancelled mid-append) is rolled back. A journal the caller's `claims`
+    do not cover is JOURNAL_NOT_FOUND."""
     it = request_iterator.__aiter__()
     try:
         first = await anext(it)
@@ -51,6 +57,11 @@ async def replicate(
             grpc.StatusCode.UNAVAILABLE,
             f"etcd revision {first.header.etcd.revision} not reached within 10s",
         )
+    if claims.selector.ByteSize():
+        item = broker.keyspace.get(broker.keys.item(name))
+        if item is None or not claims.covers(journal_labels_with_meta(item.value)):
+            yield pb.ReplicateResponse(status=pb.JOURNAL_NOT_FOUND, header=broker.header())
+            return
     mine = broker.my_assignment(name)
     route = broker.route_of(name)
     header = broker.header(route=route)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
+from gazette.auth.grpc_auth import journal_scope
 from gazette.broker.fragment.coverset import FragmentEntry
 from gazette.broker.protocol import labels
 from gazette.broker.protocol import protocol_pb2 as pb
@@ -283,7 +284,8 @@ class Pipeline:
         for member, endpoint in self.peers:
             if not endpoint:
                 raise ReplicationError(f"peer {member} of {replica.name} has no endpoint")
-            self._calls.append(self._stub_for(endpoint).Replicate())  # type: ignore[call-arg]
+            with journal_scope(replica.name):  # what a signed call asks for
+                self._calls.append(self._stub_for(endpoint).Replicate())  # type: ignore[call-arg]
         for _attempt in range(4):
             spool = replica.ensure_spool()
             proposal = spool.fragment()

@@ -14,7 +14,7 @@ has recovered: the reconcile loop marks it ready (`mark_ready`), and requests wa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from gazette.allocator.model import (
     parse_assignment_key,
 )
 from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.protocol.selector import journal_labels_with_meta
 from gazette.broker.protocol.validation import split_journal_meta
 from gazette.broker.replica import JournalReplica
 from gazette.broker.replication import RouteKey, route_key
@@ -236,8 +237,11 @@ class Resolver:
         require_primary: bool = False,
         may_proxy: bool = True,
         timeout: float = 10.0,
+        covered: Callable[[pb.LabelSet], bool] | None = None,
     ) -> Resolution:
-        """Decide where a request of `journal` is served.
+        """Decide where a request of `journal` is served. A journal whose labels (with its
+        meta-labels) `covered` refuses (the caller's authorization does not reach it) is
+        JOURNAL_NOT_FOUND, whether or not it exists.
 
         Appends (`require_primary`) are served by the primary; reads are served by the
         primary too, or by any assigned replica when the request may not be proxied. A
@@ -255,7 +259,11 @@ class Resolver:
         confirmed_absent = False
         while True:
             revision = keyspace.revision
-            if keyspace.get(self.keys.item(name)) is None:
+            item = keyspace.get(self.keys.item(name))
+            if item is not None and covered is not None:
+                if not covered(journal_labels_with_meta(item.value)):
+                    return Resolution(pb.JOURNAL_NOT_FOUND, self.header())
+            if item is None:
                 if confirmed_absent:
                     return Resolution(pb.JOURNAL_NOT_FOUND, self.header())
                 # Our mirror may lag a journal created through another broker a moment ago:

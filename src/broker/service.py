@@ -12,6 +12,10 @@ malformed requests abort with INVALID_ARGUMENT and a message naming the bad fiel
 bytes that are not the request's message: `add_journal_service` serves it through
 `broker.request_guard`), a message over `MAX_MESSAGE_SIZE` with RESOURCE_EXHAUSTED; a
 corrupted fragment aborts the read with DATA_LOSS and is never served.
+
+With authorization on (``--auth-keys``), every call first proves the capability it needs
+(`gazette.auth.grpc_auth`; UNAUTHENTICATED otherwise), and its claims' selector limits the
+journals it lists, changes, reads and appends to.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from typing import Any
 
 import grpc
 
+from gazette.auth.claims import APPEND, APPLY, LIST, READ, REPLICATE
+from gazette.auth.grpc_auth import verify_call
 from gazette.broker import append_api, fragments_api, list_apply_api, read_api, replicate_api
 from gazette.broker.broker import Broker
 from gazette.broker.metrics import counted
@@ -47,17 +53,21 @@ class JournalService(pb_grpc.JournalServicer):
     # as soon as this one is (its cleanup, such as closing descriptors, runs at once).
     @counted("List")
     async def List(self, request: pb.ListRequest, context: Any) -> AsyncIterator[pb.ListResponse]:  # noqa: N802
-        async with aclosing(list_apply_api.list_journals(self.b, request, context)) as responses:
+        claims = await verify_call(context, self.b.auth, LIST)
+        listing = list_apply_api.list_journals(self.b, request, context, claims)
+        async with aclosing(listing) as responses:
             async for resp in responses:
                 yield resp
 
     @counted("Apply")
     async def Apply(self, request: pb.ApplyRequest, context: Any) -> pb.ApplyResponse:  # noqa: N802
-        return await list_apply_api.apply(self.b, request, context)
+        claims = await verify_call(context, self.b.auth, APPLY)
+        return await list_apply_api.apply(self.b, request, context, claims)
 
     @counted("Read")
     async def Read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.ReadResponse]:  # noqa: N802
-        async with aclosing(read_api.read(self.b, request, context)) as responses:
+        claims = await verify_call(context, self.b.auth, READ)
+        async with aclosing(read_api.read(self.b, request, context, claims)) as responses:
             async for resp in responses:
                 yield resp
 
@@ -65,14 +75,16 @@ class JournalService(pb_grpc.JournalServicer):
     async def Append(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.AppendRequest], context: Any
     ) -> pb.AppendResponse:
-        return await append_api.append(self.b, request_iterator, context)
+        claims = await verify_call(context, self.b.auth, APPEND)
+        return await append_api.append(self.b, request_iterator, context, claims)
 
     @counted("Replicate")
     async def Replicate(  # noqa: N802
         self, request_iterator: AsyncIterator[pb.ReplicateRequest], context: Any
     ) -> AsyncIterator[pb.ReplicateResponse]:
+        claims = await verify_call(context, self.b.auth, REPLICATE)
         async with aclosing(
-            replicate_api.replicate(self.b, request_iterator, context)
+            replicate_api.replicate(self.b, request_iterator, context, claims)
         ) as responses:
             async for resp in responses:
                 yield resp
@@ -81,12 +93,14 @@ class JournalService(pb_grpc.JournalServicer):
     async def ListFragments(  # noqa: N802
         self, request: pb.FragmentsRequest, context: Any
     ) -> pb.FragmentsResponse:
-        return await fragments_api.list_fragments(self.b, request, context)
+        claims = await verify_call(context, self.b.auth, READ)
+        return await fragments_api.list_fragments(self.b, request, context, claims)
 
     @counted("FragmentStoreHealth")
     async def FragmentStoreHealth(  # noqa: N802
         self, request: pb.FragmentStoreHealthRequest, context: Any
     ) -> pb.FragmentStoreHealthResponse:
+        await verify_call(context, self.b.auth, READ)
         return await fragments_api.fragment_store_health(self.b, request, context)
 
 

@@ -15,6 +15,7 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 
+from gazette.auth.claims import ALL, Claims
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.errors import ValidationError
 from gazette.broker.resolver import Resolution
@@ -60,7 +61,12 @@ class Resolver(Protocol):
         min_etcd_revision: int = 0,
         require_primary: bool = False,
         may_proxy: bool = True,
+        covered: Callable[[pb.LabelSet], bool] | None = None,
     ) -> Resolution: ...
+
+
+UNLIMITED = Claims(ALL)
+"""The claims of a call when authorization is off: everything."""
 
 
 async def resolve(
@@ -70,15 +76,19 @@ async def resolve(
     *,
     require_primary: bool,
     may_proxy: bool,
+    claims: Claims = UNLIMITED,
 ) -> Resolution:
-    """Where to serve `journal`. Raises RpcFailure UNAVAILABLE if the keyspace has not reached
-    `min_revision` or the journal's replica is not recovered in time."""
+    """Where to serve `journal`; JOURNAL_NOT_FOUND if the caller's `claims` do not cover
+    it (as if it did not exist, as upstream answers). Raises RpcFailure UNAVAILABLE if the
+    keyspace has not reached `min_revision` or the journal's replica is not recovered in
+    time."""
     try:
         return await resolver.resolve(
             journal,
             min_etcd_revision=min_revision,
             require_primary=require_primary,
             may_proxy=may_proxy,
+            covered=claims.covers if claims.selector.ByteSize() else None,
         )
     except TimeoutError:
         raise RpcFailure(

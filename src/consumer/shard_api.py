@@ -6,7 +6,10 @@ running shard, so it is delegated to a callback the consumer runtime supplies.
 
 Failures the caller can act on are `Status` values in responses (SHARD_NOT_FOUND,
 ETCD_TRANSACTION_FAILED); malformed requests abort with INVALID_ARGUMENT naming the bad field;
-an unreachable etcd aborts with UNAVAILABLE.
+an unreachable etcd aborts with UNAVAILABLE. With a `verifier` (``--auth-keys``), each call
+proves its capability as upstream's verified Shard server asks (Stat and GetHints READ, List
+LIST, Apply and Unassign APPLY), and its claims' selector limits the shards it sees and
+changes (`gazette.auth`).
 """
 
 from __future__ import annotations
@@ -18,13 +21,18 @@ from typing import Any
 import grpc
 
 from gazette.allocator.model import parse_assignment_key
+from gazette.auth.claims import APPLY, LIST, READ, Claims
+from gazette.auth.grpc_auth import refuse, verify_call
+from gazette.auth.keys import NO_AUTH, Verifier
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.broker.protocol.errors import ValidationError
+from gazette.broker.protocol.labels import label_set
 from gazette.broker.protocol.selector import matches
 from gazette.consumer.hints import encode_hints, load_hints, primary_hints_key
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
 from gazette.consumer.spec import (
+    ID_LABEL,
     ShardKeys,
     recovery_log_of,
     shard_labels,
@@ -88,8 +96,10 @@ class ShardAPI(pb_grpc.ShardServicer):
         process_id: bpb.ProcessSpec.ID,
         *,
         stat: StatFunc | None = None,
+        verifier: Verifier = NO_AUTH,
     ) -> None:
         self.etcd = etcd
+        self.verifier = verifier
         self.keyspace = keyspace
         self.keys = ShardKeys(root)
         if keyspace.prefix != self.keys.keyspace_prefix:
@@ -113,9 +123,14 @@ class ShardAPI(pb_grpc.ShardServicer):
             ),
         )
 
-    def spec_of(self, shard: str) -> pb.ShardSpec | None:
+    def spec_of(self, shard: str, claims: Claims | None = None) -> pb.ShardSpec | None:
+        """The spec of `shard`; None if there is none, or `claims` do not cover it (as if
+        it did not exist, as upstream answers)."""
         kv = self.keyspace.get(self.keys.item(shard))
-        return kv.value if kv is not None else None
+        if kv is None or (claims is not None and not claims.covers(shard_labels(kv.value))):
+            return None
+        spec: pb.ShardSpec = kv.value
+        return spec
 
     def route_and_status(self, shard: str) -> tuple[bpb.Route, list[pb.ReplicaStatus]]:
         return shard_route(self.keyspace, self.keys, shard)
@@ -142,16 +157,19 @@ class ShardAPI(pb_grpc.ShardServicer):
 
     # --- List -------------------------------------------------------------------------------
     async def List(self, request: pb.ListRequest, context: Any) -> pb.ListResponse:  # noqa: N802
+        claims = await verify_call(context, self.verifier, LIST)
         try:
             validate_list_request(request)
         except ValidationError as err:
             await self._invalid(context, err)
         resp = pb.ListResponse(status=pb.OK, header=self.header())
-        select = request.selector.ByteSize() != 0
+        select = request.selector.ByteSize() != 0 or claims.selector.ByteSize() != 0
         for kv in self.keyspace.prefixed(self.keys.items):
             spec: pb.ShardSpec = kv.value
-            if select and not matches(request.selector, shard_labels(spec)):
-                continue
+            if select:
+                labels = shard_labels(spec)
+                if not matches(request.selector, labels) or not claims.covers(labels):
+                    continue
             route, statuses = self.route_and_status(spec.id)
             resp.shards.add(
                 spec=spec,
@@ -164,10 +182,19 @@ class ShardAPI(pb_grpc.ShardServicer):
 
     # --- Apply ------------------------------------------------------------------------------
     async def Apply(self, request: pb.ApplyRequest, context: Any) -> pb.ApplyResponse:  # noqa: N802
+        claims = await verify_call(context, self.verifier, APPLY)
         try:
             validate_apply_request(request)
         except ValidationError as err:
             await self._invalid(context, err)
+        for change in request.changes:  # every change covered, or none is applied
+            if change.HasField("upsert"):
+                covered = claims.covers(shard_labels(change.upsert))
+                shard = change.upsert.id
+            else:
+                covered, shard = claims.covers(label_set((ID_LABEL, change.delete))), change.delete
+            if not covered:
+                await refuse(context, f"not authorized to {shard}")
         compares: list[Compare] = []
         ops: list[Any] = []
         for change in request.changes:
@@ -196,12 +223,13 @@ class ShardAPI(pb_grpc.ShardServicer):
     async def GetHints(  # noqa: N802
         self, request: pb.GetHintsRequest, context: Any
     ) -> pb.GetHintsResponse:
+        claims = await verify_call(context, self.verifier, READ)
         try:
             validate_get_hints_request(request)
         except ValidationError as err:
             await self._invalid(context, err)
         header = self.header()
-        spec = self.spec_of(request.shard)
+        spec = self.spec_of(request.shard, claims)
         if spec is None:
             return pb.GetHintsResponse(status=pb.SHARD_NOT_FOUND, header=header)
         resp = pb.GetHintsResponse(status=pb.OK, header=header)
@@ -236,10 +264,14 @@ class ShardAPI(pb_grpc.ShardServicer):
         """Remove, of each shard, every FAILED assignment and (unless `only_failed`) its
         primary's, so that the allocator assigns them anew. Each removal is guarded on the
         assignment's revision; `dry_run` reports the shards without removing anything."""
+        claims = await verify_call(context, self.verifier, APPLY)
         try:
             validate_unassign_request(request)
         except ValidationError as err:
             await self._invalid(context, err)
+        for shard in request.shards:
+            if not claims.covers(label_set((ID_LABEL, shard))):
+                await refuse(context, f"not authorized to {shard}")
         resp = pb.UnassignResponse(status=pb.OK)
         compares: list[Compare] = []
         ops: list[Any] = []
@@ -267,11 +299,12 @@ class ShardAPI(pb_grpc.ShardServicer):
 
     # --- Stat -------------------------------------------------------------------------------
     async def Stat(self, request: pb.StatRequest, context: Any) -> pb.StatResponse:  # noqa: N802
+        claims = await verify_call(context, self.verifier, READ)
         try:
             validate_stat_request(request)
         except ValidationError as err:
             await self._invalid(context, err)
-        if self.spec_of(request.shard) is None:
+        if self.spec_of(request.shard, claims) is None:
             return pb.StatResponse(status=pb.SHARD_NOT_FOUND, header=self.header())
         if self._stat is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Stat is not served by this process")
