@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from gazette.auth.flags import add_auth_flags, auth_from_args
+from gazette.auth.keys import NO_AUTH, BearerAuth, KeyedAuth, NoAuth
 from gazette.auth.tls import PEER_FLAGS, SERVER_FLAGS, ClientTLS, ServerTLS, TLSConfigError
 from gazette.mainboilerplate.flags import (
     DefaultsHelpFormatter,
@@ -49,6 +51,9 @@ class BrokerConfig(MemberConfig):
     peer_cert_key_file: Path | None = None
     peer_ca_file: Path | None = None
     """The CA other brokers' certificates must be signed by (default: the system's)."""
+    auth: KeyedAuth | NoAuth = field(default=NO_AUTH, repr=False, compare=False)
+    """Verifies the calls served, and signs this broker's calls to its peers
+    (``--auth-keys``); `NO_AUTH`: authorization off."""
 
     @property
     def endpoint(self) -> str:
@@ -175,7 +180,10 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         "[BROKER_DIRECT_PORT]",
     )
     _add_tls_flags(p)
+    add_auth_flags(p, "BROKER_", token=False, signs="this broker's calls to its peers")
     a = p.parse_args(argv)
+    auth = auth_from_args(p, a, "BROKER_")
+    assert not isinstance(auth, BearerAuth)  # a broker verifies: keys or nothing
     if a.hole_wait < 0:
         p.error(f"--hole-wait must be >= 0, not {a.hole_wait}")
     if not -1 <= a.direct_port <= 65535:
@@ -199,6 +207,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         peer_cert_file=a.peer_cert_file,
         peer_cert_key_file=a.peer_cert_key_file,
         peer_ca_file=a.peer_ca_file,
+        auth=auth,
     )
 
 

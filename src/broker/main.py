@@ -17,6 +17,7 @@ import logging
 import grpc
 
 from gazette.allocator.session import LeaseLostError
+from gazette.auth.keys import NoAuth
 from gazette.auth.tls import TLSConfigError
 from gazette.broker.broker import Broker, BrokerStartupError
 from gazette.broker.config import BrokerConfig, parse_args
@@ -53,7 +54,7 @@ class BrokerProcess:
                 peer_tls.check()
         except TLSConfigError as err:
             raise BrokerStartupError(str(err)) from None
-        self.broker = Broker(cfg)
+        self.broker = Broker(cfg, cfg.auth)
         self.http: BrokerHTTP | None = None
         self.server: grpc.aio.Server | None = None
         self.direct: DirectAppendServer | None = None
@@ -78,6 +79,11 @@ class BrokerProcess:
                 log.info(
                     "direct appends off: the server has TLS on, and the direct-append port "
                     "would take appends in plaintext; clients append over gRPC"
+                )
+            elif cfg.direct_port >= 0 and not isinstance(cfg.auth, NoAuth):
+                log.info(
+                    "direct appends off: authorization is on, and the direct-append port "
+                    "carries no token; clients append over gRPC"
                 )
             elif cfg.direct_port >= 0:
                 self.direct = DirectAppendServer(service, cfg.http_host, cfg.direct_port)

@@ -127,6 +127,7 @@ class FakeBroker:
         min_etcd_revision: int = 0,
         require_primary: bool = False,
         may_proxy: bool = True,
+        covered: Any = None,
     ) -> Resolution:
         self.resolved = {
             "journal": journal,

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
+from gazette.auth.grpc_auth import authorized, journal_scope
+from gazette.auth.keys import NO_AUTH, Authorizer
 from gazette.auth.tls import ClientTLS, endpoint_target
 from gazette.broker.client.direct_calls import DirectAppendCall, DirectAppends
 from gazette.broker.client.route_cache import RouteCache, pick_endpoint
@@ -59,7 +61,9 @@ class JournalClient:
     same-zone replicas for reads. With `direct_appends` (the default), appends to our
     brokers go over their direct-append port rather than gRPC (docs/direct-appends.md).
     With `tls`, every channel is TLS (its files are read here: `TLSConfigError`); without,
-    only those to ``https://`` endpoints are, trusting the system's CAs.
+    only those to ``https://`` endpoints are, trusting the system's CAs. `auth` (a
+    `gazette.auth.keys.KeyedAuth` or `BearerAuth`) authorizes every call for what it does
+    (`gazette.auth.grpc_auth`).
     """
 
     def __init__(
@@ -70,10 +74,12 @@ class JournalClient:
         route_cache: RouteCache | None = None,
         direct_appends: bool = True,
         tls: ClientTLS | None = None,
+        auth: Authorizer = NO_AUTH,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [endpoints]
         self._tls = tls
+        self.auth = auth
         self._credentials = None if tls is None else tls.grpc_credentials()
         targets = [self._target(e) for e in endpoints if e]
         if not targets:
@@ -123,7 +129,7 @@ class JournalClient:
         target = self._target(target) if target else self.default_endpoint
         st = self._stubs.get(target)
         if st is None:
-            st = pb_grpc.JournalStub(self.channel(target))
+            st = authorized(pb_grpc.JournalStub(self.channel(target)), self.auth)
             self._stubs[target] = st
         return st
 
@@ -158,7 +164,8 @@ class JournalClient:
             call = await self._direct.call(target)
             if call is not None:
                 return call
-        return self.stub(target).Append(None)
+        with journal_scope(journal):  # what a signed call asks for
+            return self.stub(target).Append(None)
 
     def update_route(self, journal: str, header: pb.Header | None) -> None:
         """Remember the route of `journal` carried by a response `header` (if any)."""
