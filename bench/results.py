@@ -146,6 +146,15 @@ BENCHES: dict[str, Bench] = {
         "4 KiB); no target (docs/sqlite-app.md).",
         headline=("rocksdb_bytes_per_txn", "sqlite_default_bytes_per_txn"),
     ),
+    "security": Bench(
+        measures="1 MiB appends, 100-byte appends through `AppendService`, and a full read, "
+        "by the client library against a broker with TLS and authorization on, and against "
+        "a plaintext broker, in alternating rounds.",
+        baseline="the plaintext broker in the same run: `ratio_*` is the secured figure over "
+        "the plaintext one as clients use it by default (direct appends); `ratio_*_vs_grpc` "
+        "over plaintext gRPC. Target >= 0.83 (at most 1.2x the time).",
+        headline=("secured_append", "plain_append", "secured_read", "plain_read"),
+    ),
 }
 
 
