@@ -6,10 +6,18 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gazette.auth.flags import add_auth_flags, auth_from_args
+from gazette.auth.flags import (
+    add_auth_flags,
+    add_server_tls_flags,
+    auth_from_args,
+    check_server_tls_flags,
+)
 from gazette.auth.keys import NO_AUTH, BearerAuth, KeyedAuth, NoAuth
 from gazette.auth.tls import PEER_FLAGS, SERVER_FLAGS, ClientTLS, ServerTLS, TLSConfigError
 from gazette.mainboilerplate.flags import (
+    ETCD_TLS,
+    ETCD_TLS_ENV,
+    ETCD_TLS_HELP,
     DefaultsHelpFormatter,
     MemberConfig,
     MemberFlags,
@@ -97,6 +105,7 @@ BROKER_FLAGS = MemberFlags(
         "drain-timeout": "BROKER_DRAIN_TIMEOUT",
         "log-level": "LOG_LEVEL",
         "http-port": "BROKER_HTTP_PORT",
+        **ETCD_TLS_ENV,
     },
     help={
         "etcd": "etcd endpoints, comma-separated [ETCD_ADDRESS]",
@@ -112,6 +121,7 @@ BROKER_FLAGS = MemberFlags(
         "(0: none)",
         "http-port": "serve HTTP (/healthz, Prometheus /debug/metrics) on this port of the host "
         "of --listen; 0 (the default) serves none [BROKER_HTTP_PORT]",
+        **ETCD_TLS_HELP,
     },
     no_http="0: no HTTP",
     lease_ttl_error="--lease-ttl must be at least 2 seconds",
@@ -128,7 +138,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         formatter_class=DefaultsHelpFormatter,
     )
     flags = BROKER_FLAGS
-    flags.add(p, d, "etcd", "root", "zone", "suffix", "listen", "advertise")
+    flags.add(p, d, "etcd", *ETCD_TLS, "root", "zone", "suffix", "listen", "advertise")
     p.add_argument(
         "--spool-dir",
         type=Path,
@@ -179,7 +189,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         "port, which clients discover over gRPC; -1: none; not opened with --server-cert-file "
         "[BROKER_DIRECT_PORT]",
     )
-    _add_tls_flags(p)
+    add_server_tls_flags(p, "BROKER_", process="broker", peers="other brokers")
     add_auth_flags(p, "BROKER_", token=False, signs="this broker's calls to its peers")
     a = p.parse_args(argv)
     auth = auth_from_args(p, a, "BROKER_")
@@ -191,7 +201,7 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
             f"--direct-port must be a port number (0: any free port, -1: none), not {a.direct_port}"
         )
     flags.check(p, a)
-    _check_tls_flags(p, a)
+    check_server_tls_flags(p, a)
     return BrokerConfig(
         **flags.values(a),
         spool_dir=a.spool_dir,
@@ -209,56 +219,3 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         peer_ca_file=a.peer_ca_file,
         auth=auth,
     )
-
-
-_TLS_FLAGS = {
-    "server-cert-file": "the server's TLS certificate (PEM): gRPC and HTTP are served over "
-    "TLS, and the advertised endpoint is https:// (default: none, plaintext; the other TLS "
-    "flags need it)",
-    "server-cert-key-file": "the private key of --server-cert-file (PEM)",
-    "server-ca-file": "a CA certificate (PEM): clients must present a certificate it signed",
-    "peer-cert-file": "the TLS certificate this broker presents to other brokers",
-    "peer-cert-key-file": "the private key of --peer-cert-file",
-    "peer-ca-file": "the CA other brokers' certificates must be signed by (default: the "
-    "system's CAs)",
-}
-
-
-def _add_tls_flags(p: argparse.ArgumentParser) -> None:
-    """The TLS flags, named as upstream's broker names them (and their environment)."""
-    for name, text in _TLS_FLAGS.items():
-        variable = "BROKER_" + name.upper().replace("-", "_")
-        p.add_argument(
-            f"--{name}",
-            type=Path,
-            default=env(variable, "") or None,
-            metavar="FILE",
-            help=f"{text} [{variable}]",
-        )
-
-
-def _check_tls_flags(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    """Exit through `p` (status 2) on TLS flags that cannot go together."""
-    for flag, file in (
-        (SERVER_FLAGS.key, a.server_cert_key_file),
-        (SERVER_FLAGS.ca, a.server_ca_file),
-        (PEER_FLAGS.cert, a.peer_cert_file),
-        (PEER_FLAGS.key, a.peer_cert_key_file),
-        (PEER_FLAGS.ca, a.peer_ca_file),
-    ):
-        if file is not None and a.server_cert_file is None:
-            p.error(f"{flag} is given without {SERVER_FLAGS.cert} (TLS is off without it)")
-    if a.server_cert_file is not None and a.server_cert_key_file is None:
-        p.error(f"{SERVER_FLAGS.cert} is given without {SERVER_FLAGS.key}")
-    if (a.peer_cert_file is None) != (a.peer_cert_key_file is None):
-        given, missing = (
-            (PEER_FLAGS.cert, PEER_FLAGS.key)
-            if a.peer_cert_key_file is None
-            else (PEER_FLAGS.key, PEER_FLAGS.cert)
-        )
-        p.error(f"{given} is given without {missing}")
-    if a.server_cert_file is not None and a.advertise.startswith("http://"):
-        p.error(
-            f"--advertise {a.advertise} is http:// but {SERVER_FLAGS.cert} serves TLS only "
-            "(advertise https://, or host:port)"
-        )

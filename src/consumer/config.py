@@ -17,8 +17,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gazette.auth.client_settings import BROKER_ENV, ClientSettings
+from gazette.auth.flags import (
+    add_auth_flags,
+    add_client_flags,
+    add_server_tls_flags,
+    auth_from_args,
+    auth_keys_from_args,
+    check_server_tls_flags,
+    client_settings_from_args,
+)
+from gazette.auth.keys import NO_AUTH, Authorizer, BearerAuth, KeyedAuth, NoAuth
+from gazette.auth.tls import PEER_FLAGS, SERVER_FLAGS, ClientTLS, ServerTLS, TLSConfigError
 from gazette.consumer import store_hooks
-from gazette.mainboilerplate.flags import DefaultsHelpFormatter, MemberConfig, MemberFlags, env
+from gazette.mainboilerplate.flags import (
+    ETCD_TLS,
+    ETCD_TLS_ENV,
+    ETCD_TLS_HELP,
+    DefaultsHelpFormatter,
+    MemberConfig,
+    MemberFlags,
+    env,
+)
 from gazette.mainboilerplate.settings import Settings, SettingsError, settings_class
 
 __all__ = ["CONSUMER_FLAGS", "DEFAULT_ROOT", "ConsumerConfig", "app_settings", "parse_args"]
@@ -58,10 +78,66 @@ class ConsumerConfig(MemberConfig):
     store_options: Mapping[str, Any] = field(default_factory=dict)
     """The options of the store kinds the application uses, by kind (`consumer.store_hooks`);
     a kind missing here runs with its defaults."""
+    server_cert_file: Path | None = None
+    """The server's TLS certificate: with it, gRPC and HTTP are served over TLS only, and the
+    advertised endpoint is ``https://``; without it, the other server and peer TLS settings
+    are unused."""
+    server_cert_key_file: Path | None = None
+    server_ca_file: Path | None = None
+    """With it, clients (other consumers too) must present a certificate this CA signed."""
+    peer_cert_file: Path | None = None
+    """The certificate this consumer presents to other consumers (gRPC and forwarded HTTP)."""
+    peer_cert_key_file: Path | None = None
+    peer_ca_file: Path | None = None
+    """The CA other consumers' certificates must be signed by (default: the system's)."""
+    auth: KeyedAuth | NoAuth = field(default=NO_AUTH, repr=False, compare=False)
+    """Verifies the Shard calls served (and the application's, through
+    ``runtime.verify``), and signs this consumer's calls to other consumers
+    (``--auth-keys``); `NO_AUTH`: authorization off."""
+    broker_client: ClientSettings = field(default_factory=ClientSettings)
+    """TLS and authorization of the calls to brokers (``--broker-cert-file`` ...
+    ``--broker-auth-token``; keys default to ``--auth-keys``), this process's and those of
+    the processes it spawns (`gazette.auth.client_settings`)."""
+    broker_auth: Authorizer = field(default=NO_AUTH, repr=False, compare=False)
+    """What authorizes the calls to brokers (`broker_client`'s keys or token)."""
 
     @property
     def brokers(self) -> list[str]:
         return [b.strip() for b in self.broker.split(",") if b.strip()]
+
+    @property
+    def endpoint(self) -> str:
+        """The advertised endpoint (`MemberConfig.endpoint`), ``https://`` when the server
+        has TLS on."""
+        ep = self.advertise or self.listen
+        if "://" in ep:
+            return ep
+        return f"{'https' if self.server_cert_file is not None else 'http'}://{ep}"
+
+    @property
+    def server_tls(self) -> ServerTLS | None:
+        """The TLS of the gRPC and HTTP servers, if on. Raises `TLSConfigError` for a
+        certificate without its key."""
+        if self.server_cert_file is None:
+            return None
+        if self.server_cert_key_file is None:
+            raise TLSConfigError(f"{SERVER_FLAGS.cert} is given without {SERVER_FLAGS.key}")
+        return ServerTLS(self.server_cert_file, self.server_cert_key_file, self.server_ca_file)
+
+    @property
+    def peer_tls(self) -> ClientTLS | None:
+        """The TLS of calls to consumers that advertise ``https://`` endpoints: built, as the
+        broker's, only when the server has TLS on (else the system's CAs, no certificate)."""
+        if self.server_cert_file is None:
+            return None
+        return ClientTLS(
+            self.peer_ca_file, self.peer_cert_file, self.peer_cert_key_file, flags=PEER_FLAGS
+        )
+
+    @property
+    def broker_tls(self) -> ClientTLS | None:
+        """The TLS of every channel to brokers, if a ``--broker-*`` file is given."""
+        return self.broker_client.tls()
 
 
 CONSUMER_FLAGS = MemberFlags(
@@ -75,6 +151,7 @@ CONSUMER_FLAGS = MemberFlags(
         "advertise": "CONSUMER_ADVERTISE",
         "lease-ttl": "CONSUMER_LEASE_TTL",
         "log-level": "LOG_LEVEL",
+        **ETCD_TLS_ENV,
     },
     help={
         "etcd": "etcd endpoints, comma-separated [ETCD_ADDRESS]",
@@ -93,6 +170,7 @@ CONSUMER_FLAGS = MemberFlags(
         "processes (0: none); shards no other process can take, and FAILED ones, are not "
         "waited for",
         "log-level": "log level [LOG_LEVEL]",
+        **ETCD_TLS_HELP,
     },
     no_http="0 disables HTTP",
     lease_ttl_error="--lease-ttl must be at least 2 seconds, not {value}",
@@ -140,7 +218,7 @@ def _parser(
         "app", nargs="?", default=env("CONSUMER_APP", ""), help="module:Application [CONSUMER_APP]"
     )
     flags = CONSUMER_FLAGS
-    flags.add(p, d, "etcd", "root", "zone", "suffix", "listen", "http-port", "advertise")
+    flags.add(p, d, "etcd", *ETCD_TLS, "root", "zone", "suffix", "listen", "http-port", "advertise")
     p.add_argument(
         "--broker",
         default=env("BROKER_ADDRESS", d.broker),
@@ -175,6 +253,21 @@ def _parser(
         "becomes primary; backup hints are written at each recovery)",
     )
     flags.add(p, d, "drain-timeout", "log-level")
+    add_server_tls_flags(p, "CONSUMER_", process="consumer", peers="other consumers")
+    add_auth_flags(
+        p,
+        "CONSUMER_",
+        token=False,
+        signs="this consumer's calls to other consumers (and to brokers, unless "
+        "--broker-auth-keys or --broker-auth-token is given)",
+    )
+    add_client_flags(
+        p,
+        "broker-",
+        BROKER_ENV,
+        service="broker",
+        keys_default="those of --auth-keys (CONSUMER_AUTH_KEYS), else none",
+    )
     for kind in kinds:
         kind.add_flags(p)
     if settings is not None:
@@ -233,6 +326,12 @@ def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
     if not a.app:
         p.error("the application is required: gazette-consumer package.module:Application")
     CONSUMER_FLAGS.check(p, a)
+    check_server_tls_flags(p, a)
+    auth = auth_from_args(p, a, "CONSUMER_")
+    assert not isinstance(auth, BearerAuth)  # a consumer verifies: keys or nothing
+    broker_client = client_settings_from_args(p, a, "broker-", BROKER_ENV).with_default_keys(
+        auth_keys_from_args(a, "CONSUMER_")
+    )
     if a.max_hot_standbys < 0:
         p.error(f"--max-hot-standbys must be >= 0, not {a.max_hot_standbys}")
     app_config = None
@@ -251,4 +350,13 @@ def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
         max_hot_standbys=a.max_hot_standbys,
         hint_interval=a.hint_interval,
         store_options={kind.name: kind.options(p, a) for kind in kinds},
+        server_cert_file=a.server_cert_file,
+        server_cert_key_file=a.server_cert_key_file,
+        server_ca_file=a.server_ca_file,
+        peer_cert_file=a.peer_cert_file,
+        peer_cert_key_file=a.peer_cert_key_file,
+        peer_ca_file=a.peer_ca_file,
+        auth=auth,
+        broker_client=broker_client,
+        broker_auth=broker_client.authorizer(),
     )

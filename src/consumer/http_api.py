@@ -21,7 +21,13 @@ Forwarding: the server's URL (the host of the advertised gRPC endpoint, the boun
 announced in the process's ConsumerSpec (``http_endpoint``), so that a handler on another
 process can hand a request for a shard primary here over (`forward`, through
 ``Resolution.forward_http``). The forwarded request carries `HTTP_PROXY_HEADER`; one that
-does is never forwarded again.
+does is never forwarded again. It carries the caller's headers too (its ``Authorization``
+among them): the primary's handler decides on the caller's credentials, not on the
+forwarding process's.
+
+With the server's TLS on (``--server-cert-file``), the server is HTTPS with the same
+certificate, announced as ``https://``, and requests forwarded to such a primary go over
+TLS with this process's peer certificate (`forwarding_session`).
 
 On exit the server is closed before the runtime shuts down; `close` waits
 ``shutdown_timeout`` (2 s) for requests in flight, then cancels their handlers (a few
@@ -42,6 +48,7 @@ import errno
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
+from ssl import SSLContext
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -98,11 +105,13 @@ class ConsumerHTTP:
         port: int,
         *,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+        ssl: SSLContext | None = None,
     ) -> None:
         self.runtime = runtime
         self.host = host
         self.port = port
         self.shutdown_timeout = shutdown_timeout
+        self.ssl = ssl
         self.state = "starting"
         self.web = web.Application(middlewares=[self._gate])
         self.web.router.add_get("/healthz", self._healthz)
@@ -112,7 +121,7 @@ class ConsumerHTTP:
 
     @property
     def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'http' if self.ssl is None else 'https'}://{self.host}:{self.port}"
 
     async def start(self, register: Callable[..., Any] | None = None) -> None:
         """Let the application add its handlers (``register(web_app, runtime)``; may be a
@@ -132,7 +141,7 @@ class ConsumerHTTP:
             shutdown_timeout=self.shutdown_timeout,
         )
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
+        site = web.TCPSite(runner, self.host, self.port, ssl_context=self.ssl)
         try:
             await site.start()
         except OSError as err:
@@ -261,14 +270,19 @@ often than this."""
 
 
 def forwarding_session(
-    *, read_timeout: float = FORWARD_READ_TIMEOUT, connect_timeout: float = FORWARD_CONNECT_TIMEOUT
+    *,
+    read_timeout: float = FORWARD_READ_TIMEOUT,
+    connect_timeout: float = FORWARD_CONNECT_TIMEOUT,
+    ssl: SSLContext | None = None,
 ) -> aiohttp.ClientSession:
     """The client session `forward` uses (bodies passed on as they are, encoded or not). It
     keeps no cookies: one session forwards every caller's requests, and a cookie a primary
     set for one must never ride along with another's. A forwarded request has no overall
     deadline (a streamed response may be long), but fails after `read_timeout` seconds
-    without a byte from the primary."""
+    without a byte from the primary. ``https://`` primaries are reached with `ssl` (the
+    peer TLS: its CA, its certificate), else with the system's CAs."""
     return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(ssl=ssl if ssl is not None else True),
         cookie_jar=aiohttp.DummyCookieJar(),
         auto_decompress=False,
         timeout=aiohttp.ClientTimeout(

@@ -16,6 +16,15 @@ A process whose etcd lease expired (it was paused, or cut off from etcd, for lon
 hand-offs refuse its writes. It stops like a drained one, logs one WARNING line saying so,
 and exits with status `EXIT_FENCED`; restart it to rejoin.
 
+With ``--server-cert-file`` gRPC and HTTP are served over TLS only (the advertised endpoint
+is ``https://``), and with ``--auth-keys`` every Shard call is verified
+(`consumer.shard_api`). The application's own gRPC handlers authorize their calls
+themselves: ``claims = await runtime.verify(context, capability)`` ends a call that lacks
+the capability UNAUTHENTICATED, and the claims' selector says what it may see. Calls to
+brokers take the ``--broker-*`` settings, which processes this one spawns (the fusefs
+process of a RocksDB store) find in their environment (`gazette.auth.client_settings`);
+docs/security.md states the design.
+
 The life cycle is the one every member process shares (`mainboilerplate.process`); the
 consumer's parts are `ConsumerProcess`.
 """
@@ -26,12 +35,14 @@ import asyncio
 import importlib
 import inspect
 import logging
+import os
 from typing import Any
 
 import grpc
 import grpc.aio
 
 from gazette.allocator.session import LeaseLostError, MemberExistsError
+from gazette.auth.tls import TLSConfigError
 from gazette.consumer.application import (
     Application,
     IncompleteMessageProducer,
@@ -116,6 +127,15 @@ class ConsumerProcess:
     def __init__(self, cfg: ConsumerConfig, app: Application) -> None:
         self.cfg = cfg
         self.app = app
+        try:  # The files are read now: a bad one fails the start, not the first connection.
+            tls = cfg.server_tls
+            self.credentials = None if tls is None else tls.grpc_credentials()
+            self.http_ssl = None if tls is None else tls.ssl_context()
+            for client in (cfg.peer_tls, cfg.broker_tls):
+                if client is not None:
+                    client.check()
+        except TLSConfigError as err:
+            raise ConsumerStartupError(str(err)) from None
         self.runtime = ConsumerRuntime(cfg, app)
         self.http: ConsumerHTTP | None = None
         self.server: grpc.aio.Server | None = None
@@ -142,6 +162,7 @@ class ConsumerProcess:
                 cfg.http_port,
                 # In-flight requests may delay the exit a little, not beyond the drain's bound.
                 shutdown_timeout=min(DEFAULT_SHUTDOWN_TIMEOUT, max(cfg.drain_timeout, 0.0)),
+                ssl=self.http_ssl,
             )
             try:
                 await http.start(getattr(self.app, "register_http", None))
@@ -160,14 +181,22 @@ class ConsumerProcess:
         assert runtime.etcd is not None
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         api = ShardAPI(
-            runtime.etcd, runtime.keyspace, cfg.root, runtime.process_id, stat=runtime.stat
+            runtime.etcd,
+            runtime.keyspace,
+            cfg.root,
+            runtime.process_id,
+            stat=runtime.stat,
+            verifier=cfg.auth,
         )
         pb_grpc.add_ShardServicer_to_server(api, server)
         register = getattr(self.app, "register_grpc", None)
         if register is not None:
             register(server, runtime)
         try:
-            server.add_insecure_port(cfg.listen)
+            if self.credentials is None:
+                server.add_insecure_port(cfg.listen)
+            else:
+                server.add_secure_port(cfg.listen, self.credentials)
         except RuntimeError as err:
             await runtime.shutdown()
             raise ConsumerStartupError(f"cannot listen on {cfg.listen}: {err}") from err
@@ -233,6 +262,9 @@ async def serve(cfg: ConsumerConfig, app: Application) -> None:
 
 
 async def _main(cfg: ConsumerConfig) -> None:
+    # The processes this one spawns (a RocksDB store's fusefs process) reach the brokers
+    # with the settings it was given, flags and defaults included.
+    os.environ.update(cfg.broker_client.environ())
     await serve(cfg, load_application(cfg.app, cfg.app_config))
 
 

@@ -51,6 +51,7 @@ from urllib.parse import urlsplit
 import grpc
 import grpc.aio
 
+from gazette.auth.tls import ClientTLS, endpoint_target
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.application import ResolveArgs, Shard
 from gazette.consumer.protocol import pb
@@ -108,10 +109,12 @@ def grpc_code(status: pb.Status.ValueType) -> grpc.StatusCode:
 
 def http_endpoint(advertised: str, port: int) -> str:
     """The HTTP endpoint another process reaches this one at: the host of its advertised
-    gRPC endpoint, and the HTTP server's port."""
+    gRPC endpoint, and the HTTP server's port; ``https://`` if the gRPC endpoint is (the
+    server's TLS covers both)."""
+    scheme = "https" if advertised.startswith("https://") else "http"
     host = urlsplit(advertised if "://" in advertised else f"http://{advertised}").hostname
     host = host or "127.0.0.1"
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 class Resolution:
@@ -300,7 +303,8 @@ class Resolver:
         set it."""
         self._stopped = False
         self._closed = False
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels: dict[tuple[str, bool], grpc.aio.Channel] = {}
+        self._credentials: grpc.ChannelCredentials | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._session: ClientSession | None = None
         self._sources: tuple[int, dict[str, list[pb.ShardSpec]]] = (-1, {})
@@ -330,14 +334,24 @@ class Resolver:
 
     def channel(self, endpoint: str) -> grpc.aio.Channel:
         """A channel to another consumer process's gRPC `endpoint` (reused until `close`, or
-        until that process leaves the application). RuntimeError after `close`."""
+        until that process leaves the application): TLS with this process's peer TLS if
+        `endpoint` is ``https://``. RuntimeError after `close`; `TLSConfigError` if the peer
+        TLS files cannot be read (they are checked at the process's start)."""
         if self._closed:
             raise RuntimeError("the resolver is closed: it forwards nothing more")
-        target = endpoint.split("://", 1)[-1]
-        ch = self._channels.get(target)
+        key = endpoint_target(endpoint)
+        ch = self._channels.get(key)
         if ch is None:
             self._prune_channels()
-            ch = self._channels[target] = grpc.aio.insecure_channel(target)
+            target, secure = key
+            if secure:
+                if self._credentials is None:
+                    tls = self._runtime.cfg.peer_tls or ClientTLS()
+                    self._credentials = tls.grpc_credentials()
+                ch = grpc.aio.secure_channel(target, self._credentials)
+            else:
+                ch = grpc.aio.insecure_channel(target)
+            self._channels[key] = ch
         return ch
 
     def _prune_channels(self) -> None:
@@ -345,11 +359,11 @@ class Resolver:
         come and go with every restart under a new address: their channels would pile up)."""
         rt = self._runtime
         live = {
-            kv.value.process_spec.endpoint.split("://", 1)[-1]
+            endpoint_target(kv.value.process_spec.endpoint)
             for kv in rt.keyspace.prefixed(rt.keys.members)
         }
-        for target in [t for t in self._channels if t not in live]:
-            ch = self._channels.pop(target)
+        for key in [k for k in self._channels if k not in live]:
+            ch = self._channels.pop(key)
             task = asyncio.get_running_loop().create_task(ch.close(CHANNEL_CLOSE_GRACE))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
@@ -362,7 +376,10 @@ class Resolver:
         if self._session is None:
             from gazette.consumer import http_api
 
-            self._session = http_api.forwarding_session()
+            tls = self._runtime.cfg.peer_tls
+            self._session = http_api.forwarding_session(
+                ssl=None if tls is None else tls.ssl_context()
+            )
         return self._session
 
     # --- resolution ---------------------------------------------------------------------------

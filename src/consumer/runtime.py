@@ -45,6 +45,8 @@ from gazette.allocator.allocator import Allocator
 from gazette.allocator.member import Member
 from gazette.allocator.model import Assignment, Item, MemberID
 from gazette.allocator.session import MemberSession
+from gazette.auth.claims import Claims
+from gazette.auth.grpc_auth import authorized, verify_call
 from gazette.broker.client import JournalClient
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.application import Application, MessageProducer, ResolveArgs
@@ -85,6 +87,7 @@ class ConsumerRuntime:
         self.keys = ShardKeys(cfg.root)
         self.member = Member(
             etcd_endpoint=cfg.etcd,
+            etcd_tls=cfg.etcd_tls,
             root=cfg.root,
             member_id=self.member_id,
             spec=self.spec,
@@ -134,7 +137,9 @@ class ConsumerRuntime:
     async def start(self) -> None:
         """Connect to etcd and the brokers, announce this member and load the keyspace.
         Raises `MemberExistsError` or `EtcdError` (`Member.start`)."""
-        self.client = JournalClient(self.cfg.brokers)
+        self.client = JournalClient(
+            self.cfg.brokers, tls=self.cfg.broker_tls, auth=self.cfg.broker_auth
+        )
         await self.member.start()
         self.cfg.workdir.mkdir(parents=True, exist_ok=True)
 
@@ -358,8 +363,19 @@ class ConsumerRuntime:
     def shard_stub(self, endpoint: str) -> Any:
         """A `consumer.Shard` stub of another consumer process (over the resolver's channel
         to it, which is reused; a stub is cheap, and caching one would outlive a channel the
-        resolver closed)."""
-        return pb_grpc.ShardStub(self.resolver.channel(endpoint))
+        resolver closed). Its calls are signed by this process (``--auth-keys``), for what
+        each asks, as upstream's consumers sign their peer calls."""
+        stub = pb_grpc.ShardStub(self.resolver.channel(endpoint))
+        return authorized(stub, self.cfg.auth, "consumer.Shard")
+
+    async def verify(self, context: Any, capability: int) -> Claims:
+        """The claims of the application's gRPC call of `context` (its servicer context) if
+        they grant `capability` (``gazette.auth.claims``: READ, APPEND..., or the
+        application's own bits from 1 << 16); else the call ends UNAUTHENTICATED saying why
+        (it raises). The claims' selector says what the caller may see: a handler checks it
+        against the labels of what it answers for (``claims.covers(labels)``). With
+        authorization off (no ``--auth-keys``) every call is granted everything."""
+        return await verify_call(context, self.cfg.auth, capability)
 
     async def stat(self, req: pb.StatRequest, context: Any) -> pb.StatResponse:
         """consumer.Shard/Stat: wait until the shard's committed transactions read through
