@@ -33,6 +33,7 @@ from gazette.allocator.model import (
     parse_assignment_key,
 )
 from gazette.allocator.session import MemberSession
+from gazette.auth.tls import ClientTLS
 from gazette.keyspace.etcd import Compare, Etcd, EtcdError, op_put
 from gazette.keyspace.keyspace import KeySpace, KeyValue
 
@@ -62,15 +63,17 @@ class Member:
 
     `spec` is what it announces (its endpoint in ``process_spec``); `decode_spec` reads an
     announcement back, to recognise our own crashed predecessor (same endpoint) and replace
-    it at once instead of after its lease TTL. `reconcile` is called by the reconcile loop
-    (never twice at once); an `EtcdError` it raises is logged and retried. The allocator's
-    callbacks (`item_replication` ... `is_failed`) are those of `Allocator`.
+    it at once instead of after its lease TTL. `etcd_tls` is the TLS of the etcd connection
+    (`Etcd`). `reconcile` is called by the reconcile loop (never twice at once); an
+    `EtcdError` it raises is logged and retried. The allocator's callbacks
+    (`item_replication` ... `is_failed`) are those of `Allocator`.
     """
 
     def __init__(
         self,
         *,
         etcd_endpoint: str,
+        etcd_tls: ClientTLS | None = None,
         root: str,
         member_id: MemberID,
         spec: MemberSpec,
@@ -84,6 +87,7 @@ class Member:
         is_failed: Callable[[Assignment], bool] | None = None,
     ) -> None:
         self.etcd_endpoint = etcd_endpoint
+        self.etcd_tls = etcd_tls
         self.root = root
         self.id = member_id
         self.spec = spec
@@ -122,11 +126,11 @@ class Member:
         """Connect to etcd, announce this member and load the keyspace; from then on a
         change of the keyspace asks for a reconcile (the first one is asked for now).
 
-        Raises `MemberExistsError` if another live process is this member, `EtcdError` if
-        etcd fails; the lease granted is revoked again then. The etcd client stays open
-        (`release` closes it).
+        Raises `MemberExistsError` if another live process is this member, `TLSConfigError`
+        if the etcd TLS files cannot be used, `EtcdError` if etcd fails; the lease granted
+        is revoked again then. The etcd client stays open (`release` closes it).
         """
-        self.etcd = Etcd(self.etcd_endpoint)
+        self.etcd = Etcd(self.etcd_endpoint, tls=self.etcd_tls)
         self.session = MemberSession(self.etcd, self.key, self.lease_ttl)
         await self.session.announce(self.spec.SerializeToString(), replace_if=self._is_previous)
         await self.keyspace.load(self.etcd)

@@ -87,6 +87,7 @@ class Broker:
         )
         self.member = Member(
             etcd_endpoint=cfg.etcd,
+            etcd_tls=cfg.etcd_tls,
             root=cfg.root,
             member_id=self.member_id,
             spec=self.spec,

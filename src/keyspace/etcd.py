@@ -10,6 +10,11 @@ failure (the member is gone, does not answer in time, or has no leader) moves it
 Reads, lease grants and renewals and watches are retried there; a write is retried only when
 etcd cannot have applied it, and otherwise fails with `EtcdOutcomeUnknown`, for its caller to
 read again and decide. docs/etcd.md gives the reasons.
+
+Members are dialed over TLS when their endpoint is ``https://`` (trusting the system's CAs),
+or whenever the client is given a `ClientTLS` (its CA, and its certificate for etcd's
+``--client-cert-auth``): TLS files given for etcd mean no plaintext connection to it, whatever
+an endpoint's scheme (docs/security.md).
 """
 
 from __future__ import annotations
@@ -26,7 +31,12 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
-from gazette.mainboilerplate.etcd_endpoints import parse_endpoint, parse_endpoints
+from gazette.auth.tls import ClientTLS
+from gazette.mainboilerplate.etcd_endpoints import (
+    is_tls_endpoint,
+    parse_endpoint,
+    parse_endpoints,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +55,12 @@ RETRY_PAUSE = (0.05, 1.0)
 
 CONNECT_TIMEOUT = 1.0
 """Longest wait for a connection to a member before moving to the next."""
+
+PROBE_TIMEOUT = 0.25
+"""Deadline of the call that asks a channel which failed to connect why it failed."""
+
+NOT_CONNECTED = "failed to connect to all addresses; last error:"
+"""How gRPC begins the error of a call on a channel that failed to connect."""
 
 CHANNEL_OPTIONS = (
     # A restarted member is used again within a second, not after gRPC's default backoff
@@ -143,31 +159,52 @@ def op_delete(key: bytes, prefix: bool = False) -> Any:
 
 
 class _Member:
-    """One endpoint: a channel and its stubs, opened at first use."""
+    """One endpoint: a channel and its stubs, opened at first use, over TLS with
+    `credentials` (None: plaintext)."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, credentials: grpc.ChannelCredentials | None) -> None:
         self.endpoint = endpoint
         self.target = parse_endpoint(endpoint)
+        self.credentials = credentials
         self._channel: grpc.aio.Channel | None = None
         self.kv: Any = None
         self.watch: Any = None
         self.lease: Any = None
 
-    async def connect(self, timeout: float) -> bool:
-        """Whether the channel is (or becomes, within `timeout` seconds) connected: a request
-        is sent only then, so a write that fails here was not sent at all."""
+    async def connect(self, timeout: float) -> str | None:
+        """None once the channel is (or becomes, within `timeout` seconds) connected, else why
+        not: a request is sent only then, so a write that fails here was not sent at all."""
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+            if self.credentials is None:
+                self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+            else:
+                self._channel = grpc.aio.secure_channel(
+                    self.target, self.credentials, options=CHANNEL_OPTIONS
+                )
             self.kv = rpc.KVStub(self._channel)
             self.watch = rpc.WatchStub(self._channel)
             self.lease = rpc.LeaseStub(self._channel)
         if self._channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
-            return True
+            return None
         try:
             await asyncio.wait_for(self._channel.channel_ready(), max(timeout, 0.0))
         except TimeoutError:
-            return False
-        return True
+            return await self._why_unconnected()
+        return None
+
+    async def _why_unconnected(self) -> str:
+        """Why the channel failed to connect, as gRPC last saw it (a refused connection, a
+        TLS handshake that failed and how): a channel that failed fails a call at once, with
+        its last error. The call is a read of no key, harmless if it does reach the member."""
+        assert self._channel is not None
+        if self._channel.get_state() != grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            return "cannot connect"
+        try:
+            await self.kv.Range(rpc.RangeRequest(key=b"\0"), timeout=PROBE_TIMEOUT)
+        except grpc.aio.AioRpcError as err:
+            details = (err.details() or "").removeprefix(NOT_CONNECTED).strip()
+            return f"cannot connect ({details})" if details else "cannot connect"
+        return "cannot connect (in time)"
 
     async def close(self) -> None:
         if self._channel is not None:
@@ -221,15 +258,32 @@ class Etcd:
 
     Every call is bounded by `timeout` seconds, over all the members it tries; one attempt
     takes at most its share of it (`timeout` / the number of members, at least
-    `CONNECT_TIMEOUT`), so a member that hangs leaves time for the others. Raises
-    `InvalidEndpoint` (`gazette.mainboilerplate.etcd_endpoints`) if an endpoint is not
-    ``http://host[:port]`` or ``host[:port]``.
+    `CONNECT_TIMEOUT`), so a member that hangs leaves time for the others. A member that
+    refuses the TLS handshake (a certificate its CA did not sign, or none when it asks for
+    one) is one that cannot be reached.
+
+    With `tls`, every member is dialed over TLS with its files (module docs); without,
+    ``https://`` endpoints are, trusting the system's CAs. Raises `InvalidEndpoint`
+    (`gazette.mainboilerplate.etcd_endpoints`) if an endpoint is not ``http://host[:port]``,
+    ``https://host[:port]`` or ``host[:port]``; `TLSConfigError` (`gazette.auth.tls`) if the
+    TLS files cannot be used.
     """
 
-    def __init__(self, endpoints: str | Sequence[str], *, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        timeout: float = 10.0,
+        tls: ClientTLS | None = None,
+    ) -> None:
         self.endpoints = parse_endpoints(endpoints)
         self.timeout = timeout
-        self._members = [_Member(endpoint) for endpoint in self.endpoints]
+        own = tls.grpc_credentials() if tls is not None else None
+        system = grpc.ssl_channel_credentials() if own is None else own
+        self._members = [
+            _Member(endpoint, own or (system if is_tls_endpoint(endpoint) else None))
+            for endpoint in self.endpoints
+        ]
         self._current = 0
         self._attempt = min(timeout, max(timeout / len(self._members), CONNECT_TIMEOUT))
 
@@ -264,8 +318,8 @@ class Etcd:
         while True:
             member = self._members[self._current]
             timeout = attempts.timeout()
-            if not await member.connect(min(timeout, CONNECT_TIMEOUT)):
-                await attempts.failed(member, "cannot connect")
+            if (unreached := await member.connect(min(timeout, CONNECT_TIMEOUT))) is not None:
+                await attempts.failed(member, unreached)
                 continue
             try:
                 fn = getattr(getattr(member, stub), method)
@@ -350,8 +404,8 @@ class Etcd:
         while True:
             member = self._members[self._current]
             timeout = attempts.timeout()
-            if not await member.connect(min(timeout, CONNECT_TIMEOUT)):
-                await attempts.failed(member, "cannot connect")
+            if (unreached := await member.connect(min(timeout, CONNECT_TIMEOUT))) is not None:
+                await attempts.failed(member, unreached)
                 continue
             sent_at = time.monotonic()
             call = member.lease.LeaseKeepAlive(
@@ -389,8 +443,10 @@ class Etcd:
         attempts = _Attempts(self, "watch", self.timeout, self._attempt)
         while True:
             member = self._members[self._current]
-            if not await member.connect(min(attempts.timeout(), CONNECT_TIMEOUT)):
-                await attempts.failed(member, "cannot connect")
+            if (
+                unreached := await member.connect(min(attempts.timeout(), CONNECT_TIMEOUT))
+            ) is not None:
+                await attempts.failed(member, unreached)
                 continue
             create = rpc.WatchCreateRequest(
                 key=prefix,

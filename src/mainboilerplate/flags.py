@@ -8,6 +8,11 @@ defaults, checks). What a process calls them is its own: each passes the environ
 variables, help texts and error wordings its operators know (`MemberFlags` fields), and adds
 its own flags in between, so its ``--help`` reads in the order it always had.
 
+The TLS files of the etcd connection (``--etcd-cert-file``, ``--etcd-cert-key-file``,
+``--etcd-trusted-ca-file``) are named alike in every process, as upstream names them, with
+their environment variables (`ETCD_TLS_ENV`) and help (`ETCD_TLS_HELP`); a file that cannot
+be used is a usage error naming its flag.
+
 Flags win over environment variables, which win over the process's defaults. ``--help``
 shows each flag's default (`DefaultsHelpFormatter`): the value it takes here and now, the
 environment included.
@@ -20,11 +25,16 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from gazette.mainboilerplate.etcd_endpoints import InvalidEndpoint, parse_endpoints
+from gazette.auth.tls import ClientTLS, TLSConfigError
+from gazette.mainboilerplate.etcd_endpoints import InvalidEndpoint, etcd_tls, parse_endpoints
 
 __all__ = [
+    "ETCD_TLS",
+    "ETCD_TLS_ENV",
+    "ETCD_TLS_HELP",
     "MEMBER_FLAGS",
     "DefaultsHelpFormatter",
     "MemberConfig",
@@ -35,8 +45,29 @@ __all__ = [
     "http_host",
 ]
 
+ETCD_TLS = ("etcd-cert-file", "etcd-cert-key-file", "etcd-trusted-ca-file")
+"""The member flags of the etcd connection's TLS files."""
+
+ETCD_TLS_ENV = {
+    "etcd-cert-file": "ETCD_CERT_FILE",
+    "etcd-cert-key-file": "ETCD_CERT_KEY_FILE",
+    "etcd-trusted-ca-file": "ETCD_TRUSTED_CA_FILE",
+}
+"""The environment variables of `ETCD_TLS`, upstream's (for a `MemberFlags.env`)."""
+
+ETCD_TLS_HELP = {
+    "etcd-cert-file": "TLS certificate (PEM) presented to etcd, for its --client-cert-auth "
+    "[ETCD_CERT_FILE]",
+    "etcd-cert-key-file": "private key (PEM) of --etcd-cert-file [ETCD_CERT_KEY_FILE]",
+    "etcd-trusted-ca-file": "CA certificate (PEM) etcd's certificate must be signed by, instead "
+    "of the system's CAs; any of these three files dials every --etcd endpoint over TLS, "
+    "as https:// endpoints are [ETCD_TRUSTED_CA_FILE]",
+}
+"""The help texts of `ETCD_TLS` (for a `MemberFlags.help`)."""
+
 MEMBER_FLAGS = (
     "etcd",
+    *ETCD_TLS,
     "root",
     "zone",
     "suffix",
@@ -121,6 +152,11 @@ class MemberConfig:
     etcd: str = "http://127.0.0.1:2379"
     """The etcd members' endpoints, comma-separated (`etcd_endpoints`): the client fails over
     between them."""
+    etcd_cert_file: Path | None = None
+    """The certificate presented to etcd (for its ``--client-cert-auth``); None: none."""
+    etcd_cert_key_file: Path | None = None
+    etcd_trusted_ca_file: Path | None = None
+    """The CA etcd's certificate must be signed by; None: the system's CAs."""
     root: str = "/gazette/cluster"
     """etcd root of the keyspace: its items, members and assignments."""
     zone: str = "local"
@@ -145,6 +181,13 @@ class MemberConfig:
         """The host HTTP binds to: that of `listen` (brackets of an IPv6 address removed)."""
         return http_host(self.listen)
 
+    @property
+    def etcd_tls(self) -> ClientTLS | None:
+        """The TLS of the etcd connection, if any of its files is given (then every
+        endpoint is dialed over TLS); None: only ``https://`` endpoints are, trusting the
+        system's CAs."""
+        return etcd_tls(self.etcd_cert_file, self.etcd_cert_key_file, self.etcd_trusted_ca_file)
+
 
 @dataclass(frozen=True)
 class MemberFlags:
@@ -167,11 +210,17 @@ class MemberFlags:
         for name in names:
             default: Any = getattr(defaults, name.replace("-", "_"))
             variable = self.env.get(name)
-            if variable is not None:
+            if name in ETCD_TLS:
+                # A file, or None: an empty variable names none.
+                if variable is not None:
+                    default = env(variable, "") or default
+            elif variable is not None:
                 # A string: parsed by `type` (argparse converts a string default).
                 default = env(variable, str(default))
             kwargs: dict[str, Any] = {"default": default}
-            if name in ("http-port", "lease-ttl"):
+            if name in ETCD_TLS:
+                kwargs.update(type=Path, metavar="FILE")
+            elif name in ("http-port", "lease-ttl"):
                 kwargs["type"] = int
             elif name == "drain-timeout":
                 kwargs["type"] = float
@@ -190,6 +239,16 @@ class MemberFlags:
         except InvalidEndpoint as err:
             variable = self.env.get("etcd")
             parser.error(f"--etcd{f' ({variable})' if variable else ''}: {err}")
+        tls = etcd_tls(
+            args.etcd_cert_file,
+            args.etcd_cert_key_file,
+            args.etcd_trusted_ca_file,
+        )
+        if tls is not None:
+            try:
+                tls.check()
+            except TLSConfigError as err:
+                parser.error(str(err))
         if not 0 <= args.http_port <= 65535:
             parser.error(
                 f"--http-port must be a port number ({self.no_http}), not {args.http_port}"
@@ -203,6 +262,9 @@ class MemberFlags:
         """The `MemberConfig` fields of parsed `args` (the root without a trailing ``/``)."""
         return {
             "etcd": args.etcd,
+            "etcd_cert_file": args.etcd_cert_file,
+            "etcd_cert_key_file": args.etcd_cert_key_file,
+            "etcd_trusted_ca_file": args.etcd_trusted_ca_file,
             "root": args.root.rstrip("/"),
             "zone": args.zone,
             "suffix": args.suffix,

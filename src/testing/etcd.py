@@ -5,6 +5,11 @@ restarted one at a time.
 A member is configured by its name, the host it listens on and advertises, its client and peer
 ports, its data directory and the initial cluster it joins, so the same code can place members
 on different hosts (network namespaces) as well as on one loopback interface.
+
+A member may serve its clients over TLS (`EtcdTLS`: etcd's ``--cert-file``, ``--key-file``,
+and with client-certificate authentication ``--client-cert-auth --trusted-ca-file``); its
+endpoint is then ``https://``, and this module's own checks use the same files. Peers talk
+plaintext among themselves.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -21,6 +27,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 class EtcdUnavailable(RuntimeError):
@@ -49,8 +56,49 @@ def _stopped(stat: Path) -> bool:
         return True
 
 
-def loopback_members(size: int, directory: Path, host: str = "127.0.0.1") -> list[EtcdServer]:
-    """`size` members of a new cluster on `host`, on free ports, with data under `directory`."""
+@dataclass(frozen=True)
+class EtcdTLS:
+    """TLS of a member's client URL, as PEM files.
+
+    `cert_file` and `key_file` are the member's (``--cert-file``, ``--key-file``); `ca_file`
+    signed `cert_file`, and this module's readiness and status checks trust it. With
+    `client_cert_auth`, etcd refuses clients without a certificate `ca_file` signed
+    (``--client-cert-auth --trusted-ca-file``), and the checks present `client_cert_file`
+    and `client_key_file`, which are then required."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+    client_cert_auth: bool = False
+    client_cert_file: Path | None = None
+    client_key_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.client_cert_auth and (
+            self.client_cert_file is None or self.client_key_file is None
+        ):
+            raise ValueError("client_cert_auth needs client_cert_file and client_key_file")
+
+    def flags(self) -> list[str]:
+        """etcd's flags serving clients over TLS."""
+        flags = [f"--cert-file={self.cert_file}", f"--key-file={self.key_file}"]
+        if self.client_cert_auth:
+            flags += ["--client-cert-auth", f"--trusted-ca-file={self.ca_file}"]
+        return flags
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The context of this module's own HTTPS requests to the member."""
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        if self.client_cert_file is not None and self.client_key_file is not None:
+            ctx.load_cert_chain(self.client_cert_file, self.client_key_file)
+        return ctx
+
+
+def loopback_members(
+    size: int, directory: Path, host: str = "127.0.0.1", tls: EtcdTLS | None = None
+) -> list[EtcdServer]:
+    """`size` members of a new cluster on `host`, on free ports, with data under `directory`,
+    serving clients over `tls` if given."""
     ports: set[int] = set()
     while len(ports) < 2 * size:
         ports.add(free_port(host))
@@ -62,6 +110,7 @@ def loopback_members(size: int, directory: Path, host: str = "127.0.0.1") -> lis
             peer_port=peer_ports[i],
             name=f"m{i}",
             host=host,
+            tls=tls,
         )
         for i in range(size)
     ]
@@ -78,6 +127,7 @@ class EtcdServer:
     Alone (the defaults), it is a one-member cluster on loopback in a temporary directory.
     As a member of a larger cluster it is given its `name`, `host`, ports, `data_dir` and the
     `initial_cluster` (``name=http://host:peer_port,...``) it joins; `EtcdCluster` does that.
+    With `tls`, it serves its clients over TLS only, at an ``https://`` endpoint.
     """
 
     data_dir: Path | None = None
@@ -89,13 +139,14 @@ class EtcdServer:
     initial_cluster: str = ""
     """Every member's peer URL, ``name=http://host:port,...``; empty: this member alone."""
     cluster_token: str = "etcd-cluster"
+    tls: EtcdTLS | None = None
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, repr=False)
 
     @property
     def endpoint(self) -> str:
-        """The client URL, e.g. ``http://127.0.0.1:23790``."""
-        return f"http://{self.host}:{self.client_port}"
+        """The client URL, e.g. ``http://127.0.0.1:23790`` (``https://`` with TLS)."""
+        return f"{'http' if self.tls is None else 'https'}://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -143,6 +194,7 @@ class EtcdServer:
                 "--initial-cluster-state=new",
                 "--log-level=error",
                 "--logger=zap",
+                *(self.tls.flags() if self.tls is not None else []),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -175,7 +227,7 @@ class EtcdServer:
 
     def _healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.endpoint}/health", timeout=1) as resp:
+            with self._urlopen(f"{self.endpoint}/health", timeout=1) as resp:
                 return b'"true"' in resp.read()
         except OSError:
             return False
@@ -184,9 +236,14 @@ class EtcdServer:
         """(this member's id, the id of the leader it knows; 0: none), from the member's
         gRPC gateway. Raises OSError if the member does not answer."""
         req = urllib.request.Request(f"{self.endpoint}/v3/maintenance/status", data=b"{}")
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with self._urlopen(req, timeout=timeout) as resp:
             status = json.loads(resp.read())
         return int(status["header"]["member_id"]), int(status.get("leader", 0))
+
+    def _urlopen(self, req: str | urllib.request.Request, timeout: float) -> Any:
+        """`urllib.request.urlopen`, over the member's TLS if it has some."""
+        context = self.tls.ssl_context() if self.tls is not None else None
+        return urllib.request.urlopen(req, timeout=timeout, context=context)
 
     def kill(self) -> None:
         """SIGKILL the member, as a crash: its data directory stays, for a restart."""
@@ -243,7 +300,8 @@ class EtcdCluster:
     `kill(i)` crashes member `i` (SIGKILL) and `start(i)` restarts it with its data, rejoining
     the cluster; `pause(i)` and `resume(i)` freeze and thaw it; `leader()` is the index of
     the current leader. Give `members` to place them elsewhere (their hosts, ports, data
-    directories and a shared `initial_cluster`, as `loopback_members` makes them).
+    directories and a shared `initial_cluster`, as `loopback_members` makes them), or `tls`
+    to have the members it makes serve their clients over TLS.
     """
 
     def __init__(
@@ -253,6 +311,7 @@ class EtcdCluster:
         host: str = "127.0.0.1",
         members: Sequence[EtcdServer] | None = None,
         directory: Path | None = None,
+        tls: EtcdTLS | None = None,
     ) -> None:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._own_ports = members is None
@@ -260,10 +319,11 @@ class EtcdCluster:
             if directory is None:
                 self._tmp = tempfile.TemporaryDirectory(prefix="etcd-cluster-")
                 directory = Path(self._tmp.name)
-            members = loopback_members(size, directory, host)
+            members = loopback_members(size, directory, host, tls)
         self.members = list(members)
         self._directory = directory
         self._host = host
+        self._tls = tls
 
     @property
     def endpoints(self) -> list[str]:
@@ -293,7 +353,9 @@ class EtcdCluster:
                     m.kill()
                     if m.data_dir is not None:
                         shutil.rmtree(m.data_dir, ignore_errors=True)
-                self.members = loopback_members(len(self.members), self._directory, self._host)
+                self.members = loopback_members(
+                    len(self.members), self._directory, self._host, self._tls
+                )
         raise AssertionError("unreachable")
 
     def start(self, i: int, timeout: float = 30.0) -> None:

@@ -68,6 +68,7 @@ async def _client(cluster: EtcdCluster, first: int, timeout: float = 10.0) -> As
     ("flag", "endpoints"),
     [
         ("http://127.0.0.1:2379", ("http://127.0.0.1:2379",)),
+        ("https://a:2379,http://b", ("https://a:2379", "http://b")),
         ("127.0.0.1:2379", ("127.0.0.1:2379",)),
         ("http://a:1, http://b:2,c:3", ("http://a:1", "http://b:2", "c:3")),
         ("http://[::1]:2379", ("http://[::1]:2379",)),
@@ -84,8 +85,7 @@ def test_endpoint_lists(flag: str, endpoints: tuple[str, ...]) -> None:
         ("", "no etcd endpoint"),
         ("http://a:1,,http://b:2", "empty etcd endpoint"),
         ("http://a:1,", "empty etcd endpoint"),
-        ("https://a:2379", "TLS"),
-        ("unix:///run/etcd.sock", "not http"),
+        ("unix:///run/etcd.sock", "not http or https"),
         ("http://a:notaport", "invalid port"),
         ("a:70000", "invalid port"),
         ("http://:2379", "no host"),

@@ -6,7 +6,16 @@ import argparse
 
 import pytest
 
-from gazette.mainboilerplate.flags import MEMBER_FLAGS, MemberConfig, MemberFlags
+from gazette.auth.tls import ClientTLS
+from gazette.mainboilerplate.flags import (
+    ETCD_TLS_ENV,
+    ETCD_TLS_HELP,
+    MEMBER_FLAGS,
+    DefaultsHelpFormatter,
+    MemberConfig,
+    MemberFlags,
+)
+from tests.kit.certs import Certs
 
 FLAGS = MemberFlags(
     env={
@@ -16,8 +25,9 @@ FLAGS = MemberFlags(
         "http-port": "T_HTTP_PORT",
         "lease-ttl": "T_LEASE_TTL",
         "drain-timeout": "T_DRAIN",
+        **ETCD_TLS_ENV,
     },
-    help={"root": "the root [T_ROOT]"},
+    help={"root": "the root [T_ROOT]", **ETCD_TLS_HELP},
     no_http="0: none",
     lease_ttl_error="--lease-ttl too short: {value}",
 )
@@ -50,6 +60,7 @@ def parse(*argv: str) -> MemberConfig:
         ),
         ((), {"ETCD_ADDRESS": "http://x:1"}, {"etcd": "http://127.0.0.1:2379"}),  # No env.
         (("--etcd", "http://a:1,b:2"), {}, {"etcd": "http://a:1,b:2"}),
+        (("--etcd", "https://a:1"), {}, {"etcd": "https://a:1", "etcd_tls": None}),
     ],
 )
 def test_flags_then_environment_then_defaults(
@@ -72,7 +83,6 @@ def test_flags_then_environment_then_defaults(
         (("--suffix", "ab"), "--zone/--suffix (T_ZONE/T_ID): Suffix: invalid length"),
         (("--http-port", "eighty"), "invalid int value: 'eighty'"),
         (("--etcd", "http://a:2379,,http://b:2379"), "--etcd: an empty etcd endpoint in"),
-        (("--etcd", "https://a:2379"), "--etcd: etcd endpoint 'https://a:2379': TLS"),
         (("--etcd", "http://a:x"), "--etcd: etcd endpoint 'http://a:x': invalid port"),
     ],
 )
@@ -91,3 +101,56 @@ def test_help_texts_are_the_process_own() -> None:
     text = p.format_help()
     assert "the root [T_ROOT]" in text
     assert text.index("--root") < text.index("--zone")
+
+
+def test_etcd_tls_files_from_flags_or_environment(
+    monkeypatch: pytest.MonkeyPatch, certs: Certs
+) -> None:
+    assert parse().etcd_tls is None
+    monkeypatch.setenv("ETCD_TRUSTED_CA_FILE", str(certs.ca))
+    monkeypatch.setenv("ETCD_CERT_FILE", "")  # Empty: none.
+    cfg = parse(
+        "--etcd-cert-file", str(certs.client_cert), "--etcd-cert-key-file", str(certs.client_key)
+    )
+    assert cfg.etcd_tls == ClientTLS(certs.ca, certs.client_cert, certs.client_key)
+    assert parse("--etcd-trusted-ca-file", str(certs.wrong_ca)).etcd_tls == ClientTLS(
+        certs.wrong_ca
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        ({"--etcd-trusted-ca-file": "missing.pem"}, "--etcd-trusted-ca-file missing.pem: cannot"),
+        ({"--etcd-trusted-ca-file": "client_key"}, "--etcd-trusted-ca-file {client_key}: no PEM"),
+        ({"--etcd-cert-file": "client_cert"}, "--etcd-cert-file is given without --etcd-cert-key"),
+        (
+            {"--etcd-cert-file": "client_cert", "--etcd-cert-key-file": "server_key"},
+            "--etcd-cert-key-file {server_key}: not the key of --etcd-cert-file {client_cert}",
+        ),
+    ],
+)
+def test_unusable_etcd_tls_files_are_one_line_usage_errors(
+    capsys: pytest.CaptureFixture[str], certs: Certs, flags: dict[str, str], error: str
+) -> None:
+    files = {
+        name: str(getattr(certs, name)) for name in ("client_cert", "client_key", "server_key")
+    }
+    argv = [arg for flag, name in flags.items() for arg in (flag, files.get(name, name))]
+    with pytest.raises(SystemExit) as exit:
+        parse(*argv)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("t: error: ")
+    assert error.format(**files) in err
+
+
+def test_etcd_tls_flags_in_help(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ETCD_CERT_KEY_FILE", "/etc/etcd/key.pem")
+    p = argparse.ArgumentParser(prog="t", formatter_class=DefaultsHelpFormatter)
+    FLAGS.add(p, DEFAULTS, *MEMBER_FLAGS)
+    text = " ".join(p.format_help().split())
+    assert "--etcd-cert-file FILE TLS certificate (PEM) presented to etcd" in text
+    assert "[ETCD_TRUSTED_CA_FILE]" in text
+    assert "[ETCD_CERT_KEY_FILE] (default: /etc/etcd/key.pem)" in text
+    assert text.index("--etcd ") < text.index("--etcd-cert-file") < text.index("--root")
