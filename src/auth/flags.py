@@ -198,11 +198,11 @@ def add_client_flags(
 
 
 def client_settings_from_args(
-    p: argparse.ArgumentParser, a: argparse.Namespace, flag_prefix: str, env_prefix: str
+    a: argparse.Namespace, flag_prefix: str, env_prefix: str
 ) -> ClientSettings:
-    """What the flags declared by `add_client_flags` (or their environment) configure; exits
-    through `p` (status 2) on bad keys, keys with a token, or a certificate without its
-    key."""
+    """What the flags declared by `add_client_flags` (or their environment) configure.
+    ValueError, saying which flags, for bad keys, keys with a token, or a certificate
+    without its key (a command reports it as a usage error)."""
     values = []
     for name in ("cert-file", "cert-key-file", "trusted-ca-file", "auth-keys", "auth-token"):
         given = getattr(a, _client_dest(flag_prefix, name))
@@ -211,11 +211,15 @@ def client_settings_from_args(
         values.append(given)
     cert, key, ca, keys, token = values
     flags = TLSFlags(
-        f"--{flag_prefix}cert-file",
-        f"--{flag_prefix}cert-key-file",
-        f"--{flag_prefix}trusted-ca-file",
+        *(f"--{flag_prefix}{n}" for n in ("cert-file", "cert-key-file", "trusted-ca-file"))
     )
-    _pair(p, flags, cert or None, key or None)
+    if bool(cert) != bool(key):
+        given, missing = (flags.cert, flags.key) if not key else (flags.key, flags.cert)
+        raise ValueError(f"{given} is given without {missing}")
+    if keys.strip() and token.strip():
+        raise ValueError(
+            f"--{flag_prefix}auth-keys and --{flag_prefix}auth-token exclude each other: give one"
+        )
     settings = ClientSettings(
         trusted_ca_file=ca or None,
         cert_file=cert or None,
@@ -224,12 +228,8 @@ def client_settings_from_args(
         auth_token=token,
         flags=flags,
     )
-    if keys.strip() and token.strip():
-        p.error(
-            f"--{flag_prefix}auth-keys and --{flag_prefix}auth-token exclude each other: give one"
-        )
     try:
         settings.authorizer()
     except ValueError as err:
-        p.error(f"--{flag_prefix}auth-keys ({env_prefix}AUTH_KEYS): {err}")
+        raise ValueError(f"--{flag_prefix}auth-keys ({env_prefix}AUTH_KEYS): {err}") from None
     return settings

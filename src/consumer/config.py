@@ -329,9 +329,11 @@ def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
     check_server_tls_flags(p, a)
     auth = auth_from_args(p, a, "CONSUMER_")
     assert not isinstance(auth, BearerAuth)  # a consumer verifies: keys or nothing
-    broker_client = client_settings_from_args(p, a, "broker-", BROKER_ENV).with_default_keys(
-        auth_keys_from_args(a, "CONSUMER_")
-    )
+    try:
+        broker_client = client_settings_from_args(a, "broker-", BROKER_ENV)
+    except ValueError as err:
+        p.error(str(err))
+    broker_client = broker_client.with_default_keys(auth_keys_from_args(a, "CONSUMER_"))
     if a.max_hot_standbys < 0:
         p.error(f"--max-hot-standbys must be >= 0, not {a.max_hot_standbys}")
     app_config = None

@@ -3,6 +3,11 @@
 async with ShardClient("127.0.0.1:8081") as sc:
     shards = await list_shards(sc, parse_label_selector("app=word-count"))
     await apply_shards(sc, pb.ApplyRequest(changes=[...]))
+
+A consumer serving TLS advertises ``https://host:port``: such an endpoint is dialled with
+TLS (the system's CAs unless `tls` says otherwise), and so is any endpoint when a
+`ClientTLS` is given. With `auth` (keys or a token, `gazette.auth.keys`) each call carries
+what it asks for (`gazette.auth.grpc_auth`).
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from collections.abc import Sequence
 import grpc
 import grpc.aio
 
-from gazette.broker.client.route_cache import endpoint_to_target
+from gazette.auth.grpc_auth import authorized
+from gazette.auth.keys import NO_AUTH, Authorizer
+from gazette.auth.tls import ClientTLS, endpoint_target
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
@@ -41,13 +48,21 @@ class ShardStatusError(Exception):
 
 
 class ShardClient:
-    """A channel to one consumer process and its ``consumer.Shard`` stub.
-    Use as ``async with ShardClient(endpoint)``."""
+    """A channel to one consumer process and its ``consumer.Shard`` stub, whose calls
+    `auth` authorizes (module docs). Use as ``async with ShardClient(endpoint)``. Raises
+    `TLSConfigError` if the files of `tls` cannot be used."""
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(
+        self, endpoint: str, *, tls: ClientTLS | None = None, auth: Authorizer = NO_AUTH
+    ) -> None:
         self.endpoint = endpoint
-        self.channel = grpc.aio.insecure_channel(endpoint_to_target(endpoint))
-        self.stub = pb_grpc.ShardStub(self.channel)
+        target, secure = endpoint_target(endpoint)
+        if secure or tls is not None:
+            credentials = (tls or ClientTLS()).grpc_credentials()
+            self.channel = grpc.aio.secure_channel(target, credentials)
+        else:
+            self.channel = grpc.aio.insecure_channel(target)
+        self.stub = authorized(pb_grpc.ShardStub(self.channel), auth, "consumer.Shard")
 
     async def close(self) -> None:
         await self.channel.close(None)

@@ -14,6 +14,10 @@ unmounts, writes the final FSM (if ``fsm_out``) and replies before the process e
 End of stdin (the parent died), SIGTERM (its death signal) and SIGINT also stop the mount,
 without a reply; before the mount is up, the signals end the set-up and the process exits
 with status 1. Logs go to stderr.
+
+The process reaches the brokers with the TLS and authorization of its ``BROKER_*``
+environment (`gazette.auth.client_settings.broker_client`), which a consumer sets from its
+own settings before it spawns any; nothing secret is written to CONFIG.
 """
 
 from __future__ import annotations
@@ -180,12 +184,18 @@ class _Server:
 
     async def _setup(self) -> tuple[RecordingLink, int]:
         # Runs on the asyncio loop.
+        from gazette.auth.client_settings import broker_client
         from gazette.broker.client import AppendService, JournalClient
         from gazette.recoverylog.recorder import Recorder
 
         with open(self.cfg.fsm_in, "rb") as f:
             fsm, _ = load_fsm(f.read())
-        client = await self.stack.enter_async_context(JournalClient(self.cfg.endpoint))
+        # The brokers' TLS and authorization are the parent's, handed down in BROKER_* (the
+        # consumer exports its settings there): never in the configuration file.
+        tls, auth = broker_client()
+        client = await self.stack.enter_async_context(
+            JournalClient(self.cfg.endpoint, tls=tls, auth=auth)
+        )
         svc = await self.stack.enter_async_context(AppendService(client))
         rec = await Recorder.open(
             fsm, self.cfg.author, self.cfg.backing, svc, self.cfg.log, fence_log=self.cfg.fence_log

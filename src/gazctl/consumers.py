@@ -11,23 +11,40 @@ Failures become one `ConsumerError` line naming the consumer. An address that an
 but has no ``consumer.Shard`` service (UNIMPLEMENTED, which gRPC reports as "Method not
 found!") is most often a broker given by mistake, as brokers and consumers both speak gRPC;
 it is probed with a broker call so that the message can say so.
+
+A consumer serving TLS is reached at its ``https://`` address, or with any of
+``--consumer-cert-file``, ``--consumer-cert-key-file``, ``--consumer-trusted-ca-file``; one
+verifying calls wants ``--consumer-auth-keys`` or ``--consumer-auth-token`` (env
+``CONSUMER_CERT_FILE`` ... ``CONSUMER_AUTH_TOKEN``, upstream's names). A refused call
+(UNAUTHENTICATED) fails the command with the consumer's reason.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
 
+from gazette.auth.client_settings import ClientSettings
+from gazette.auth.flags import add_client_flags, client_settings_from_args
+from gazette.auth.tls import TLSConfigError
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.broker.protocol import protocol_pb2_grpc as bpb_grpc
 from gazette.consumer.shard_client import ShardClient, ShardStatusError
 from gazette.gazctl.main import GazctlError, Streams
 
-__all__ = ["DEFAULT_CONSUMER", "ConsumerError", "Consumers", "parse_consumers"]
+__all__ = [
+    "DEFAULT_CONSUMER",
+    "ConsumerError",
+    "Consumers",
+    "add_consumer_client_flags",
+    "consumer_client_settings",
+    "parse_consumers",
+]
 
 DEFAULT_CONSUMER = "127.0.0.1:8090"
 """Where ``gazette-consumer`` listens by default (its ``--listen``)."""
@@ -54,15 +71,46 @@ def parse_consumers(text: str) -> list[str]:
     return out
 
 
+def add_consumer_client_flags(p: argparse.ArgumentParser | Any) -> None:
+    """Declare ``--consumer-cert-file`` ... ``--consumer-auth-token`` on `p` (module docs)."""
+    add_client_flags(p, "consumer-", "CONSUMER_", service="consumer")
+
+
+def consumer_client_settings(args: argparse.Namespace) -> ClientSettings:
+    """The consumer client's TLS and authorization of `args` (declared by
+    `add_consumer_client_flags`; none if it has none of them). GazctlError if they cannot go
+    together."""
+    if not hasattr(args, "consumer_auth_token"):
+        return ClientSettings()
+    try:
+        return client_settings_from_args(args, "consumer-", "CONSUMER_")
+    except ValueError as err:
+        raise GazctlError(str(err)) from None
+
+
 class Consumers:
     """Shard clients of the ``--consumer`` addresses, opened as they are needed; `call` runs a
-    call on the first that answers. Use as ``async with Consumers(text, io)``."""
+    call on the first that answers, with the TLS and authorization of `settings` (module
+    docs). Use as ``async with Consumers(text, io, settings)``."""
 
-    def __init__(self, text: str, io: Streams) -> None:
+    def __init__(self, text: str, io: Streams, settings: ClientSettings | None = None) -> None:
         self.endpoints = parse_consumers(text)
         self.io = io
+        settings = settings or ClientSettings()
+        try:
+            self._tls = settings.tls()
+            if self._tls is not None:
+                self._tls.check()
+            self._auth = settings.authorizer()
+        except (TLSConfigError, ValueError) as err:
+            raise GazctlError(str(err)) from None
         self._current = 0
         self._clients: dict[str, ShardClient] = {}
+
+    @classmethod
+    def of_args(cls, args: argparse.Namespace, io: Streams) -> Consumers:
+        """The consumers of ``--consumer``, with the client settings of `args`."""
+        return cls(args.consumer, io, consumer_client_settings(args))
 
     @property
     def endpoint(self) -> str:
@@ -72,7 +120,8 @@ class Consumers:
     def _client(self) -> ShardClient:
         sc = self._clients.get(self.endpoint)
         if sc is None:
-            sc = self._clients[self.endpoint] = ShardClient(self.endpoint)
+            sc = ShardClient(self.endpoint, tls=self._tls, auth=self._auth)
+            self._clients[self.endpoint] = sc
         return sc
 
     async def call(self, fn: Callable[[ShardClient], Awaitable[T]]) -> T:
@@ -107,6 +156,12 @@ class Consumers:
         code, details = err.code(), err.details() or ""
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return ConsumerError(f"consumer {endpoint} refused: {details}")
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            return ConsumerError(
+                f"consumer {endpoint} refused the call (UNAUTHENTICATED): {details}; give "
+                "--consumer-auth-keys or --consumer-auth-token (env CONSUMER_AUTH_KEYS, "
+                "CONSUMER_AUTH_TOKEN) that grant it"
+            )
         if code == grpc.StatusCode.UNIMPLEMENTED and details != STAT_NOT_SERVED:
             what = (
                 "it is a Gazette broker."

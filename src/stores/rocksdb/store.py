@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 from rocksdict import BlockBasedOptions, Options, Rdict, WriteBatch, WriteOptions
 
+from gazette.auth.client_settings import broker_client
 from gazette.broker.client import AppendService, JournalClient
 from gazette.consumer.protocol import pb
 from gazette.consumer.recovery import recover
@@ -237,13 +238,17 @@ class RocksDBStore:
         default), as the consumer runtime does, then `from_recovered`.
 
         From the hand-off on, an earlier primary's commits fail. Raises the Player's errors
-        (`DataLoss`...) and `from_recovered`'s. `destroy` removes `workdir`.
+        (`DataLoss`...) and `from_recovered`'s. `destroy` removes `workdir`. The brokers are
+        dialled with the TLS and authorization of the ``BROKER_*`` environment, here and
+        in the fusefs process (`gazette.auth.client_settings`).
         """
         workdir = Path(workdir).resolve()
         author = author if author is not None else new_author()
         backing = workdir / "backing"
         backing.mkdir(parents=True, exist_ok=True)
-        async with JournalClient(endpoint) as client, AppendService(client) as service:
+        tls, auth = broker_client()  # as the fusefs process it starts will dial them
+        client = JournalClient(endpoint, tls=tls, auth=auth)
+        async with client, AppendService(client) as service:
             recovered = await recover(
                 client,
                 service,

@@ -1,0 +1,286 @@
+"""Consumers with TLS and authorization on, against brokers with both on, all real processes
+and real certificates (tests.kit.certs): two counter consumers requiring client certificates
+and tokens signed by their shared key run their shards (RocksDB stores, recorded by fusefs
+processes through the secured broker), proxy Stat to each other signed and over TLS, serve
+/healthz over HTTPS only, and answer ``gazctl shards list`` only with a token, limited to
+what its selector covers. Also: the consumer's flags."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+
+from gazette.auth.claims import LIST, Claims
+from gazette.auth.jwt import sign
+from gazette.auth.keys import BearerAuth, KeyedAuth
+from gazette.auth.tls import ClientTLS
+from gazette.broker.client import JournalClient
+from gazette.broker.protocol.selector import parse_label_selector
+from gazette.consumer.config import parse_args
+from gazette.consumer.protocol import pb
+from gazette.consumer.shard_client import ShardClient, list_shards, stat_shard
+from gazette.gazctl.main import Streams, run
+from gazette.testing.broker import BrokerProcess
+from gazette.testing.consumer import ConsumerProcess
+from gazette.testing.etcd import EtcdServer
+from tests.consumer.support import COUNTER, REPO, Setup, check_totals, feed, write_head
+from tests.kit.certs import Certs
+from tests.kit.eventually import eventually
+
+SECRET = b"consumer and broker secret"
+KEY = base64.b64encode(SECRET).decode()
+
+
+def _tls_args(certs: Certs) -> list[str]:
+    """Server TLS requiring client certificates of the CA, and the peer certificate."""
+    return [
+        "--server-cert-file",
+        str(certs.server_cert),
+        "--server-cert-key-file",
+        str(certs.server_key),
+        "--server-ca-file",
+        str(certs.ca),
+        "--peer-cert-file",
+        str(certs.client_cert),
+        "--peer-cert-key-file",
+        str(certs.client_key),
+        "--peer-ca-file",
+        str(certs.ca),
+    ]
+
+
+@dataclass
+class Secured:
+    setup: Setup
+    consumers: list[ConsumerProcess]
+    certs: Certs
+
+    @property
+    def tls(self) -> ClientTLS:
+        """A client's TLS: trusting the CA, presenting the client certificate."""
+        return ClientTLS(self.certs.ca, self.certs.client_cert, self.certs.client_key)
+
+    def journal_client(self) -> JournalClient:
+        return JournalClient(self.setup.broker.endpoint, tls=self.tls, auth=KeyedAuth(KEY))
+
+    def shard_client(self, i: int = 0) -> ShardClient:
+        return ShardClient(self.consumers[i].endpoint, tls=self.tls, auth=KeyedAuth(KEY))
+
+
+async def _primaries(s: Secured) -> dict[str, str]:
+    """Each shard's primary consumer (suffix), once every shard has one that is PRIMARY."""
+    async with s.shard_client() as sc:
+
+        async def ready() -> bool:
+            shards = await list_shards(sc)
+            return len(shards) == 2 and all(
+                [st.code for st in sh.status] == [pb.ReplicaStatus.PRIMARY] for sh in shards
+            )
+
+        await eventually(ready, what="both shards PRIMARY", timeout=60, interval=0.2)
+        return {
+            sh.spec.id: sh.route.members[sh.route.primary].suffix for sh in await list_shards(sc)
+        }
+
+
+async def _start(s: Secured) -> None:
+    async with s.journal_client() as client, s.shard_client() as sc:
+        await s.setup.create_journals(client)
+        specs = s.setup.shard_specs(hot_standbys=0)
+        await sc.stub.Apply(
+            pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=x) for x in specs])
+        )
+    await _primaries(s)
+
+
+@pytest.fixture(scope="module")
+def secured(
+    etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory, certs: Certs
+) -> Iterator[Secured]:
+    tmp = tmp_path_factory.mktemp("secured")
+    broker = BrokerProcess(
+        etcd_server.endpoint,
+        root=f"/test-security/{os.getpid()}/brokers",
+        spool_dir=tmp / "spool",
+        extra_args=[
+            "--server-cert-file",
+            str(certs.server_cert),
+            "--server-cert-key-file",
+            str(certs.server_key),
+            "--server-ca-file",
+            str(certs.ca),
+            "--auth-keys",
+            KEY,
+        ],
+    )
+    setup = Setup(etcd_server, broker, tmp, shards=2)
+    consumers = [
+        ConsumerProcess(
+            COUNTER,
+            etcd_server.endpoint,
+            [broker.endpoint],
+            root=setup.root,
+            zone="z",
+            suffix=f"consumer-{i}",
+            workdir=tmp / f"consumer-{i}",
+            extra_env={"COUNTER_OUTPUT": setup.output, "PYTHONPATH": str(REPO)},
+            extra_args=[
+                "--hint-interval",
+                "1",
+                *_tls_args(certs),
+                "--auth-keys",
+                KEY,
+                # Broker keys are left to default to --auth-keys.
+                "--broker-trusted-ca-file",
+                str(certs.ca),
+                "--broker-cert-file",
+                str(certs.client_cert),
+                "--broker-cert-key-file",
+                str(certs.client_key),
+            ],
+        )
+        for i in range(2)
+    ]
+    setup.consumers.extend(consumers)
+    s = Secured(setup, consumers, certs)
+    try:
+        broker.start()
+        for c in consumers:
+            c.start()
+        asyncio.run(_start(s))
+        yield s
+    finally:
+        setup.close()
+        broker.close()
+
+
+async def test_a_secured_consumer_processes_input_through_secured_brokers(
+    secured: Secured,
+) -> None:
+    """shard-000 sums what is published to its input, exactly once, and its RocksDB store
+    is recorded (by its fusefs process) into its recovery log on the TLS + auth broker."""
+    s = secured
+    primaries = await _primaries(s)
+    primary = int(primaries["shard-000"].rsplit("-", 1)[1])
+    log = f"{s.setup.prefix}/recovery/shard-000"
+    async with s.journal_client() as client, s.shard_client(primary) as sc:
+        recorded = await write_head(client, log)  # the hand-off, at least
+        stop, expected = asyncio.Event(), {}
+        feeding = asyncio.create_task(feed(client, s.setup.inputs[0], stop, expected))
+        await asyncio.sleep(1.0)
+        stop.set()
+        await feeding
+        assert expected
+        await check_totals(client, sc.stub, s.setup, expected)
+        assert await write_head(client, log) > recorded, "the fusefs process recorded nothing"
+
+
+async def test_stat_is_proxied_to_the_primary_signed_and_over_tls(secured: Secured) -> None:
+    """A Stat asked of the consumer that is not the shard's primary is proxied to it: over
+    TLS with the peer certificate (the primary requires one) and signed with the shared key
+    (the primary verifies it)."""
+    s = secured
+    primaries = await _primaries(s)
+    for shard, primary in primaries.items():
+        other = 1 - int(primary.rsplit("-", 1)[1])
+        async with s.shard_client(other) as sc:
+            resp = await stat_shard(sc, shard)
+        assert resp.status == pb.OK
+        assert resp.header.process_id.suffix == primary
+
+
+async def test_healthz_is_served_over_https_only(secured: Secured) -> None:
+    c = secured.consumers[0]
+    url = f"127.0.0.1:{c.http_port}/healthz"
+    ssl = secured.tls.ssl_context()
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"https://{url}", ssl=ssl) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["endpoint"] == f"https://{c.endpoint}"
+        with pytest.raises(aiohttp.ClientError):
+            async with http.get(f"http://{url}") as resp:
+                await resp.read()
+
+
+def _gazctl(*argv: str) -> tuple[int, str, str]:
+    streams = Streams(stdin=io.BytesIO(), stdout=io.BytesIO(), stderr=io.StringIO())
+    rc = run(list(argv), streams)
+    assert isinstance(streams.stdout, io.BytesIO) and isinstance(streams.stderr, io.StringIO)
+    return rc, streams.stdout.getvalue().decode(), streams.stderr.getvalue()
+
+
+def _token(capability: int, selector: str) -> str:
+    now = int(time.time())
+    return sign(Claims(capability, parse_label_selector(selector), now, now + 600), SECRET)
+
+
+def test_gazctl_shards_list_needs_a_token_and_sees_what_it_covers(secured: Secured) -> None:
+    certs = secured.certs
+    listing = [
+        "shards",
+        "list",
+        "-o",
+        "json",
+        "--consumer",
+        secured.consumers[0].endpoint,
+        "--consumer-trusted-ca-file",
+        str(certs.ca),
+        "--consumer-cert-file",
+        str(certs.client_cert),
+        "--consumer-cert-key-file",
+        str(certs.client_key),
+    ]
+
+    def ids(out: str) -> list[str]:
+        return sorted(sh["spec"]["id"] for sh in json.loads(out))
+
+    rc, out, err = _gazctl(*listing, "--consumer-auth-keys", KEY)
+    assert rc == 0, err
+    assert ids(out) == ["shard-000", "shard-001"]
+
+    rc, out, err = _gazctl(*listing)
+    assert rc != 0
+    assert "UNAUTHENTICATED" in err and "missing or empty authorization token" in err, err
+
+    rc, out, err = _gazctl(*listing, "--consumer-auth-token", _token(LIST, "id=shard-000"))
+    assert rc == 0, err
+    assert ids(out) == ["shard-000"]
+
+    rc, out, err = _gazctl(*listing[:6], "--consumer-auth-keys", KEY)  # no TLS
+    assert rc != 0 and "unavailable" in err, err
+
+
+def test_consumer_flags(
+    certs: Certs, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Broker calls sign with the consumer's keys unless given their own keys or a token;
+    the server's TLS makes the advertised endpoint https://; keys never show in --help."""
+    base = ["m:App", "--auth-keys", KEY]
+    cfg = parse_args(base)
+    assert cfg.broker_client.auth_keys == KEY and isinstance(cfg.broker_auth, KeyedAuth)
+    assert cfg.endpoint.startswith("http://") and cfg.server_tls is None
+    cfg = parse_args([*base, "--broker-auth-token", "tok"])
+    assert isinstance(cfg.broker_auth, BearerAuth)
+    assert cfg.broker_client.environ()["BROKER_AUTH_TOKEN"] == "tok"
+    cfg = parse_args([*base, *_tls_args(certs)])
+    assert cfg.endpoint.startswith("https://") and cfg.server_tls is not None
+    assert cfg.peer_tls is not None
+    with pytest.raises(SystemExit):
+        parse_args(["m:App", "--peer-cert-file", str(certs.client_cert)])
+    with pytest.raises(SystemExit):
+        parse_args(["m:App", "--broker-auth-keys", KEY, "--broker-auth-token", "tok"])
+    for variable in ("CONSUMER_AUTH_KEYS", "BROKER_AUTH_KEYS", "BROKER_AUTH_TOKEN"):
+        monkeypatch.setenv(variable, KEY)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    assert KEY not in capsys.readouterr().out
