@@ -35,7 +35,12 @@ from gazette.consumer.shard_client import (
     unassign_shards,
 )
 from gazette.consumer.spec import recovery_log_of, validate_shard_spec
-from gazette.gazctl.consumers import DEFAULT_CONSUMER, ConsumerError, Consumers
+from gazette.gazctl.consumers import (
+    DEFAULT_CONSUMER,
+    ConsumerError,
+    Consumers,
+    add_consumer_client_flags,
+)
 from gazette.gazctl.main import GazctlError, Streams, kept_edit_error, raise_if_txn_too_large
 from gazette.gazctl.output import apply_plan, render_table
 from gazette.gazctl.shardspace import apply_changes, dump_set, load_set, set_from_list
@@ -71,6 +76,7 @@ def register_spec_commands(cmds: Any, common: argparse.ArgumentParser) -> None:
             "127.0.0.1:8090 or http://host:8090; several, comma-separated, are tried in turn "
             "while one is down (env CONSUMER_ADDRESS; default %(default)s)",
         )
+        add_consumer_client_flags(p)
         if selector is not False:
             p.add_argument(
                 "-l",
@@ -283,7 +289,7 @@ def _render(shards: Shards, args: argparse.Namespace, lags: dict[str, dict[str, 
 
 async def cmd_list(args: argparse.Namespace, io: Streams) -> int:
     selector = _selector(args.selector)
-    async with Consumers(args.consumer, io) as consumers:
+    async with Consumers.of_args(args, io) as consumers:
         shards = await consumers.call(lambda sc: list_shards(sc, selector))
         lags: dict[str, dict[str, int]] = {}
         if args.lag and shards:
@@ -331,7 +337,7 @@ async def _stat(sc: ShardClient, req: pb.StatRequest, timeout: float) -> pb.Stat
 async def cmd_stat(args: argparse.Namespace, io: Streams) -> int:
     wanted = _read_through_args(args.read_through)
     selector = _selector(args.selector)
-    async with Consumers(args.consumer, io) as consumers:
+    async with Consumers.of_args(args, io) as consumers:
         shards = await consumers.call(lambda sc: list_shards(sc, selector))
         if not shards:
             raise GazctlError(f"no shards match selector {args.selector!r}")
@@ -474,7 +480,7 @@ async def _apply_text(
 
 async def cmd_apply(args: argparse.Namespace, io: Streams) -> int:
     text = await io.read_input(args.specs)
-    async with Consumers(args.consumer, io) as consumers:
+    async with Consumers.of_args(args, io) as consumers:
         return await _apply_text(
             consumers, args, text, io, dry_run=args.dry_run, txn_size=args.max_txn_size
         )
@@ -490,7 +496,7 @@ _EDIT_HEADER = """\
 
 async def cmd_edit(args: argparse.Namespace, io: Streams) -> int:
     selector = _selector(args.selector)
-    async with Consumers(args.consumer, io) as consumers:
+    async with Consumers.of_args(args, io) as consumers:
         shards = await consumers.call(lambda sc: list_shards(sc, selector))
         if not shards:
             raise GazctlError(f"no shards match selector {args.selector!r}")
@@ -523,7 +529,7 @@ async def cmd_edit(args: argparse.Namespace, io: Streams) -> int:
 
 async def cmd_unassign(args: argparse.Namespace, io: Streams) -> int:
     selector = _selector(args.selector)
-    async with Consumers(args.consumer, io) as consumers:
+    async with Consumers.of_args(args, io) as consumers:
         listed = await consumers.call(lambda sc: list_shards(sc, selector))
         shards = {s.spec.id: s for s in listed}
         ids = [
