@@ -69,7 +69,13 @@ from gazette.gazctl.journalspace import (
     load_tree,
     tree_from_journals,
 )
-from gazette.gazctl.main import GazctlError, Streams, kept_edit_error, raise_if_txn_too_large
+from gazette.gazctl.main import (
+    GazctlError,
+    Streams,
+    journal_client,
+    kept_edit_error,
+    raise_if_txn_too_large,
+)
 from gazette.gazctl.output import apply_plan, render_table
 from gazette.gazctl.quarantined import add_journals_quarantined
 from gazette.gazctl.read_committed import CommittedMessages, committed_framing
@@ -296,7 +302,7 @@ async def _polled_listing(
 
 @contextlib.asynccontextmanager
 async def _client(args: argparse.Namespace) -> AsyncIterator[JournalClient]:
-    async with JournalClient(args.broker, zone=args.zone) as client:
+    async with journal_client(args) as client:
         yield client
 
 

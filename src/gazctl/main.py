@@ -31,8 +31,10 @@ from typing import IO, Any, Protocol
 import grpc
 import grpc.aio
 
+from gazette.auth.tls import ClientTLS, TLSConfigError
 from gazette.broker.client.appender import AppendRetriesExhausted
 from gazette.broker.client.errors import BrokerError
+from gazette.broker.client.journal_client import JournalClient
 from gazette.broker.fragment.store import FragmentStoreError
 from gazette.broker.protocol.errors import ValidationError
 
@@ -47,6 +49,7 @@ __all__ = [
     "build_parser",
     "DEFAULT_BROKER",
     "HelpFormatter",
+    "journal_client",
 ]
 
 DEFAULT_BROKER = "127.0.0.1:8080"
@@ -170,15 +173,44 @@ def _common_options() -> argparse.ArgumentParser:
         "--broker.address",
         dest="broker",
         default=os.environ.get("BROKER_ADDRESS", DEFAULT_BROKER),
-        help="broker endpoint, e.g. 127.0.0.1:8080 or http://host:8080 "
+        help="broker endpoint, e.g. 127.0.0.1:8080, http://host:8080 or https://host:8080 (TLS) "
         "(env BROKER_ADDRESS; default %(default)s)",
     )
+    for flag, variable, text in (
+        ("cert-file", "BROKER_CERT_FILE", "the client's TLS certificate (PEM), if the broker asks"),
+        ("cert-key-file", "BROKER_CERT_KEY_FILE", "the private key of --cert-file (PEM)"),
+        (
+            "trusted-ca-file",
+            "BROKER_TRUSTED_CA_FILE",
+            "the CA (PEM) the broker's certificate must be signed by (default: the system's); "
+            "any of these three makes the connection TLS, as an https:// --broker does",
+        ),
+    ):
+        g.add_argument(
+            f"--{flag}",
+            f"--broker.{flag}",
+            dest=flag.replace("-", "_"),
+            metavar="FILE",
+            default=os.environ.get(variable) or None,
+            help=f"{text} (env {variable})",
+        )
     g.add_argument(
         "--zone",
         default=os.environ.get("ZONE", ""),
         help="availability zone of this client, to prefer same-zone brokers for reads",
     )
     return common
+
+
+def journal_client(args: argparse.Namespace) -> JournalClient:
+    """A client of `args.broker`, with the TLS of ``--cert-file``, ``--cert-key-file`` and
+    ``--trusted-ca-file`` if any is given (a file that cannot be used is a `GazctlError`)."""
+    files = (args.trusted_ca_file, args.cert_file, args.cert_key_file)
+    tls = ClientTLS(*files) if any(f is not None for f in files) else None
+    try:
+        return JournalClient(args.broker, zone=args.zone, tls=tls)
+    except TLSConfigError as err:
+        raise GazctlError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,10 +32,9 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from gazette.broker.client import JournalClient
 from gazette.consumer.hints import load_hints
 from gazette.gazctl.export import add_shards_export
-from gazette.gazctl.main import GazctlError, Streams
+from gazette.gazctl.main import GazctlError, Streams, journal_client
 from gazette.gazctl.prune import prune_log
 from gazette.gazctl.shards_specs import register_spec_commands
 from gazette.keyspace.etcd import Etcd, EtcdError
@@ -218,7 +217,7 @@ async def cmd_recover(args: argparse.Namespace, io: Streams) -> int:
     def report(p: PlaybackProgress) -> None:
         io.err(progress_line(p))
 
-    async with JournalClient(args.broker, zone=args.zone) as client:
+    async with journal_client(args) as client:
         player = Player(
             client,
             args.log,
@@ -257,7 +256,7 @@ async def cmd_prune(args: argparse.Namespace, io: Streams) -> int:
         if i % 100 == 0:
             io.err(f"{verb} {i}/{n} fragments of {args.log}")
 
-    async with JournalClient(args.broker, zone=args.zone) as client:
+    async with journal_client(args) as client:
         result = await prune_log(client, args.log, sets, dry_run=args.dry_run, progress=progress)
     io.err(
         f"{verb} journal={args.log} fragments={len(result.deleted)} "

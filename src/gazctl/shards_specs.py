@@ -41,7 +41,13 @@ from gazette.gazctl.consumers import (
     Consumers,
     add_consumer_client_flags,
 )
-from gazette.gazctl.main import GazctlError, Streams, kept_edit_error, raise_if_txn_too_large
+from gazette.gazctl.main import (
+    GazctlError,
+    Streams,
+    journal_client,
+    kept_edit_error,
+    raise_if_txn_too_large,
+)
 from gazette.gazctl.output import apply_plan, render_table
 from gazette.gazctl.shardspace import apply_changes, dump_set, load_set, set_from_list
 from gazette.gazctl.spec_errors import in_yaml_terms
@@ -293,7 +299,7 @@ async def cmd_list(args: argparse.Namespace, io: Streams) -> int:
         shards = await consumers.call(lambda sc: list_shards(sc, selector))
         lags: dict[str, dict[str, int]] = {}
         if args.lag and shards:
-            async with JournalClient(args.broker, zone=args.zone) as jc:
+            async with journal_client(args) as jc:
                 for s in shards:
                     lags[s.spec.id] = await shard_lag(consumers, jc, s)
     io.out(_render(shards, args, lags))
@@ -456,7 +462,7 @@ async def _apply_text(
                 raise in_yaml_terms(err, f"shard {ch.upsert.id}") from None
     req = pb.ApplyRequest(changes=changes)
     if not args.skip_journal_check and any(ch.HasField("upsert") for ch in changes):
-        async with JournalClient(args.broker, zone=args.zone) as jc:
+        async with journal_client(args) as jc:
             await verify_referenced_journals(jc, req)
     if dry_run:
         for line in apply_plan(req, lambda spec: spec.id):
