@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from gazette.consumer.spec import ShardKeys
+from gazette.gazctl.etcd_tls import add_etcd_tls_flags, etcd_tls_of
 from gazette.gazctl.main import GazctlError, Streams
 from gazette.keyspace.etcd import Etcd, EtcdError
 from gazette.mainboilerplate.etcd_endpoints import InvalidEndpoint, parse_endpoints
@@ -125,6 +126,7 @@ def add_shards_export(cmds: Any, common: argparse.ArgumentParser) -> None:
         default=os.environ.get("ETCD_ADDRESS", "127.0.0.1:2379"),
         help="etcd endpoints, comma-separated (env ETCD_ADDRESS; default %(default)s)",
     )
+    add_etcd_tls_flags(p)
     p.add_argument("--root", required=True, help="the consumer application's etcd root")
     sel = p.add_mutually_exclusive_group(required=True)
     sel.add_argument("--shards", default="", help="comma-separated shard ids")
@@ -185,6 +187,7 @@ def shards_options(args: argparse.Namespace) -> dict[str, str]:
         parse_endpoints(args.etcd)
     except InvalidEndpoint as err:
         raise GazctlError(f"--etcd: {err}") from err
+    tls = etcd_tls_of(args)
     opts = {
         "etcd": args.etcd,
         "root": args.root,
@@ -199,6 +202,14 @@ def shards_options(args: argparse.Namespace) -> dict[str, str]:
     for name in ("table", "query", "decoder", "schema", "checkpoint"):
         if getattr(args, name):
             opts[name] = getattr(args, name)
+    if tls is not None:
+        for name, file in (
+            ("etcd_cert_file", tls.cert_file),
+            ("etcd_cert_key_file", tls.key_file),
+            ("etcd_trusted_ca_file", tls.ca_file),
+        ):
+            if file is not None:
+                opts[name] = str(file)
     return {**opts, **_extra(args)}
 
 
@@ -223,7 +234,7 @@ async def check_shards(options: dict[str, str]) -> None:
     except ExportError as err:
         raise GazctlError(str(err)) from None
     try:
-        async with Etcd(opts.etcd, timeout=ETCD_CHECK_TIMEOUT) as etcd:
+        async with Etcd(opts.etcd, timeout=ETCD_CHECK_TIMEOUT, tls=opts.etcd_tls) as etcd:
             await etcd.get_prefix(ShardKeys(opts.root).items.encode())
     except EtcdError as err:
         raise GazctlError(

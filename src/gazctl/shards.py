@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gazette.consumer.hints import load_hints
+from gazette.gazctl.etcd_tls import add_etcd_tls_flags, etcd_tls_of
 from gazette.gazctl.export import add_shards_export
 from gazette.gazctl.main import GazctlError, Streams, journal_client
 from gazette.gazctl.prune import prune_log
@@ -74,6 +75,7 @@ def register(groups: Any, common: argparse.ArgumentParser) -> None:
             f"default {DEFAULT_ETCD} "
             "when --hint-prefix is given)",
         )
+        add_etcd_tls_flags(g)
         g.add_argument("--hint-prefix", default="", help="the shards' ShardSpec.hint_prefix")
         return p
 
@@ -156,7 +158,7 @@ def _etcd_endpoint(args: argparse.Namespace) -> str:
 
 
 async def _etcd_hints(args: argparse.Namespace, shards: list[str]) -> dict[str, list[Any]]:
-    async with Etcd(_etcd_endpoint(args)) as etcd:
+    async with Etcd(_etcd_endpoint(args), tls=etcd_tls_of(args)) as etcd:
         return {s: await load_hints(etcd, args.hint_prefix, s, log=args.log) for s in shards}
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gazette.auth.tls import ClientTLS, TLSConfigError, TLSFlags
 from gazette.broker.protocol.errors import ValidationError
 from gazette.broker.protocol.selector import parse_label_selector
 from gazette.consumer.spark.errors import InvalidOption
@@ -33,9 +34,15 @@ CHECKPOINT_MODES = ("full", "offsets", "none")
 ROCKSDB_SCANS = ("auto", "native", "rocksdict")
 """Values of option ``rocksdb_scan``: how a RocksDB shard's keys are read."""
 
+_ETCD_TLS = TLSFlags("etcd_cert_file", "etcd_cert_key_file", "etcd_trusted_ca_file")
+"""The options of the etcd connection's TLS files (gazctl's --etcd-cert-file ...)."""
+
 _KNOWN = frozenset(
     {
         "etcd",
+        _ETCD_TLS.cert,
+        _ETCD_TLS.key,
+        _ETCD_TLS.ca,
         "root",
         "checkpoint",
         "read_through",
@@ -109,6 +116,9 @@ class ShardsOptions:
     """How RocksDB keys are read: ``auto``, through the native scanner
     (`stores.rocksdb.scan`) when it is built and can open the database, else through
     rocksdict; ``native``, only through the scanner (an error otherwise); ``rocksdict``."""
+    etcd_tls: ClientTLS | None = None
+    """The TLS of the etcd connection (options ``etcd_cert_file``, ``etcd_cert_key_file``,
+    ``etcd_trusted_ca_file``); None: TLS only to ``https://`` endpoints."""
 
     @property
     def backup_index(self) -> int | None:
@@ -129,6 +139,7 @@ class ShardsOptions:
             return value
 
         etcd = required("etcd")
+        etcd_tls = _etcd_tls(opts)
         root = required("root")
         if not root.startswith("/") or root.endswith("/"):
             raise InvalidOption("root", f"must be absolute, without a trailing '/' ({root!r})")
@@ -255,7 +266,24 @@ class ShardsOptions:
             checkpoint=checkpoint,
             rocksdb_scan=rocksdb_scan,
             broker_timeout=broker_timeout,
+            etcd_tls=etcd_tls,
         )
+
+
+def _etcd_tls(opts: Mapping[str, str]) -> ClientTLS | None:
+    """The etcd TLS of the options, its files checked (`InvalidOption` naming the option)."""
+    names = (_ETCD_TLS.cert, _ETCD_TLS.key, _ETCD_TLS.ca)
+    cert, key, ca = (opts.get(name, "").strip() or None for name in names)
+    if cert is None and key is None and ca is None:
+        return None
+    tls = ClientTLS(ca, cert, key, flags=_ETCD_TLS)
+    try:
+        tls.check()
+    except TLSConfigError as err:
+        # The message begins with the option it is about.
+        option = next(name for name in names if str(err).startswith(f"{name} "))
+        raise InvalidOption(option, str(err).removeprefix(option).strip()) from None
+    return tls
 
 
 def _boolean(opts: Mapping[str, str], name: str, default: str) -> bool:

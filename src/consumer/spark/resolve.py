@@ -72,7 +72,7 @@ async def resolve_shards(opts: ShardsOptions) -> list[ShardPlan]:
     hints which do not parse, and `EtcdError` if etcd cannot be reached.
     """
     keys = ShardKeys(opts.root)
-    async with Etcd(opts.etcd) as etcd:
+    async with Etcd(opts.etcd, tls=opts.etcd_tls) as etcd:
         resp = await etcd.get_prefix(keys.items.encode())
         specs: dict[str, pb.ShardSpec] = {}
         for kv in resp.kvs:
