@@ -31,6 +31,7 @@ from typing import IO, Any, Protocol
 import grpc
 import grpc.aio
 
+from gazette.auth.client_settings import ClientSettings
 from gazette.auth.tls import ClientTLS, TLSConfigError
 from gazette.broker.client.appender import AppendRetriesExhausted
 from gazette.broker.client.errors import BrokerError
@@ -195,6 +196,24 @@ def _common_options() -> argparse.ArgumentParser:
             help=f"{text} (env {variable})",
         )
     g.add_argument(
+        "--auth-keys",
+        "--broker.auth-keys",
+        dest="auth_keys",
+        metavar="KEYS",
+        default=None,
+        help="base64 keys, separated by whitespace or commas, the first signing each call to "
+        "brokers for what it does (env BROKER_AUTH_KEYS; default: none)",
+    )
+    g.add_argument(
+        "--auth-token",
+        "--broker.auth-token",
+        dest="auth_token",
+        metavar="TOKEN",
+        default=None,
+        help="a bearer token sent with every call to brokers, instead of --auth-keys "
+        "(env BROKER_AUTH_TOKEN)",
+    )
+    g.add_argument(
         "--zone",
         default=os.environ.get("ZONE", ""),
         help="availability zone of this client, to prefer same-zone brokers for reads",
@@ -207,10 +226,24 @@ def journal_client(args: argparse.Namespace) -> JournalClient:
     ``--trusted-ca-file`` if any is given (a file that cannot be used is a `GazctlError`)."""
     files = (args.trusted_ca_file, args.cert_file, args.cert_key_file)
     tls = ClientTLS(*files) if any(f is not None for f in files) else None
+    settings = ClientSettings(
+        auth_keys=_flag_or_env(args.auth_keys, "BROKER_AUTH_KEYS"),
+        auth_token=_flag_or_env(args.auth_token, "BROKER_AUTH_TOKEN"),
+    )
     try:
-        return JournalClient(args.broker, zone=args.zone, tls=tls)
+        auth = settings.authorizer()
+    except ValueError as err:
+        raise GazctlError(f"--auth-keys/--auth-token: {err}") from None
+    try:
+        return JournalClient(args.broker, zone=args.zone, tls=tls, auth=auth)
     except TLSConfigError as err:
         raise GazctlError(str(err)) from None
+
+
+def _flag_or_env(value: str | None, variable: str) -> str:
+    """A secret flag's value, else its environment variable's (never a parser default, so
+    that --help never shows it)."""
+    return value if value is not None else os.environ.get(variable, "")
 
 
 def build_parser() -> argparse.ArgumentParser:

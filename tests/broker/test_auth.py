@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import os
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from gazette.broker.client import (
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.broker.protocol.selector import parse_label_selector
+from gazette.gazctl.main import Streams, run
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.broker.conftest import read_all
@@ -168,3 +170,30 @@ async def test_keyed_clients_append_through_replication_and_proxying(
     async with JournalClient(brokers[1].endpoint, auth=KeyedAuth(KEY)) as client:
         data = (await read_all(client.stub(), a, block=False))[0]
     assert all(f"via {p.endpoint}\n".encode() in data for p in brokers)
+
+
+def test_gazctl_signs_with_keys_or_sends_a_token(
+    brokers: list[BrokerProcess], journals: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = journals
+
+    def gazctl(*argv: str) -> tuple[int, str, str]:
+        streams = Streams(stdin=io.BytesIO(), stdout=io.BytesIO(), stderr=io.StringIO())
+        rc = run(["journals", "list", "--broker", brokers[0].endpoint, *argv], streams)
+        assert isinstance(streams.stdout, io.BytesIO) and isinstance(streams.stderr, io.StringIO)
+        return rc, streams.stdout.getvalue().decode(), streams.stderr.getvalue()
+
+    rc, _, err = gazctl()
+    assert rc == 1 and "UNAUTHENTICATED" in err and "missing or empty authorization" in err, err
+    rc, out, err = gazctl("--auth-keys", KEY)
+    assert rc == 0 and a in out and b in out, err
+    rc, out, err = gazctl("--auth-keys", "not base64!")
+    assert (
+        rc == 1
+        and err == "gazctl: error: --auth-keys/--auth-token: auth key at index 0 is not base64\n"
+    )
+    token = bearer(LIST, "prefix=team-b/").authorization(Claims(0), 60).split()[1]
+    monkeypatch.setenv("BROKER_AUTH_TOKEN", token)
+    rc, out, err = gazctl()
+    assert rc == 0 and a not in out and b in out, err
+    assert token not in err and KEY not in err
