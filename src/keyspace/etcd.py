@@ -278,11 +278,15 @@ class Etcd:
     ) -> None:
         self.endpoints = parse_endpoints(endpoints)
         self.timeout = timeout
-        own = tls.grpc_credentials() if tls is not None else None
-        system = grpc.ssl_channel_credentials() if own is None else own
+        secure = [tls is not None or is_tls_endpoint(ep) for ep in self.endpoints]
+        credentials = None
+        if tls is not None:
+            credentials = tls.grpc_credentials()
+        elif any(secure):
+            credentials = grpc.ssl_channel_credentials()
         self._members = [
-            _Member(endpoint, own or (system if is_tls_endpoint(endpoint) else None))
-            for endpoint in self.endpoints
+            _Member(endpoint, credentials if tls_on else None)
+            for endpoint, tls_on in zip(self.endpoints, secure, strict=True)
         ]
         self._current = 0
         self._attempt = min(timeout, max(timeout / len(self._members), CONNECT_TIMEOUT))
