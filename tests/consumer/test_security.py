@@ -3,7 +3,8 @@ and real certificates (tests.kit.certs): two counter consumers requiring client 
 and tokens signed by their shared key run their shards (RocksDB stores, recorded by fusefs
 processes through the secured broker), proxy Stat to each other signed and over TLS, serve
 /healthz over HTTPS only, and answer ``gazctl shards list`` only with a token, limited to
-what its selector covers. Also: the consumer's flags."""
+what its selector covers. The Spark sources read through the same broker with the TLS and
+token of their options. Also: the consumer's flags."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import pytest
 
-from gazette.auth.claims import LIST, Claims
+from gazette.auth.claims import APPEND, LIST, READ, Claims
 from gazette.auth.jwt import sign
 from gazette.auth.keys import BearerAuth, KeyedAuth
 from gazette.auth.tls import ClientTLS
@@ -28,6 +30,10 @@ from gazette.broker.protocol.selector import parse_label_selector
 from gazette.consumer.config import parse_args
 from gazette.consumer.protocol import pb
 from gazette.consumer.shard_client import ShardClient, list_shards, stat_shard
+from gazette.consumer.spark.errors import ExportError
+from gazette.consumer.spark.options import ShardsOptions
+from gazette.consumer.spark.playback import play
+from gazette.consumer.spark.resolve import plan_splits
 from gazette.gazctl.main import Streams, run
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.consumer import ConsumerProcess
@@ -257,6 +263,48 @@ def test_gazctl_shards_list_needs_a_token_and_sees_what_it_covers(secured: Secur
 
     rc, out, err = _gazctl(*listing[:6], "--consumer-auth-keys", KEY)  # no TLS
     assert rc != 0 and "unavailable" in err, err
+
+
+async def test_spark_shards_source_plays_through_secured_brokers(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """The gazette-shards source plans (an empty append to the recovery log) and plays the
+    log with the TLS files and token of its options."""
+    s, certs = secured, secured.certs
+    options = {
+        "etcd": s.setup.etcd.endpoint,
+        "root": s.setup.root,
+        "broker": s.setup.broker.endpoint,
+        "shards": "shard-000",
+        "store": "rocksdb",
+        "broker_timeout": "20",
+        "broker_trusted_ca_file": str(certs.ca),
+        "broker_cert_file": str(certs.client_cert),
+        "broker_cert_key_file": str(certs.client_key),
+        "broker_auth_token": _token(READ | APPEND, ""),
+    }
+    opts = ShardsOptions.parse(options)
+
+    async def planned() -> bool:
+        try:
+            return len(await plan_splits(opts)) == 1
+        except ExportError:
+            return False  # The primary hints are not written yet.
+
+    await eventually(planned, what="shard-000 planned", timeout=30, interval=0.5)
+    (split,) = await plan_splits(opts)
+    played = await play(
+        split.plan,
+        opts.brokers,
+        tmp_path / "store",
+        split.end_offset,
+        10.0,
+        client_settings=opts.broker_client,
+    )
+    assert played.write_head == split.end_offset > 0
+    # Keys would show in query plans: they come from the environment only.
+    with pytest.raises(ExportError, match="option 'broker_auth_keys': unknown option"):
+        ShardsOptions.parse({**options, "broker_auth_token": "", "broker_auth_keys": KEY})
 
 
 def test_consumer_flags(

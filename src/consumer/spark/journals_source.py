@@ -38,6 +38,9 @@ Options (all strings):
   may make no progress (no byte read from the brokers or fetched from fragment stores),
   before either fails with `JournalsSourceError` (default 60; ``0``: wait for ever, as the
   client retries unreachable brokers without end).
+- ``broker_cert_file``, ``broker_cert_key_file``, ``broker_trusted_ca_file``,
+  ``broker_auth_token``: TLS and authorization of the broker client, else the driver's
+  ``BROKER_*`` environment (`consumer.spark.broker_options`).
 
 Every row has the columns ``journal STRING, begin BIGINT, end BIGINT, uuid STRING,
 producer STRING, clock BIGINT, flags INT`` (the message's journal byte range and its UUID
@@ -65,10 +68,16 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from gazette.auth.client_settings import ClientSettings
 from gazette.broker.client import BrokerError, JournalClient, list_all_journals
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.labels import value_of
 from gazette.broker.protocol.selector import parse_label_selector
+from gazette.consumer.spark.broker_options import (
+    BROKER_CLIENT_OPTIONS,
+    BrokerOptionError,
+    broker_client_options,
+)
 from gazette.consumer.spark.errors import ExportError
 from gazette.consumer.spark.options import DEFAULT_BROKER_TIMEOUT
 from gazette.message.envelope import Envelope
@@ -114,6 +123,7 @@ _KNOWN_OPTIONS = frozenset(
         "zone",
         "batch_rows",
         "broker_timeout",
+        *BROKER_CLIENT_OPTIONS,
     }
 )
 
@@ -149,6 +159,17 @@ class JournalsOptions:
     broker_timeout: float = DEFAULT_BROKER_TIMEOUT
     """Seconds a task's read may make no progress (no message, no byte read or fetched)
     before it fails; 0: wait for ever (the client retries unreachable brokers without end)."""
+    broker_client: ClientSettings = ClientSettings()
+    """TLS and authorization of the broker client (`consumer.spark.broker_options`)."""
+
+    def journal_client(self) -> JournalClient:
+        """A client of the brokers, with `broker_client`'s TLS and authorization."""
+        return JournalClient(
+            list(self.brokers),
+            zone=self.zone,
+            tls=self.broker_client.tls(),
+            auth=self.broker_client.authorizer(),
+        )
 
     @classmethod
     def parse(cls, options: typing.Mapping[str, str]) -> JournalsOptions:
@@ -194,6 +215,10 @@ class JournalsOptions:
         message = opts.get("message", "").strip()
         if message:
             load_message_class(message)  # Fails here, on the driver, if it can't be imported.
+        try:
+            broker_client = broker_client_options(opts)
+        except BrokerOptionError as err:
+            raise JournalsSourceError(f"option {err.option}: {err}") from None
         return cls(
             brokers=brokers,
             selector=selector,
@@ -204,6 +229,7 @@ class JournalsOptions:
             zone=opts.get("zone", "").strip(),
             batch_rows=batch_rows,
             broker_timeout=broker_timeout,
+            broker_client=broker_client,
         )
 
 
@@ -325,7 +351,7 @@ async def resolve_journals_async(opts: JournalsOptions) -> list[JournalPlan]:
 
     Raises JournalsSourceError if none matches or a journal has no known framing.
     """
-    async with JournalClient(list(opts.brokers), zone=opts.zone) as client:
+    async with opts.journal_client() as client:
         journals = await list_all_journals(client, parse_label_selector(opts.selector))
         if not journals:
             raise JournalsSourceError(
@@ -587,7 +613,7 @@ async def read_journal(opts: JournalsOptions, plan: JournalPlan) -> AsyncIterato
     spec = pb.JournalSpec.FromString(plan.spec)
     new_message = _new_message_func(opts, plan.content_type)
     req = pb.ReadRequest(journal=plan.journal, offset=0, end_offset=plan.end, block=True)
-    async with JournalClient(list(opts.brokers), zone=opts.zone) as client:
+    async with opts.journal_client() as client:
         it: ReadCommittedIter | ReadUncommittedIter
         if opts.committed:
             it = ReadCommittedIter(client, req, spec, new_message)

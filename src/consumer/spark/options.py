@@ -11,12 +11,21 @@ import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gazette.auth.client_settings import ClientSettings
 from gazette.auth.tls import ClientTLS, TLSConfigError, TLSFlags
 from gazette.broker.protocol.errors import ValidationError
 from gazette.broker.protocol.selector import parse_label_selector
+from gazette.consumer.spark.broker_options import (
+    BROKER_CLIENT_OPTIONS,
+    BrokerOptionError,
+    broker_client_options,
+)
 from gazette.consumer.spark.errors import InvalidOption
+
+if TYPE_CHECKING:
+    from gazette.broker.client import JournalClient
 from gazette.consumer.spec import validate_shard_id
 
 __all__ = [
@@ -62,6 +71,7 @@ _KNOWN = frozenset(
         "share_playback",
         "rocksdb_scan",
         "broker_timeout",
+        *BROKER_CLIENT_OPTIONS,
     }
 )
 _HINTS = re.compile(r"primary|backup\.(0|[1-9][0-9]{0,8})")
@@ -119,6 +129,18 @@ class ShardsOptions:
     etcd_tls: ClientTLS | None = None
     """The TLS of the etcd connection (options ``etcd_cert_file``, ``etcd_cert_key_file``,
     ``etcd_trusted_ca_file``); None: TLS only to ``https://`` endpoints."""
+    broker_client: ClientSettings = ClientSettings()
+    """TLS and authorization of the broker client (options ``broker_cert_file``,
+    ``broker_cert_key_file``, ``broker_trusted_ca_file``, ``broker_auth_token``, else the
+    driver's ``BROKER_*`` environment: `consumer.spark.broker_options`)."""
+
+    def journal_client(self) -> JournalClient:
+        """A client of the brokers, with `broker_client`'s TLS and authorization."""
+        from gazette.broker.client import JournalClient
+
+        return JournalClient(
+            list(self.brokers), tls=self.broker_client.tls(), auth=self.broker_client.authorizer()
+        )
 
     @property
     def backup_index(self) -> int | None:
@@ -144,6 +166,10 @@ class ShardsOptions:
         if not root.startswith("/") or root.endswith("/"):
             raise InvalidOption("root", f"must be absolute, without a trailing '/' ({root!r})")
         brokers = tuple(b.strip() for b in required("broker").split(",") if b.strip())
+        try:
+            broker_client = broker_client_options(opts)
+        except BrokerOptionError as err:
+            raise InvalidOption(err.option, str(err)) from None
 
         shards: tuple[str, ...] = ()
         selector = opts.get("selector", "").strip()
@@ -267,6 +293,7 @@ class ShardsOptions:
             rocksdb_scan=rocksdb_scan,
             broker_timeout=broker_timeout,
             etcd_tls=etcd_tls,
+            broker_client=broker_client,
         )
 
 

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from gazette.auth.client_settings import ClientSettings
 from gazette.consumer.export import (
     ExportRequest,
     PlayedFiles,
@@ -85,17 +86,22 @@ async def play(
     directory: Path,
     end_offset: int,
     stall_timeout: float = 0.0,
+    *,
+    client_settings: ClientSettings | None = None,
 ) -> PlayedShard:
     """Play `plan`'s log from its hints into `directory` (through `end_offset` if given, else
-    through the log's write head). `stall_timeout` > 0: raise `BrokersUnresponsive` once the
-    playback has made no progress for that many seconds (no byte of the log read, nor of a
-    fragment fetched from its store): the journal client retries unreachable brokers
+    through the log's write head), reading from the brokers with the TLS and authorization
+    of `client_settings` (None: none). `stall_timeout` > 0: raise `BrokersUnresponsive` once
+    the playback has made no progress for that many seconds (no byte of the log read, nor of
+    a fragment fetched from its store): the journal client retries unreachable brokers
     without end."""
     from gazette.broker.client import JournalClient
     from gazette.recoverylog.player import EXIT_AT_HEAD, Player
 
     t0 = time.monotonic()
-    async with JournalClient(list(brokers)) as client:
+    settings = client_settings or ClientSettings()
+    tls, auth = settings.tls(), settings.authorizer()
+    async with JournalClient(list(brokers), tls=tls, auth=auth) as client:
         hints = hints_from_json(plan.hints_json)
         player = Player(client, plan.log, hints, directory, end_offset=end_offset)
         playing = asyncio.ensure_future(player.play(until=EXIT_AT_HEAD))
@@ -168,15 +174,27 @@ def played_shard(
     tmpdir: str = "",
     end_offset: int = 0,
     stall_timeout: float = 0.0,
+    *,
+    client_settings: ClientSettings | None = None,
 ) -> Iterator[PlayedShard]:
     """Play `plan`'s log from its hints into a new temporary directory (under `tmpdir`, or
     the system's), yield it, and remove it whatever happens. Plays through `end_offset` of
     the log if given (every split of a shard plays the same snapshot), else through its write
     head. Raises the Player's errors (`DataLoss` if the hinted log content is gone, ...), and
-    `BrokersUnresponsive` after `stall_timeout` seconds without progress (`play`)."""
+    `BrokersUnresponsive` after `stall_timeout` seconds without progress (`play`, which
+    `client_settings` go to)."""
     base = Path(tempfile.mkdtemp(prefix="gazette-shard-export-", dir=tmpdir or None)).resolve()
     try:
-        played = run_playback(play(plan, brokers, base / "store", end_offset, stall_timeout))
+        played = run_playback(
+            play(
+                plan,
+                brokers,
+                base / "store",
+                end_offset,
+                stall_timeout,
+                client_settings=client_settings,
+            )
+        )
         log.info(
             "played shard=%s log=%s write_head=%d files=%d seconds=%.2f",
             plan.shard,

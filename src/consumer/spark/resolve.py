@@ -197,13 +197,13 @@ async def plan_splits(opts: ShardsOptions) -> list[ShardSplit]:
     write head of its recovery log (learnt by an empty append, as a Player does; the state to
     export) and its splits: RocksDB shards ``opts.splits`` each (auto: by size, see
     `AUTO_SPLIT_BYTES`), other stores one."""
-    from gazette.broker.client import JournalClient, JournalNotFound, append
+    from gazette.broker.client import JournalNotFound, append
     from gazette.broker.protocol import protocol_pb2 as bpb
     from gazette.recoverylog.hints import hints_from_json
 
     plans = await resolve_shards(opts)
     out: list[ShardSplit] = []
-    async with JournalClient(list(opts.brokers)) as client:
+    async with opts.journal_client() as client:
         for plan in plans:
             try:
                 resp = await _bounded(

@@ -94,7 +94,11 @@ class GazetteShardsDataSource(DataSource):
         if opts.store == "rocksdb":
             return f"{base}, {_ROCKSDB_DDL}"
         with played_shard(
-            plans[0], opts.brokers, opts.tmpdir, stall_timeout=opts.broker_timeout
+            plans[0],
+            opts.brokers,
+            opts.tmpdir,
+            stall_timeout=opts.broker_timeout,
+            client_settings=opts.broker_client,
         ) as played:
             columns = sqlite_columns(played, opts.table, opts.query)
         reserved = (*BASE_COLUMNS, READ_THROUGH_COLUMN)
@@ -136,7 +140,12 @@ class GazetteShardsReader(DataSourceReader):
         share = opts.store == "rocksdb" and opts.share_playback
         playing = shared_played_shard if share else played_shard
         with playing(
-            split.plan, opts.brokers, opts.tmpdir, split.end_offset, opts.broker_timeout
+            split.plan,
+            opts.brokers,
+            opts.tmpdir,
+            split.end_offset,
+            opts.broker_timeout,
+            client_settings=opts.broker_client,
         ) as played:
             if opts.store == "rocksdb":
                 decoder = load_decoder(opts.decoder) if opts.decoder else None

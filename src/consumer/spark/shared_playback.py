@@ -65,6 +65,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from gazette.auth.client_settings import ClientSettings
 from gazette.consumer.spark.errors import ExportError, SharedPlaybackFailed
 from gazette.consumer.spark.playback import PlayedShard, play, run_playback
 from gazette.consumer.spark.resolve import ShardPlan
@@ -114,6 +115,8 @@ def shared_played_shard(
     tmpdir: str = "",
     end_offset: int = 0,
     stall_timeout: float = 0.0,
+    *,
+    client_settings: ClientSettings | None = None,
 ) -> Iterator[PlayedShard]:
     """Like `playback.played_shard`, but the snapshot is played once for every task of the
     host that reads it at the same time (see the module docs)."""
@@ -124,7 +127,9 @@ def shared_played_shard(
     lock = _LockFile(root / f"{name}.lock")
     try:
         lock.lock(fcntl.LOCK_SH)
-        yield _acquire(lock, root / name, plan, brokers, end_offset, stall_timeout, since)
+        yield _acquire(
+            lock, root / name, plan, brokers, end_offset, stall_timeout, since, client_settings
+        )
     finally:
         try:
             if lock.fd >= 0:
@@ -188,6 +193,7 @@ def _acquire(
     end_offset: int,
     stall_timeout: float,
     since: float,
+    client_settings: ClientSettings | None = None,
 ) -> PlayedShard:
     """The snapshot played into `directory`, with `lock` (held shared) held shared on
     return. Raises `SharedPlaybackFailed` if a playback of it failed at or after `since`."""
@@ -212,7 +218,14 @@ def _acquire(
             directory.mkdir()
             try:
                 played = run_playback(
-                    play(plan, brokers, directory / _STORE, end_offset, stall_timeout)
+                    play(
+                        plan,
+                        brokers,
+                        directory / _STORE,
+                        end_offset,
+                        stall_timeout,
+                        client_settings=client_settings,
+                    )
                 )
                 meta = {"links": played.links, "write_head": played.write_head, "boot": _boot_id()}
                 tmp = directory / f"{_META}.tmp"

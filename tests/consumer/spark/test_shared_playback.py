@@ -74,9 +74,9 @@ def plays(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     played: list[str] = []
     real = playback.play
 
-    async def counted(plan: ShardPlan, *args: Any) -> Any:
+    async def counted(plan: ShardPlan, *args: Any, **kwargs: Any) -> Any:
         played.append(plan.shard)
-        return await real(plan, *args)
+        return await real(plan, *args, **kwargs)
 
     monkeypatch.setattr(shared, "play", counted)
     yield played
@@ -229,7 +229,7 @@ def test_tasks_waiting_for_a_failed_playback_fail_with_its_error_at_once(
     plays: list[float] = []
     real = playback.play
 
-    async def failing(*args: Any) -> Any:
+    async def failing(*args: Any, **kwargs: Any) -> Any:
         plays.append(time.monotonic())
         await asyncio.sleep(1.0)  # Meanwhile the other tasks look, and wait.
         raise BrokersUnresponsive("no broker answered (a test's)")
