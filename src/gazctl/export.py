@@ -20,6 +20,12 @@ or two rather than after Spark's start and the source's etcd retries. The source
 the shards again when the query is planned (the check is no snapshot it could use: the
 shards may change in between, and the source serves any Spark session).
 
+Both reach the brokers as gazctl's other commands do: the TLS files of ``--cert-file``,
+``--cert-key-file``, ``--trusted-ca-file`` and the token of ``--auth-token`` become the
+source's ``broker_*`` options; ``--auth-keys`` goes through this process's
+``BROKER_AUTH_KEYS``, which the source reads (keys are never an option: query plans show
+options, `consumer.spark.broker_options`).
+
 A ``local`` master keeps the session on loopback. Any other master gets a driver that
 executors on other machines can reach back (`driver_address`), and ``--to`` may be a URI
 (``hdfs://``, ``s3a://``): on a cluster the executors write the part files, so the output
@@ -178,7 +184,29 @@ def journals_options(args: argparse.Namespace) -> dict[str, str]:
         opts["message"] = args.message
     if args.schema:
         opts["schema"] = args.schema
-    return {**opts, **_extra(args)}
+    return {**opts, **_broker_options(args), **_extra(args)}
+
+
+def _broker_options(args: argparse.Namespace) -> dict[str, str]:
+    """The broker client options of gazctl's broker flags (module docs)."""
+    opts = {}
+    for option, flag in (
+        ("broker_cert_file", "cert_file"),
+        ("broker_cert_key_file", "cert_key_file"),
+        ("broker_trusted_ca_file", "trusted_ca_file"),
+        ("broker_auth_token", "auth_token"),
+    ):
+        value = getattr(args, flag, None)
+        if value:
+            opts[option] = str(value)
+    return opts
+
+
+def _export_keys(args: argparse.Namespace) -> None:
+    """Hand ``--auth-keys`` to the source (and Spark's workers) through the environment."""
+    keys = getattr(args, "auth_keys", None)
+    if keys:
+        os.environ["BROKER_AUTH_KEYS"] = keys
 
 
 def shards_options(args: argparse.Namespace) -> dict[str, str]:
@@ -210,11 +238,12 @@ def shards_options(args: argparse.Namespace) -> dict[str, str]:
         ):
             if file is not None:
                 opts[name] = str(file)
-    return {**opts, **_extra(args)}
+    return {**opts, **_broker_options(args), **_extra(args)}
 
 
 async def cmd_journals_export(args: argparse.Namespace, io: Streams) -> int:
     opts = journals_options(args)
+    _export_keys(args)
     await asyncio.to_thread(export_parquet, "gazette-journals", opts, args, io)
     return 0
 
@@ -248,6 +277,7 @@ async def check_shards(options: dict[str, str]) -> None:
 
 async def cmd_shards_export(args: argparse.Namespace, io: Streams) -> int:
     opts = shards_options(args)
+    _export_keys(args)
     await check_shards(opts)
     await asyncio.to_thread(export_parquet, "gazette-shards", opts, args, io)
     return 0

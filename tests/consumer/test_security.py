@@ -332,3 +332,39 @@ def test_consumer_flags(
     with pytest.raises(SystemExit):
         parse_args(["--help"])
     assert KEY not in capsys.readouterr().out
+
+
+def test_gazctl_exports_hand_the_broker_flags_to_the_sources(certs: Certs) -> None:
+    """``shards export`` and ``journals export`` turn gazctl's broker TLS files and token into
+    the sources' options (which the sources accept)."""
+    from gazette.gazctl.export import journals_options, shards_options
+    from gazette.gazctl.main import build_parser
+
+    broker = ["--trusted-ca-file", str(certs.ca), "--cert-file", str(certs.client_cert)]
+    broker += ["--cert-key-file", str(certs.client_key), "--auth-token", "tok"]
+    expected = {
+        "broker_trusted_ca_file": str(certs.ca),
+        "broker_cert_file": str(certs.client_cert),
+        "broker_cert_key_file": str(certs.client_key),
+        "broker_auth_token": "tok",
+    }
+    shards = build_parser().parse_args(
+        [
+            "shards",
+            "export",
+            "--to",
+            "x",
+            "--root",
+            "/r",
+            "--shards",
+            "shard-000",
+            "--store",
+            "rocksdb",
+        ]
+        + broker
+    )
+    options = shards_options(shards)
+    assert expected.items() <= options.items()
+    assert ShardsOptions.parse(options).broker_client.auth_token == "tok"
+    journals = build_parser().parse_args(["journals", "export", "--to", "x", "-l", "a=b", *broker])
+    assert expected.items() <= journals_options(journals).items()
