@@ -27,7 +27,14 @@ from gazette.auth.claims import APPEND, APPLY, LIST, READ, REPLICATE, Claims, na
 from gazette.auth.keys import AuthError, Authorizer, NoAuth, Verifier
 from gazette.broker.protocol import protocol_pb2 as pb
 
-__all__ = ["AUTHORIZATION", "authorized", "journal_scope", "refuse", "verify_call"]
+__all__ = [
+    "AUTHORIZATION",
+    "append_authorization",
+    "authorized",
+    "journal_scope",
+    "refuse",
+    "verify_call",
+]
 
 AUTHORIZATION = "authorization"
 """The metadata key of a call's token."""
@@ -103,6 +110,13 @@ class _AuthorizedStub:
 
         setattr(self, name, call)  # made once per method
         return call
+
+
+def append_authorization(authorizer: Authorizer, journal: str) -> str | None:
+    """The ``authorization`` value of an append to `journal` (None: send none), for
+    transports other than gRPC (direct appends)."""
+    journal = journal.split(";", 1)[0]
+    return authorizer.authorization(Claims(APPEND, name_selector("name", journal)), LONG)
 
 
 def authorized(stub: S, authorizer: Authorizer, service: str = "protocol.Journal") -> S:

@@ -45,9 +45,9 @@ class BrokerConfig(MemberConfig):
     """Port of the HTTP server (``/healthz``, ``/debug/metrics``) on the host of `listen`;
     0: none."""
     direct_port: int = 0
-    """Port of the direct-append listener (the Append RPC over a plain TCP stream, for our
+    """Port of the direct-append listener (the Append RPC over a TCP stream, for our
     clients; docs/direct-appends.md) on the host of `listen`; 0: a free port; -1: none.
-    Not opened while the server has TLS on (docs/security.md)."""
+    TLS, as the gRPC port, while the server has TLS on (docs/security.md)."""
     server_cert_file: Path | None = None
     """The server's TLS certificate: with it, gRPC and HTTP are served over TLS only, and the
     advertised endpoint is ``https://``; without it, all TLS settings are unused."""
@@ -184,9 +184,9 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         "--direct-port",
         type=int,
         default=env("BROKER_DIRECT_PORT", str(d.direct_port)),
-        help="serve direct appends (Append over a plain TCP stream, which our clients use "
-        "instead of gRPC) on this port of the host of --listen; 0 (the default): a free "
-        "port, which clients discover over gRPC; -1: none; not opened with --server-cert-file "
+        help="serve direct appends (Append over a TCP stream, which our clients use instead "
+        "of gRPC; TLS with --server-cert-file) on this port of the host of --listen; 0 (the "
+        "default): a free port, which clients discover over gRPC; -1: none "
         "[BROKER_DIRECT_PORT]",
     )
     add_server_tls_flags(p, "BROKER_", process="broker", peers="other brokers")

@@ -1,8 +1,11 @@
-"""The broker's direct-append listener: the Append RPC over a plain TCP stream.
+"""The broker's direct-append listener: the Append RPC over a TCP stream (TLS when the
+broker serves TLS).
 
 Each append read from a connection is handed to the same `JournalService.Append` as gRPC's
-(validation, routing and proxying, registers, replication, rollback): only the transport
-differs. `broker.protocol.direct_framing` describes the framing; docs/direct-appends.md says why.
+(authorization, validation, routing and proxying, registers, replication, rollback): only the
+transport differs. An append's `AUTHORIZATION` frame is what its handler sees as the call's
+``authorization`` metadata. `broker.protocol.direct_framing` describes the framing;
+docs/direct-appends.md says why.
 """
 
 from __future__ import annotations
@@ -10,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from ssl import SSLContext
 from typing import Any
 
 import grpc
 
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.direct_framing import (
+    AUTHORIZATION,
     END,
     ERROR,
     MAGIC,
@@ -46,7 +51,14 @@ class _Aborted(Exception):
 
 
 class _Context:
-    """What the Append handler uses of a gRPC servicer context."""
+    """What the Append handler uses of a gRPC servicer context: the append's
+    `authorization`, and aborting."""
+
+    def __init__(self, authorization: str | None = None) -> None:
+        self._metadata = () if authorization is None else (("authorization", authorization),)
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         raise _Aborted(code, details)
@@ -188,8 +200,11 @@ class _Requests:
 class DirectAppendServer:
     """Serves direct appends on `host`:`port` (0: a free port; see `port` once started)."""
 
-    def __init__(self, service: JournalService, host: str, port: int = 0) -> None:
+    def __init__(
+        self, service: JournalService, host: str, port: int = 0, ssl: SSLContext | None = None
+    ) -> None:
         self.service = service
+        self.ssl = ssl
         self.host = host
         self.port = port
         self._server: asyncio.Server | None = None
@@ -199,7 +214,7 @@ class DirectAppendServer:
     async def start(self) -> None:
         """Listen. Raises OSError if the port cannot be bound."""
         self._server = await asyncio.start_server(
-            self._connection, self.host, self.port, limit=STREAM_LIMIT
+            self._connection, self.host, self.port, limit=STREAM_LIMIT, ssl=self.ssl
         )
         self.port = self._server.sockets[0].getsockname()[1]
 
@@ -323,7 +338,7 @@ class _Conn:
             self.writer.close()
 
     async def _appends(self, frames: _Frames, timeout: float) -> None:
-        context = _Context()
+        anonymous = _Context()
         while True:
             try:
                 first = await frames.get()  # An idle connection waits here.
@@ -331,6 +346,10 @@ class _Conn:
                 if not err.partial:
                     return  # Closed between appends.
                 raise
+            context = anonymous
+            if first[0] == AUTHORIZATION:
+                context = _Context(first[1].decode(errors="replace"))
+                first = await frames.get()
             if self.lost:
                 # The client left after sending (the frames and its end were read in one
                 # go): its append is not run, as gRPC cancels a call whose client left.

@@ -3,8 +3,8 @@
 The life cycle is the one every member process shares (`mainboilerplate.process`); the
 broker's parts are `BrokerProcess`: its HTTP server (bound before the broker announces
 itself), the gRPC server of protocol.Journal and the direct-append listener. With
-``--server-cert-file`` gRPC and HTTP are served over TLS only, and the direct-append listener,
-which is plaintext, is not opened (docs/security.md). A graceful stop
+``--server-cert-file`` gRPC, HTTP and the direct-append listener are served over TLS only
+(docs/security.md). A graceful stop
 keeps serving (and proxying) while the allocator moves the broker's journals away, then ends
 long-lived Replicate streams and gives appends in progress `STOP_GRACE` on both transports.
 """
@@ -17,7 +17,6 @@ import logging
 import grpc
 
 from gazette.allocator.session import LeaseLostError
-from gazette.auth.keys import NoAuth
 from gazette.auth.tls import TLSConfigError
 from gazette.broker.broker import Broker, BrokerStartupError
 from gazette.broker.config import BrokerConfig, parse_args
@@ -75,18 +74,11 @@ class BrokerProcess:
         service = JournalService(self.broker)
         add_journal_service(server, service)
         try:
-            if cfg.direct_port >= 0 and self.credentials is not None:
-                log.info(
-                    "direct appends off: the server has TLS on, and the direct-append port "
-                    "would take appends in plaintext; clients append over gRPC"
+            if cfg.direct_port >= 0:
+                # Under TLS, as the gRPC port: the same certificate and client checks.
+                self.direct = DirectAppendServer(
+                    service, cfg.http_host, cfg.direct_port, ssl=self.http_ssl
                 )
-            elif cfg.direct_port >= 0 and not isinstance(cfg.auth, NoAuth):
-                log.info(
-                    "direct appends off: authorization is on, and the direct-append port "
-                    "carries no token; clients append over gRPC"
-                )
-            elif cfg.direct_port >= 0:
-                self.direct = DirectAppendServer(service, cfg.http_host, cfg.direct_port)
                 try:
                     await self.direct.start()
                 except OSError as err:

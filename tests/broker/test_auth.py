@@ -15,7 +15,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from gazette.auth.claims import APPEND, APPLY, LIST, READ, Claims
+from gazette.auth.claims import APPEND, APPLY, LIST, READ, Claims, name_selector
 from gazette.auth.jwt import sign
 from gazette.auth.keys import BearerAuth, KeyedAuth
 from gazette.broker.client import (
@@ -27,11 +27,13 @@ from gazette.broker.client import (
 )
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+from gazette.broker.protocol.direct_framing import AUTHORIZATION, ERROR, HEADER, RESPONSE
 from gazette.broker.protocol.selector import parse_label_selector
 from gazette.gazctl.main import Streams, run
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.broker.conftest import read_all
+from tests.broker.raw_direct import Raw
 from tests.kit.specs import journal_spec
 
 KEY = base64.b64encode(b"broker secret").decode()
@@ -134,7 +136,7 @@ async def test_a_claims_selector_limits_what_is_listed_read_appended_and_applied
 ) -> None:
     a, b = journals
     team_a = bearer(LIST | READ | APPEND | APPLY, "prefix=team-a/")
-    async with JournalClient(brokers[1].endpoint, auth=team_a, direct_appends=False) as client:
+    async with JournalClient(brokers[1].endpoint, auth=team_a) as client:
         listed = [j.spec.name for j in await list_all_journals(client)]
         assert a in listed and b not in listed
         await append(client, pb.AppendRequest(journal=a), b"for team a\n")
@@ -143,6 +145,8 @@ async def test_a_claims_selector_limits_what_is_listed_read_appended_and_applied
             await append(client, pb.AppendRequest(journal=b), b"not for team a\n")
         content, metas = await read_all(client.stub(), b, block=False)
         assert (content, [m.status for m in metas]) == (b"", [pb.JOURNAL_NOT_FOUND])
+        # Appends went over the direct-append port, each opening with its authorization.
+        assert client.direct is not None and client.direct.answered == 2
         spec = journal_spec(b, replication=2)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await apply_journals(
@@ -197,3 +201,36 @@ def test_gazctl_signs_with_keys_or_sends_a_token(
     rc, out, err = gazctl()
     assert rc == 0 and a not in out and b in out, err
     assert token not in err and KEY not in err
+
+
+async def test_a_direct_append_is_verified_as_a_grpc_one(
+    brokers: list[BrokerProcess], journals: tuple[str, str]
+) -> None:
+    """Without an AUTHORIZATION frame, or with one lacking APPEND, a direct append is refused
+    UNAUTHENTICATED; the connection then carries an authorized append."""
+    a, _ = journals
+    msgs = (pb.AppendRequest(journal=a), pb.AppendRequest(content=b"raw\n"), pb.AppendRequest())
+    raw = await Raw.open(brokers[0])
+    try:
+        kind, answer = await raw.append(*msgs)
+        assert (kind, answer) == (
+            ERROR,
+            (grpc.StatusCode.UNAUTHENTICATED, "missing or empty authorization token"),
+        )
+        raw = await Raw.open(brokers[0])
+        for auth, expect in (
+            (bearer(READ), "authorization is missing required APPEND capability"),
+            (KeyedAuth(KEY), None),
+        ):
+            value = auth.authorization(Claims(APPEND, name_selector("name", a)), 60)
+            assert value is not None
+            raw.writer.write(HEADER.pack(AUTHORIZATION, len(value)) + value.encode())
+            kind, answer = await raw.append(*msgs)
+            if expect is None:
+                assert kind == RESPONSE and isinstance(answer, pb.AppendResponse)
+                assert answer.status == pb.OK
+            else:
+                assert (kind, answer) == (ERROR, (grpc.StatusCode.UNAUTHENTICATED, expect))
+                raw = await Raw.open(brokers[0])  # the broker closes after an error
+    finally:
+        raw.writer.close()

@@ -1,7 +1,7 @@
 """Brokers serving TLS, with real certificates (tests.kit.certs) and real broker processes.
 
-A TLS broker serves gRPC and HTTP over TLS only, advertises ``https://``, opens no plaintext
-direct-append port, and with ``--server-ca-file`` serves only clients presenting a
+A TLS broker serves gRPC, HTTP and its direct-append port over TLS only, advertises
+``https://``, and with ``--server-ca-file`` serves only clients presenting a
 certificate its CA signed; brokers replicate to each other over TLS with their peer
 certificates; clients that do not speak TLS, or do not trust the broker, fail at once with
 UNAVAILABLE.
@@ -29,7 +29,7 @@ from gazette.broker.client import JournalClient, RetryReader, append
 from gazette.broker.config import parse_args
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
-from gazette.broker.protocol.direct_framing import SERVICE_METHOD
+from gazette.broker.protocol.direct_framing import END, MAGIC, SERVICE_METHOD, frame
 from gazette.gazctl.main import Streams, run
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer, free_port
@@ -128,7 +128,8 @@ async def test_a_tls_client_appends_and_reads(
         assert route is not None
         assert list(route.endpoints) == [f"https://{tls_broker.endpoint}"]
         assert client.endpoint_for(spec.name) == f"https://{tls_broker.endpoint}"
-        assert client.direct is not None and client.direct.answered == 0
+        # The appends went over the broker's direct-append port, with TLS as its gRPC.
+        assert client.direct is not None and client.direct.answered == 2
 
 
 async def test_an_https_endpoint_is_dialled_with_tls(
@@ -155,17 +156,28 @@ async def test_clients_that_cannot_trust_the_broker_fail_at_once(
     assert time.monotonic() - started < 5  # Refused, not left to time out.
 
 
-async def test_no_direct_append_port_is_opened(tls_broker: BrokerProcess, certs: Certs) -> None:
+async def test_the_direct_append_port_serves_tls_only(
+    tls_broker: BrokerProcess, certs: Certs
+) -> None:
     log = tls_broker.log_path.read_text()
-    assert "direct appends off: the server has TLS on" in log
     ready = [line for line in log.splitlines() if line.startswith("broker ready")][-1]
     assert f"endpoint=https://{tls_broker.endpoint}" in ready
-    assert "direct=" not in ready
+    port = int(ready.split(" direct=")[1].split()[0])
     credentials = ClientTLS(certs.ca).grpc_credentials()
     async with grpc.aio.secure_channel(tls_broker.endpoint, credentials) as channel:
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        assert (
             await channel.unary_unary(SERVICE_METHOD, None, None)(b"", timeout=5)
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            == str(port).encode()
+        )
+    # A plaintext client of the direct port gets no answer: the broker expects a handshake.
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(MAGIC + frame(END))
+        await writer.drain()
+        async with asyncio.timeout(10):
+            assert await reader.read() == b""  # closed, nothing served in clear
+    finally:
+        writer.close()
 
 
 async def test_http_is_served_over_tls(tls_broker: BrokerProcess, certs: Certs) -> None:

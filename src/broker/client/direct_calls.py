@@ -1,4 +1,5 @@
-"""Direct appends, client side: Append calls over a plain TCP stream to our brokers.
+"""Direct appends, client side: Append calls over a TCP stream to our brokers (TLS to a
+broker dialled with TLS, which serves its direct port with the same certificate).
 
 `DirectAppends` asks a broker (once, over gRPC) for the port of its direct-append listener,
 keeps idle connections to it, and hands out `DirectAppendCall`s, which the `Appender` drives
@@ -6,7 +7,8 @@ exactly as a gRPC `StreamUnaryCall`: `write` each AppendRequest, `done_writing`,
 the AppendResponse. Failures surface as `grpc.aio.AioRpcError` with the status a gRPC call
 would have had (UNAVAILABLE for a lost connection), so retries and error handling are the
 same for both transports. A broker without the listener (upstream's, or one started with
-``--direct-port -1``) answers UNIMPLEMENTED, and its appends go over gRPC.
+``--direct-port -1``) answers UNIMPLEMENTED, and its appends go over gRPC. With
+authorization, each append opens with an `AUTHORIZATION` frame for its journal.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
@@ -23,6 +26,7 @@ import grpc.aio
 
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.direct_framing import (
+    AUTHORIZATION,
     END,
     ERROR,
     HEADER,
@@ -53,9 +57,9 @@ STREAM_LIMIT = 1 << 20
 
 
 def host_of(target: str) -> str | None:
-    """The host of a ``host:port`` gRPC target (None for other target forms, among them the
-    ``https://host:port`` of a TLS channel: the direct-append port is plaintext, so appends
-    to a broker dialled with TLS go over gRPC)."""
+    """The host of a ``host:port`` (or ``https://host:port``, dialled with TLS) gRPC target;
+    None for other target forms."""
+    target = target.removeprefix("https://")
     if "://" in target or target.startswith("unix:") or ":" not in target:
         return None
     host = target.rsplit(":", 1)[0].strip("[]")
@@ -142,8 +146,11 @@ class DirectAppendCall:
         # The request (the stream's first message) waits for the first content, and the
         # commit message (empty) for the end; content goes out as it comes.
         hold = not payload or not self._started
+        parts = [HEADER.pack(REQUEST, len(payload)), payload]
+        if not self._started:
+            parts[:0] = self._owner.authorization_frame(msg.journal)
         self._started = True
-        await self._send(HEADER.pack(REQUEST, len(payload)), payload, hold=hold)
+        await self._send(*parts, hold=hold)
 
     async def write_content(self, parts: Sequence[bytes]) -> None:
         """Write one AppendRequest carrying the concatenation of `parts` (bytes) as its
@@ -242,8 +249,17 @@ def _coalesced(parts: Sequence[bytes]) -> list[bytes]:
 class DirectAppends:
     """Direct-append connections of a `JournalClient`, per gRPC target."""
 
-    def __init__(self, channel: Callable[[str], grpc.aio.Channel]) -> None:
+    def __init__(
+        self,
+        channel: Callable[[str], grpc.aio.Channel],
+        *,
+        ssl_for: Callable[[], ssl.SSLContext] | None = None,
+        authorization: Callable[[str], str | None] | None = None,
+    ) -> None:
         self._channel = channel
+        self._ssl_for = ssl_for
+        self._ssl: ssl.SSLContext | None = None
+        self._authorization = authorization
         self._ports: dict[str, int] = {}
         self._off_until: dict[str, float] = {}
         self._failures: dict[str, int] = {}
@@ -278,7 +294,8 @@ class DirectAppends:
         gRPC channel). Cancelled once written, the append may have committed too.
         """
         payload = request.SerializeToString()
-        frames = [HEADER.pack(REQUEST, len(payload)), payload]
+        frames = [*self.authorization_frame(request.journal), HEADER.pack(REQUEST, len(payload))]
+        frames.append(payload)
         if size := sum(len(part) for part in content):
             frames.append(content_frame_header(size))
             frames.extend(content)
@@ -312,6 +329,15 @@ class DirectAppends:
             code, details = decode_error(answer)
             raise rpc_error(code, details)
         return pb.AppendResponse.FromString(answer)
+
+    def authorization_frame(self, journal: str) -> list[bytes]:
+        """The `AUTHORIZATION` frame opening an append to `journal` (none without
+        authorization)."""
+        value = self._authorization(journal) if self._authorization is not None else None
+        if value is None:
+            return []
+        data = value.encode()
+        return [HEADER.pack(AUTHORIZATION, len(data)), data]
 
     def release(self, target: str, conn: _Connection, *, reusable: bool = True) -> None:
         """Keep `conn` for the next append to `target` (an append was answered on it), if
@@ -369,9 +395,22 @@ class DirectAppends:
             port = await self._discover(target)
             if port is None:
                 return None
+        tls: ssl.SSLContext | None = None
+        if target.startswith("https://"):
+            if self._ssl_for is None:
+                return None  # No TLS settings for the direct port: over gRPC.
+            if self._ssl is None:
+                self._ssl = self._ssl_for()
+            tls = self._ssl
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
-                reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
+                reader, writer = await asyncio.open_connection(
+                    host,
+                    port,
+                    limit=STREAM_LIMIT,
+                    ssl=tls,
+                    server_hostname=host if tls is not None else None,
+                )
         except (OSError, TimeoutError) as err:
             self._back_off(target, f"unreachable on port {port} ({err!r})")
             self._ports.pop(target, None)  # Asked again next time: it may have moved.

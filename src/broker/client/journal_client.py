@@ -9,20 +9,21 @@ a replica in the client's zone) directly. Channels are opened lazily, one per en
 closed by `close()`.
 
 Channels use TLS to ``https://`` endpoints (those TLS brokers advertise, and so the routes
-learned from them) and, when the client is given a `ClientTLS`, to every endpoint. Such
-channels never carry direct appends, whose port is plaintext: appends to them go over gRPC.
+learned from them) and, when the client is given a `ClientTLS`, to every endpoint; direct
+appends to such brokers use TLS too, with the same settings.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
 
-from gazette.auth.grpc_auth import authorized, journal_scope
+from gazette.auth.grpc_auth import append_authorization, authorized, journal_scope
 from gazette.auth.keys import NO_AUTH, Authorizer
 from gazette.auth.tls import ClientTLS, endpoint_target
 from gazette.broker.client.direct_calls import DirectAppendCall, DirectAppends
@@ -91,7 +92,15 @@ class JournalClient:
         self._stubs: dict[str, JournalStub] = {}
         self._closed = False
         self._default = 0
-        self._direct = DirectAppends(self.channel) if direct_appends else None
+        self._direct = (
+            DirectAppends(
+                self.channel,
+                ssl_for=(tls or ClientTLS()).ssl_context,
+                authorization=partial(append_authorization, auth),
+            )
+            if direct_appends
+            else None
+        )
 
     @property
     def default_endpoint(self) -> str:

@@ -8,7 +8,9 @@ differs, so the broker runs the very same Append handler for both.
 
 A connection starts with `MAGIC` from the client. Then, per append, the client sends the
 append's messages as `REQUEST` frames, exactly as it would write them to the gRPC stream, and
-ends the stream with an `END` frame (its half-close). The broker answers each append with one
+ends the stream with an `END` frame (its half-close). With authorization on, an append's
+first frame is `AUTHORIZATION`, the value a gRPC call would carry as its ``authorization``
+metadata (``Bearer <token>``). The broker answers each append with one
 `RESPONSE` frame (a serialized AppendResponse) or one `ERROR` frame (what a gRPC status
 would say: a code and its details). One append at a time per connection; once a client has
 sent `END` and read the answer, the connection carries the next append.
@@ -25,6 +27,7 @@ import struct
 import grpc
 
 __all__ = [
+    "AUTHORIZATION",
     "END",
     "ERROR",
     "HEADER",
@@ -47,6 +50,7 @@ MAGIC = b"GZPYDA1\n"
 HEADER = struct.Struct("<cI")
 REQUEST = b"M"  # client: a serialized AppendRequest
 END = b"E"  # client: the end of the append's stream
+AUTHORIZATION = b"A"  # client, first of an append (optional): its ``authorization`` value
 RESPONSE = b"R"  # broker: a serialized AppendResponse
 ERROR = b"X"  # broker: the append failed: u8 gRPC status code, then UTF-8 details
 
