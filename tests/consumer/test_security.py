@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import grpc
+import grpc.aio
 import pytest
 
 from gazette.auth.claims import APPEND, LIST, READ, Claims
@@ -38,7 +40,8 @@ from gazette.gazctl.main import Streams, run
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.consumer import ConsumerProcess
 from gazette.testing.etcd import EtcdServer
-from tests.consumer.support import COUNTER, REPO, Setup, check_totals, feed, write_head
+from tests.consumer.secured_app import GET_METHOD
+from tests.consumer.support import REPO, Setup, check_totals, feed, write_head
 from tests.kit.certs import Certs
 from tests.kit.eventually import eventually
 
@@ -131,7 +134,7 @@ def secured(
     setup = Setup(etcd_server, broker, tmp, shards=2)
     consumers = [
         ConsumerProcess(
-            COUNTER,
+            "tests.consumer.secured_app:SecuredCounter",
             etcd_server.endpoint,
             [broker.endpoint],
             root=setup.root,
@@ -202,6 +205,41 @@ async def test_stat_is_proxied_to_the_primary_signed_and_over_tls(secured: Secur
             resp = await stat_shard(sc, shard)
         assert resp.status == pb.OK
         assert resp.header.process_id.suffix == primary
+
+
+async def test_application_grpc_calls_are_authorized_through_the_runtime(
+    secured: Secured,
+) -> None:
+    """The application's query verifies its caller (`ConsumerRuntime.verify`): no token, or
+    one without READ, is refused UNAUTHENTICATED saying why; a token not covering the shard
+    finds nothing; one covering it is answered by the primary, to which the process asked
+    forwards the call over TLS with the caller's token."""
+    s = secured
+    primaries = await _primaries(s)
+    primary = int(primaries["shard-000"].rsplit("-", 1)[1])
+    other = s.consumers[1 - primary]
+    request = json.dumps({"shard": "shard-000", "key": "k1"}).encode()
+
+    async def status(token: str | None) -> tuple[grpc.StatusCode, str]:
+        metadata = [("authorization", f"Bearer {token}")] if token else []
+        async with grpc.aio.secure_channel(other.endpoint, s.tls.grpc_credentials()) as ch:
+            try:
+                answer = await ch.unary_unary(GET_METHOD)(request, metadata=metadata, timeout=30)
+            except grpc.aio.AioRpcError as err:
+                return err.code(), err.details() or ""
+            return grpc.StatusCode.OK, json.loads(answer)["served_by"]
+
+    unauth = grpc.StatusCode.UNAUTHENTICATED
+    assert await status(None) == (unauth, "missing or empty authorization token")
+    assert await status(_token(LIST, "")) == (
+        unauth,
+        "authorization is missing required READ capability",
+    )
+    assert (await status(_token(READ, "id=shard-001")))[0] == grpc.StatusCode.NOT_FOUND
+    assert await status(_token(READ, "id=shard-000")) == (
+        grpc.StatusCode.OK,
+        f"z#{primaries['shard-000']}",
+    )
 
 
 async def test_healthz_is_served_over_https_only(secured: Secured) -> None:

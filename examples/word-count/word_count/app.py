@@ -25,6 +25,11 @@ or a `consumer.Status` name (SHARD_NOT_FOUND, NO_SHARD_PRIMARY, NOT_SHARD_PRIMAR
 ``error``, or UNAVAILABLE with an ``error`` (over HTTP: the shard could not be resolved, or
 its primary not reached; over gRPC the forwarded call's own error). Requests that are not
 JSON objects fail with INVALID_ARGUMENT.
+
+With the consumer's ``--auth-keys``, a gRPC query needs a token granting READ
+(`ConsumerRuntime.verify`; UNAUTHENTICATED otherwise), and a shard its selector does not
+cover is answered as if it did not exist; a forwarded query carries the caller's token to
+the primary.
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ import grpc
 import grpc.aio
 from aiohttp import web
 
+from gazette.auth.claims import READ
 from gazette.broker.client import list_all_journals
 from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.protocol.labels import label_set
 from gazette.consumer.application import Shard
 from gazette.consumer.protocol import pb
 from gazette.consumer.resolver import Resolution, Resolver
@@ -147,6 +154,8 @@ class WordCount:
     async def _query_rpc(
         self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> bytes:
+        assert self._runtime is not None
+        claims = await self._runtime.verify(context, READ)  # all, without --auth-keys
         try:
             req = json.loads(request)
             if not isinstance(req, dict):
@@ -155,7 +164,7 @@ class WordCount:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad query: {err}")
             raise  # abort raises; this is for type checkers.
         shard_id = await self.shard_of_query(req)
-        if not shard_id:
+        if not shard_id or not claims.covers(label_set(("id", shard_id))):
             return json.dumps(_no_shard(req)).encode()
         async with self.resolver.resolve(shard_id, may_proxy=True, incoming=context) as res:
             if res.status != pb.OK:
