@@ -17,6 +17,10 @@ and ``register_http``) answer from a shard's store, which only the shard's prima
   must reach first). A forwarded request is never forwarded again: resolving it with
   ``incoming=`` the request or gRPC context makes ``may_proxy`` false, so a route that
   changed in between answers NOT_SHARD_PRIMARY instead of bouncing between processes.
+  A forwarded request carries the caller's credentials (gRPC ``authorization`` metadata,
+  the HTTP ``Authorization`` header), never this process's: the primary's handler decides
+  on what the caller may do, as it would had the caller reached it. Primaries that
+  advertise ``https://`` are reached over TLS with this process's peer certificate.
 - **not OK**: SHARD_NOT_FOUND, NO_SHARD_PRIMARY, NOT_SHARD_PRIMARY (the primary is elsewhere
   and the caller may not proxy, or the primary here is not ready), SHARD_STOPPED (it stopped
   while the caller waited for ``read_through``). ``res.error`` says so in words;

@@ -6,6 +6,8 @@ its calls through the runtime, as an application's own API does when the consume
 ``id`` label): a call without it ends UNAUTHENTICATED (`ConsumerRuntime.verify`), one whose
 claims' selector does not cover the shard is answered NOT_FOUND. Any process answers, the
 primary's answer forwarded (with the caller's token, which the primary verifies again).
+HTTP ``GET /totals/{shard}/{key}`` answers the same from the primary (forwarded over HTTPS
+when the consumers serve TLS), without authorization.
 
 Run by `gazette-consumer tests.consumer.secured_app:SecuredCounter` in
 tests/consumer/test_security.py."""
@@ -17,6 +19,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from aiohttp import web
 
 from gazette.auth.claims import READ
 from gazette.broker.protocol.labels import label_set
@@ -29,7 +32,25 @@ __all__ = ["GET_METHOD", "SecuredCounter"]
 GET_METHOD = "/counter.Secured/Get"
 
 
+def _total(store: Any, key: str) -> int:
+    assert isinstance(store, RocksDBStore)
+    raw = store.get(b"k" + key.encode())
+    return int(raw) if raw is not None else 0
+
+
 class SecuredCounter(Counter):
+    def register_http(self, app: web.Application, runtime: ConsumerRuntime) -> None:
+        served_by = f"{runtime.cfg.zone}#{runtime.cfg.suffix}"
+
+        async def total(request: web.Request) -> web.StreamResponse:
+            shard, key = request.match_info["shard"], request.match_info["key"]
+            async with runtime.resolver.resolve(shard, may_proxy=True, incoming=request) as res:
+                if not res.local:
+                    return await res.forward_http(request)
+                return web.json_response({"total": _total(res.store, key), "served_by": served_by})
+
+        app.router.add_get("/totals/{shard}/{key}", total)
+
     def register_grpc(self, server: grpc.aio.Server, runtime: ConsumerRuntime) -> None:
         served_by = f"{runtime.cfg.zone}#{runtime.cfg.suffix}"
 
@@ -44,10 +65,8 @@ class SecuredCounter(Counter):
                 if not res.local:
                     out: bytes = await res.forward_unary(GET_METHOD, request, context)
                     return out
-                assert isinstance(res.store, RocksDBStore)
-                raw = res.store.get(b"k" + req["key"].encode())
-                total = int(raw) if raw is not None else 0
-                return json.dumps({"total": total, "served_by": served_by}).encode()
+                body = {"total": _total(res.store, req["key"]), "served_by": served_by}
+                return json.dumps(body).encode()
 
         handler = grpc.method_handlers_generic_handler(
             "counter.Secured", {"Get": grpc.unary_unary_rpc_method_handler(get)}

@@ -242,6 +242,21 @@ async def test_application_grpc_calls_are_authorized_through_the_runtime(
     )
 
 
+async def test_http_requests_are_forwarded_to_the_primary_over_https(
+    secured: Secured,
+) -> None:
+    """A request to the process that is not the shard's primary is forwarded over HTTPS,
+    with the peer certificate the primary asks for."""
+    s = secured
+    primaries = await _primaries(s)
+    other = s.consumers[1 - int(primaries["shard-000"].rsplit("-", 1)[1])]
+    url = f"https://127.0.0.1:{other.http_port}/totals/shard-000/k1"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url, ssl=s.tls.ssl_context()) as resp:
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["served_by"] == f"z#{primaries['shard-000']}"
+
+
 async def test_healthz_is_served_over_https_only(secured: Secured) -> None:
     c = secured.consumers[0]
     url = f"127.0.0.1:{c.http_port}/healthz"
