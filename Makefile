@@ -69,8 +69,9 @@ test: deps lint typecheck
 	$(PY) tools/gen_protos.py --check
 	$(VENV)/bin/pytest -q --durations=15
 
+# `make demo SECURE=1`: the same with TLS and authorization on everywhere (docs/security.md).
 demo: deps
-	$(PY) examples/demo.py
+	$(PY) examples/demo.py $(if $(SECURE),--secure)
 
 # Runs every bench/*.py --quick, one at a time, and writes their figures to bench/RESULTS.md.
 bench: deps

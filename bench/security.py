@@ -22,7 +22,7 @@ import os.path
 import sys
 
 # bench/ holds scripts named after packages; keep it off the import path, and put the
-# repository on it for the test kit's certificates.
+# repository on it for the tests' journal specs.
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,8 +42,8 @@ from gazette.broker.client import AppendService, JournalClient, append, apply_jo
 from gazette.broker.client.reader import write_head
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.testing.broker import BrokerProcess
+from gazette.testing.certs import write_certs
 from gazette.testing.etcd import EtcdServer
-from tests.kit.certs import write_certs
 from tests.kit.specs import journal_spec
 
 MiB = 1 << 20

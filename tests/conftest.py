@@ -24,8 +24,8 @@ import hypothesis  # noqa: F401,E402 - imported first, see below
 import pytest  # noqa: E402
 
 from gazette.testing.broker import BrokerProcess  # noqa: E402
+from gazette.testing.certs import Certs, write_certs  # noqa: E402
 from gazette.testing.etcd import EtcdServer  # noqa: E402
-from tests.kit.certs import Certs, write_certs  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +51,6 @@ def session_broker(
 
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    """Certificates for TLS tests (tests.kit.certs): a CA, a server certificate for
+    """Certificates for TLS tests (gazette.testing.certs): a CA, a server certificate for
     127.0.0.1/localhost, a client certificate, and a wrong CA."""
     return write_certs(tmp_path_factory.mktemp("certs"))

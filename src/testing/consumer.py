@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -55,8 +56,12 @@ class ConsumerProcess(ReadyProcess):
 
     @property
     def http_endpoint(self) -> str:
-        """``http://127.0.0.1:PORT`` of the HTTP server."""
-        return f"http://127.0.0.1:{self.http_port}"
+        """``http://127.0.0.1:PORT`` of the HTTP server (``https://`` when the consumer
+        serves TLS: ``--server-cert-file`` or ``CONSUMER_SERVER_CERT_FILE``)."""
+        tls = "--server-cert-file" in " ".join(self.extra_args) or (
+            {**os.environ, **self.extra_env}.get("CONSUMER_SERVER_CERT_FILE")
+        )
+        return f"{'https' if tls else 'http'}://127.0.0.1:{self.http_port}"
 
     def command(self) -> list[str]:
         return [

@@ -16,6 +16,13 @@ The application's module is imported by the consumers from the current directory
 nowhere to hand shards to) and ``--lease-ttl 3``; ``--consumer-arg`` adds or overrides
 flags, e.g. ``--max-hot-standbys=0`` to run specs asking for standbys on one consumer.
 
+With ``--secure``, everything runs with TLS and authorization on (docs/security.md):
+certificates made for the run (`gazette.testing.certs`) under the directory, etcd serving TLS
+and asking for client certificates, brokers and consumers serving TLS and verifying tokens
+signed with a key made for the run. The processes take their settings from the environment,
+under the names upstream gives them (`secure_environment`); a file of the clients' settings
+(``secure.env``, readable by its owner only) is printed for ``gazctl``.
+
 Like the rest of `gazette.testing` it runs the package's programs as processes and imports
 none of the package; `DevCluster` is the same cluster from Python.
 """
@@ -23,6 +30,7 @@ none of the package; `DevCluster` is the same cluster from Python.
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import signal
 import subprocess
@@ -33,9 +41,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from gazette.testing.certs import Certs, write_certs
 from gazette.testing.cluster import BrokerCluster
 from gazette.testing.consumer import ConsumerProcess
-from gazette.testing.etcd import EtcdServer
+from gazette.testing.etcd import EtcdServer, EtcdTLS
 from gazette.testing.process import ProcessUnavailable, ReadyProcess
 
 __all__ = ["DevCluster", "DevClusterError", "main"]
@@ -49,6 +58,37 @@ GAZCTL_TIMEOUT = 120.0
 
 class DevClusterError(RuntimeError):
     """A process did not start, or a spec was not applied."""
+
+
+CLIENT_VARIABLES = (
+    "BROKER_TRUSTED_CA_FILE",
+    "BROKER_AUTH_KEYS",
+    "CONSUMER_TRUSTED_CA_FILE",
+    "CONSUMER_AUTH_KEYS",
+    "ETCD_TRUSTED_CA_FILE",
+    "ETCD_CERT_FILE",
+    "ETCD_CERT_KEY_FILE",
+)
+"""The variables of `secure_environment` that clients (gazctl, the client library's
+`ClientSettings.from_environ`) read; the others configure servers."""
+
+
+def secure_environment(certs: Certs, key: str) -> dict[str, str]:
+    """The environment of every process of a secured cluster: brokers and consumers serve TLS
+    with `certs`' server certificate and trust its CA for their peers; they verify tokens
+    signed with `key` (base64), and sign their own calls with it; every etcd client presents
+    the client certificate."""
+    env = {}
+    for side in ("BROKER", "CONSUMER"):
+        env[f"{side}_SERVER_CERT_FILE"] = str(certs.server_cert)
+        env[f"{side}_SERVER_CERT_KEY_FILE"] = str(certs.server_key)
+        env[f"{side}_PEER_CA_FILE"] = str(certs.ca)
+        env[f"{side}_TRUSTED_CA_FILE"] = str(certs.ca)
+        env[f"{side}_AUTH_KEYS"] = key
+    env["ETCD_TRUSTED_CA_FILE"] = str(certs.ca)
+    env["ETCD_CERT_FILE"] = str(certs.client_cert)
+    env["ETCD_CERT_KEY_FILE"] = str(certs.client_key)
+    return env
 
 
 class DevCluster:
@@ -65,6 +105,7 @@ class DevCluster:
         consumers: int = 1,
         consumer_root: str = CONSUMER_ROOT,
         consumer_args: Sequence[str] = (),
+        secure: bool = False,
     ) -> None:
         if brokers < 1:
             raise ValueError(f"a cluster needs a broker, not {brokers}")
@@ -77,11 +118,34 @@ class DevCluster:
         self.consumer_root = consumer_root
         self.consumer_args = list(consumer_args)
         self.consumers: list[ConsumerProcess] = []
+        self.secure = secure
+        self.secure_env: dict[str, str] = {}
+        """With `secure`, the environment of every process (`secure_environment`)."""
+
+    def _secure(self) -> None:
+        """Certificates and a key for the run; etcd to serve TLS with them."""
+        certs = write_certs(self.directory / "certs")
+        key = base64.b64encode(os.urandom(32)).decode()
+        self.secure_env = secure_environment(certs, key)
+        self.etcd.tls = EtcdTLS(
+            certs.server_cert,
+            certs.server_key,
+            certs.ca,
+            client_cert_auth=True,
+            client_cert_file=certs.client_cert,
+            client_key_file=certs.client_key,
+        )
+        env_file = self.directory / "secure.env"
+        fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.writelines(f"export {k}={self.secure_env[k]}\n" for k in CLIENT_VARIABLES)
 
     def start(self) -> DevCluster:
         """Start etcd, the brokers, then the consumers, each waited for until ready."""
         try:
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if self.secure:
+                self._secure()
             self.etcd.start()
             zones = [("zone-a", "zone-b")[i % 2] for i in range(self.n_brokers)]
             self.brokers = BrokerCluster(
@@ -89,9 +153,10 @@ class DevCluster:
                 root=BROKER_ROOT,
                 spool_root=self.directory / "brokers",
                 zones=zones,
+                extra_env=self.secure_env,
             )
             self.brokers.start()
-            env = {"PYTHONPATH": _with_cwd(os.environ.get("PYTHONPATH", ""))}
+            env = {"PYTHONPATH": _with_cwd(os.environ.get("PYTHONPATH", "")), **self.secure_env}
             for i in range(self.n_consumers):
                 c = ConsumerProcess(
                     self.app,
@@ -115,9 +180,12 @@ class DevCluster:
         """The brokers and consumers."""
         return [*(self.brokers.brokers if self.brokers else []), *self.consumers]
 
-    def environment(self) -> dict[str, str]:
-        """The variables that point ``gazctl`` (and ``gazette-consumer``) at this cluster."""
+    def environment(self, *, secrets: bool = False) -> dict[str, str]:
+        """The variables that point ``gazctl`` (and ``gazette-consumer``) at this cluster;
+        with `secrets`, and the cluster secure, the clients' TLS files and key too."""
         env = {"ETCD_ADDRESS": self.etcd.endpoint}
+        if secrets:
+            env.update({k: self.secure_env[k] for k in CLIENT_VARIABLES if k in self.secure_env})
         if self.brokers is not None:
             env["BROKER_ADDRESS"] = self.brokers.endpoints[0]
         if self.consumers:
@@ -132,7 +200,7 @@ class DevCluster:
         try:
             proc = subprocess.run(
                 argv,
-                env={**os.environ, **self.environment()},
+                env={**os.environ, **self.environment(secrets=True)},
                 capture_output=True,
                 text=True,
                 timeout=GAZCTL_TIMEOUT,
@@ -175,6 +243,11 @@ class DevCluster:
         lines.append(f"data       {self.directory}")
         exports = " ".join(f"{k}={v}" for k, v in self.environment().items())
         lines.append(f"gazctl     export {exports}")
+        if self.secure:
+            lines.append(
+                f"secure     . {self.directory / 'secure.env'}  (the clients' TLS files and "
+                "auth key: TLS and authorization are on)"
+            )
         return "\n".join(lines)
 
     def close(self) -> None:
@@ -243,6 +316,12 @@ def _parser() -> argparse.ArgumentParser:
         help="directory of the processes' data and logs, kept at the stop (default: a new "
         "one under the temporary directory)",
     )
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        help="TLS and authorization on everywhere, with certificates and a key made for the "
+        "run (docs/security.md)",
+    )
     return p
 
 
@@ -285,6 +364,7 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
         consumers=a.consumers,
         consumer_root=a.root,
         consumer_args=a.consumer_arg,
+        secure=a.secure,
     )
     status = 0
     try:

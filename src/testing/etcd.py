@@ -198,6 +198,9 @@ class EtcdServer:
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            # etcd reads ETCD_* variables as its own flags: the client settings our processes
+            # take under those names (ETCD_CERT_FILE ...) must not configure the server.
+            env={k: v for k, v in os.environ.items() if not k.startswith("ETCD_")},
             start_new_session=True,
         )
         log.close()

@@ -1,4 +1,4 @@
-"""gazette.auth.tls with real certificates (tests.kit.certs): files checked when loaded, and
+"""gazette.auth.tls with real certificates (gazette.testing.certs): files checked when loaded, and
 real handshakes over loopback, through asyncio's TLS and through gRPC."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import grpc.aio
 import pytest
 
 from gazette.auth.tls import PEER_FLAGS, ClientTLS, ServerTLS, TLSConfigError, endpoint_target
-from tests.kit.certs import Certs
+from gazette.testing.certs import Certs
 
 
 @pytest.mark.parametrize(

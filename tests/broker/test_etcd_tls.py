@@ -17,9 +17,9 @@ from gazette.broker.client import JournalClient, RetryReader, append
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.keyspace.etcd import Etcd
 from gazette.testing.broker import BrokerProcess
+from gazette.testing.certs import Certs
 from gazette.testing.etcd import EtcdServer, EtcdTLS
 from tests.broker.conftest import journal_spec
-from tests.kit.certs import Certs
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Brokers serving TLS, with real certificates (tests.kit.certs) and real broker processes.
+"""Brokers serving TLS, with real certificates (gazette.testing.certs) and real broker processes.
 
 A TLS broker serves gRPC, HTTP and its direct-append port over TLS only, advertises
 ``https://``, and with ``--server-ca-file`` serves only clients presenting a
@@ -32,9 +32,9 @@ from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.broker.protocol.direct_framing import END, MAGIC, SERVICE_METHOD, frame
 from gazette.gazctl.main import Streams, run
 from gazette.testing.broker import BrokerProcess
+from gazette.testing.certs import Certs
 from gazette.testing.etcd import EtcdServer, free_port
 from tests.broker.conftest import journal_spec, read_all
-from tests.kit.certs import Certs
 
 _names = itertools.count()
 

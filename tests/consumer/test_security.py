@@ -1,5 +1,5 @@
 """Consumers with TLS and authorization on, against brokers with both on, all real processes
-and real certificates (tests.kit.certs): two counter consumers requiring client certificates
+and real certificates (gazette.testing.certs): two counter consumers requiring client certificates
 and tokens signed by their shared key run their shards (RocksDB stores, recorded by fusefs
 processes through the secured broker), proxy Stat to each other signed and over TLS, serve
 /healthz over HTTPS only, and answer ``gazctl shards list`` only with a token, limited to
@@ -38,11 +38,11 @@ from gazette.consumer.spark.playback import play
 from gazette.consumer.spark.resolve import plan_splits
 from gazette.gazctl.main import Streams, run
 from gazette.testing.broker import BrokerProcess
+from gazette.testing.certs import Certs
 from gazette.testing.consumer import ConsumerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.consumer.secured_app import GET_METHOD
 from tests.consumer.support import REPO, Setup, check_totals, feed, write_head
-from tests.kit.certs import Certs
 from tests.kit.eventually import eventually
 
 SECRET = b"consumer and broker secret"

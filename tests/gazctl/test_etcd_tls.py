@@ -23,8 +23,8 @@ from gazette.gazctl.main import GazctlError, build_parser
 from gazette.keyspace.etcd import Etcd
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.testing.broker import BrokerProcess
+from gazette.testing.certs import Certs
 from gazette.testing.etcd import EtcdServer, EtcdTLS
-from tests.kit.certs import Certs
 from tests.kit.specs import RECOVERY_LOG, apply_specs, journal_spec
 
 from .conftest import Gazctl

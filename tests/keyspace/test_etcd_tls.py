@@ -1,4 +1,4 @@
-"""The etcd client over TLS, against real etcd processes serving TLS (tests.kit.certs).
+"""The etcd client over TLS, against real etcd processes serving TLS (gazette.testing.certs).
 
 A client trusting the CA that signed etcd's certificate reads, writes and watches; one
 trusting another CA, or dialing without TLS, fails within its timeout with the reason; with
@@ -17,8 +17,8 @@ import pytest
 from gazette.auth.tls import ClientTLS, TLSConfigError
 from gazette.keyspace.etcd import Etcd, EtcdUnreachable
 from gazette.mainboilerplate.etcd_endpoints import ETCD_TLS_FLAGS
+from gazette.testing.certs import Certs
 from gazette.testing.etcd import EtcdServer, EtcdTLS
-from tests.kit.certs import Certs
 
 TIMEOUT = 1.5
 """The clients' timeout in the failure cases: each fails within it, never hangs."""

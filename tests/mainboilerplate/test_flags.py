@@ -15,7 +15,7 @@ from gazette.mainboilerplate.flags import (
     MemberConfig,
     MemberFlags,
 )
-from tests.kit.certs import Certs
+from gazette.testing.certs import Certs
 
 FLAGS = MemberFlags(
     env={

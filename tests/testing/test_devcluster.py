@@ -218,3 +218,53 @@ def test_the_command_is_installed_as_gazette_dev() -> None:
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     module, _, attr = scripts["gazette-dev"].partition(":")
     assert getattr(importlib.import_module(module), attr) is devcluster.main
+
+
+def test_a_secure_dev_cluster_serves_only_clients_with_its_settings(tmp_path: Path) -> None:
+    """``--secure``: etcd and the brokers serve TLS and the brokers verify tokens; gazctl
+    with the printed settings file works, and without them it is refused."""
+    (tmp_path / "fragments").mkdir()
+    (tmp_path / "journals.yaml").write_text(journals_yaml(tmp_path / "fragments"))
+    directory = tmp_path / "cluster"
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "gazette.testing.devcluster", "--dir", str(directory),
+            "--secure", "--journals", str(tmp_path / "journals.yaml"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        out = "".join(read_until_ready(proc))
+        exports = next(ln for ln in out.splitlines() if ln.startswith("gazctl "))
+        env = dict(kv.split("=", 1) for kv in exports.split("export ", 1)[1].split())
+        assert env["ETCD_ADDRESS"].startswith("https://")
+        env_file = directory / "secure.env"
+        assert f"secure     . {env_file}" in out
+        assert env_file.stat().st_mode & 0o777 == 0o600
+        settings = dict(
+            line.removeprefix("export ").split("=", 1) for line in env_file.read_text().splitlines()
+        )
+        assert set(settings) >= {"BROKER_TRUSTED_CA_FILE", "BROKER_AUTH_KEYS", "ETCD_CERT_FILE"}
+        assert settings["BROKER_AUTH_KEYS"] not in out  # the key is in the file only
+
+        def gazctl(extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "gazette.gazctl.main", "journals", "list"],
+                env={**os.environ, **env, **extra},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+
+        listed = gazctl(settings)
+        assert listed.returncode == 0 and "dev/in" in listed.stdout, listed.stderr
+        ca_only = gazctl({"BROKER_TRUSTED_CA_FILE": settings["BROKER_TRUSTED_CA_FILE"]})
+        assert ca_only.returncode == 1 and "UNAUTHENTICATED" in ca_only.stderr
+        assert gazctl({}).returncode == 1  # plaintext against TLS
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, rest
+    assert running_under(directory) == []

@@ -28,11 +28,10 @@ from typing import cast
 
 import grpc.aio
 
-from gazette.broker.client import JournalClient
 from gazette.broker.protocol import protocol_pb2 as bpb
-from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
 from gazette.testing.consumer import ConsumerProcess
+from word_count.clients import journal_client, shard_client
 from word_count.messages import deltas_partition, ngrams, shard_id, words
 from word_count.query import query
 from word_count.specs import journals_yaml, shards_yaml
@@ -102,8 +101,8 @@ class Tools:
 
 
 async def _statuses(endpoint: str) -> dict[str, dict[str, int]]:
-    async with grpc.aio.insecure_channel(endpoint) as ch:
-        resp = await pb_grpc.ShardStub(ch).List(pb.ListRequest(), timeout=5)
+    async with shard_client(endpoint) as sc:
+        resp = await sc.stub.List(pb.ListRequest(), timeout=5)
     return {
         s.spec.id: {m.suffix: st.code for m, st in zip(s.route.members, s.status, strict=False)}
         for s in resp.shards
@@ -133,17 +132,14 @@ def primary_and_standby(s: dict[str, int]) -> bool:
 
 async def _read_through(broker: str, consumer: str) -> None:
     """Wait until every shard's committed transactions read its partition to the write head."""
-    async with (
-        JournalClient(broker) as client,
-        grpc.aio.insecure_channel(consumer) as ch,
-    ):
+    async with journal_client(broker) as client, shard_client(consumer) as sc:
         for i in range(PARTITIONS):
             journal = deltas_partition(i)
             stub = client.stub_for(journal)
             call = stub.Read(bpb.ReadRequest(journal=journal, offset=-1, metadata_only=True))
             meta = cast(bpb.ReadResponse, await call.read())
             req = pb.StatRequest(shard=shard_id(i), read_through={journal: meta.write_head})
-            resp = await pb_grpc.ShardStub(ch).Stat(req, timeout=60)
+            resp = await sc.stub.Stat(req, timeout=60)
             if resp.status != pb.OK:
                 raise SystemExit(f"Stat {shard_id(i)}: {pb.Status.Name(resp.status)}")
 
@@ -307,6 +303,11 @@ def spark_export(etcd: str, brokers: list[str], expected: Counter[str]) -> None:
             "store": "rocksdb",
             "key_prefix": "n",  # Keys are b"n" + bigram; values its count as ASCII digits.
         }
+        # A secured cluster: etcd's TLS files as options (the brokers' TLS and key the
+        # source takes from the BROKER_* environment, which Spark's workers inherit).
+        for option in ("etcd_trusted_ca_file", "etcd_cert_file", "etcd_cert_key_file"):
+            if value := os.environ.get(option.upper()):
+                options[option] = value
         print("    options: " + ", ".join(f"{k}={v}" for k, v in options.items()))
         t0 = time.monotonic()
         df = spark.read.format("gazette-shards").options(**options).load()

@@ -7,6 +7,9 @@ owns a disjoint set of n-grams. The input is one stream of words: n-grams span l
 and the `Feeder.add` calls.
 
     python -m word_count.feed --broker 127.0.0.1:8080 corpus.txt     # or - for stdin
+
+It reaches a secured cluster with the ``BROKER_*`` settings of the environment
+(`word_count.clients`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from gazette.broker.client import AppendService, JournalClient, list_all_journal
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.message.mapping import NoPartitions, modulo_mapping
 from gazette.message.publisher import Publisher
+from word_count.clients import journal_client
 from word_count.messages import NGramDelta, deltas_selector, ngrams, words
 
 __all__ = ["Feeder", "feed_text", "main"]
@@ -112,7 +116,7 @@ async def feed_text(client: JournalClient, text: str, *, n: int = 2) -> Counter[
 
 async def _run(args: argparse.Namespace) -> None:
     src = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")  # noqa: SIM115
-    async with JournalClient(args.broker) as client:
+    async with journal_client(args.broker) as client:
         parts = await deltas_partitions(client)
         async with Feeder(client, parts, n=args.n) as feeder:
             with src:

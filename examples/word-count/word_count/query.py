@@ -3,6 +3,10 @@
     python -m word_count.query --consumer 127.0.0.1:9000 --ngram "of the"
     python -m word_count.query --consumer 127.0.0.1:9000 --shard word-count-part-000 \\
         --prefix "the " --top 10
+
+Against consumers with TLS and authorization on, it takes the settings gazctl's shard
+commands take from the environment (``CONSUMER_TRUSTED_CA_FILE``, ``CONSUMER_AUTH_KEYS`` ...;
+docs/security.md) and asks for READ.
 """
 
 from __future__ import annotations
@@ -14,7 +18,10 @@ from typing import Any
 
 import grpc.aio
 
+from gazette.auth.claims import READ, Claims
+from gazette.auth.tls import ClientTLS, endpoint_target
 from word_count.app import QUERY_METHOD
+from word_count.clients import consumer_settings
 
 __all__ = ["QueryError", "query", "query_channel"]
 
@@ -29,21 +36,37 @@ class QueryError(Exception):
 
 
 async def query_channel(
-    channel: grpc.aio.Channel, req: dict[str, Any], *, timeout: float = 10.0
+    channel: grpc.aio.Channel,
+    req: dict[str, Any],
+    *,
+    timeout: float = 10.0,
+    authorization: str | None = None,
 ) -> dict[str, Any]:
-    """Send `req` over `channel`; the OK response. Raises `QueryError` (other statuses) or
-    ``grpc.aio.AioRpcError``."""
+    """Send `req` over `channel` (with `authorization`, a ``Bearer`` value, if given); the OK
+    response. Raises `QueryError` (other statuses) or ``grpc.aio.AioRpcError``."""
     call = channel.unary_unary(QUERY_METHOD, None, None)
-    resp: dict[str, Any] = json.loads(await call(json.dumps(req).encode(), timeout=timeout))
+    metadata = None if authorization is None else (("authorization", authorization),)
+    answer = await call(json.dumps(req).encode(), timeout=timeout, metadata=metadata)
+    resp: dict[str, Any] = json.loads(answer)
     if resp.get("status") != "OK":
         raise QueryError(resp)
     return resp
 
 
 async def query(endpoint: str, req: dict[str, Any], *, timeout: float = 10.0) -> dict[str, Any]:
-    """`query_channel` over a channel of its own to the consumer at `endpoint`."""
-    async with grpc.aio.insecure_channel(endpoint) as channel:
-        return await query_channel(channel, req, timeout=timeout)
+    """`query_channel` over a channel of its own to the consumer at `endpoint`, with the
+    ``CONSUMER_*`` settings of the environment (module docs)."""
+    settings = consumer_settings()
+    target, secure = endpoint_target(endpoint)
+    tls = settings.tls() or (ClientTLS() if secure else None)
+    channel = (
+        grpc.aio.insecure_channel(target)
+        if tls is None
+        else grpc.aio.secure_channel(target, tls.grpc_credentials())
+    )
+    authorization = settings.authorizer().authorization(Claims(READ), 60)
+    async with channel:
+        return await query_channel(channel, req, timeout=timeout, authorization=authorization)
 
 
 async def _run(args: argparse.Namespace) -> None:

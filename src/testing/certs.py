@@ -1,5 +1,7 @@
-"""Real certificates for TLS tests: a CA, a server and a client certificate it signed, and
-a second CA that signed neither (a client trusting it must refuse the server).
+"""Real certificates for TLS tests and development clusters (``gazette-dev --secure``,
+``make demo SECURE=1``): a CA, a server and a client certificate it signed, and a second CA
+that signed neither (a client trusting it must refuse the server). Needs `cryptography` (the
+``dev`` extra); never for production, where certificates come from the operator's CA.
 
 EC P-256 keys, so that making them all takes milliseconds. The server's certificate names
 127.0.0.1 (an IP SAN) and localhost (a DNS SAN), where the test processes listen.
