@@ -13,7 +13,6 @@ from gazette.auth.flags import (
     check_server_tls_flags,
 )
 from gazette.auth.keys import NO_AUTH, BearerAuth, KeyedAuth, NoAuth
-from gazette.auth.tls import PEER_FLAGS, SERVER_FLAGS, ClientTLS, ServerTLS, TLSConfigError
 from gazette.mainboilerplate.flags import (
     ETCD_TLS,
     ETCD_TLS_ENV,
@@ -48,49 +47,9 @@ class BrokerConfig(MemberConfig):
     """Port of the direct-append listener (the Append RPC over a TCP stream, for our
     clients; docs/direct-appends.md) on the host of `listen`; 0: a free port; -1: none.
     TLS, as the gRPC port, while the server has TLS on (docs/security.md)."""
-    server_cert_file: Path | None = None
-    """The server's TLS certificate: with it, gRPC and HTTP are served over TLS only, and the
-    advertised endpoint is ``https://``; without it, all TLS settings are unused."""
-    server_cert_key_file: Path | None = None
-    server_ca_file: Path | None = None
-    """With it, clients must present a certificate this CA signed."""
-    peer_cert_file: Path | None = None
-    """The certificate this broker presents to other brokers (when they ask for one)."""
-    peer_cert_key_file: Path | None = None
-    peer_ca_file: Path | None = None
-    """The CA other brokers' certificates must be signed by (default: the system's)."""
     auth: KeyedAuth | NoAuth = field(default=NO_AUTH, repr=False, compare=False)
     """Verifies the calls served, and signs this broker's calls to its peers
     (``--auth-keys``); `NO_AUTH`: authorization off."""
-
-    @property
-    def endpoint(self) -> str:
-        """The advertised endpoint (`MemberConfig.endpoint`), ``https://`` when the server
-        has TLS on."""
-        ep = self.advertise or self.listen
-        if "://" in ep:
-            return ep
-        return f"{'https' if self.server_cert_file is not None else 'http'}://{ep}"
-
-    @property
-    def server_tls(self) -> ServerTLS | None:
-        """The TLS of the gRPC and HTTP servers, if on. Raises `TLSConfigError` for a
-        certificate without its key."""
-        if self.server_cert_file is None:
-            return None
-        if self.server_cert_key_file is None:
-            raise TLSConfigError(f"{SERVER_FLAGS.cert} is given without {SERVER_FLAGS.key}")
-        return ServerTLS(self.server_cert_file, self.server_cert_key_file, self.server_ca_file)
-
-    @property
-    def peer_tls(self) -> ClientTLS | None:
-        """The TLS of calls to brokers that advertise ``https://`` endpoints: built, as
-        upstream's, only when the server has TLS on (else the system's CAs, no certificate)."""
-        if self.server_cert_file is None:
-            return None
-        return ClientTLS(
-            self.peer_ca_file, self.peer_cert_file, self.peer_cert_key_file, flags=PEER_FLAGS
-        )
 
 
 BROKER_FLAGS = MemberFlags(

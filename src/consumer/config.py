@@ -28,7 +28,7 @@ from gazette.auth.flags import (
     client_settings_from_args,
 )
 from gazette.auth.keys import NO_AUTH, Authorizer, BearerAuth, KeyedAuth, NoAuth
-from gazette.auth.tls import PEER_FLAGS, SERVER_FLAGS, ClientTLS, ServerTLS, TLSConfigError
+from gazette.auth.tls import ClientTLS
 from gazette.consumer import store_hooks
 from gazette.mainboilerplate.flags import (
     ETCD_TLS,
@@ -78,18 +78,6 @@ class ConsumerConfig(MemberConfig):
     store_options: Mapping[str, Any] = field(default_factory=dict)
     """The options of the store kinds the application uses, by kind (`consumer.store_hooks`);
     a kind missing here runs with its defaults."""
-    server_cert_file: Path | None = None
-    """The server's TLS certificate: with it, gRPC and HTTP are served over TLS only, and the
-    advertised endpoint is ``https://``; without it, the other server and peer TLS settings
-    are unused."""
-    server_cert_key_file: Path | None = None
-    server_ca_file: Path | None = None
-    """With it, clients (other consumers too) must present a certificate this CA signed."""
-    peer_cert_file: Path | None = None
-    """The certificate this consumer presents to other consumers (gRPC and forwarded HTTP)."""
-    peer_cert_key_file: Path | None = None
-    peer_ca_file: Path | None = None
-    """The CA other consumers' certificates must be signed by (default: the system's)."""
     auth: KeyedAuth | NoAuth = field(default=NO_AUTH, repr=False, compare=False)
     """Verifies the Shard calls served (and the application's, through
     ``runtime.verify``), and signs this consumer's calls to other consumers
@@ -104,35 +92,6 @@ class ConsumerConfig(MemberConfig):
     @property
     def brokers(self) -> list[str]:
         return [b.strip() for b in self.broker.split(",") if b.strip()]
-
-    @property
-    def endpoint(self) -> str:
-        """The advertised endpoint (`MemberConfig.endpoint`), ``https://`` when the server
-        has TLS on."""
-        ep = self.advertise or self.listen
-        if "://" in ep:
-            return ep
-        return f"{'https' if self.server_cert_file is not None else 'http'}://{ep}"
-
-    @property
-    def server_tls(self) -> ServerTLS | None:
-        """The TLS of the gRPC and HTTP servers, if on. Raises `TLSConfigError` for a
-        certificate without its key."""
-        if self.server_cert_file is None:
-            return None
-        if self.server_cert_key_file is None:
-            raise TLSConfigError(f"{SERVER_FLAGS.cert} is given without {SERVER_FLAGS.key}")
-        return ServerTLS(self.server_cert_file, self.server_cert_key_file, self.server_ca_file)
-
-    @property
-    def peer_tls(self) -> ClientTLS | None:
-        """The TLS of calls to consumers that advertise ``https://`` endpoints: built, as the
-        broker's, only when the server has TLS on (else the system's CAs, no certificate)."""
-        if self.server_cert_file is None:
-            return None
-        return ClientTLS(
-            self.peer_ca_file, self.peer_cert_file, self.peer_cert_key_file, flags=PEER_FLAGS
-        )
 
     @property
     def broker_tls(self) -> ClientTLS | None:

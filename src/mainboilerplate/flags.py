@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gazette.auth.tls import ClientTLS, TLSConfigError
+from gazette.auth.tls import PEER_FLAGS, SERVER_FLAGS, ClientTLS, ServerTLS, TLSConfigError
 from gazette.mainboilerplate.etcd_endpoints import InvalidEndpoint, etcd_tls, parse_endpoints
 
 __all__ = [
@@ -168,13 +168,47 @@ class MemberConfig:
     log_level: str = "INFO"
     http_port: int = 0
     """Port of the HTTP server on the host of `listen`; 0: none."""
+    server_cert_file: Path | None = None
+    """The server's TLS certificate: with it, gRPC and HTTP are served over TLS only, and the
+    advertised endpoint is ``https://``; without it, the other server and peer TLS settings
+    are unused."""
+    server_cert_key_file: Path | None = None
+    server_ca_file: Path | None = None
+    """With it, clients (peers too) must present a certificate this CA signed."""
+    peer_cert_file: Path | None = None
+    """The certificate presented to peers (other members of the same kind) calling them."""
+    peer_cert_key_file: Path | None = None
+    peer_ca_file: Path | None = None
+    """The CA peers' certificates must be signed by (default: the system's)."""
 
     @property
     def endpoint(self) -> str:
-        """The advertised endpoint: an absolute URL as upstream's (``http://host:port``),
-        defaulting to the listen address."""
+        """The advertised endpoint: an absolute URL as upstream's (``http://host:port``, or
+        ``https://`` when the server has TLS on), defaulting to the listen address."""
         ep = self.advertise or self.listen
-        return ep if "://" in ep else f"http://{ep}"
+        if "://" in ep:
+            return ep
+        return f"{'https' if self.server_cert_file is not None else 'http'}://{ep}"
+
+    @property
+    def server_tls(self) -> ServerTLS | None:
+        """The TLS of the gRPC and HTTP servers, if on. Raises `TLSConfigError` for a
+        certificate without its key."""
+        if self.server_cert_file is None:
+            return None
+        if self.server_cert_key_file is None:
+            raise TLSConfigError(f"{SERVER_FLAGS.cert} is given without {SERVER_FLAGS.key}")
+        return ServerTLS(self.server_cert_file, self.server_cert_key_file, self.server_ca_file)
+
+    @property
+    def peer_tls(self) -> ClientTLS | None:
+        """The TLS of calls to peers that advertise ``https://`` endpoints: built, as
+        upstream's, only when the server has TLS on (else the system's CAs, no certificate)."""
+        if self.server_cert_file is None:
+            return None
+        return ClientTLS(
+            self.peer_ca_file, self.peer_cert_file, self.peer_cert_key_file, flags=PEER_FLAGS
+        )
 
     @property
     def http_host(self) -> str:
