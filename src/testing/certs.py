@@ -19,6 +19,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gazette.testing.etcd import EtcdTLS
+
 __all__ = ["Certs", "write_certs"]
 
 
@@ -37,6 +39,27 @@ class Certs:
     wrong_client_cert: Path
     """A client certificate signed by `wrong_ca`."""
     wrong_client_key: Path
+
+    def etcd_tls(self, *, client_cert_auth: bool = True) -> EtcdTLS:
+        """etcd serving TLS with the server certificate (and, with `client_cert_auth`,
+        refusing clients without a certificate the CA signed)."""
+        client = (self.client_cert, self.client_key) if client_cert_auth else (None, None)
+        return EtcdTLS(
+            self.server_cert,
+            self.server_key,
+            self.ca,
+            client_cert_auth=client_cert_auth,
+            client_cert_file=client[0],
+            client_key_file=client[1],
+        )
+
+    def etcd_client_flags(self) -> list[str]:
+        """The flags of our commands reaching such an etcd with the client certificate."""
+        return [
+            f"--etcd-trusted-ca-file={self.ca}",
+            f"--etcd-cert-file={self.client_cert}",
+            f"--etcd-cert-key-file={self.client_key}",
+        ]
 
 
 def _key() -> ec.EllipticCurvePrivateKey:

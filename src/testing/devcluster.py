@@ -44,7 +44,7 @@ from typing import TextIO
 from gazette.testing.certs import Certs, write_certs
 from gazette.testing.cluster import BrokerCluster
 from gazette.testing.consumer import ConsumerProcess
-from gazette.testing.etcd import EtcdServer, EtcdTLS
+from gazette.testing.etcd import EtcdServer
 from gazette.testing.process import ProcessUnavailable, ReadyProcess
 
 __all__ = ["DevCluster", "DevClusterError", "main"]
@@ -127,14 +127,7 @@ class DevCluster:
         certs = write_certs(self.directory / "certs")
         key = base64.b64encode(os.urandom(32)).decode()
         self.secure_env = secure_environment(certs, key)
-        self.etcd.tls = EtcdTLS(
-            certs.server_cert,
-            certs.server_key,
-            certs.ca,
-            client_cert_auth=True,
-            client_cert_file=certs.client_cert,
-            client_key_file=certs.client_key,
-        )
+        self.etcd.tls = certs.etcd_tls()
         env_file = self.directory / "secure.env"
         fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:

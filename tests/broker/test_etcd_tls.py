@@ -18,33 +18,14 @@ from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.keyspace.etcd import Etcd
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.certs import Certs
-from gazette.testing.etcd import EtcdServer, EtcdTLS
+from gazette.testing.etcd import EtcdServer
 from tests.broker.conftest import journal_spec
 
 
 @pytest.fixture(scope="module")
 def mtls_etcd(certs: Certs) -> Iterator[EtcdServer]:
-    tls = EtcdTLS(
-        certs.server_cert,
-        certs.server_key,
-        certs.ca,
-        client_cert_auth=True,
-        client_cert_file=certs.client_cert,
-        client_key_file=certs.client_key,
-    )
-    with EtcdServer(tls=tls) as srv:
+    with EtcdServer(tls=certs.etcd_tls()) as srv:
         yield srv
-
-
-def _etcd_tls_args(certs: Certs) -> list[str]:
-    return [
-        "--etcd-trusted-ca-file",
-        str(certs.ca),
-        "--etcd-cert-file",
-        str(certs.client_cert),
-        "--etcd-cert-key-file",
-        str(certs.client_key),
-    ]
 
 
 async def test_a_broker_on_tls_etcd_serves_appends_and_reads(
@@ -55,7 +36,7 @@ async def test_a_broker_on_tls_etcd_serves_appends_and_reads(
         mtls_etcd.endpoint,
         root=root,
         spool_dir=tmp_path / "spool",
-        extra_args=_etcd_tls_args(certs),
+        extra_args=certs.etcd_client_flags(),
     ) as broker:
         spec = journal_spec("etcd-tls/it", f"file://{tmp_path / 'store'}/")
         (tmp_path / "store").mkdir()

@@ -24,7 +24,7 @@ from gazette.keyspace.etcd import Etcd
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.certs import Certs
-from gazette.testing.etcd import EtcdServer, EtcdTLS
+from gazette.testing.etcd import EtcdServer
 from tests.kit.specs import RECOVERY_LOG, apply_specs, journal_spec
 
 from .conftest import Gazctl
@@ -32,27 +32,8 @@ from .conftest import Gazctl
 
 @pytest.fixture(scope="module")
 def mtls_etcd(certs: Certs) -> Iterator[EtcdServer]:
-    tls = EtcdTLS(
-        certs.server_cert,
-        certs.server_key,
-        certs.ca,
-        client_cert_auth=True,
-        client_cert_file=certs.client_cert,
-        client_key_file=certs.client_key,
-    )
-    with EtcdServer(tls=tls) as srv:
+    with EtcdServer(tls=certs.etcd_tls()) as srv:
         yield srv
-
-
-def _tls_flags(certs: Certs) -> list[str]:
-    return [
-        "--etcd-trusted-ca-file",
-        str(certs.ca),
-        "--etcd-cert-file",
-        str(certs.client_cert),
-        "--etcd-cert-key-file",
-        str(certs.client_key),
-    ]
 
 
 def test_recover_and_prune_read_hints_from_tls_etcd(
@@ -77,11 +58,13 @@ def test_recover_and_prune_read_hints_from_tls_etcd(
     asyncio.run(setup())
     etcd = ("--etcd", mtls_etcd.endpoint, "--hint-prefix", hint_prefix, "--shard", "shard-a")
     out = tmp_path / "played"
-    r = gazctl("shards", "recover", "--log", log, *etcd, *_tls_flags(certs), "--dir", str(out))
+    r = gazctl(
+        "shards", "recover", "--log", log, *etcd, *certs.etcd_client_flags(), "--dir", str(out)
+    )
     assert r.rc == 0, r.err
     assert "using primary hints of shard shard-a" in r.err
     # Hints of an empty store: read over TLS, and nothing for prune to keep.
-    r = gazctl("shards", "prune", "--log", log, *etcd, *_tls_flags(certs), "--dry-run")
+    r = gazctl("shards", "prune", "--log", log, *etcd, *certs.etcd_client_flags(), "--dry-run")
     assert r.err == "gazctl: error: hints #0 of shard shard-a have no live files; cannot prune\n"
 
     missing = tmp_path / "missing.pem"
@@ -96,7 +79,7 @@ def test_recover_and_prune_read_hints_from_tls_etcd(
 def test_export_resolves_shards_through_tls_etcd(mtls_etcd: EtcdServer, certs: Certs) -> None:
     argv = ["shards", "export", "--to", "/tmp/unused", "--etcd", mtls_etcd.endpoint]
     argv += ["--root", f"/test-gazctl-tls/{os.getpid()}/app", "--shards", "nope"]
-    argv += ["--store", "json", *_tls_flags(certs)]
+    argv += ["--store", "json", *certs.etcd_client_flags()]
     options = shards_options(build_parser().parse_args(argv))
     assert options["etcd_trusted_ca_file"] == str(certs.ca)
     assert options["etcd_cert_file"] == str(certs.client_cert)

@@ -18,7 +18,7 @@ from gazette.auth.tls import ClientTLS, TLSConfigError
 from gazette.keyspace.etcd import Etcd, EtcdUnreachable
 from gazette.mainboilerplate.etcd_endpoints import ETCD_TLS_FLAGS
 from gazette.testing.certs import Certs
-from gazette.testing.etcd import EtcdServer, EtcdTLS
+from gazette.testing.etcd import EtcdServer
 
 TIMEOUT = 1.5
 """The clients' timeout in the failure cases: each fails within it, never hangs."""
@@ -27,22 +27,14 @@ TIMEOUT = 1.5
 @pytest.fixture(scope="module")
 def tls_etcd(certs: Certs) -> Iterator[EtcdServer]:
     """etcd serving TLS, asking clients for no certificate."""
-    with EtcdServer(tls=EtcdTLS(certs.server_cert, certs.server_key, certs.ca)) as srv:
+    with EtcdServer(tls=certs.etcd_tls(client_cert_auth=False)) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def mtls_etcd(certs: Certs) -> Iterator[EtcdServer]:
     """etcd serving TLS with --client-cert-auth: clients present a certificate the CA signed."""
-    tls = EtcdTLS(
-        certs.server_cert,
-        certs.server_key,
-        certs.ca,
-        client_cert_auth=True,
-        client_cert_file=certs.client_cert,
-        client_key_file=certs.client_key,
-    )
-    with EtcdServer(tls=tls) as srv:
+    with EtcdServer(tls=certs.etcd_tls()) as srv:
         yield srv
 
 
