@@ -53,6 +53,23 @@ class Certs:
             client_key_file=client[1],
         )
 
+    def server_flags(self, *, client_certs: bool = False) -> list[str]:
+        """The flags of a broker or consumer serving TLS with the server certificate; with
+        `client_certs`, also requiring clients' certificates of the CA, and presenting the
+        client certificate to its peers (trusting the CA for theirs)."""
+        flags = [
+            f"--server-cert-file={self.server_cert}",
+            f"--server-cert-key-file={self.server_key}",
+        ]
+        if client_certs:
+            flags += [
+                f"--server-ca-file={self.ca}",
+                f"--peer-cert-file={self.client_cert}",
+                f"--peer-cert-key-file={self.client_key}",
+                f"--peer-ca-file={self.ca}",
+            ]
+        return flags
+
     def etcd_client_flags(self) -> list[str]:
         """The flags of our commands reaching such an etcd with the client certificate."""
         return [

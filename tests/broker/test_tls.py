@@ -39,15 +39,6 @@ from tests.broker.conftest import journal_spec, read_all
 _names = itertools.count()
 
 
-def _server_args(certs: Certs) -> list[str]:
-    return [
-        "--server-cert-file",
-        str(certs.server_cert),
-        "--server-cert-key-file",
-        str(certs.server_key),
-    ]
-
-
 @pytest.fixture(scope="module")
 def tls_broker(
     etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory, certs: Certs
@@ -57,7 +48,7 @@ def tls_broker(
         etcd_server.endpoint,
         root=f"/test/{os.getpid()}/tls",
         spool_dir=tmp_path_factory.mktemp("spool-tls"),
-        extra_args=[*_server_args(certs), "--http-port", str(free_port())],
+        extra_args=[*certs.server_flags(), "--http-port", str(free_port())],
     )
     with proc:
         yield proc
@@ -69,17 +60,7 @@ def mtls_brokers(
 ) -> Iterator[list[BrokerProcess]]:
     """Two brokers requiring client certificates signed by the CA, and presenting theirs to
     each other."""
-    args = [
-        *_server_args(certs),
-        "--server-ca-file",
-        str(certs.ca),
-        "--peer-cert-file",
-        str(certs.client_cert),
-        "--peer-cert-key-file",
-        str(certs.client_key),
-        "--peer-ca-file",
-        str(certs.ca),
-    ]
+    args = certs.server_flags(client_certs=True)
     procs = [
         BrokerProcess(
             etcd_server.endpoint,
@@ -270,7 +251,7 @@ def test_unusable_files_are_one_line_start_up_errors(certs: Certs, tmp_path: Pat
     assert done.stderr.splitlines()[-1].startswith(
         f"gazette-broker: --server-cert-key-file {certs.client_key}: not the key of "
     )
-    done = _broker_main(*_server_args(certs), "--peer-ca-file", str(missing))
+    done = _broker_main(*certs.server_flags(), "--peer-ca-file", str(missing))
     assert done.stderr.splitlines()[-1].startswith(f"gazette-broker: --peer-ca-file {missing}: ")
 
 

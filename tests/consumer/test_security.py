@@ -49,24 +49,6 @@ SECRET = b"consumer and broker secret"
 KEY = base64.b64encode(SECRET).decode()
 
 
-def _tls_args(certs: Certs) -> list[str]:
-    """Server TLS requiring client certificates of the CA, and the peer certificate."""
-    return [
-        "--server-cert-file",
-        str(certs.server_cert),
-        "--server-cert-key-file",
-        str(certs.server_key),
-        "--server-ca-file",
-        str(certs.ca),
-        "--peer-cert-file",
-        str(certs.client_cert),
-        "--peer-cert-key-file",
-        str(certs.client_key),
-        "--peer-ca-file",
-        str(certs.ca),
-    ]
-
-
 @dataclass
 class Secured:
     setup: Setup
@@ -121,12 +103,8 @@ def secured(
         root=f"/test-security/{os.getpid()}/brokers",
         spool_dir=tmp / "spool",
         extra_args=[
-            "--server-cert-file",
-            str(certs.server_cert),
-            "--server-cert-key-file",
-            str(certs.server_key),
-            "--server-ca-file",
-            str(certs.ca),
+            *certs.server_flags(),
+            f"--server-ca-file={certs.ca}",
             "--auth-keys",
             KEY,
         ],
@@ -145,7 +123,7 @@ def secured(
             extra_args=[
                 "--hint-interval",
                 "1",
-                *_tls_args(certs),
+                *certs.server_flags(client_certs=True),
                 "--auth-keys",
                 KEY,
                 # Broker keys are left to default to --auth-keys.
@@ -372,7 +350,7 @@ def test_consumer_flags(
     cfg = parse_args([*base, "--broker-auth-token", "tok"])
     assert isinstance(cfg.broker_auth, BearerAuth)
     assert cfg.broker_client.environ()["BROKER_AUTH_TOKEN"] == "tok"
-    cfg = parse_args([*base, *_tls_args(certs)])
+    cfg = parse_args([*base, *certs.server_flags(client_certs=True)])
     assert cfg.endpoint.startswith("https://") and cfg.server_tls is not None
     assert cfg.peer_tls is not None
     with pytest.raises(SystemExit):
