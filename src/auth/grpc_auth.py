@@ -16,9 +16,11 @@ did not exist).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -33,6 +35,7 @@ __all__ = [
     "authorized",
     "journal_scope",
     "refuse",
+    "until_expiry",
     "verify_call",
 ]
 
@@ -139,6 +142,26 @@ async def refuse(context: Any, reason: str) -> NoReturn:
     """End the call of `context`: UNAUTHENTICATED, for `reason`."""
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
     raise AssertionError("unreachable: abort raises")
+
+
+@contextlib.asynccontextmanager
+async def until_expiry(context: Any, claims: Claims) -> AsyncIterator[None]:
+    """Bound the block (a streaming call's serving) by `claims`' expiry, as upstream binds
+    the call's context to it: past it, the call ends DEADLINE_EXCEEDED (clients retry such a
+    call with a fresh token)."""
+    if claims.expires_at is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + (claims.expires_at - time.time())
+    timeout = asyncio.timeout_at(deadline)
+    try:
+        async with timeout:
+            yield
+    except TimeoutError:
+        if not timeout.expired():
+            raise
+        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "authorization expired")
 
 
 async def verify_call(context: Any, verifier: Verifier, require: int) -> Claims:

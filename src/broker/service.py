@@ -15,7 +15,8 @@ corrupted fragment aborts the read with DATA_LOSS and is never served.
 
 With authorization on (``--auth-keys``), every call first proves the capability it needs
 (`gazette.auth.grpc_auth`; UNAUTHENTICATED otherwise), and its claims' selector limits the
-journals it lists, changes, reads and appends to.
+journals it lists, changes, reads and appends to. A List or Read stream ends at its
+token's expiry (DEADLINE_EXCEEDED, which clients retry with a fresh token), as upstream's.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import grpc
 
 from gazette.auth.claims import APPEND, APPLY, LIST, READ, REPLICATE
-from gazette.auth.grpc_auth import verify_call
+from gazette.auth.grpc_auth import until_expiry, verify_call
 from gazette.broker import append_api, fragments_api, list_apply_api, read_api, replicate_api
 from gazette.broker.broker import Broker
 from gazette.broker.metrics import counted
@@ -55,7 +56,7 @@ class JournalService(pb_grpc.JournalServicer):
     async def List(self, request: pb.ListRequest, context: Any) -> AsyncIterator[pb.ListResponse]:  # noqa: N802
         claims = await verify_call(context, self.b.auth, LIST)
         listing = list_apply_api.list_journals(self.b, request, context, claims)
-        async with aclosing(listing) as responses:
+        async with until_expiry(context, claims), aclosing(listing) as responses:
             async for resp in responses:
                 yield resp
 
@@ -67,7 +68,8 @@ class JournalService(pb_grpc.JournalServicer):
     @counted("Read")
     async def Read(self, request: pb.ReadRequest, context: Any) -> AsyncIterator[pb.ReadResponse]:  # noqa: N802
         claims = await verify_call(context, self.b.auth, READ)
-        async with aclosing(read_api.read(self.b, request, context, claims)) as responses:
+        reading = read_api.read(self.b, request, context, claims)
+        async with until_expiry(context, claims), aclosing(reading) as responses:
             async for resp in responses:
                 yield resp
 

@@ -25,6 +25,7 @@ from gazette.broker.client import (
     apply_journals,
     list_all_journals,
 )
+from gazette.broker.client.reader import write_head
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.broker.protocol.direct_framing import AUTHORIZATION, ERROR, HEADER, RESPONSE
@@ -234,3 +235,22 @@ async def test_a_direct_append_is_verified_as_a_grpc_one(
                 raw = await Raw.open(brokers[0])  # the broker closes after an error
     finally:
         raw.writer.close()
+
+
+async def test_a_blocking_read_ends_when_its_token_expires(
+    brokers: list[BrokerProcess], journals: tuple[str, str]
+) -> None:
+    """As upstream binds a call to its claims' expiry: a blocking read waiting for content
+    ends DEADLINE_EXCEEDED at its token's expiry (a client retries it with a fresh token)."""
+    a, _ = journals
+    auth = bearer(READ, exp_in=2)
+    start = time.monotonic()
+    async with JournalClient(brokers[0].endpoint, auth=auth) as client:
+        head = await write_head(client, a)
+        call = client.stub().Read(pb.ReadRequest(journal=a, offset=head, block=True))
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            async for _ in call:
+                pass
+    assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert ended.value.details() == "authorization expired"
+    assert 1 < time.monotonic() - start < 10
