@@ -263,9 +263,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _describe_rpc_error(err: grpc.aio.AioRpcError, args: argparse.Namespace) -> str:
     code = err.code()
+    details = err.details() or ""
     if code == grpc.StatusCode.UNAVAILABLE:
-        return f"broker {getattr(args, 'broker', '?')} is unavailable: {err.details()}"
-    return f"RPC failed ({code.name}): {err.details()}"
+        broker = str(getattr(args, "broker", "?"))
+        hint = ""
+        plaintext = (
+            not broker.startswith("https://") and getattr(args, "trusted_ca_file", None) is None
+        )
+        if plaintext and "Socket closed" in details:
+            # What a plaintext client sees of a TLS server: the server hangs up on it.
+            hint = (
+                " (if the broker serves TLS, give --trusted-ca-file (BROKER_TRUSTED_CA_FILE) or "
+                "an https:// --broker)"
+            )
+        return f"broker {broker} is unavailable: {details}{hint}"
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return (
+            f"broker refused the call (UNAUTHENTICATED): {details}; give --auth-keys "
+            "(BROKER_AUTH_KEYS) or --auth-token (BROKER_AUTH_TOKEN) (docs/security.md)"
+        )
+    return f"RPC failed ({code.name}): {details}"
 
 
 def run(argv: Sequence[str] | None = None, io: Streams | None = None) -> int:

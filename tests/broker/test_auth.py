@@ -190,6 +190,7 @@ def test_gazctl_signs_with_keys_or_sends_a_token(
 
     rc, _, err = gazctl()
     assert rc == 1 and "UNAUTHENTICATED" in err and "missing or empty authorization" in err, err
+    assert "give --auth-keys (BROKER_AUTH_KEYS) or --auth-token" in err
     rc, out, err = gazctl("--auth-keys", KEY)
     assert rc == 0 and a in out and b in out, err
     rc, out, err = gazctl("--auth-keys", "not base64!")

@@ -349,3 +349,6 @@ def test_gazctl_lists_journals_of_a_tls_broker(
     assert err.startswith(f"gazctl: error: broker {tls_broker.endpoint} is unavailable")
     rc, out, err = _gazctl("journals", "list", *broker, "--cert-file", str(certs.client_cert))
     assert (rc, err) == (1, "gazctl: error: --cert-file is given without --cert-key-file\n")
+    # Plaintext against TLS: the broker hangs up, and gazctl says what may be missing.
+    rc, out, err = _gazctl("journals", "list", *broker)
+    assert rc == 1 and "if the broker serves TLS, give --trusted-ca-file" in err, err
