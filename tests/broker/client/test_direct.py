@@ -21,6 +21,8 @@ from gazette.broker.protocol.direct_framing import SERVICE_METHOD
         ("127.0.0.1:8080", "127.0.0.1"),
         ("broker-1.example:8080", "broker-1.example"),
         ("[::1]:8080", "::1"),
+        ("https://broker-1.example:8443", "broker-1.example"),  # dialled with TLS
+        ("http://broker-1.example:8080", None),  # not a channel target of ours
         ("unix:/run/broker.sock", None),
         ("dns:///broker:8080", None),
         ("broker", None),
