@@ -13,7 +13,7 @@ SCANNER := src/stores/rocksdb/rocksdb-scan
 SQLITE_VFS := src/stores/sqlite/_recvfs.so
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test deps apt venv scanner sqlite-vfs protos check-protos lint typecheck check-install bench chaos cluster clean
+.PHONY: demo test deps apt venv scanner sqlite-vfs protos check-protos lint typecheck check-install bench bench-peers chaos cluster clean
 
 deps: apt venv scanner sqlite-vfs
 
@@ -76,6 +76,12 @@ demo: deps
 # Runs every bench/*.py --quick, one at a time, and writes their figures to bench/RESULTS.md.
 bench: deps
 	$(PY) bench/results.py
+
+# Opt-in (needs PyPI and Debian): our consumer and broker side by side with Bytewax and NATS
+# JetStream (bench/peers.py), installing them first when absent (.peers-venv/, nats-server).
+# `make bench-peers QUICK=1` for a run of well under a minute.
+bench-peers: deps
+	$(PY) bench/peers.py $(if $(QUICK),--quick)
 
 # Opt-in (needs PyPI): install the built wheel into fresh virtualenvs, client-only and [sqlite].
 check-install: venv

@@ -8,7 +8,7 @@ HEAD`, marked when src/ or bench/ had uncommitted changes) and the machine (core
 memory, kernel). A benchmark that fails or prints no JSON is reported on the page as failed,
 and the script then exits with status 1.
 
-    python bench/results.py                 # every benchmark, writes bench/RESULTS.md
+    python bench/results.py                 # every benchmark but the opt-in ones (peers)
     python bench/results.py sqlite rocksdb  # only these (the page then lists only these)
     python bench/results.py --out /tmp/r.md
 
@@ -50,6 +50,7 @@ class Bench:
     measures: str
     baseline: str
     headline: tuple[str, ...] = ()  # Figures listed with the ratios, besides `ratio*`/`target*`.
+    opt_in: bool = False  # Run only when named: it installs from registries, or is slow.
 
 
 BENCHES: dict[str, Bench] = {
@@ -145,6 +146,22 @@ BENCHES: dict[str, Bench] = {
         "RocksDB's (`ratio_default`: the store's default page size; `ratio_4k`: SQLite's "
         "4 KiB); no target (docs/sqlite-app.md).",
         headline=("rocksdb_bytes_per_txn", "sqlite_default_bytes_per_txn"),
+    ),
+    "peers": Bench(
+        measures="A running count over 1,000 keys of JSON records by one RocksDB shard "
+        "against Bytewax with SQLite recovery; SIGKILL recovery of each; 1 MiB and 1 KiB "
+        "appends, each awaited, by one Python client against NATS JetStream's file store.",
+        baseline="the peers themselves (PyPI `bytewax` 0.21, Debian `nats-server`), in "
+        "interleaved rounds of the same run: `consumer_vs_bytewax` and `broker_*_vs_nats` "
+        "are our rates over theirs (target >= 1.0); `recovery_s` is SIGKILL to the restarted "
+        "shard's first commit (target <= 1 s).",
+        headline=(
+            "consumer_vs_bytewax",
+            "recovery_s",
+            "broker_1mib_vs_nats",
+            "broker_1kib_vs_nats",
+        ),
+        opt_in=True,
     ),
     "security": Bench(
         measures="1 MiB appends, 100-byte appends through `AppendService`, and a full read, "
@@ -343,8 +360,11 @@ def page(outcomes: list[Outcome], commit: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    default = [name for name, bench in BENCHES.items() if not bench.opt_in]
     parser.add_argument(
-        "names", nargs="*", help=f"benchmarks to run (default all: {', '.join(BENCHES)})"
+        "names",
+        nargs="*",
+        help=f"benchmarks to run (default all but the opt-in ones: {', '.join(default)})",
     )
     parser.add_argument("--out", default=str(BENCH_DIR / "RESULTS.md"), help="page to write")
     args = parser.parse_args()
@@ -357,7 +377,7 @@ def main() -> None:
     commit = git("rev-parse", "--short", "HEAD")
     if git("status", "--porcelain", "--", "src", "bench", ":!bench/RESULTS.md"):
         commit += " (with uncommitted changes under src/ or bench/)"
-    outcomes = [run_bench(name) for name in args.names or BENCHES]
+    outcomes = [run_bench(name) for name in args.names or default]
     Path(args.out).write_text(page(outcomes, commit))
     say(f"wrote {args.out}")
     if any(o.figures is None for o in outcomes):
