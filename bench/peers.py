@@ -168,11 +168,8 @@ def p50(values: list[float]) -> float:
 
 
 @contextmanager
-def py_spy(exe: str | None, pid: int, out: Path) -> Iterator[None]:
+def py_spy(exe: str, pid: int, out: Path) -> Iterator[None]:
     """py-spy recording `pid` (and its children) into `out` while the block runs."""
-    if exe is None:
-        yield
-        return
     cmd = [exe, "record", "--pid", str(pid), "--rate", "200", "--format", "raw"]
     cmd += ["--subprocesses", "--nonblocking", "--output", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -188,41 +185,82 @@ def py_spy(exe: str | None, pid: int, out: Path) -> Iterator[None]:
             proc.wait()
 
 
-def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
-    """Top functions of py-spy's raw stacks, by own samples and by total (inclusive)."""
+def summarize_profile(path: Path, top: int = 12) -> dict[str, Any]:
+    """py-spy's raw stacks summarised: the share of samples in each process (the one
+    profiled and its children, e.g. a shard's fusefs server), and within the profiled
+    process the top functions and modules by own samples, the top source lines by own
+    samples, and the top project functions (src/, bench/apps) by total samples."""
+    procs: collections.Counter[str] = collections.Counter()
     own: collections.Counter[str] = collections.Counter()
+    lines: collections.Counter[str] = collections.Counter()
+    modules: collections.Counter[str] = collections.Counter()
     total: collections.Counter[str] = collections.Counter()
-    samples = 0
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
+    samples = main = 0
+    for row in path.read_text().splitlines():
+        stack, _, count = row.rpartition(" ")
         if not stack:
             continue
         n = int(count)
         samples += n
-        frames = [_frame(f) for f in stack.split(";")]
-        own[frames[-1]] += n
-        for f in set(frames):
+        frames = stack.split(";")
+        owners = [f for f in frames if f.startswith("process ")]
+        procs[_process(owners[-1])] += n
+        if len(owners) > 1:
+            continue
+        main += n
+        code = [f for f in frames if not f.startswith(("process ", "thread "))]
+        if not code:
+            own["(no Python frame)"] += n
+            continue
+        leaf = code[-1]
+        own[_frame(leaf)] += n
+        lines[_frame(leaf, line=True)] += n
+        modules[_frame(leaf).partition(" (")[2].rstrip(")")] += n
+        for f in {_frame(f) for f in code if _is_ours(f)}:
             total[f] += n
 
-    def pct(c: collections.Counter[str]) -> dict[str, float]:
-        return {f: round(100 * n / samples, 1) for f, n in c.most_common(top)}
+    def pct(c: collections.Counter[str], of: int) -> dict[str, float]:
+        return {f: round(100 * k / max(of, 1), 1) for f, k in c.most_common(top)}
 
-    return {"samples": samples, "own_pct": pct(own), "total_pct": pct(total)}
+    return {
+        "samples": samples,
+        "process_pct": pct(procs, samples),
+        "own_pct": pct(own, main),
+        "own_module_pct": pct(modules, main),
+        "own_line_pct": pct(lines, main),
+        "total_pct": pct(total, main),
+    }
 
 
-def _frame(frame: str) -> str:
-    """``func (path/to/mod.py:12)`` -> ``func (mod.py)``; process and thread frames kept."""
+def _process(frame: str) -> str:
+    """``process 12:"python -m gazette.fusefs.server ..."`` -> ``gazette.fusefs.server``."""
+    words = frame.split('"', 1)[-1].split()
+    return words[words.index("-m") + 1] if "-m" in words else words[0]
+
+
+def _frame(frame: str, line: bool = False) -> str:
+    """``func (src/message/mod.py:12)`` -> ``func (message/mod.py)``, or with its line."""
     name, _, where = frame.partition(" (")
-    if not where:
-        return frame
-    file = where.rsplit(":", 1)[0].rstrip(")")
-    return f"{name} ({'/'.join(file.split('/')[-2:])})"
+    file, _, num = where.rstrip(")").rpartition(":")
+    short = "/".join(file.split("/")[-2:])
+    return f"{name} ({short}:{num})" if line else f"{name} ({short})"
+
+
+def _is_ours(frame: str) -> bool:
+    where = frame.partition(" (")[2]
+    return where.startswith("src/") or "/gazette/" in where or "_bench_app" in where
 
 
 def show_profile(title: str, prof: dict[str, Any]) -> None:
     say(f"{title}: {prof['samples']} samples")
-    for kind in ("own_pct", "total_pct"):
-        say(f"  by {kind.split('_')[0]} samples:")
+    for kind, label in (
+        ("process_pct", "per process"),
+        ("own_pct", "own samples, per function"),
+        ("own_module_pct", "own samples, per module"),
+        ("own_line_pct", "own samples, per line"),
+        ("total_pct", "total samples, per project function"),
+    ):
+        say(f"  {label}:")
         for f, p in prof[kind].items():
             say(f"    {p:5.1f}%  {f}")
 
@@ -634,26 +672,37 @@ async def profile(
     consumer: ConsumerProcess,
     broker: BrokerProcess,
     head: int,
-    mib: int,
+    store: Path,
     out: Path,
+    mib: int = 512,
+    kib: int = 10_000,
 ) -> dict[str, Any]:
+    """py-spy over an unmeasured round of each: our consumer process (with its children)
+    counting the input, our broker taking `mib` 1 MiB appends and `kib` 1 KiB appends (enough
+    samples at py-spy's 200 Hz)."""
     exe = ensure_py_spy()
     out.mkdir(parents=True, exist_ok=True)
     assert consumer.proc is not None and broker.proc is not None
     pids = {"consumer": consumer.proc.pid, "broker": broker.proc.pid}
     with py_spy(exe, consumer.proc.pid, out / "consumer.txt"):
         await ours_round(client, stub, "count-profiled", head, pids)
-    journal = "peers/append-profiled"
-    spec = journal_spec(journal, out.parent / "store", length=512 * MiB)
-    await apply_journals(client, bpb.ApplyRequest(changes=[bpb.ApplyRequest.Change(upsert=spec)]))
-    with py_spy(exe, broker.proc.pid, out / "broker.txt"):
-        await ours_appends(client, journal, MiB, mib)
+    # A journal for each size, so that neither profile sees the other's fragment persisted.
+    specs = [journal_spec(f"peers/profiled-{k}", store, length=1 << 30) for k in ("mib", "kib")]
+    await apply_journals(
+        client, bpb.ApplyRequest(changes=[bpb.ApplyRequest.Change(upsert=s) for s in specs])
+    )
+    with py_spy(exe, broker.proc.pid, out / "broker-1mib.txt"):
+        await ours_appends(client, specs[0].name, MiB, mib)
+    with py_spy(exe, broker.proc.pid, out / "broker-1kib.txt"):
+        await ours_appends(client, specs[1].name, 1024, kib)
     figures = {
         "consumer": summarize_profile(out / "consumer.txt"),
-        "broker_1mib": summarize_profile(out / "broker.txt"),
+        "broker_1mib": summarize_profile(out / "broker-1mib.txt"),
+        "broker_1kib": summarize_profile(out / "broker-1kib.txt"),
     }
     show_profile("py-spy, our consumer process over one round", figures["consumer"])
     show_profile(f"py-spy, our broker over {mib} x 1 MiB appends", figures["broker_1mib"])
+    show_profile(f"py-spy, our broker over {kib} x 1 KiB appends", figures["broker_1kib"])
     return figures
 
 
@@ -698,7 +747,7 @@ async def run(args: argparse.Namespace, py: Path, tmp: Path) -> dict[str, Any]:
                     )
                     if args.py_spy:
                         out["profile"] = await profile(
-                            client, stub, consumer, broker, head, sizes["1mib"][1], args.py_spy
+                            client, stub, consumer, broker, head, store, args.py_spy
                         )
             finally:
                 consumer.kill()
