@@ -726,6 +726,7 @@ async def run(args: argparse.Namespace, py: Path, tmp: Path) -> dict[str, Any]:
             )
             say(f"publishing {n:,} records over {KEYS} keys (not timed) ...")
             head = await publish_input(client, n, tmp / "input.jsonl")
+            out["record_bytes"] = round(head / n, 1)
             consumer = ConsumerProcess(
                 "consumer_bench_app:Echo",
                 etcd.endpoint,
