@@ -156,6 +156,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU time so far of each living descendant of `pid` (a shard's fusefs server)."""
+    out: dict[int, float] = {}
+    todo = [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            for kid in kids:
+                try:
+                    out[kid] = cpu_seconds(kid)
+                except OSError:
+                    continue
+                todo.append(kid)
+    return out
+
+
 def spread(values: list[float], digits: int = 3) -> dict[str, float]:
     return {
         "median": round(statistics.median(values), digits),
@@ -336,8 +355,10 @@ async def ours_round(
     client: JournalClient, stub: pb_grpc.ShardStub, sid: str, head: int, pids: dict[str, int]
 ) -> dict[str, float]:
     """One shard counting the whole input: seconds from assignment and from PRIMARY to the
-    input committed, and the consumer's and broker's CPU seconds meanwhile."""
+    input committed, and the CPU seconds meanwhile of the consumer, its children (the shard's
+    fusefs server) and the broker."""
     cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+    kids0 = children_cpu_seconds(pids["consumer"])
     t0 = time.monotonic()
     await add_shard(client, stub, sid)
     t1 = await until_primary(stub, sid)
@@ -346,6 +367,8 @@ async def ours_round(
     assert resp.status == pb.OK, resp
     out = {"seconds": t2 - t0, "from_primary_s": t2 - t1}
     out |= {f"{k}_cpu_s": cpu_seconds(p) - cpu0[k] for k, p in pids.items()}
+    kids = children_cpu_seconds(pids["consumer"])
+    out["children_cpu_s"] = sum(c - kids0.get(k, 0.0) for k, c in kids.items())
     await remove_shard(stub, sid)
     return out
 
@@ -380,7 +403,8 @@ async def consumer_vs_bytewax(
             say(
                 f"  round {r + 1} ours: {n / o['seconds']:,.0f} records/s "
                 f"({n / o['from_primary_s']:,.0f} from PRIMARY; CPU s: consumer "
-                f"{o['consumer_cpu_s']:.1f}, broker {o['broker_cpu_s']:.1f})"
+                f"{o['consumer_cpu_s']:.1f}, its fusefs {o['children_cpu_s']:.1f}, "
+                f"broker {o['broker_cpu_s']:.1f})"
             )
 
         async def run_bytewax(r: int = r) -> None:
@@ -403,6 +427,7 @@ async def consumer_vs_bytewax(
         "ours_records_per_s_from_primary": spread([n / o["from_primary_s"] for o in ours], 0),
         "bytewax_records_per_s": spread([n / b["seconds"] for b in theirs], 0),
         "ours_consumer_cpu_us_per_record": spread([o["consumer_cpu_s"] * 1e6 / n for o in ours], 1),
+        "ours_fusefs_cpu_us_per_record": spread([o["children_cpu_s"] * 1e6 / n for o in ours], 1),
         "ours_broker_cpu_us_per_record": spread([o["broker_cpu_s"] * 1e6 / n for o in ours], 1),
         "bytewax_cpu_us_per_record": spread([b["cpu_seconds"] * 1e6 / n for b in theirs], 1),
     }
