@@ -6,8 +6,9 @@ one `Sequencer` (``ring_buffer_size``; replays when a committed span left the ri
 the transaction loop described in `consumer.application`:
 
 1. A transaction begins with the first committed message (or acknowledgement) ready.
-2. It consumes messages while they are ready, until ``max_txn_duration``; once the queue
-   stalls it closes, but not before ``min_txn_duration`` nor before the previous transaction's
+2. It consumes messages while they are ready, until ``max_txn_duration`` (the first one, over
+   a backlog, until `FIRST_TXN_MAX`: a new primary commits past its checkpoint soon); once
+   the queue stalls it closes, but not before ``min_txn_duration`` nor before the previous transaction's
    commit completed, nor while it waits for an ACK: a producer began a CONTINUE_TXN span
    since the last checkpoint (`Sequencer.has_pending`) and the ShardSpec does not set
    ``disable_wait_for_ack``. Like upstream, this waits only for spans begun in this
@@ -80,6 +81,13 @@ PRODUCER_PRUNE_HORIZON_NS = 24 * 3600 * 10**9
 """Producers idle this long (by their journal's clocks) leave checkpoints, as upstream."""
 
 _YIELD_EVERY = 256  # Messages consumed back to back before letting other tasks run.
+FIRST_TXN_MAX = 0.1
+"""Seconds the first transaction of a `Transactions` (a primary just recovered, or a source
+restarted) runs at most while it consumes a backlog, ``min_txn_duration`` permitting, however
+long ``max_txn_duration`` is: the first commit past the recovered checkpoint then lands within
+this rather than a whole ``max_txn_duration`` later (Stat read-through, downstream readers and
+a recovery's measure all wait for it). Once it stalls, the usual rules hold (it may wait for
+an ACK); the transactions after it run to ``max_txn_duration``."""
 _MAX_COMPLETING = 8
 """Transactions whose completion (ACK appends, progress) may be pending at once: an ACK
 append that keeps retrying holds the loop back (backpressure) instead of piling them up."""
@@ -259,6 +267,7 @@ class Transactions:
         spec = shard.spec
         self.min_dur = self.max_dur = 0.0
         self.wait_for_ack = True
+        self._first_txn = True
         self.apply_spec(spec)
         self._consume: Callable[..., Any] = app.consume_message
         self._finalize = _maybe_async(app.finalize_txn)
@@ -350,13 +359,19 @@ class Transactions:
             if out is not None:
                 await out
         min_at, max_at = started + self.min_dur, started + self.max_dur
+        # The first transaction closes early while it consumes a backlog; once it stalls,
+        # the usual rules hold (it may then wait for an ACK up to max_txn_duration).
+        early_at = max_at
+        if self._first_txn:
+            self._first_txn = False
+            early_at = min(started + max(min(self.max_dur, FIRST_TXN_MAX), self.min_dur), max_at)
         ready = self._ready
         handle = self._handle
         waited = 0.0  # Seconds the loop waited (for messages, the previous commit, min_dur).
         while True:
             # The hot loop: no coroutine per message unless the application's is one.
             now = loop.time()
-            if now >= max_at:
+            if now >= early_at:
                 break
             got = ready()
             if got is _REPLAY:
@@ -374,6 +389,7 @@ class Transactions:
             prev_done = self._prev_commit is None or self._prev_commit.done()
             if (now >= min_at or self._ended) and prev_done and not self._awaits_ack():
                 break  # A source that ended closes the transaction without waiting.
+            early_at = max_at  # Stalled: it has no backlog after all; the usual rules.
             await self._stall(min_at if now < min_at else None, max_at, prev_done)
             waited += loop.time() - now
         closed = loop.time()

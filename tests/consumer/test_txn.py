@@ -756,3 +756,26 @@ async def test_an_ended_source_does_not_wait_for_acks() -> None:
     async with asyncio.timeout(1.0):
         await txns.run()
     assert [c.state for c in store.commits] == [[0]]
+
+
+async def test_the_first_transaction_over_a_backlog_commits_soon() -> None:
+    """A new primary over a backlog commits past its checkpoint within FIRST_TXN_MAX, not a
+    whole max_txn_duration later; the transactions after it run to max_txn_duration."""
+    store = FakeStore()
+    txns, readers = make_txns(store, App(consume_delay=0.002), max_txn=Duration(seconds=1))
+    for i in range(2000):  # ~4 s of consuming: never a stall
+        readers.queue.put_nowait(outside(i))
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    commits: list[float] = []
+    task = asyncio.create_task(txns.run())
+    try:
+        while len(commits) < 2:
+            await _until(running(task, lambda: len(store.commits) > len(commits)), timeout=5)
+            commits.append(loop.time() - t0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert commits[0] < 0.5, commits
+    assert commits[1] - commits[0] > 0.8, commits
+    assert 0 < len(store.commits[0].state) < len(store.commits[1].state)
