@@ -8,9 +8,9 @@ the transaction loop described in `consumer.application`:
 1. A transaction begins with the first committed message (or acknowledgement) ready.
 2. It consumes messages while they are ready, until ``max_txn_duration`` (the first one, over
    a backlog, until `FIRST_TXN_MAX`: a new primary commits past its checkpoint soon); once
-   the queue stalls it closes, but not before ``min_txn_duration`` nor before the previous transaction's
-   commit completed, nor while it waits for an ACK: a producer began a CONTINUE_TXN span
-   since the last checkpoint (`Sequencer.has_pending`) and the ShardSpec does not set
+   the queue stalls it closes, but not before ``min_txn_duration`` nor before the previous
+   transaction's commit completed, nor while it waits for an ACK: a producer began a
+   CONTINUE_TXN span since the last checkpoint (`Sequencer.has_pending`) and the ShardSpec does not set
    ``disable_wait_for_ack``. Like upstream, this waits only for spans begun in this
    transaction, only while the source may still deliver, and never past
    ``max_txn_duration``: the next transaction does not wait for them again.
