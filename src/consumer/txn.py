@@ -10,9 +10,9 @@ the transaction loop described in `consumer.application`:
    a backlog, until `FIRST_TXN_MAX`: a new primary commits past its checkpoint soon); once
    the queue stalls it closes, but not before ``min_txn_duration`` nor before the previous
    transaction's commit completed, nor while it waits for an ACK: a producer began a
-   CONTINUE_TXN span since the last checkpoint (`Sequencer.has_pending`) and the ShardSpec does not set
-   ``disable_wait_for_ack``. Like upstream, this waits only for spans begun in this
-   transaction, only while the source may still deliver, and never past
+   CONTINUE_TXN span since the last checkpoint (`Sequencer.has_pending`) and the ShardSpec
+   does not set ``disable_wait_for_ack``. Like upstream, this waits only for spans begun in
+   this transaction, only while the source may still deliver, and never past
    ``max_txn_duration``: the next transaction does not wait for them again.
 3. Closing: `finalize_txn`; then the Checkpoint (sources read through, producer states,
    ACK intents of what was published); the store commit waits for every pending append of
