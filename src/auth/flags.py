@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
 from gazette.auth.client_settings import ClientSettings
 from gazette.auth.keys import NO_AUTH, BearerAuth, KeyedAuth, NoAuth
@@ -30,6 +31,7 @@ __all__ = [
     "auth_keys_from_args",
     "check_server_tls_flags",
     "client_settings_from_args",
+    "server_tls_values",
 ]
 
 
@@ -114,6 +116,11 @@ def add_server_tls_flags(
             metavar="FILE",
             help=f"{text.format(process=process, peers=peers)} [{variable}]",
         )
+
+
+def server_tls_values(a: argparse.Namespace) -> dict[str, Any]:
+    """The values of the flags of `add_server_tls_flags`, by `MemberConfig` field name."""
+    return {name.replace("-", "_"): getattr(a, name.replace("-", "_")) for name in _SERVER_TLS}
 
 
 def _pair(p: argparse.ArgumentParser, flags: TLSFlags, cert: object, key: object) -> None:

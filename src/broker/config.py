@@ -11,6 +11,7 @@ from gazette.auth.flags import (
     add_server_tls_flags,
     auth_from_args,
     check_server_tls_flags,
+    server_tls_values,
 )
 from gazette.auth.keys import NO_AUTH, BearerAuth, KeyedAuth, NoAuth
 from gazette.mainboilerplate.flags import (
@@ -170,11 +171,6 @@ def parse_args(argv: list[str] | None = None) -> BrokerConfig:
         journal_limit=a.journal_limit,
         hole_wait=a.hole_wait,
         direct_port=a.direct_port,
-        server_cert_file=a.server_cert_file,
-        server_cert_key_file=a.server_cert_key_file,
-        server_ca_file=a.server_ca_file,
-        peer_cert_file=a.peer_cert_file,
-        peer_cert_key_file=a.peer_cert_key_file,
-        peer_ca_file=a.peer_ca_file,
+        **server_tls_values(a),
         auth=auth,
     )

@@ -26,6 +26,7 @@ from gazette.auth.flags import (
     auth_keys_from_args,
     check_server_tls_flags,
     client_settings_from_args,
+    server_tls_values,
 )
 from gazette.auth.keys import NO_AUTH, Authorizer, BearerAuth, KeyedAuth, NoAuth
 from gazette.auth.tls import ClientTLS
@@ -311,12 +312,7 @@ def parse_args(argv: list[str] | None = None) -> ConsumerConfig:
         max_hot_standbys=a.max_hot_standbys,
         hint_interval=a.hint_interval,
         store_options={kind.name: kind.options(p, a) for kind in kinds},
-        server_cert_file=a.server_cert_file,
-        server_cert_key_file=a.server_cert_key_file,
-        server_ca_file=a.server_ca_file,
-        peer_cert_file=a.peer_cert_file,
-        peer_cert_key_file=a.peer_cert_key_file,
-        peer_ca_file=a.peer_ca_file,
+        **server_tls_values(a),
         auth=auth,
         broker_client=broker_client,
         broker_auth=broker_client.authorizer(),
