@@ -514,6 +514,22 @@ def bytewax_recovery(py: Path, file: Path, recovery: Path, n: int) -> dict[str, 
     return figures
 
 
+def counter_process(
+    etcd: EtcdServer, broker: BrokerProcess, tmp: Path, suffix: str
+) -> ConsumerProcess:
+    """A started consumer of the counting app (`Echo` with no output), named `suffix`."""
+    return ConsumerProcess(
+        "consumer_bench_app:Echo",
+        etcd.endpoint,
+        [broker.endpoint],
+        root=ROOT,
+        suffix=suffix,
+        workdir=tmp / suffix,
+        extra_env={"PYTHONPATH": str(APPS), "ECHO_OUTPUT": ""},
+        extra_args=["--drain-timeout", "0", "--log-level", "WARNING"],
+    ).start()
+
+
 async def recovery(
     client: JournalClient,
     etcd: EtcdServer,
@@ -524,16 +540,7 @@ async def recovery(
     head: int,
     rounds: int,
 ) -> dict[str, Any]:
-    proc = ConsumerProcess(
-        "consumer_bench_app:Echo",
-        etcd.endpoint,
-        [broker.endpoint],
-        root=ROOT,
-        suffix="restarted",
-        workdir=tmp / "restarted",
-        extra_env={"PYTHONPATH": str(APPS), "ECHO_OUTPUT": ""},
-        extra_args=["--drain-timeout", "0", "--log-level", "WARNING"],
-    ).start()
+    proc = counter_process(etcd, broker, tmp, "restarted")
     # Bytewax's input repeated until it lasts several epochs even while emitting each count,
     # so that it is killed after a snapshot (its first output after the restart does not
     # depend on the input's length).
@@ -754,16 +761,7 @@ async def run(args: argparse.Namespace, py: Path, tmp: Path) -> dict[str, Any]:
             say(f"publishing {n:,} records over {KEYS} keys (not timed) ...")
             head = await publish_input(client, n, tmp / "input.jsonl")
             out["record_bytes"] = round(head / n, 1)
-            consumer = ConsumerProcess(
-                "consumer_bench_app:Echo",
-                etcd.endpoint,
-                [broker.endpoint],
-                root=ROOT,
-                suffix="counter",
-                workdir=tmp / "counter",
-                extra_env={"PYTHONPATH": str(APPS), "ECHO_OUTPUT": ""},
-                extra_args=["--drain-timeout", "0", "--log-level", "WARNING"],
-            ).start()
+            consumer = counter_process(etcd, broker, tmp, "counter")
             try:
                 assert consumer.proc is not None and broker.proc is not None
                 pids = {"consumer": consumer.proc.pid, "broker": broker.proc.pid}
