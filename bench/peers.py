@@ -46,6 +46,10 @@ Rounds alternate which side goes first; at least two of each. The figures carry 
 average seen before and after: other work on the machine shows there.
 
     python bench/peers.py [--quick] [--rounds R] [--records N] [--py-spy DIR]
+                          [--only consumer,recovery,broker]
+
+--only runs the named comparisons alone (repeatable or a comma list; all three by default);
+the JSON line then holds only their figures.
 
 --py-spy DIR also records, in an extra round that is not measured, our consumer process and
 then our broker with py-spy (installed into the project's venv if absent), writes the raw
@@ -702,8 +706,8 @@ async def broker_vs_nats(
 
 async def profile(
     client: JournalClient,
-    stub: pb_grpc.ShardStub,
-    consumer: ConsumerProcess,
+    stub: pb_grpc.ShardStub | None,
+    consumer: ConsumerProcess | None,
     broker: BrokerProcess,
     head: int,
     store: Path,
@@ -712,14 +716,19 @@ async def profile(
     kib: int = 10_000,
 ) -> dict[str, Any]:
     """py-spy over an unmeasured round of each: our consumer process (with its children)
-    counting the input, our broker taking `mib` 1 MiB appends and `kib` 1 KiB appends (enough
-    samples at py-spy's 200 Hz)."""
+    counting the input (unless `consumer` is None), our broker taking `mib` 1 MiB appends and
+    `kib` 1 KiB appends (enough samples at py-spy's 200 Hz)."""
     exe = ensure_py_spy()
     out.mkdir(parents=True, exist_ok=True)
-    assert consumer.proc is not None and broker.proc is not None
-    pids = {"consumer": consumer.proc.pid, "broker": broker.proc.pid}
-    with py_spy(exe, consumer.proc.pid, out / "consumer.txt"):
-        await ours_round(client, stub, "count-profiled", head, pids)
+    assert broker.proc is not None
+    figures: dict[str, Any] = {}
+    if consumer is not None and stub is not None:
+        assert consumer.proc is not None
+        pids = {"consumer": consumer.proc.pid, "broker": broker.proc.pid}
+        with py_spy(exe, consumer.proc.pid, out / "consumer.txt"):
+            await ours_round(client, stub, "count-profiled", head, pids)
+        figures["consumer"] = summarize_profile(out / "consumer.txt")
+        show_profile("py-spy, our consumer process over one round", figures["consumer"])
     # A journal for each size, so that neither profile sees the other's fragment persisted.
     specs = [journal_spec(f"peers/profiled-{k}", store, length=1 << 30) for k in ("mib", "kib")]
     await apply_journals(
@@ -729,12 +738,8 @@ async def profile(
         await ours_appends(client, specs[0].name, MiB, mib)
     with py_spy(exe, broker.proc.pid, out / "broker-1kib.txt"):
         await ours_appends(client, specs[1].name, 1024, kib)
-    figures = {
-        "consumer": summarize_profile(out / "consumer.txt"),
-        "broker_1mib": summarize_profile(out / "broker-1mib.txt"),
-        "broker_1kib": summarize_profile(out / "broker-1kib.txt"),
-    }
-    show_profile("py-spy, our consumer process over one round", figures["consumer"])
+    figures["broker_1mib"] = summarize_profile(out / "broker-1mib.txt")
+    figures["broker_1kib"] = summarize_profile(out / "broker-1kib.txt")
     show_profile(f"py-spy, our broker over {mib} x 1 MiB appends", figures["broker_1mib"])
     show_profile(f"py-spy, our broker over {kib} x 1 KiB appends", figures["broker_1kib"])
     return figures
@@ -747,40 +752,51 @@ async def run(args: argparse.Namespace, py: Path, tmp: Path) -> dict[str, Any]:
     n = args.records
     sizes = {"1mib": (MiB, 32 if args.quick else 128), "1kib": (1024, 2000 if args.quick else 8000)}
     store = tmp / "fragments"
-    out: dict[str, Any] = {"bench": "peers", "records": n, "keys": KEYS}
+    out: dict[str, Any] = {"bench": "peers"}
+    if args.only != set(COMPARISONS):
+        out["only"] = sorted(args.only)
     with (
         EtcdServer() as etcd,
         BrokerProcess(etcd.endpoint, spool_dir=tmp / "spool") as broker,
         NatsServer(tmp / "nats") as nats,
     ):
         async with JournalClient(broker.endpoint) as client:
-            spec = journal_spec(INPUT, store, content_type=CONTENT_TYPE_JSON_LINES, length=1 << 30)
-            await apply_journals(
-                client, bpb.ApplyRequest(changes=[bpb.ApplyRequest.Change(upsert=spec)])
-            )
-            say(f"publishing {n:,} records over {KEYS} keys (not timed) ...")
-            head = await publish_input(client, n, tmp / "input.jsonl")
-            out["record_bytes"] = round(head / n, 1)
-            consumer = counter_process(etcd, broker, tmp, "counter")
-            try:
-                assert consumer.proc is not None and broker.proc is not None
-                pids = {"consumer": consumer.proc.pid, "broker": broker.proc.pid}
-                async with grpc.aio.insecure_channel(consumer.endpoint) as ch:
-                    stub = pb_grpc.ShardStub(ch)
-                    say(f"consumer vs bytewax, {args.rounds} rounds each ...")
-                    out |= await consumer_vs_bytewax(
-                        client, stub, py, tmp, n, head, args.rounds, pids
-                    )
-                    if args.py_spy:
-                        out["profile"] = await profile(
-                            client, stub, consumer, broker, head, store, args.py_spy
+            head = 0
+            if args.only & {"consumer", "recovery"}:
+                spec = journal_spec(
+                    INPUT, store, content_type=CONTENT_TYPE_JSON_LINES, length=1 << 30
+                )
+                await apply_journals(
+                    client, bpb.ApplyRequest(changes=[bpb.ApplyRequest.Change(upsert=spec)])
+                )
+                say(f"publishing {n:,} records over {KEYS} keys (not timed) ...")
+                head = await publish_input(client, n, tmp / "input.jsonl")
+                out |= {"records": n, "keys": KEYS, "record_bytes": round(head / n, 1)}
+            if "consumer" in args.only:
+                consumer = counter_process(etcd, broker, tmp, "counter")
+                try:
+                    assert consumer.proc is not None and broker.proc is not None
+                    pids = {"consumer": consumer.proc.pid, "broker": broker.proc.pid}
+                    async with grpc.aio.insecure_channel(consumer.endpoint) as ch:
+                        stub = pb_grpc.ShardStub(ch)
+                        say(f"consumer vs bytewax, {args.rounds} rounds each ...")
+                        out |= await consumer_vs_bytewax(
+                            client, stub, py, tmp, n, head, args.rounds, pids
                         )
-            finally:
-                consumer.kill()
-            say(f"recovery after SIGKILL, {args.recovery_rounds} round(s) each ...")
-            out |= await recovery(client, etcd, broker, py, tmp, n, head, args.recovery_rounds)
-            say(f"broker vs nats jetstream, {args.rounds} rounds each ...")
-            out |= await broker_vs_nats(client, broker, nats, py, store, args.rounds, sizes)
+                        if args.py_spy:
+                            out["profile"] = await profile(
+                                client, stub, consumer, broker, head, store, args.py_spy
+                            )
+                finally:
+                    consumer.kill()
+            elif args.py_spy and "broker" in args.only:
+                out["profile"] = await profile(client, None, None, broker, 0, store, args.py_spy)
+            if "recovery" in args.only:
+                say(f"recovery after SIGKILL, {args.recovery_rounds} round(s) each ...")
+                out |= await recovery(client, etcd, broker, py, tmp, n, head, args.recovery_rounds)
+            if "broker" in args.only:
+                say(f"broker vs nats jetstream, {args.rounds} rounds each ...")
+                out |= await broker_vs_nats(client, broker, nats, py, store, args.rounds, sizes)
     return out
 
 
@@ -795,6 +811,8 @@ def _wait_unmounted(tmp: Path, timeout: float = 10.0) -> None:
     for mnt in mounts_under(tmp):
         force_unmount(mnt)
 
+
+COMPARISONS = ("consumer", "recovery", "broker")
 
 GUARANTEES = {
     "ours_consumer": "exactly-once state and output: each transaction's counts, the input "
@@ -814,7 +832,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=0, help="rounds of each side (>= 2)")
     parser.add_argument("--records", type=int, default=0, help="input records (300k)")
     parser.add_argument("--py-spy", type=Path, help="profile our side into this directory")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAMES",
+        help=f"run only these comparisons ({', '.join(COMPARISONS)}; repeatable or a comma list)",
+    )
     args = parser.parse_args()
+    args.only = {name.strip() for arg in args.only for name in arg.split(",") if name.strip()}
+    if unknown := args.only - set(COMPARISONS):
+        parser.error(f"--only: unknown {', '.join(sorted(unknown))} (of {', '.join(COMPARISONS)})")
+    args.only = args.only or set(COMPARISONS)
     args.rounds = max(2, args.rounds or (2 if args.quick else 3))
     args.records = args.records or (100_000 if args.quick else 300_000)
     args.recovery_rounds = 1 if args.quick else 2
@@ -826,7 +855,9 @@ def main() -> None:
             out = asyncio.run(run(args, py, tmp))
         finally:
             _wait_unmounted(tmp)
-    out["guarantees"] = GUARANTEES
+    peers = {"ours_consumer", "bytewax"} if args.only & {"consumer", "recovery"} else set()
+    peers |= {"ours_broker", "nats"} if "broker" in args.only else set()
+    out["guarantees"] = {k: v for k, v in GUARANTEES.items() if k in peers}
     out["load_avg_1m"] = {"before": round(load0, 2), "after": round(os.getloadavg()[0], 2)}
     print(json.dumps(out))
 
