@@ -1,9 +1,10 @@
 """The application of bench/consumer.py (run by `gazette-consumer consumer_bench_app:Echo` with
 this directory on PYTHONPATH).
 
-`Echo` consumes `Ping` messages, counts them per key in a RocksDB store (one read-modify-write
-per key per transaction, like word-count), and republishes each as a `Pong` carrying the
-ping's send time with `publish_uncommitted` to the journal of env ECHO_OUTPUT (if set): a
+`Echo` consumes `Ping` messages (in batches: it is a BatchConsumer), counts them per key in a
+RocksDB store (one read-modify-write per key per transaction, like word-count), and
+republishes each as a `Pong` carrying the ping's send time with `publish_uncommitted` to the
+journal of env ECHO_OUTPUT (if set): a
 downstream read-committed reader sees a Pong only once the transaction committed, so the
 Pong's arrival measures the whole exactly-once pipeline."""
 
@@ -51,6 +52,22 @@ class Echo:
         if self.output:
             out = (self.output, CONTENT_TYPE_JSON_LINES)
             pub.publish_uncommitted(lambda _m: out, Pong(msg.key, msg.sent_ns))
+
+    def consume_messages(self, shard: Any, store: RocksDBStore, envs: list[Any], pub: Any) -> None:
+        """The batch form (consumer.application.BatchConsumer): the runtime hands over every
+        run of messages it has ready at once."""
+        if self.output:
+            for env in envs:
+                self.consume_message(shard, store, env, pub)
+            return
+        counts = self.counts
+        for env in envs:
+            key = env.message.key
+            n = counts.get(key)
+            if n is None:
+                raw = store.get(b"c" + key.encode())
+                n = int(raw) if raw is not None else 0
+            counts[key] = n + 1
 
     def finalize_txn(self, shard: Any, store: RocksDBStore, pub: Any) -> None:
         for key, n in self.counts.items():

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MESSAGE_PRODUCER_METHODS",
     "Application",
+    "BatchConsumer",
     "BeginFinisher",
     "IncompleteMessageProducer",
     "MessageProducer",
@@ -74,6 +75,23 @@ class Application(Protocol):
     def finalize_txn(self, shard: Shard, store: Store, pub: Publisher) -> None | Awaitable[None]:
         """The transaction ends: publish pending messages and write in-memory state to the
         store's transaction (starting appends suffices; do not wait for them)."""
+        ...
+
+
+@runtime_checkable
+class BatchConsumer(Protocol):
+    """Optional: an Application that consumes messages in batches.
+
+    The runtime then calls `consume_messages` instead of `consume_message`, with every run of
+    read-committed messages it has ready at once (up to a few hundred, of one source journal,
+    in order; a single one where a message's transaction needed sequencing). It is the same
+    as calling `consume_message` for each, in order, minus a Python call per message.
+    """
+
+    def consume_messages(
+        self, shard: Shard, store: Store, envs: list[Envelope], pub: Publisher
+    ) -> None | Awaitable[None]:
+        """Consume read-committed messages, in order, within the current transaction."""
         ...
 
 

@@ -46,7 +46,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol
 
 from gazette.broker.protocol import protocol_pb2 as bpb
-from gazette.consumer.application import Application, BeginFinisher, Shard
+from gazette.consumer.application import Application, BatchConsumer, BeginFinisher, Shard
 from gazette.consumer.protocol import pb
 from gazette.consumer.store import Store
 from gazette.message.envelope import Envelope
@@ -117,8 +117,14 @@ class SourceDone:
 SOURCE_DONE: Final = SourceDone()
 """Queued by a source that ended without an error (a MessageProducer returned)."""
 
-SourceItem = Envelope | BaseException | SourceDone
-"""What a source queues: an envelope, the error that ended it, or `SOURCE_DONE`."""
+SourceItem = Envelope | list[Envelope] | BaseException | SourceDone
+"""What a source queues: an envelope, envelopes in journal order (at most `SOURCE_BATCH`),
+the error that ended it, or `SOURCE_DONE`."""
+
+SOURCE_BATCH = 256
+"""Envelopes a source queues as one item at most. Handing the transaction loop batches,
+rather than one envelope per queue put and get, takes the queue off the per-message path;
+the queue's bound in items is the shard's ``read_channel_size`` divided by this."""
 
 
 class MessageSource(Protocol):
@@ -185,7 +191,7 @@ class SourceReaders:
 
     def __init__(self, shard: Shard, app: Application, offsets: dict[str, int], size: int) -> None:
         self.shard = shard
-        self.queue: asyncio.Queue[SourceItem] = asyncio.Queue(maxsize=size)
+        self.queue: asyncio.Queue[SourceItem] = asyncio.Queue(maxsize=-(-size // SOURCE_BATCH))
         self.iters: dict[str, ReadUncommittedIter] = {}
         for src in shard.spec.sources:
             offset = max(offsets.get(src.journal, 0), src.min_offset)
@@ -204,11 +210,13 @@ class SourceReaders:
         queue = self.queue
         try:
             while True:
-                env = await it.next()
-                if queue.full():
-                    await queue.put(env)
-                else:
-                    queue.put_nowait(env)  # No coroutine per message while there is room.
+                batch = await it.next_batch()
+                for i in range(0, len(batch), SOURCE_BATCH):
+                    part = batch[i : i + SOURCE_BATCH] if len(batch) > SOURCE_BATCH else batch
+                    if queue.full():
+                        await queue.put(part)
+                    else:
+                        queue.put_nowait(part)  # No coroutine per batch while there is room.
         except asyncio.CancelledError:
             raise
         except BaseException as err:  # noqa: BLE001 - handed to the transaction loop
@@ -270,6 +278,9 @@ class Transactions:
         self._first_txn = True
         self.apply_spec(spec)
         self._consume: Callable[..., Any] = app.consume_message
+        self._consume_batch: Callable[..., Any] | None = (
+            app.consume_messages if isinstance(app, BatchConsumer) else None
+        )
         self._finalize = _maybe_async(app.finalize_txn)
         self._begin: Callable[..., Awaitable[Any]] | None = None
         self._finished: Callable[..., Any] | None = None
@@ -292,6 +303,8 @@ class Transactions:
         self._commits = 0  # Store commits started.
         self._last_committed_n = 0  # The number of the commit `last_committed` is of.
         self._pending: SourceItem | None = None  # Taken off the queue early.
+        self._batch: list[Envelope] = []  # The queued list being taken, from _batch_pos.
+        self._batch_pos = 0
         self._ended = False  # The source queued SOURCE_DONE: nothing more will come.
         self._begun = False  # A transaction began (BeginFinisher): `finished_txn` is owed.
         self._prepared_at = 0.0  # When the last transaction's commit started (loop time).
@@ -345,7 +358,7 @@ class Transactions:
             raise
         return True
 
-    async def _run_transaction(self, env: Envelope | None, started: float) -> None:
+    async def _run_transaction(self, env: Envelope | list[Envelope] | None, started: float) -> None:
         loop = asyncio.get_running_loop()
         if self._begin is not None:
             self._begun = True
@@ -354,7 +367,7 @@ class Transactions:
             self._begun = True
         n = 0
         if env is not None:
-            n = 1
+            n = len(env) if env.__class__ is list else 1
             out = self._handle(env)
             if out is not None:
                 await out
@@ -367,6 +380,7 @@ class Transactions:
             early_at = min(started + max(min(self.max_dur, FIRST_TXN_MAX), self.min_dur), max_at)
         ready = self._ready
         handle = self._handle
+        next_yield = n + _YIELD_EVERY
         waited = 0.0  # Seconds the loop waited (for messages, the previous commit, min_dur).
         while True:
             # The hot loop: no coroutine per message unless the application's is one.
@@ -381,8 +395,9 @@ class Transactions:
                 out = handle(got)  # type: ignore[arg-type]
                 if out is not None:
                     await out
-                n += 1
-                if n % _YIELD_EVERY == 0:
+                n += len(got) if got.__class__ is list else 1  # type: ignore[arg-type]
+                if n >= next_yield:
+                    next_yield = n + _YIELD_EVERY
                     await asyncio.sleep(0)
                 continue
             self._raise_failed()
@@ -463,8 +478,8 @@ class Transactions:
                 else:
                     getter.cancel()
 
-    async def _next_blocking(self) -> Envelope | SourceDone | None:
-        """Wait until a transaction should begin: a committed envelope is ready (returned),
+    async def _next_blocking(self) -> Envelope | list[Envelope] | SourceDone | None:
+        """Wait until a transaction should begin: a committed envelope (or run) is ready (returned),
         or envelopes were read that commit nothing (None: the transaction checkpoints how
         far they were read, e.g. trailing duplicates). `SOURCE_DONE` once the source ended
         and nothing is left to commit. Raises the previous commit's error if it fails
@@ -498,9 +513,10 @@ class Transactions:
             if prev is not None and prev.done():
                 prev.result()  # Raises if the previous commit failed.
 
-    def _ready(self) -> Envelope | object | None:
-        """The next committed envelope if one is ready without waiting, else None; `_REPLAY`
-        when the Sequencer needs a replay first. Raises a reader's error."""
+    def _ready(self) -> Envelope | list[Envelope] | object | None:
+        """The next committed envelope, or a run of them that the Sequencer took at once
+        (`Sequencer.dequeue_committed`), if ready without waiting, else None; `_REPLAY` when
+        the Sequencer needs a replay first. Raises a reader's error."""
         seq = self.seq
         while True:
             try:
@@ -508,32 +524,56 @@ class Transactions:
                     return seq.dequeued
             except MustStartReplay:
                 return _REPLAY
-            item = self._pending
-            if item is not None:
-                self._pending = None
-            elif self._ended:
-                return None
+            batch, pos = self._batch, self._batch_pos
+            if pos < len(batch):
+                end = seq.dequeue_committed(batch, pos)
+                if end > pos:
+                    self._batch_pos = end
+                    return batch if pos == 0 and end == len(batch) else batch[pos:end]
+                item: SourceItem = batch[pos]
+                self._batch_pos = pos + 1
             else:
-                try:
-                    item = self.readers.queue.get_nowait()
-                except asyncio.QueueEmpty:
+                got = self._pending
+                if got is not None:
+                    self._pending = None
+                elif self._ended:
                     return None
-            if isinstance(item, BaseException):
-                raise item
-            if isinstance(item, SourceDone):
-                self._ended = True
-                return None
-            if seq.queue_uncommitted(item) is QueueOutcome.ACK_COMMIT_REPLAY:
+                else:
+                    try:
+                        got = self.readers.queue.get_nowait()
+                    except asyncio.QueueEmpty:
+                        return None
+                if got.__class__ is list:
+                    self._batch, self._batch_pos = got, 0  # type: ignore[assignment]
+                    continue
+                item = got
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, SourceDone):
+                    self._ended = True
+                    return None
+            if seq.queue_uncommitted(item) is QueueOutcome.ACK_COMMIT_REPLAY:  # type: ignore[arg-type]
                 return _REPLAY
 
     async def _replay(self) -> None:
         journal, begin, end = self.seq.replay_range()
         self.seq.start_replay(await self.readers.replay(journal, begin, end))
 
-    def _handle(self, env: Envelope) -> Awaitable[Any] | None:
-        """Pass `env` to the application; returns what must be awaited, if anything."""
-        uuid = env.message.get_uuid()
+    def _handle(self, got: Envelope | list[Envelope]) -> Awaitable[Any] | None:
+        """Pass an envelope, or a run of them, to the application; returns what must be
+        awaited, if anything."""
         stats = self.stats
+        if got.__class__ is list:
+            # A run the Sequencer took at once: committed messages of one source journal,
+            # contiguous, none an acknowledgement.
+            run: list[Envelope] = got  # type: ignore[assignment]
+            stats.read_bytes += run[-1].end - run[0].begin
+            stats.messages += len(run)
+            if self._consume_batch is not None:
+                return self._awaitable(self._consume_batch(self.shard, self.store, run, self.pub))
+            return self._consume_each(run)
+        env: Envelope = got  # type: ignore[assignment]
+        uuid = env.message.get_uuid()
         stats.read_bytes += env.end - env.begin
         # The flags are bits 48-57 of the UUID (message.uuid.get_flags, without validation:
         # the Sequencer checked the UUID already).
@@ -541,8 +581,31 @@ class Transactions:
             stats.acks += 1
             return None
         stats.messages += 1
-        out = self._consume(self.shard, self.store, env, self.pub)
+        if self._consume_batch is not None:
+            return self._awaitable(self._consume_batch(self.shard, self.store, [env], self.pub))
+        return self._awaitable(self._consume(self.shard, self.store, env, self.pub))
+
+    @staticmethod
+    def _awaitable(out: Any) -> Awaitable[Any] | None:
         return out if out is not None and inspect.isawaitable(out) else None
+
+    def _consume_each(self, run: list[Envelope]) -> Awaitable[Any] | None:
+        consume, shard, store, pub = self._consume, self.shard, self.store, self.pub
+        for i, env in enumerate(run):
+            out = consume(shard, store, env, pub)
+            if out is not None and inspect.isawaitable(out):
+                return self._consume_rest(out, run, i + 1)
+        return None
+
+    async def _consume_rest(self, first: Awaitable[Any], run: list[Envelope], i: int) -> None:
+        """An async `consume_message` returned an awaitable for run[i - 1]: await it, then
+        consume the rest of the run in order."""
+        await first
+        consume, shard, store, pub = self._consume, self.shard, self.store, self.pub
+        for env in run[i:]:
+            out = consume(shard, store, env, pub)
+            if out is not None and inspect.isawaitable(out):
+                await out
 
     async def _start_commit(self) -> None:
         """Checkpoint, start the store commit, and schedule the ACKs behind it."""

@@ -11,12 +11,20 @@ Messages are objects with two methods (see `JSONFrameable`):
   e.g. under the key "uuid"). Values must be what `json` can encode.
 - `load_json(doc: dict) -> None`: fill the message from a decoded object.
 
-and optionally a third, for speed:
+and optionally, for speed:
 
 - `to_json_line() -> bytes | None`: the complete frame, exactly what encoding `to_json()`
   would produce, or None to have the framing encode `to_json()` after all.
+- `json_fast_loader() -> FastLoader | None`: a typed decoder of a whole line and the load of
+  its result into a message, which together do what parsing the line and `load_json` do,
+  except that the decoder may refuse lines that `load_json` would accept.
 
-`message.json_message.JSONMessage` implements all three for dataclasses.
+`message.json_message.JSONMessage` implements them all for dataclasses.
+
+Readers decode in batches with `JSONFraming.unmarshal_buffered` when messages have a fast
+loader: every complete line buffered is decoded at once, and only if each one decodes, is no
+longer than `max_frame_size` and fits the message's type; otherwise those lines go through the
+frame-by-frame path, which reports exactly which line is a Desync or fails to unmarshal.
 
 The decoder reports a line that is not a JSON object (invalid JSON, invalid UTF-8, a blank
 line, or a line longer than `max_frame_size`) as a Desync of the whole line, newline included,
@@ -27,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from gazette.message.framing import (
     CONTENT_TYPE_JSON_LINES,
@@ -40,7 +48,14 @@ from gazette.message.framing import (
     _register_builtin,
 )
 
-__all__ = ["JSONFraming", "JSONFrameable", "JSON_FRAMING", "encode_json", "parse_json_object"]
+__all__ = [
+    "FastLoader",
+    "JSONFraming",
+    "JSONFrameable",
+    "JSON_FRAMING",
+    "encode_json",
+    "parse_json_object",
+]
 
 
 def _no_default(value: object) -> object:
@@ -73,6 +88,18 @@ _decoder = json.JSONDecoder()
 _decode = _decoder.decode
 _scan_once: Callable[[str, int], tuple[Any, int]] = _decoder.scan_once  # type: ignore[attr-defined]
 _JSON_SPACE = " \t\n\r"
+_fast_loaders: dict[type, FastLoader | None] = {}  # Per message class; None: it has none.
+_UNKNOWN: Any = object()
+
+
+class FastLoader(NamedTuple):
+    """A message class's batch decoding (see the module doc)."""
+
+    decode: Callable[[bytes | bytearray], Any]
+    """One line, without its newline, to an intermediate value; raises on anything it does
+    not decode exactly as the frame-by-frame path would."""
+    load: Callable[[Any, Any], None]
+    """Fill a message (first argument) from an intermediate value."""
 
 
 @runtime_checkable
@@ -132,6 +159,54 @@ class JSONFraming:
 
     def decoder(self, offset: int = 0) -> FrameDecoder:
         return _LineDecoder(self, offset, self.max_frame_size)
+
+    def unmarshal_buffered(
+        self, decoder: FrameDecoder, new_message: Callable[[], Any]
+    ) -> tuple[int, list[int], list[Any]] | None:
+        """Decode every complete line buffered in `decoder` (one this framing made) into a
+        message from `new_message()`, consuming them: (begin offset of the first, each
+        one's end offset, the messages). None, consuming nothing, if that takes the
+        frame-by-frame path (`next_event` and `unmarshal`): nothing complete is buffered, a
+        skip is pending, the messages have no fast loader, or some line does not decode."""
+        if decoder.__class__ is not _LineDecoder or decoder._skip_from is not None:
+            return None
+        buf, pos = decoder._buf, decoder._pos
+        last = buf.rfind(b"\n", pos)
+        if last < 0:
+            return None
+        probe = new_message()
+        cls = probe.__class__
+        fast = _fast_loaders.get(cls, _UNKNOWN)
+        if fast is _UNKNOWN:
+            get = getattr(probe, "json_fast_loader", None)
+            fast = _fast_loaders[cls] = get() if get is not None else None
+        if fast is None:
+            return None
+        assert isinstance(fast, FastLoader)
+        lines = buf[pos:last].split(b"\n")
+        if max(map(len, lines)) > self.max_frame_size:
+            return None
+        load = fast.load
+        try:
+            decoded = list(map(fast.decode, lines))
+            msgs = [probe]
+            load(probe, decoded[0])
+            for value in decoded[1:]:
+                msg = new_message()
+                if msg.__class__ is not cls:
+                    return None
+                load(msg, value)
+                msgs.append(msg)
+        except Exception:  # noqa: BLE001 - the frame-by-frame path reports it
+            return None
+        begin = decoder._base + pos
+        ends = []
+        end = begin
+        for line in lines:
+            end += len(line) + 1
+            ends.append(end)
+        decoder._pos = decoder._scan = last + 1
+        return begin, ends, msgs
 
 
 def parse_json_object(payload: bytes) -> dict[str, Any]:

@@ -21,6 +21,7 @@ restarts at the new offset, dropping any partial frame.
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -117,6 +118,8 @@ class ReadUncommittedIter:
             self.spec, self.framing = spec, framing
         self._decoder: FrameDecoder | None = None
         self._next_offset = -1  # Journal offset of the next byte the decoder expects.
+        self._slow_until = -1  # Decode frame by frame until the decoder reaches this offset.
+        self._ready: collections.deque[Envelope] = collections.deque()  # Decoded, not taken.
         self.desyncs = 0
         self.jumps = 0
 
@@ -128,14 +131,46 @@ class ReadUncommittedIter:
         """The next envelope. Raises StopAsyncIteration at ``end_offset``, the reader's errors
         (`OffsetNotYetAvailable` for non-blocking reads at the head, ...), `MessageDecodeError`
         and `TruncatedFrame`. Cancellation loses nothing: buffered bytes stay decoded."""
+        ready = self._ready
+        if ready:
+            return ready.popleft()
+        batch = await self.next_batch()
+        if len(batch) > 1:
+            ready.extend(batch)
+            return ready.popleft()
+        return batch[0]
+
+    async def next_batch(self) -> list[Envelope]:
+        """The next envelopes: at least one, and as many as are decoded from what was read
+        so far (all complete frames of a read, where the framing decodes them in batches).
+        Raises as `next`."""
+        ready = self._ready
+        if ready:
+            out = list(ready)
+            ready.clear()
+            return out
         if self.framing is None:
             self._init(await get_journal(self.client, self.journal))
         framing = self.framing
         spec = self.spec
         assert framing is not None and spec is not None
+        batched = getattr(framing, "unmarshal_buffered", None)
         while True:
             decoder = self._decoder
             if decoder is not None:
+                if batched is not None and decoder.offset >= self._slow_until:
+                    got = batched(decoder, lambda: self.new_message(spec))
+                    if got is not None:
+                        begin, ends, msgs = got
+                        journal, ct = self.journal, framing.content_type
+                        out = []
+                        for end, msg in zip(ends, msgs, strict=True):
+                            out.append(Envelope(journal, begin, end, msg, ct))
+                            begin = end
+                        return out
+                    # Frame by frame through what is buffered: it holds something that
+                    # doesn't decode in a batch (and is reported precisely this way).
+                    self._slow_until = self._next_offset
                 ev = decoder.next_event()
                 if ev is not None:
                     if isinstance(ev, Frame):
@@ -144,7 +179,7 @@ class ReadUncommittedIter:
                             framing.unmarshal(ev.payload, msg)
                         except Exception as err:
                             raise MessageDecodeError(self.journal, ev.begin, ev.end, err) from err
-                        return Envelope(self.journal, ev.begin, ev.end, msg, framing.content_type)
+                        return [Envelope(self.journal, ev.begin, ev.end, msg, framing.content_type)]
                     self._desync(ev)
                     continue
 
@@ -168,6 +203,7 @@ class ReadUncommittedIter:
                     None if decoder.at_boundary() else decoder.offset,
                 )
                 decoder.reset(start)
+                self._slow_until = -1
             self._next_offset = start + len(data)
             decoder.feed(data)
 

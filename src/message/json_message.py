@@ -40,8 +40,11 @@ import uuid as _uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import msgspec
+
 from gazette.message._dataclass_message import DataclassMessage, field_types, optional_of
 from gazette.message.framing import UnmarshalError
+from gazette.message.framing_json import FastLoader
 from gazette.message.framing_json import encode_json as _encode_json_value
 
 __all__ = ["JSONMessage"]
@@ -71,9 +74,14 @@ class JSONMessage(DataclassMessage):
         obj: _T = _plan(cls).construct(doc)
         return obj
 
+    def json_fast_loader(self) -> FastLoader | None:
+        """The class's `FastLoader` (see `message.framing_json`): a typed decoder of whole
+        lines, built when every field's type has an exact equivalent in it; else None."""
+        return _plan(type(self)).fast
+
 
 class _Plan:
-    __slots__ = ("encode", "line", "load", "construct")
+    __slots__ = ("encode", "line", "load", "construct", "fast")
 
     def __init__(
         self,
@@ -81,11 +89,13 @@ class _Plan:
         line: Callable[[Any], bytes | None],
         load: Callable[[Any, dict[str, Any]], None],
         construct: Callable[[Any], Any],
+        fast: FastLoader | None,
     ) -> None:
         self.encode = encode
         self.line = line
         self.load = load
         self.construct = construct
+        self.fast = fast
 
 
 _plans: dict[type, _Plan] = {}
@@ -374,7 +384,72 @@ def _build_plan(cls: type) -> _Plan:
             setattr(obj, uuid_attr, values[uuid_attr])
         return obj
 
-    return _Plan(encode, line, load, construct)
+    return _Plan(encode, line, load, construct, _fast_loader(cls, uuid_attr, fields))
+
+
+# Fast loading: msgspec decodes a whole line into a Struct mirroring the class, typed checks
+# and UUID included, in C; a generated function then assigns what the line held. Only types
+# whose msgspec decoding accepts nothing that `load` rejects are mirrored (msgspec may reject
+# more: the framing then falls back to `load` for that line, which reports the error).
+
+_FAST_SCALARS: dict[Any, Any] = {
+    str: str,
+    int: int,
+    float: float,
+    bool: bool,
+    type(None): None,
+    _uuid.UUID: _uuid.UUID,
+}
+
+
+def _fast_type(tp: Any, nested: bool = False) -> Any:
+    """The msgspec type decoding exactly like `_decoder(tp)`, or _MISSING if none."""
+    if tp in (Any, object):
+        return Any
+    if tp in _FAST_SCALARS:
+        return _FAST_SCALARS[tp]
+    inner = optional_of(tp)
+    if inner is not None:
+        mirrored = _fast_type(inner, nested)
+        return _MISSING if mirrored is _MISSING else typing.Union[mirrored, None]  # noqa: UP007
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if nested:
+        return _MISSING
+    if origin is list and len(args) == 1:
+        elem = _fast_type(args[0], nested=True)
+        return _MISSING if elem is _MISSING else list[elem]  # type: ignore[valid-type]
+    if origin is dict and len(args) == 2 and args[0] is str:
+        value = _fast_type(args[1], nested=True)
+        return _MISSING if value is _MISSING else dict[str, value]  # type: ignore[valid-type]
+    return _MISSING
+
+
+def _fast_loader(
+    cls: type, uuid_attr: str | None, fields: list[tuple[dataclasses.Field[Any], Any]]
+) -> FastLoader | None:
+    mirrored: list[tuple[str, Any, Any]] = []
+    if uuid_attr is not None:
+        mirrored.append((uuid_attr, _uuid.UUID | None, None))
+    for f, tp in fields:
+        ftype = _fast_type(tp)
+        if ftype is _MISSING:
+            return None
+        mirrored.append((f.name, typing.Union[ftype, msgspec.UnsetType], msgspec.UNSET))  # noqa: UP007
+    try:
+        struct = msgspec.defstruct(f"{cls.__name__}Line", mirrored)
+        decode = msgspec.json.Decoder(struct).decode
+    except (TypeError, ValueError):
+        return None  # A field name msgspec reserves, or a type it refuses.
+
+    src = ["def load(self, s):"]
+    if uuid_attr is not None:
+        src.append(f"    self.{uuid_attr} = s.{uuid_attr}")
+    for f, _ in fields:
+        src += [f"    v = s.{f.name}", "    if v is not _UNSET:", f"        self.{f.name} = v"]
+    src.append("    pass")
+    ns: dict[str, Any] = {"_UNSET": msgspec.UNSET}
+    exec("\n".join(src), ns)  # noqa: S102
+    return FastLoader(decode, ns["load"])
 
 
 def _fstring_literal(text: str) -> str:

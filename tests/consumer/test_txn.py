@@ -26,7 +26,7 @@ from gazette.consumer.txn import (
 from gazette.message import CONTENT_TYPE_JSON_LINES, JSONMessage
 from gazette.message.envelope import Envelope
 from gazette.message.publisher import Publisher
-from gazette.message.sequencer import Sequencer
+from gazette.message.sequencer import QueueOutcome, Sequencer
 from gazette.message.uuid import Flags, ProducerID, build_uuid
 from tests.consumer.fakes import (
     BASE_CLOCK,
@@ -779,3 +779,87 @@ async def test_the_first_transaction_over_a_backlog_commits_soon() -> None:
     assert commits[0] < 0.5, commits
     assert commits[1] - commits[0] > 0.8, commits
     assert 0 < len(store.commits[0].state) < len(store.commits[1].state)
+
+
+# -- Batches: readers queue lists, the Sequencer takes runs at once --------------------------
+
+
+class BatchApp(App):
+    """Consumes whole runs (BatchConsumer), recording each run's length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: list[int] = []
+
+    def consume_messages(
+        self, shard: Any, store: FakeStore, envs: list[Envelope], pub: Any
+    ) -> None:
+        self.runs.append(len(envs))
+        store.state.extend(env.message.n for env in envs)
+
+
+def _mixed(n: int) -> list[Envelope]:
+    """`n` OUTSIDE_TXN messages of P with a transaction of producer Q (two CONTINUE_TXN
+    and their ACK) in the middle, at consecutive offsets."""
+    envs = [outside(i) for i in range(n)]
+    mid = n // 2
+    q = [of_q(1000, Flags.CONTINUE_TXN), of_q(1001, Flags.CONTINUE_TXN), of_q(1002, Flags.ACK_TXN)]
+    out = envs[:mid] + q + envs[mid:]
+    return [Envelope(JOURNAL, 10 * i, 10 * i + 10, e.message) for i, e in enumerate(out)]
+
+
+def _restored_delivery(cp: pb.Checkpoint, envs: list[Envelope]) -> list[int]:
+    """As `redelivered_after_restore`, replaying spans begun before the checkpoint's offset."""
+    seq = sequencer_from_checkpoint(cp, 8192)
+    start = checkpoint_offsets(cp).get(JOURNAL, 0)
+    out = []
+    for env in envs:
+        if env.begin < start:
+            continue
+        if seq.queue_uncommitted(env) is QueueOutcome.ACK_COMMIT_REPLAY:
+            _, begin, end = seq.replay_range()
+            seq.start_replay(e for e in envs if begin <= e.begin and e.end <= end)
+        while seq.step():
+            assert seq.dequeued is not None
+            out.append(seq.dequeued.message.n)
+    return out
+
+
+@pytest.mark.parametrize("app_type", [App, BatchApp])
+async def test_batches_commit_exactly_once_whatever_the_transaction_boundaries(
+    app_type: type[App],
+) -> None:
+    """Readers queue lists; transactions close after every message (max_txn_duration 1ns),
+    so between runs and inside them. Every commit's checkpoint covers exactly what its
+    state holds: a primary recovering it consumes the rest, none of it twice."""
+    store = FakeStore()
+    app = app_type()
+    txns, readers = make_txns(store, app, max_txn=Duration(nanos=1))
+    envs = _mixed(40)
+    for k in range(0, len(envs), 7):
+        readers.queue.put_nowait(envs[k : k + 7])
+    want = [e.message.n for e in envs if (e.message.get_uuid().int >> 48) & 0x3FF != 2]
+    await run_until(txns, lambda: store.state == want)
+    await run_until(txns, lambda: store.commits and store.commits[-1].state == want)
+    for commit in store.commits:
+        again = _restored_delivery(commit.checkpoint, envs)
+        assert commit.state + [n for n in again if n != 1002] == want, commit.checkpoint
+    if isinstance(app, BatchApp):
+        assert max(app.runs) > 1  # Runs were handed over whole.
+
+
+async def test_an_async_consume_message_is_awaited_for_each_message_of_a_run() -> None:
+    store = FakeStore()
+    order: list[tuple[str, int]] = []
+
+    class SlowApp(App):
+        async def consume_message(self, shard: Any, s: FakeStore, env: Envelope, pub: Any) -> None:
+            order.append(("start", env.message.n))
+            await asyncio.sleep(0.001)
+            order.append(("end", env.message.n))
+            s.state.append(env.message.n)
+
+    txns, readers = make_txns(store, SlowApp())
+    readers.queue.put_nowait([outside(i) for i in range(5)])
+    await run_until(txns, lambda: store.state == list(range(5)))
+    assert order == [(what, i) for i in range(5) for what in ("start", "end")]

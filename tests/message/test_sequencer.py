@@ -1057,3 +1057,100 @@ def test_random_interleavings_commit_exactly_once(
         assert mine == [r for r in want if r.producer == p]
         if p is not None:
             assert [r.clock for r in mine] == sorted({r.clock for r in mine})
+
+
+# -- Runs taken at once --------------------------------------------------------------------
+
+
+def test_dequeue_committed_takes_runs_of_self_committing_messages() -> None:
+    gen = Gen()
+    a1, a2 = gen(A, 16, OUT), gen(A, 32, OUT)
+    b1 = gen(B, 16, CONT)
+    a3, a_dup, b_ack, a4 = gen(A, 48, OUT), gen(A, 48, OUT), gen(B, 17, ACK), gen(A, 64, OUT)
+    envs = [a1, a2, b1, a3, a_dup, b_ack, a4]
+    seq = Sequencer()
+    assert seq.dequeue_committed(envs, 0) == 0  # A is new: its first message is queued.
+    assert queue(seq, a1) == [Q.OUTSIDE_COMMIT]
+    expect_dequeue(seq, a1)
+    assert seq.step() is False
+    assert seq.dequeue_committed(envs, 1) == 2  # a2; b1 opens a span: not taken.
+    assert seq.read_through() == {JOURNAL: a2.end}
+    assert seq.checkpoint(None)[JOURNAL, A] == ProducerState(32, -1)
+    assert queue(seq, b1) == [Q.CONTINUE_BEGIN_SPAN]
+    assert seq.dequeue_committed(envs, 3) == 4  # a3 (B's open span doesn't matter); not a_dup.
+    assert queue(seq, a_dup) == [Q.OUTSIDE_ALREADY_ACKED]
+    assert seq.dequeue_committed(envs, 5) == 5  # An ACK.
+    assert queue(seq, b_ack) == [Q.ACK_COMMIT_RING]
+    with pytest.raises(SequencerStateError):
+        seq.dequeue_committed(envs, 6)
+    expect_dequeue(seq, b1, b_ack)
+    assert seq.step() is False
+    assert seq.dequeue_committed(envs, 6) == 7
+    assert seq.read_through() == {JOURNAL: a4.end}
+
+
+def _drive(
+    seq: Sequencer, envs: list[Envelope], runs: bool, index: dict[int, int]
+) -> tuple[list[int], dict[int, Any]]:
+    """Process `envs` to the end, taking runs at once if `runs`; the envelopes delivered, and
+    after each envelope whose processing completed, the Sequencer's whole observable state."""
+    begins = [e.begin for e in envs]
+    delivered: list[int] = []
+    states: dict[int, Any] = {}
+    pos = 0
+    while pos < len(envs):
+        if runs:
+            end = seq.dequeue_committed(envs, pos)
+            if end > pos:
+                delivered.extend(range(pos, end))
+                pos = end
+                states[pos] = _observe(seq, index)
+                continue
+        if seq.queue_uncommitted(envs[pos]) is Q.ACK_COMMIT_REPLAY:
+            _, begin, end = seq.replay_range()
+            lo = bisect.bisect_left(begins, begin)
+            seq.start_replay(e for e in envs[lo:] if e.end <= end)
+        pos += 1
+        while seq.step():
+            assert seq.dequeued is not None
+            delivered.append(index[id(seq.dequeued)])
+        states[pos] = _observe(seq, index)
+    return delivered, states
+
+
+def _observe(seq: Sequencer, index: dict[int, int]) -> Any:
+    ring = [None if e is None else index[id(e)] for e in seq._ring]
+    owners = [None if p is None else p.producer for p in seq._ring_owner]
+    return (
+        seq.checkpoint(None),
+        seq.read_through(),
+        spans(seq),
+        seq._head,
+        ring,
+        list(seq._ring_clock),
+        owners,
+        list(seq._next),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(_scenario())
+def test_runs_taken_at_once_leave_the_state_queuing_leaves(
+    scenario: tuple[list[_Rec], int, list[str]],
+) -> None:
+    recs, ring_size, _ = scenario
+    envs = []
+    for i, r in enumerate(recs):
+        u = (
+            None
+            if r.producer is None
+            else build_uuid(ProducerID(r.producer), Clock(r.clock), r.flags)
+        )
+        envs.append(Envelope(JOURNAL, i * 102, i * 102 + 100, Msg(u)))
+    index = {id(e): i for i, e in enumerate(envs)}
+    with _SpanDiscarded():
+        slow, slow_states = _drive(Sequencer(ring_size=ring_size), envs, False, index)
+        fast, fast_states = _drive(Sequencer(ring_size=ring_size), envs, True, index)
+    assert fast == slow
+    for pos, state in fast_states.items():
+        assert state == slow_states[pos], pos
