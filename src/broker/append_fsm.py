@@ -280,10 +280,15 @@ class AppendFSM:
 
     async def run(self) -> AppendState:
         """Step until a terminal state, which is returned. Cancellation and unforeseen
-        errors propagate, after the append's content is rolled back and the lock released."""
-        while self.state not in TERMINAL:
-            await self.step()
-        return self.state
+        errors propagate, after the append's content is rolled back and the lock released.
+        The same steps as `step()` would take, without its call per state."""
+        state = self.state
+        try:
+            while state not in TERMINAL:
+                state = self.state = await _STEPS[state](self)
+        finally:
+            self._release()
+        return state
 
     async def step(self) -> AppendState:
         """Run the current state's step; returns the state it leads to."""
@@ -383,11 +388,11 @@ class AppendFSM:
         self._spool = replica.ensure_spool()
         self._pending = self._spool.begin_append()
         self._replicating = bool(self.pipeline.peers)
-        first = self.first
+        content = self.first.content
         try:
-            if first.content and await replica.throttle(len(first.content)):
+            if content and await replica.throttle(len(content)):
                 self.delayed_chunks += 1
-            await self._write(first.content)
+            await self._write(content)
             await self._receive()
         except BaseException as err:  # also cancellation: the content is rolled back
             self._error = err
@@ -427,11 +432,12 @@ class AppendFSM:
                     raise AppendProtocolError(
                         f"Append message {self.total_chunks} of journal {replica.name}: {err}"
                     ) from None
-                if not msg.content:
+                content = msg.content  # A new bytes object at each access: taken once.
+                if not content:
                     break
-                if await replica.throttle(len(msg.content)):
+                if await replica.throttle(len(content)):
                     self.delayed_chunks += 1
-                await self._write(msg.content)
+                await self._write(content)
             stall.reschedule(loop.time() + timeout)
             try:
                 extra = await anext(it)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections import deque
 from ssl import SSLContext
 from typing import Any
 
@@ -23,24 +23,21 @@ from gazette.broker.protocol.direct_framing import (
     AUTHORIZATION,
     END,
     ERROR,
+    HEADER,
     MAGIC,
+    MAX_FRAME,
     REQUEST,
     RESPONSE,
     SERVICE_METHOD,
     DirectProtocolError,
     encode_error,
     frame,
-    read_frame,
 )
 from gazette.broker.service import JournalService
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DirectAppendServer", "port_handler"]
-
-STREAM_LIMIT = 1 << 20
-"""Bytes a connection buffers before it stops reading (twice this): above the client's
-256 KiB content messages, so that a message is read without pausing the socket."""
 
 
 class _Aborted(Exception):
@@ -72,54 +69,206 @@ READ_AHEAD = 1 << 20
 FRAME_COST = 1024
 
 
-class _Frames:
-    """The one reader of a connection. It reads whole frames into a queue, so that no frame
-    is ever split between readers (a stall timeout or a proxying gRPC call abandons a `get`,
-    never a read), and it sees the client leave at once: `on_lost` runs then. It reads
-    ahead of the handler up to `READ_AHEAD` bytes, so a stream's small frames (the commit
-    message, its end) are always read, and a client that sent a whole append and left is
-    seen gone while the handler still waits (e.g. for the journal)."""
+class _Frames(asyncio.Protocol):
+    """A connection's transport, read as frames. Bytes are split into frames as they arrive
+    (in `data_received`, without a task of its own), and each frame goes to the reader
+    waiting for one, or into a queue. So no frame is ever split between readers (a stall
+    timeout or a proxying gRPC call abandons a wait, never a read), and the client leaving
+    is seen at once: `_Conn.lost_client` runs then. It reads ahead of the handler up to
+    `READ_AHEAD` bytes, so a stream's small frames (the commit message, its end) are always
+    read, and a client that sent a whole append and left is seen gone while the handler
+    still waits (e.g. for the journal). Its writing side is what `_Conn` answers through.
+    """
 
-    def __init__(self, reader: asyncio.StreamReader, on_lost: Callable[[], None]) -> None:
-        self._queue: asyncio.Queue[Frame | BaseException] = asyncio.Queue()
+    def __init__(self, server: DirectAppendServer | None = None) -> None:
+        self._server = server
+        self.conn: _Conn | None = None
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._magic: asyncio.Future[bytes] | None = None
+        self._magic_ok = False
+        self._queue: deque[Frame] = deque()
         self._queued = 0  # Bytes in the queue, as `READ_AHEAD` counts them.
-        self._room = asyncio.Event()
-        self._room.set()
-        self._on_lost = on_lost
-        self.task = asyncio.create_task(self._run(reader))
+        self._waiter: asyncio.Future[Frame] | None = None
+        self._ended: BaseException | None = None  # What ended the reading, once raised.
+        self._reading = True
+        self._writable: asyncio.Future[None] | None = None  # Set while writing is paused.
+        self._closed = False
 
-    async def _run(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                frame = await read_frame(reader)
-                self._queue.put_nowait(frame)
-                self._queued += len(frame[1]) + FRAME_COST
-                while self._queued > READ_AHEAD:
-                    self._room.clear()
-                    await self._room.wait()
-        except Exception as err:  # noqa: BLE001 - any failure to read ends the connection
-            if not isinstance(err, DirectProtocolError):
-                self._on_lost()  # EOF, a reset, a timed-out or unreachable peer...
-            self._queue.put_nowait(err)
+    # --- asyncio.Protocol -----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if self._server is not None:
+            self._server._connected(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._ended is not None:
+            return
+        buf = self._buf
+        buf += data
+        if not self._magic_ok:
+            if len(buf) < len(MAGIC):
+                return
+            magic = bytes(buf[: len(MAGIC)])
+            self._resolve_magic(magic)
+            if magic != MAGIC:  # `_Conn.serve` answers it; nothing more is read.
+                self._end(DirectProtocolError("not a direct-append client"), lost=False)
+                return
+            self._magic_ok = True
+            del buf[: len(MAGIC)]
+        self._parse()
+
+    def _parse(self, ahead: int = READ_AHEAD) -> None:
+        """Split the bytes received into frames while fewer than `ahead` bytes are queued;
+        pause reading beyond that."""
+        buf = self._buf
+        pos, size = 0, len(buf)
+        while self._queued <= ahead and size - pos >= HEADER.size:
+            kind, n = HEADER.unpack_from(buf, pos)
+            if n > MAX_FRAME:
+                del buf[:pos]
+                self._end(DirectProtocolError(f"a frame of {n} bytes (at most {MAX_FRAME})"))
+                return
+            start = pos + HEADER.size
+            if size - start < n:
+                break
+            pos = start + n
+            self._push((kind, bytes(buf[start:pos]) if n else b""))
+        if pos:
+            del buf[:pos]
+        if self._queued > ahead and self._reading and self.transport is not None:
+            self._reading = False
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        self._end(None)
+        # Keep a plain transport open for an answer (`_Conn` closes it); TLS cannot be kept.
+        return self.transport is not None and self.transport.get_extra_info("sslcontext") is None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._end(exc)
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None:
+            if not self._writable.done():
+                self._writable.set_result(None)
+            self._writable = None
+
+    # --- reading --------------------------------------------------------------------------
+    def _resolve_magic(self, magic: bytes) -> None:
+        if self._magic is None:
+            self._magic = asyncio.get_running_loop().create_future()
+        if not self._magic.done():
+            self._magic.set_result(magic)
+
+    async def magic(self) -> bytes:
+        """The connection's first bytes, as long as `MAGIC`. Raises what ended the
+        connection before them (asyncio.IncompleteReadError for an early end)."""
+        if self._magic is None:
+            self._magic = asyncio.get_running_loop().create_future()
+            if self._ended is not None:
+                self._magic.set_exception(self._ended)
+        return await self._magic
+
+    def _push(self, item: Frame) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            self._waiter = None
+            waiter.set_result(item)
+            return
+        self._queue.append(item)
+        self._queued += len(item[1]) + FRAME_COST
+
+    def _end(self, err: BaseException | None, lost: bool = True) -> None:
+        """Reading ended with `err` (None: the stream ended, asyncio.IncompleteReadError
+        with any partial frame), raised to readers once the frames before it are taken; the
+        client left (unless it broke the framing)."""
+        if self._ended is not None:
+            return
+        if self._magic_ok and not isinstance(err, DirectProtocolError):
+            self._parse(ahead=MAX_FRAME)  # The frames before the end come first.
+            if self._ended is not None:  # A frame over MAX_FRAME among them.
+                return
+        if err is None:
+            err = asyncio.IncompleteReadError(bytes(self._buf), None)
+        self._ended = err
+        if self._magic is not None and not self._magic.done():
+            self._magic.set_exception(err)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(err)
+        self._waiter = None
+        if lost and not isinstance(err, DirectProtocolError) and self.conn is not None:
+            self.conn.lost_client()  # EOF, a reset, a timed-out or unreachable peer...
+
+    def waiter(self) -> asyncio.Future[Frame]:
+        """A future of the next frame (done already if one is here): the frame, or what
+        ended the connection (again, at every later call). Cancelling it gives up the wait;
+        the frame then stays for the next reader."""
+        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        ready = self.get_ready_or_end()
+        if ready is not None:
+            fut.set_result(ready)
+        elif self._ended is not None:
+            fut.set_exception(self._ended)
+        else:
+            assert self._waiter is None or self._waiter.done(), "one reader at a time"
+            self._waiter = fut
+        return fut
 
     async def get(self) -> Frame:
         """The next frame; raises what ended the connection (again, at every later call)."""
-        return self._taken(await self._queue.get())
+        ready = self.get_ready_or_end()
+        if ready is not None:
+            return ready
+        if self._ended is not None:
+            raise self._ended
+        return await self.waiter()
 
     def get_ready(self) -> Frame | None:
         """The next frame if it is here already (else None), as `get`."""
-        if self._queue.empty():
-            return None
-        return self._taken(self._queue.get_nowait())
+        ready = self.get_ready_or_end()
+        if ready is None and self._ended is not None:
+            raise self._ended
+        return ready
 
-    def _taken(self, item: Frame | BaseException) -> Frame:
-        if isinstance(item, BaseException):
-            self._queue.put_nowait(item)
-            raise item
+    def get_ready_or_end(self) -> Frame | None:
+        if not self._queue:
+            return None
+        item = self._queue.popleft()
         self._queued -= len(item[1]) + FRAME_COST
-        if self._queued <= READ_AHEAD:
-            self._room.set()
+        if not self._reading and self._queued <= READ_AHEAD:
+            self._reading = True
+            self._parse()  # What was received meanwhile, which may pause reading again.
+            if self._reading and self.transport is not None and self._ended is None:
+                self.transport.resume_reading()
         return item
+
+    # --- writing --------------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self._closed:
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait until the transport takes more writes. Raises ConnectionResetError if the
+        connection is lost."""
+        if self._closed:
+            raise ConnectionResetError("connection lost")
+        if self._writable is not None:
+            await self._writable
+            if self._closed:
+                raise ConnectionResetError("connection lost")
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
 
 class _Requests:
@@ -131,7 +280,7 @@ class _Requests:
         self.first: Frame | None = first
         self.ended = False
         self.detached = False
-        self._taking: asyncio.Task[Frame] | None = None
+        self._taking: asyncio.Future[Frame] | None = None
 
     def __aiter__(self) -> _Requests:
         return self
@@ -139,7 +288,7 @@ class _Requests:
     async def _take(self) -> Frame:
         frame = await self.frames.get()
         if frame[0] == END:
-            self.ended = True  # Set as the frame is taken: `skip_rest` never waits for it.
+            self.ended = True
         return frame
 
     async def __anext__(self) -> pb.AppendRequest:
@@ -155,9 +304,9 @@ class _Requests:
             if kind == END:
                 self.ended = True
         else:
-            # Taken by a task of its own, which `detach` cancels: a reader left behind (a
-            # proxying gRPC call's task) never takes a frame of the next append.
-            self._taking = asyncio.ensure_future(self._take())
+            # Waited for through a future of its own, which `detach` cancels: a reader left
+            # behind (a proxying gRPC call's task) never takes a frame of the next append.
+            self._taking = self.frames.waiter()
             try:
                 kind, payload = await self._taking
             except asyncio.CancelledError:
@@ -167,6 +316,8 @@ class _Requests:
                 raise
             finally:
                 self._taking = None
+            if kind == END:
+                self.ended = True
         if kind == END:
             raise StopAsyncIteration
         if kind != REQUEST:
@@ -180,8 +331,12 @@ class _Requests:
         """The handler has answered. A reader it left behind (a proxying gRPC call's task)
         gets StopAsyncIteration; the frames are `skip_rest`'s."""
         self.detached = True
-        if self._taking is not None:
-            self._taking.cancel()
+        taking = self._taking
+        if taking is not None:
+            if taking.done() and not taking.cancelled() and taking.exception() is None:
+                # Taken, but its reader has not run since: `skip_rest` must not wait for it.
+                self.ended = self.ended or taking.result()[0] == END
+            taking.cancel()
 
     async def skip_rest(self, timeout: float) -> bool:
         """Drop what the client still sends of an append already answered, up to its `END`.
@@ -213,8 +368,9 @@ class DirectAppendServer:
 
     async def start(self) -> None:
         """Listen. Raises OSError if the port cannot be bound."""
-        self._server = await asyncio.start_server(
-            self._connection, self.host, self.port, limit=STREAM_LIMIT, ssl=self.ssl
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Frames(self), self.host, self.port, ssl=self.ssl
         )
         self.port = self._server.sockets[0].getsockname()[1]
 
@@ -257,13 +413,16 @@ class DirectAppendServer:
         if self._server is not None:
             await self._server.wait_closed()
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _connected(self, frames: _Frames) -> None:
         if self._closing:  # Accepted as the listener closed.
-            writer.close()
+            frames.close()
             return
-        conn = _Conn(self.service, reader, writer)
-        assert conn.task is not None
+        conn = frames.conn = _Conn(self.service, frames)
+        conn.task = asyncio.get_running_loop().create_task(self._connection(conn))
         self._conns[conn.task] = conn
+
+    async def _connection(self, conn: _Conn) -> None:
+        assert conn.task is not None
         try:
             await conn.serve()
         except asyncio.CancelledError:
@@ -277,19 +436,16 @@ class DirectAppendServer:
 class _Conn:
     """One client connection: its appends, one at a time."""
 
-    def __init__(
-        self, service: JournalService, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    def __init__(self, service: JournalService, frames: _Frames) -> None:
         self.service = service
-        self.reader = reader
-        self.writer = writer
-        self.task = asyncio.current_task()
+        self.frames = frames
+        self.task: asyncio.Task[None] | None = None
         self.appending = False  # Between an append's first frame and its answer.
         self.lost = False
         self.busy = False  # Between an append's first frame and the end of its stream.
         self.draining = False  # The listener is closing: end after the current append.
 
-    def _on_lost(self) -> None:
+    def lost_client(self) -> None:
         """The client left: an append it has not been answered is cancelled (rolled back),
         as gRPC cancels a handler whose client went away."""
         self.lost = True
@@ -305,18 +461,20 @@ class _Conn:
 
     def _answer(self, out: bytes) -> None:
         self.appending = False
-        self.writer.write(out)
+        self.frames.write(out)
 
     async def serve(self) -> None:
-        peer = self.writer.get_extra_info("peername")
-        frames: _Frames | None = None
+        frames = self.frames
+        assert frames.transport is not None
+        peer = frames.transport.get_extra_info("peername")
+        started = False
         try:
             timeout = self.service.b.cfg.chunk_timeout
             async with asyncio.timeout(timeout):
-                magic = await self.reader.readexactly(len(MAGIC))
+                magic = await frames.magic()
             if magic != MAGIC:
                 raise DirectProtocolError(f"not a direct-append client (it began with {magic!r})")
-            frames = _Frames(self.reader, self._on_lost)
+            started = True
             await self._appends(frames, timeout)
         except asyncio.CancelledError:
             if not self.lost:
@@ -326,16 +484,14 @@ class _Conn:
             log.debug("direct append connection from %s ended: %r", peer, err)
         except DirectProtocolError as err:
             log.warning("direct append connection from %s: %s", peer, err)
-            if self.appending or frames is None:
+            if self.appending or not started:
                 self._answer(frame(ERROR, encode_error(grpc.StatusCode.INVALID_ARGUMENT, str(err))))
         except Exception:
             log.exception("direct append connection from %s failed", peer)
             if self.appending:
                 self._answer(frame(ERROR, encode_error(grpc.StatusCode.UNKNOWN, "broker error")))
         finally:
-            if frames is not None:
-                frames.task.cancel()
-            self.writer.close()
+            frames.close()
 
     async def _appends(self, frames: _Frames, timeout: float) -> None:
         anonymous = _Context()
@@ -365,7 +521,7 @@ class _Conn:
                 out = frame(RESPONSE, resp.SerializeToString())
             requests.detach()
             self._answer(out)
-            await self.writer.drain()
+            await frames.drain()
             # Read up to the stream's end even when draining: closing with unread bytes
             # would reset the connection, and the client could lose the answer.
             if not await requests.skip_rest(timeout) or self.draining:

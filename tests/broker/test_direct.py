@@ -509,24 +509,60 @@ async def test_a_client_that_sent_a_whole_append_and_left_is_not_appended_for() 
         await server.close()
 
 
+class _Socket(asyncio.Transport):
+    """A transport that only records whether it is reading."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+
+def _feed(frames: _Frames, socket: _Socket, data: bytes, piece: int = 256 << 10) -> int:
+    """Hand `data` to `frames` in pieces as a socket transport reads it, while it reads;
+    the bytes handed over."""
+    fed = 0
+    while fed < len(data) and socket.reading:
+        frames.data_received(data[fed : fed + piece])
+        fed += min(piece, len(data) - fed)
+    return fed
+
+
 async def test_a_connection_reads_ahead_a_bounded_number_of_bytes() -> None:
-    reader = asyncio.StreamReader()
+    frames, socket = _Frames(), _Socket()
+    frames.connection_made(socket)
+    frames.data_received(MAGIC)
     big = bytes(600 << 10)
+    stream = (HEADER.pack(REQUEST, len(big)) + big) * 3
+    fed = _feed(frames, socket, stream)
+    assert not socket.reading and len(frames._queue) == 2  # 1.2 MiB: over READ_AHEAD.
+    assert fed < len(stream)
+    assert (await frames.get())[1] == big
+    assert socket.reading  # Room again: the third is read.
+    _feed(frames, socket, stream[fed:])
+    assert len(frames._queue) == 2 and frames.get_ready() == (REQUEST, big)
+    # Frames without payload count too: a flood of them is bounded, however they arrive.
+    while frames.get_ready() is not None:
+        pass
+    _feed(frames, socket, HEADER.pack(END, 0) * 5000)
+    assert not socket.reading
+    assert 0 < len(frames._queue) <= READ_AHEAD // 1024 + 1  # Not 5,000.
+
+
+async def test_a_connection_ending_gives_its_frames_first_then_the_end() -> None:
+    frames, socket = _Frames(), _Socket()
+    frames.connection_made(socket)
+    big = bytes(600 << 10)
+    frames.data_received(MAGIC + (HEADER.pack(REQUEST, len(big)) + big) * 3)
+    frames.eof_received()  # Read with the frames, while they wait unsplit.
     for _ in range(3):
-        reader.feed_data(HEADER.pack(REQUEST, len(big)) + big)
-    frames = _Frames(reader, lambda: None)
-    try:
-        await asyncio.sleep(0.1)  # Time to read more, were it not bounded.
-        assert frames._queue.qsize() == 2  # 1.2 MiB read: over READ_AHEAD, it waits.
-        assert (await frames.get())[1] == big
-        await eventually(lambda: frames._queue.qsize() == 2, what="the third frame", timeout=5)
-        assert frames._queue.qsize() == 2  # Room again: the third is read.
-        # Frames without payload count too: a flood of them is bounded.
-        while frames._queue.qsize():
+        assert await frames.get() == (REQUEST, big)
+    for _ in range(2):  # Again at every call.
+        with pytest.raises(asyncio.IncompleteReadError) as err:
             await frames.get()
-        for _ in range(5000):
-            reader.feed_data(HEADER.pack(END, 0))
-        await asyncio.sleep(0.1)  # Time to read them all, were it not bounded.
-        assert 0 < frames._queue.qsize() <= READ_AHEAD // 1024 + 1  # Not 5,000.
-    finally:
-        frames.task.cancel()
+        assert err.value.partial == b""
