@@ -218,6 +218,41 @@ def stream_failure(
     return None
 
 
+class _StallTimer:
+    """Cancels the current task once it has waited `timeout` seconds for one message of the
+    stream (between `waiting` and `received`), as an asyncio.timeout rearmed before each
+    message and disarmed while the content is written would; but with one timer for the
+    whole stream, rearmed only when it comes due, in place of two per message."""
+
+    def __init__(self, timeout: float) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        self.fired = False
+        self._loop = asyncio.get_running_loop()
+        self._timeout = timeout
+        self._since: float | None = None  # When the wait for a message began.
+        self._timer = self._loop.call_at(self._loop.time() + timeout, self._check)
+
+    def waiting(self) -> None:
+        self._since = self._loop.time()
+
+    def received(self) -> None:
+        self._since = None
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+    def _check(self) -> None:
+        now, since = self._loop.time(), self._since
+        if since is not None and now >= since + self._timeout:
+            self.fired = True
+            self.task.cancel()
+        else:
+            due = (now if since is None else since) + self._timeout
+            self._timer = self._loop.call_at(due, self._check)
+
+
 class AppendFSM:
     """One append, from its first request to its outcome (see the module's docstring).
 
@@ -416,14 +451,13 @@ class AppendFSM:
         TimeoutError if the client stalls, and AppendProtocolError if a message carries
         more than content (another journal, parameters) or anything follows the commit
         message."""
-        it, replica, timeout = self.requests, self.replica, self.chunk_timeout
-        loop = asyncio.get_running_loop()
-        # One timeout, rearmed before each message and disarmed while we write.
-        async with asyncio.timeout(None) as stall:
+        it, replica = self.requests, self.replica
+        stall = _StallTimer(self.chunk_timeout)
+        try:
             while True:
-                stall.reschedule(loop.time() + timeout)
+                stall.waiting()
                 msg = await anext(it)
-                stall.reschedule(None)
+                stall.received()
                 self.total_chunks += 1
                 try:
                     validate_later_append_request(msg)
@@ -438,11 +472,17 @@ class AppendFSM:
                 if await replica.throttle(len(content)):
                     self.delayed_chunks += 1
                 await self._write(content)
-            stall.reschedule(loop.time() + timeout)
+            stall.waiting()
             try:
                 extra = await anext(it)
             except StopAsyncIteration:
                 return
+        except asyncio.CancelledError:
+            if stall.fired and stall.task.uncancel() == 0:
+                raise TimeoutError from None
+            raise
+        finally:
+            stall.cancel()
         raise AppendProtocolError(
             f"unexpected message after the commit message (content {len(extra.content)} bytes)"
         )

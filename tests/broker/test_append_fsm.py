@@ -510,6 +510,50 @@ async def test_a_failed_stream_is_rolled_back(
         assert rest.messages == []  # read to its end before the answer
 
 
+class SlowRequests(Requests):
+    """Messages that each take `delay` seconds to arrive."""
+
+    def __init__(self, messages: list[pb.AppendRequest], delay: float) -> None:
+        super().__init__(messages)
+        self.delay = delay
+
+    async def __anext__(self) -> pb.AppendRequest:
+        await asyncio.sleep(self.delay)
+        return await super().__anext__()
+
+
+class SlowPipeline(FakePipeline):
+    """A pipeline to one peer that takes `delay` seconds to send each content message."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(1)
+        self.delay = delay
+
+    async def send_content(self, data: bytes, delta: int) -> None:
+        await asyncio.sleep(self.delay)
+        await super().send_content(data, delta)
+
+
+async def test_a_stall_is_a_wait_for_one_message_not_the_stream_nor_a_write(
+    tmp_path: Path,
+) -> None:
+    # Four messages 0.6 timeouts apart: the stream takes 2.4 timeouts, and no wait one.
+    rest = SlowRequests(content(b"a", b"b", b"c"), delay=0.6 * CHUNK_TIMEOUT)
+    fsm, broker, _, replica = await make(tmp_path, rest=rest)
+    assert await fsm.run() is S.FINISHED and fsm.response is not None
+    assert fsm.response.status == pb.OK and committed_bytes(replica) == b"abc"
+    # Writes of 1.5 timeouts each, between messages that are there at once.
+    broker.pipeline = SlowPipeline(1.5 * CHUNK_TIMEOUT)
+    fsm = AppendFSM(
+        broker,
+        pb.AppendRequest(journal=JOURNAL),
+        Requests(content(b"d", b"e")),
+        chunk_timeout=CHUNK_TIMEOUT,
+    )
+    assert await fsm.run() is S.FINISHED and fsm.response is not None
+    assert fsm.response.status == pb.OK and committed_bytes(replica) == b"abcde"
+
+
 async def test_a_peer_failing_mid_stream_fails_unavailable(tmp_path: Path) -> None:
     fsm, _broker, pipeline, replica = await make(tmp_path, peers=1)
     pipeline.fail_send = True
