@@ -123,20 +123,23 @@ class _Frames(asyncio.Protocol):
         """Split the bytes received into frames while fewer than `ahead` bytes are queued;
         pause reading beyond that."""
         buf = self._buf
-        pos, size = 0, len(buf)
-        while self._queued <= ahead and size - pos >= HEADER.size:
-            kind, n = HEADER.unpack_from(buf, pos)
-            if n > MAX_FRAME:
-                del buf[:pos]
-                self._end(DirectProtocolError(f"a frame of {n} bytes (at most {MAX_FRAME})"))
-                return
-            start = pos + HEADER.size
-            if size - start < n:
-                break
-            pos = start + n
-            self._push((kind, bytes(buf[start:pos]) if n else b""))
+        pos, size, too_big = 0, len(buf), 0
+        with memoryview(buf) as view:  # A payload is copied once, out of the view.
+            while self._queued <= ahead and size - pos >= HEADER.size:
+                kind, n = HEADER.unpack_from(view, pos)
+                if n > MAX_FRAME:
+                    too_big = n
+                    break
+                start = pos + HEADER.size
+                if size - start < n:
+                    break
+                pos = start + n
+                self._push((kind, view[start:pos].tobytes() if n else b""))
         if pos:
             del buf[:pos]
+        if too_big:
+            self._end(DirectProtocolError(f"a frame of {too_big} bytes (at most {MAX_FRAME})"))
+            return
         if self._queued > ahead and self._reading and self.transport is not None:
             self._reading = False
             self.transport.pause_reading()
