@@ -33,6 +33,8 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
+from gazette.mainboilerplate import gc_tuning
+
 __all__ = [
     "EXIT_LEASE_LOST",
     "EXIT_STARTUP",
@@ -190,6 +192,7 @@ def run_main(
     os.umask(UMASK)
     cfg = parse()
     logging.basicConfig(level=log_level(cfg).upper(), format=LOG_FORMAT, stream=sys.stderr)
+    gc_tuning.tune()  # The process's code is imported by now.
     try:
         asyncio.run(main(cfg))
     except StartupError as err:

@@ -33,7 +33,7 @@ class Validator(Protocol):
     def validate(self) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class Envelope:
     """A message read from (or published to) a journal, with its byte range [begin, end)."""
 

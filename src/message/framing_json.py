@@ -34,7 +34,10 @@ and continues with the next line.
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Callable
+from itertools import accumulate
+from operator import add
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from gazette.message.framing import (
@@ -186,25 +189,18 @@ class JSONFraming:
         lines = buf[pos:last].split(b"\n")
         if max(map(len, lines)) > self.max_frame_size:
             return None
-        load = fast.load
         try:
             decoded = list(map(fast.decode, lines))
             msgs = [probe]
-            load(probe, decoded[0])
-            for value in decoded[1:]:
-                msg = new_message()
-                if msg.__class__ is not cls:
-                    return None
-                load(msg, value)
-                msgs.append(msg)
+            msgs += [new_message() for _ in range(len(lines) - 1)]
+            if len(set(map(type, msgs))) != 1:
+                return None
+            deque(map(fast.load, msgs, decoded), maxlen=0)
         except Exception:  # noqa: BLE001 - the frame-by-frame path reports it
             return None
         begin = decoder._base + pos
-        ends = []
-        end = begin
-        for line in lines:
-            end += len(line) + 1
-            ends.append(end)
+        # Each line's end: the lengths so far, plus a newline each.
+        ends = list(map(add, accumulate(map(len, lines)), range(begin + 1, begin + 1 + len(lines))))
         decoder._pos = decoder._scan = last + 1
         return begin, ends, msgs
 

@@ -22,8 +22,10 @@ restarts at the new offset, dropping any partial frame.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 from gazette.broker.client.journal_client import JournalClient
@@ -155,19 +157,28 @@ class ReadUncommittedIter:
         spec = self.spec
         assert framing is not None and spec is not None
         batched = getattr(framing, "unmarshal_buffered", None)
+        new_message: Callable[[], Any] | None = None
         while True:
             decoder = self._decoder
             if decoder is not None:
                 if batched is not None and decoder.offset >= self._slow_until:
-                    got = batched(decoder, lambda: self.new_message(spec))
+                    if new_message is None:
+                        new_message = functools.partial(self.new_message, spec)
+                    got = batched(decoder, new_message)
                     if got is not None:
                         begin, ends, msgs = got
-                        journal, ct = self.journal, framing.content_type
-                        out = []
-                        for end, msg in zip(ends, msgs, strict=True):
-                            out.append(Envelope(journal, begin, end, msg, ct))
-                            begin = end
-                        return out
+                        begins = [begin]
+                        begins += ends[:-1]
+                        return list(
+                            map(
+                                Envelope,
+                                repeat(self.journal),
+                                begins,
+                                ends,
+                                msgs,
+                                repeat(framing.content_type),
+                            )
+                        )
                     # Frame by frame through what is buffered: it holds something that
                     # doesn't decode in a batch (and is reported precisely this way).
                     self._slow_until = self._next_offset

@@ -398,7 +398,7 @@ class Sequencer:
         if self._emit is not None:
             raise SequencerStateError("committed messages remain to dequeue")
         partials, offsets = self._partials, self._offsets
-        ring, ring_clock, ring_owner = self._ring, self._ring_clock, self._ring_owner
+        ring, ring_owner = self._ring, self._ring_owner
         nxt = self._next
         size = len(ring)
         head = self._head
@@ -414,20 +414,21 @@ class Sequencer:
             partial = partials.get((env.journal, x & _NODE_MASK))
             if partial is None or partial.begin != -1:
                 break
-            clock = (((x >> 64) & 0x0FFF) << 48 | ((x >> 80) & 0xFFFF) << 32 | (x >> 96)) << 4 | (
-                x >> 58
-            ) & 0xF
+            hi = x >> 64  # time_low, time_mid, version and time_hi: the clock's timestamp.
+            clock = ((hi & 0x0FFF) << 48 | (hi >> 16 & 0xFFFF) << 32 | hi >> 32) << 4 | (
+                x >> 58 & 0xF
+            )
             if clock <= partial.min_clock:
                 break
-            # Its ring entry, as `queue_uncommitted` would make it (and evict for it); left
-            # unlinked from its producer, as a completed sequence leaves it.
+            # It takes a ring entry as `queue_uncommitted` would (evicting the oldest), but an
+            # empty one: the entry of a completed sequence is never read again, and holding
+            # the envelope would only keep it alive (for the garbage collector to trace).
             owner = ring_owner[head]
             if owner is not None and owner.ring_start == head:
                 self._head = head
                 self._evict_at_head()
-            ring[head] = env
-            ring_clock[head] = clock
-            ring_owner[head] = partial
+            ring[head] = None
+            ring_owner[head] = None
             nxt[head] = -1
             head += 1
             if head == size:

@@ -1119,18 +1119,17 @@ def _drive(
 
 
 def _observe(seq: Sequencer, index: dict[int, int]) -> Any:
-    ring = [None if e is None else index[id(e)] for e in seq._ring]
-    owners = [None if p is None else p.producer for p in seq._ring_owner]
-    return (
-        seq.checkpoint(None),
-        seq.read_through(),
-        spans(seq),
-        seq._head,
-        ring,
-        list(seq._ring_clock),
-        owners,
-        list(seq._next),
-    )
+    """Everything that decides what the Sequencer does next: states, offsets, spans, the
+    ring's head and each span's entries (other entries are never read again)."""
+    linked = {}
+    for p in seq._partials.values():
+        i = p.ring_start
+        while i != -1:
+            env = seq._ring[i]
+            assert env is not None and seq._ring_owner[i] is p
+            linked[i] = (index[id(env)], seq._ring_clock[i], p.producer)
+            i = seq._next[i]
+    return (seq.checkpoint(None), seq.read_through(), spans(seq), seq._head, linked)
 
 
 @settings(max_examples=300, deadline=None)
