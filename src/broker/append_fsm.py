@@ -561,23 +561,21 @@ class AppendFSM:
 
     async def _on_respond(self) -> AppendState:
         replica, pending = self.replica, self.pending
-        commit = pb.Fragment(
-            journal=replica.name,
-            begin=pending.begin,
-            end=pending.end,
-            compression_codec=replica.codec,
-        )
-        if self._digest:
-            commit.sum.CopyFrom(sha1sum_from_digest(self._digest))
-        self.response = pb.AppendResponse(
+        resp = self.response = pb.AppendResponse(
             status=pb.OK,
             header=self.header,
-            commit=commit,
             registers=replica.registers,
             total_chunks=self.total_chunks,
             delayed_chunks=self.delayed_chunks,
             store_health_error=replica.store_health_error,
         )
+        commit = resp.commit  # Filled in place: a Fragment built apart would be copied in.
+        commit.journal = replica.name
+        commit.begin = pending.begin
+        commit.end = pending.end
+        commit.compression_codec = replica.codec
+        if self._digest:
+            commit.sum.CopyFrom(sha1sum_from_digest(self._digest))
         return AppendState.FINISHED
 
 

@@ -344,6 +344,8 @@ class _Requests:
     async def skip_rest(self, timeout: float) -> bool:
         """Drop what the client still sends of an append already answered, up to its `END`.
         False if the connection ended, broke the framing or stalled instead."""
+        if self.ended:  # As usual: the whole stream came with its commit message.
+            return True
         try:
             async with asyncio.timeout(timeout):
                 while not self.ended:
