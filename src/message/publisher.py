@@ -58,6 +58,7 @@ from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.message.framing import Framing, framing_for
 from gazette.message.mapping import MappingFunc
 from gazette.message.uuid import (
+    _KNOWN,
     GREGORIAN_OFFSET_100NS,
     UUID_SLOTS_VERIFIED,
     Clock,
@@ -285,6 +286,7 @@ class Publisher:
         self._max_batch = max_batch_bytes
         self._ts = -1
         self._hi = 0
+        self._str_head = self._str_tail = ""  # Of the canonical string (see _next_uuid).
         self._refresh = True
         self._framings: dict[str, Framing] = {}
         # Journal -> (acknowledgement message, framing), in first-publish order.
@@ -411,21 +413,28 @@ class Publisher:
                     clock = wall + 1  # As Gazette: update to wall time, then tick.
             ts = clock >> 4
             if ts != self._ts:
-                # Time fields, version and producer: shared by the 16 ticks of a timestamp.
+                # Time fields, version and producer: shared by the 16 ticks of a timestamp,
+                # as are the canonical string's parts around the clock sequence.
                 self._ts = ts
-                self._hi = (
+                hi = self._hi = (
                     (ts & 0xFFFFFFFF) << 96
                     | ((ts >> 32) & 0xFFFF) << 80
                     | (((ts >> 48) & 0x0FFF) | 0x1000) << 64
                     | self._node
                 )
+                h = f"{hi:032x}"
+                self._str_head = f"{h[:8]}-{h[8:12]}-{h[12:16]}-"
+                self._str_tail = f"-{h[20:]}"
         self._clock = clock
-        value = self._hi | (((clock & 0xF) << 10 | flags | 0x8000) << 48)
+        seq = (clock & 0xF) << 10 | flags | 0x8000
+        value = self._hi | seq << 48
         if not UUID_SLOTS_VERIFIED:
-            return uuid_of_int(value)
-        u = _new_object(_UUID)
-        _set_attr(u, "int", value)
-        _set_attr(u, "is_safe", _SAFE_UNKNOWN)
+            u = uuid_of_int(value)
+        else:
+            u = _new_object(_UUID)
+            _set_attr(u, "int", value)
+            _set_attr(u, "is_safe", _SAFE_UNKNOWN)
+        _KNOWN[0] = (u, f"{self._str_head}{seq:04x}{self._str_tail}")  # As remember_str.
         return u
 
     def flush(self) -> list[AsyncAppend]:

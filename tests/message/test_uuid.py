@@ -83,3 +83,24 @@ def test_round_trip(clock: int, producer: bytes, flags: int) -> None:
     assert get_clock(u) == clock
     assert get_producer_id(u) == producer
     assert int(get_flags(u)) == flags
+
+
+@given(st.integers(0, (1 << 128) - 1))
+def test_canonical_str_is_str(value: int) -> None:
+    from gazette.message.uuid import canonical_str
+
+    u = uuid.UUID(int=value)
+    assert canonical_str(u) == str(u)
+
+
+def test_publishers_remember_each_uuids_canonical_string() -> None:
+    from gazette.message.publisher import Publisher
+    from gazette.message.uuid import _KNOWN, canonical_str
+
+    pub = Publisher(None)  # type: ignore[arg-type]  # Only its clock is used.
+    made = []
+    for i in range(100):
+        u = pub._next_uuid((0, 1, 2)[i % 3])
+        assert _KNOWN[0][0] is u and _KNOWN[0][1] == str(u)
+        made.append(u)
+    assert [canonical_str(u) for u in made] == [str(u) for u in made]  # Earlier ones too.
