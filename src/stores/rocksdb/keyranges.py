@@ -4,13 +4,21 @@ Every task exporting a split of a shard plays the same snapshot of the store (th
 offset), opens it read-only and calls `split_points` with the same SST metadata
 (``Rdict.live_files()``): so all tasks compute the same points without talking to each other,
 and their ranges are disjoint and cover every key. Balance is an estimate: entries are assumed
-spread evenly between a file's first and last keys, read as numbers (the 8 bytes after the
-keys' common prefix), and entries still in the memtable (the WAL, not yet flushed to an SST)
-are not counted. Correctness never depends on it.
+spread evenly between a file's first and last keys, read as numbers, and entries still in the
+memtable (the WAL, not yet flushed to an SST) are not counted. Correctness never depends on it.
+
+A key reads as a number of `_WIDTH` digits after the common prefix of its file's first and
+last keys, each byte a digit in the radix of its class as those two keys show it: decimal
+digits, lower-case or upper-case letters (their union where they mix), else all 256 byte
+values. Read in base 256, decimal keys crowd the bottom of a file that spans a change of
+leading digit ("n0650000" sat at 2% of "n0000000".."n1299999", and two splits of a 5M-key
+word-count store held 1M and 4M keys).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os.path
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -54,12 +62,65 @@ def clip(files: Sequence[SstFile], first: bytes, last: bytes) -> list[SstFile]:
     return out
 
 
-def _common_prefix(a: bytes, b: bytes) -> int:
-    return len(os.path.commonprefix([a, b]))
+_CLASSES = ((0x30, 0x39), (0x61, 0x7A), (0x41, 0x5A))  # Decimal digits, a-z, A-Z.
 
 
-def _number(key: bytes, at: int) -> int:
-    return int.from_bytes(key[at : at + _WIDTH].ljust(_WIDTH, b"\0"), "big")
+def _class_of(byte: int) -> tuple[int, int]:
+    for low, high in _CLASSES:
+        if low <= byte <= high:
+            return low, high
+    return 0, 255
+
+
+@dataclass(frozen=True)
+class _Digits:
+    """How the keys of one file read as numbers: the bytes at `at`, `at` + 1, ... are digits
+    of the given lowest byte values and radixes (module docs)."""
+
+    at: int
+    lows: tuple[int, ...]
+    radixes: tuple[int, ...]
+    first: int = 0
+    """The number of the file's first key."""
+    last: int = 0
+    """The number of the file's last key."""
+
+    @classmethod
+    @functools.lru_cache(maxsize=4096)  # Split points read each file's keys many times.
+    def of(cls, f: SstFile) -> _Digits:
+        at = len(os.path.commonprefix([f.start, f.end]))
+        lows, radixes = [], []
+        for i in range(at, at + _WIDTH):
+            seen = [_class_of(k[i]) for k in (f.start, f.end) if i < len(k)] or [(0, 255)]
+            low, high = min(c[0] for c in seen), max(c[1] for c in seen)
+            lows.append(low)
+            radixes.append(high - low + 1)
+        digits = cls(at, tuple(lows), tuple(radixes))
+        return dataclasses.replace(digits, first=digits.number(f.start), last=digits.number(f.end))
+
+    def number(self, key: bytes) -> int:
+        """`key` as a number; keys in order give numbers in order (a byte outside its digit's
+        range reads as that digit's least or greatest value, and the bytes after it too)."""
+        n = 0
+        for i, (low, radix) in enumerate(zip(self.lows, self.radixes, strict=True)):
+            at = self.at + i
+            digit = key[at] - low if at < len(key) else 0
+            if digit < 0 or digit >= radix:
+                rest = 1
+                for r in self.radixes[i + 1 :]:
+                    rest *= r
+                n = n * radix * rest
+                return n if digit < 0 else n + radix * rest - 1
+            n = n * radix + digit
+        return n
+
+    def key(self, prefix: bytes, n: int) -> bytes:
+        """The key of number `n` after `prefix`."""
+        out = bytearray(len(self.lows))
+        for i in range(len(self.lows) - 1, -1, -1):
+            n, digit = divmod(n, self.radixes[i])
+            out[i] = self.lows[i] + digit
+        return prefix[: self.at] + bytes(out)
 
 
 def key_position(f: SstFile, key: bytes) -> float:
@@ -68,18 +129,17 @@ def key_position(f: SstFile, key: bytes) -> float:
         return 0.0
     if key > f.end:
         return 1.0
-    at = _common_prefix(f.start, f.end)
-    lo, hi, k = _number(f.start, at), _number(f.end, at), _number(key, at)
+    digits = _Digits.of(f)
+    lo, hi, k = digits.first, digits.last, digits.number(key)
     if hi <= lo:
         return 0.5
     return min(1.0, max(0.0, (k - lo) / (hi - lo)))
 
 
 def _interpolate(f: SstFile, frac: float) -> bytes:
-    at = _common_prefix(f.start, f.end)
-    lo, hi = _number(f.start, at), _number(f.end, at)
-    value = lo + int((hi - lo) * frac)
-    return f.start[:at] + value.to_bytes(_WIDTH, "big")
+    digits = _Digits.of(f)
+    lo, hi = digits.first, digits.last
+    return digits.key(f.start, lo + int((hi - lo) * frac))
 
 
 def _below(files: Sequence[SstFile], key: bytes) -> float:

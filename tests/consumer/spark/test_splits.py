@@ -48,6 +48,19 @@ def test_key_position_interpolates_after_the_common_prefix() -> None:
     assert key_position(f, b"user/2") < middle < key_position(f, b"user/7")
 
 
+def test_key_position_reads_text_bytes_in_their_own_radix() -> None:
+    # A file spanning a change of leading digit (as every file of a large word-count store
+    # does): read in base 256, "n0650000" sat at 2% of it, so two splits of a 5M-key store
+    # came out 1M and 4M keys.
+    f = SstFile(b"n0000000 gram0", b"n1299999 gram5", 1_300_000)
+    assert 0.45 < key_position(f, b"n0650000 gram") < 0.55
+    words = SstFile(b"user/aardvark", b"user/zebra", 1000)
+    assert 0.4 < key_position(words, b"user/m") < 0.6
+    # Other bytes keep the whole byte range.
+    binary = SstFile(b"\x00\x00\x00\x00", b"\xff\xff\xff\xff", 100)
+    assert 0.49 < key_position(binary, b"\x80\x00") < 0.51
+
+
 def test_split_points_balance_entries_and_stay_within_bounds() -> None:
     files = [
         SstFile(b"a000", b"a999", 1000),
@@ -134,6 +147,20 @@ def test_splits_of_a_real_store_partition_its_keys(
             assert min(sizes) >= len(keys) / count / 2, (count, sizes)
         else:
             assert sum(1 for n in sizes if n) >= count // 2, sizes
+
+
+@pytest.mark.parametrize("scan", SCANS)
+def test_splits_balance_keys_whose_leading_digit_changes_within_files(
+    tmp_path: Path, scan: str
+) -> None:
+    # As in a 5M-key word-count store: each file holds keys of two leading digits.
+    keys = [b"n%07d gram" % i for i in range(0, 5_000_000, 50)]
+    _fill(tmp_path, keys, flush_every=30_000)
+    for count in (2, 3, 4):
+        parts = _parts(tmp_path, count, scan=scan)
+        assert [k for p in parts for k in p] == keys, count
+        sizes = [len(p) for p in parts]
+        assert max(sizes) <= 1.2 * len(keys) / count, (count, sizes)
 
 
 @pytest.mark.parametrize("scan", SCANS)
