@@ -19,7 +19,11 @@ each message exactly once) on this machine.
    with the broker's share take ~1 of this machine's 2 cores away from the pipeline measured).
    ``txn_phase_ms``: the linger phase's transactions on the primary, from its /debug/metrics:
    mean milliseconds per transaction of each phase, and how many transactions ran.
-3. Hand-off: while (2) runs, the primary gets SIGTERM; the standby takes over. Figure: the
+3. Scaling with cores: 1, 2 and 4 shards, each reading its own journal of N Pings, spread
+   by the allocator over one consumer process per core (the supported way to use a host's
+   cores: several member processes). Figures: the host's messages/s, each shard's, and
+   ``ratio_4_shards_over_1`` (the host's rate with 4 shards over its rate with 1).
+4. Hand-off: while (2) runs, the primary gets SIGTERM; the standby takes over. Figure: the
    longest gap between consecutive Pong arrivals around it (at 1k msg/s the normal gap is a
    transaction), and the time from SIGTERM until the standby reports PRIMARY.
 
@@ -37,6 +41,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 
 import argparse
 import asyncio
+import collections
 import json
 import tempfile
 import time
@@ -192,6 +197,127 @@ async def throughput(
         c.kill()
     say(f"throughput: one shard {rate:,.0f} msg/s ({rate / base:.2f} of the baseline)")
     return rate, base
+
+
+async def primary_endpoints(stub: pb_grpc.ShardStub, ids: list[str]) -> dict[str, str] | None:
+    """Each shard's primary's endpoint, once every one of `ids` has a PRIMARY (else None)."""
+    try:
+        resp = await stub.List(pb.ListRequest())
+    except grpc.aio.AioRpcError:
+        return None
+    out = {}
+    for s in resp.shards:
+        r = s.route
+        if s.spec.id in ids and r.primary >= 0 and len(r.endpoints) > r.primary:
+            if any(st.code == pb.ReplicaStatus.PRIMARY for st in s.status):
+                out[s.spec.id] = r.endpoints[r.primary].split("://", 1)[-1]
+    return out if len(out) == len(ids) else None
+
+
+async def scaling(
+    client: JournalClient, etcd: EtcdServer, broker: BrokerProcess, tmp: Path, n: int
+) -> dict[str, object]:
+    """Shards on every core of the host: 1, 2 and 4 shards, each consuming its own journal of
+    `n` Pings, spread by the allocator over one consumer process per core. Per count: the
+    per-shard rate (its messages over its time from all-PRIMARY to its Stat reporting its
+    input read through) and the host's (every shard's messages over the time until the last
+    one is through)."""
+    counts = (1, 2, 4)
+    cores = os.cpu_count() or 1
+    names = [f"bench/in-scale-{k}" for k in range(max(counts))]
+    store = tmp / "fragments"
+    await apply_journals(
+        client,
+        bpb.ApplyRequest(
+            changes=[
+                bpb.ApplyRequest.Change(upsert=journal(name, store, CONTENT_TYPE_JSON_LINES))
+                for name in names
+            ]
+        ),
+    )
+    for name in names:
+        await publish(client, name, n)
+    heads = {name: await write_head(client, name) for name in names}
+    procs = [
+        ConsumerProcess(
+            "consumer_bench_app:Echo",
+            etcd.endpoint,
+            [broker.endpoint],
+            root=ROOT,
+            suffix=f"scale{i}",
+            workdir=tmp / f"scale{i}",
+            extra_env={"PYTHONPATH": str(APPS), "ECHO_OUTPUT": ""},
+            extra_args=["--drain-timeout", "0", "--log-level", "WARNING", "--fusefs-prestart", "2"],
+        ).start()
+        for i in range(cores)
+    ]
+    out: dict[str, object] = {"processes": cores, "msgs_per_shard": n}
+    try:
+        async with grpc.aio.insecure_channel(procs[0].endpoint) as ch:
+            stub = pb_grpc.ShardStub(ch)
+            for count in counts:
+                ids = [f"scale-{count}-{k}" for k in range(count)]
+                specs = [shard(sid, names[k], 0) for k, sid in enumerate(ids)]
+                await apply_journals(
+                    client,
+                    bpb.ApplyRequest(
+                        changes=[
+                            bpb.ApplyRequest.Change(
+                                upsert=journal(
+                                    f"bench/recovery/{sid}", tmp / "fragments", RECOVERYLOG
+                                )
+                            )
+                            for sid in ids
+                        ]
+                    ),
+                )
+                req = pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=sp) for sp in specs])
+                assert (await stub.Apply(req)).status == pb.OK
+                deadline = time.monotonic() + 60
+                while (endpoints := await primary_endpoints(stub, ids)) is None:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"shards {ids} did not all become PRIMARY")
+                    await asyncio.sleep(0.01)
+                t0 = time.perf_counter()
+
+                async def through(sid: str, source: str, endpoint: str, t0: float = t0) -> float:
+                    async with grpc.aio.insecure_channel(endpoint) as c:
+                        req = pb.StatRequest(shard=sid, read_through={source: heads[source]})
+                        resp = await pb_grpc.ShardStub(c).Stat(req, timeout=300)
+                        assert resp.status == pb.OK, resp
+                    return time.perf_counter() - t0
+
+                times = await asyncio.gather(
+                    *(through(sid, names[k], endpoints[sid]) for k, sid in enumerate(ids))
+                )
+                per_shard = sorted(round(n / t) for t in times)
+                host = count * n / max(times)
+                out[f"shards_{count}"] = {
+                    "host_msgs_per_s": round(host),
+                    "per_shard_msgs_per_s": per_shard,
+                    "shards_per_process": sorted(
+                        collections.Counter(endpoints.values()).values(), reverse=True
+                    ),
+                }
+                say(f"scaling: {count} shard(s): host {host:,.0f} msg/s, per shard {per_shard}")
+                req = pb.ApplyRequest(
+                    changes=[
+                        pb.ApplyRequest.Change(delete=sid, expect_mod_revision=-1) for sid in ids
+                    ]
+                )
+                assert (await stub.Apply(req)).status == pb.OK
+                deadline = time.monotonic() + 30
+                while await primary_endpoints(stub, ids[:1]) is not None:
+                    if time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.05)
+    finally:
+        for p in procs:
+            p.kill()
+    one = out["shards_1"]["host_msgs_per_s"]  # type: ignore[index]
+    four = out["shards_4"]["host_msgs_per_s"]  # type: ignore[index]
+    out["ratio_4_shards_over_1"] = round(four / one, 2)
+    return out
 
 
 async def txn_phases(procs: list[ConsumerProcess]) -> dict[str, tuple[float, dict[str, float]]]:
@@ -384,6 +510,7 @@ async def _run_in(args: argparse.Namespace, tmp: Path, n: int, seconds: float) -
                 bpb.ApplyRequest(changes=[bpb.ApplyRequest.Change(upsert=s) for s in specs]),
             )
             rate, base = await throughput(client, etcd, broker, tmp, n)
+            scale = await scaling(client, etcd, broker, tmp, n)
             lat, gap, promoted, phases = await latency_and_handoff(
                 client, etcd, broker, tmp, seconds
             )
@@ -400,6 +527,9 @@ async def _run_in(args: argparse.Namespace, tmp: Path, n: int, seconds: float) -
         "handoff_gap_s": round(gap, 2),
         "handoff_promoted_s": round(promoted, 2),
         "txn_phase_ms": phases,
+        "scaling": scale,
+        "ratio_4_shards_over_1": scale["ratio_4_shards_over_1"],
+        "target_4_shards_over_1": 1.8,
         "target_msgs_per_s": 50_000,
         "target_p99_ms": 50,
         "target_handoff_s": 1.0,
