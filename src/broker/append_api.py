@@ -14,7 +14,7 @@ import grpc
 
 from gazette.auth.claims import Claims
 from gazette.auth.grpc_auth import journal_scope
-from gazette.broker.append_fsm import AppendFSM, AppendState
+from gazette.broker.append_fsm import AppendFSM, AppendMessage, AppendState, ContentChunk
 from gazette.broker.broker import Broker
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.errors import ValidationError
@@ -26,18 +26,21 @@ __all__ = ["append"]
 
 async def append(
     broker: Broker,
-    request_iterator: AsyncIterator[pb.AppendRequest],
+    request_iterator: AsyncIterator[AppendMessage],
     context: Any,
     claims: Claims = UNLIMITED,
 ) -> pb.AppendResponse:
     """Serve one Append stream on `broker`. Ends the RPC through `context.abort` (which
     raises) for a malformed or failed append. Cancelled (the client left), the append is
-    rolled back and the cancellation propagates."""
+    rolled back and the cancellation propagates. The stream's later messages may be
+    ContentChunks (`append_fsm`), its first is an AppendRequest."""
     it = request_iterator.__aiter__()
     try:
         first = await anext(it)
     except StopAsyncIteration:
         await RpcFailure(grpc.StatusCode.INVALID_ARGUMENT, "empty Append stream").abort(context)
+    if isinstance(first, ContentChunk):
+        raise TypeError("the first message of an Append stream is an AppendRequest")
     try:
         validate_first_append_request(first)
     except ValidationError as err:
@@ -59,7 +62,7 @@ async def _proxy(
     target: str,
     header: pb.Header,
     first: pb.AppendRequest,
-    it: AsyncIterator[pb.AppendRequest],
+    it: AsyncIterator[AppendMessage],
     context: Any,
 ) -> pb.AppendResponse:
     """Forward an Append stream to the journal's primary at `target` (with our `header`:
@@ -71,7 +74,7 @@ async def _proxy(
     async def requests() -> AsyncIterator[pb.AppendRequest]:
         yield forwarded
         async for msg in it:
-            yield msg
+            yield msg.request() if isinstance(msg, ContentChunk) else msg
 
     try:
         # Signed by this broker, on the caller's behalf, for this journal alone.

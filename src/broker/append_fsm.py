@@ -37,6 +37,7 @@ import enum
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
@@ -68,15 +69,35 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "AppendBroker",
+    "AppendMessage",
     "AppendFSM",
     "AppendPipeline",
     "AppendProtocolError",
     "AppendState",
+    "ContentChunk",
     "next_registers",
     "precondition_status",
     "registers_match",
     "stream_failure",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class ContentChunk:
+    """A later message of an Append stream that carries content alone (or nothing: the
+    commit message), as ``AppendRequest(content=content)`` would, without a protobuf message
+    around it: the direct-append listener hands these over from its frames without parsing
+    or copying them, and they need no validation. Forwarded to a primary, each becomes the
+    AppendRequest it stands for."""
+
+    content: bytes | memoryview
+
+    def request(self) -> pb.AppendRequest:
+        return pb.AppendRequest(content=bytes(self.content))
+
+
+AppendMessage = pb.AppendRequest | ContentChunk
+"""A message of an Append stream after its first."""
 
 
 class AppendProtocolError(Exception):
@@ -256,7 +277,8 @@ class _StallTimer:
 class AppendFSM:
     """One append, from its first request to its outcome (see the module's docstring).
 
-    `first` is the stream's first request (validated), `requests` the rest of the stream.
+    `first` is the stream's first request (validated), `requests` the rest of the stream
+    (AppendRequest messages, or ContentChunks).
     A client that stalls for `chunk_timeout` seconds between messages is answered
     DEADLINE_EXCEEDED, and a stream that must be read to its end before an answer is read
     for at most that long.
@@ -266,7 +288,7 @@ class AppendFSM:
         self,
         broker: AppendBroker,
         first: pb.AppendRequest,
-        requests: AsyncIterator[pb.AppendRequest],
+        requests: AsyncIterator[AppendMessage],
         *,
         chunk_timeout: float,
         claims: Claims = UNLIMITED,
@@ -436,12 +458,12 @@ class AppendFSM:
             return AppendState.RESERVE_OFFSETS
         return AppendState.RESPOND
 
-    async def _write(self, data: bytes) -> None:
+    async def _write(self, data: bytes | memoryview) -> None:
         pending = self.pending
         delta = len(pending)
         pending.write(data)
         if self._replicating:
-            await self.pipeline.send_content(data, delta)
+            await self.pipeline.send_content(data if type(data) is bytes else bytes(data), delta)
         else:
             self.pipeline.check()  # no peers: nothing to send, but not if it broke
 
@@ -459,13 +481,14 @@ class AppendFSM:
                 msg = await anext(it)
                 stall.received()
                 self.total_chunks += 1
-                try:
-                    validate_later_append_request(msg)
-                except ValidationError as err:
-                    # As upstream: even its own journal's name is not content.
-                    raise AppendProtocolError(
-                        f"Append message {self.total_chunks} of journal {replica.name}: {err}"
-                    ) from None
+                if not isinstance(msg, ContentChunk):
+                    try:
+                        validate_later_append_request(msg)
+                    except ValidationError as err:
+                        # As upstream: even its own journal's name is not content.
+                        raise AppendProtocolError(
+                            f"Append message {self.total_chunks} of journal {replica.name}: {err}"
+                        ) from None
                 content = msg.content  # A new bytes object at each access: taken once.
                 if not content:
                     break

@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import AsyncIterator
 from ssl import SSLContext
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
+from gazette.broker.append_fsm import AppendMessage, ContentChunk
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.direct_framing import (
     AUTHORIZATION,
@@ -84,7 +86,11 @@ class _Frames(asyncio.Protocol):
         self._server = server
         self.conn: _Conn | None = None
         self.transport: asyncio.Transport | None = None
-        self._buf = bytearray()
+        # Bytes received and not yet split, as views of what each read returned: a payload is
+        # copied once, out of them (a buffer appended to and cut from the front would be
+        # copied and reallocated at every read of a large frame).
+        self._pieces: deque[memoryview] = deque()
+        self._have = 0  # Bytes in `_pieces`.
         self._magic: asyncio.Future[bytes] | None = None
         self._magic_ok = False
         self._queue: deque[Frame] = deque()
@@ -103,43 +109,57 @@ class _Frames(asyncio.Protocol):
             self._server._connected(self)
 
     def data_received(self, data: bytes) -> None:
-        if self._ended is not None:
+        if self._ended is not None or not data:
             return
-        buf = self._buf
-        buf += data
+        self._pieces.append(memoryview(data))
+        self._have += len(data)
         if not self._magic_ok:
-            if len(buf) < len(MAGIC):
+            if self._have < len(MAGIC):
                 return
-            magic = bytes(buf[: len(MAGIC)])
+            magic = self._take(len(MAGIC))
             self._resolve_magic(magic)
             if magic != MAGIC:  # `_Conn.serve` answers it; nothing more is read.
                 self._end(DirectProtocolError("not a direct-append client"), lost=False)
                 return
             self._magic_ok = True
-            del buf[: len(MAGIC)]
         self._parse()
+
+    def _take(self, n: int) -> bytes:
+        """The first `n` bytes received (there are as many), no longer kept."""
+        pieces = self._pieces
+        self._have -= n
+        first = pieces[0]
+        if len(first) > n:
+            pieces[0] = first[n:]
+            return first[:n].tobytes()
+        parts = [pieces.popleft()]
+        n -= len(first)
+        while n:
+            piece = pieces[0]
+            if len(piece) > n:
+                parts.append(piece[:n])
+                pieces[0] = piece[n:]
+                break
+            parts.append(pieces.popleft())
+            n -= len(piece)
+        return b"".join(parts)
 
     def _parse(self, ahead: int = READ_AHEAD) -> None:
         """Split the bytes received into frames while fewer than `ahead` bytes are queued;
         pause reading beyond that."""
-        buf = self._buf
-        pos, size, too_big = 0, len(buf), 0
-        with memoryview(buf) as view:  # A payload is copied once, out of the view.
-            while self._queued <= ahead and size - pos >= HEADER.size:
-                kind, n = HEADER.unpack_from(view, pos)
-                if n > MAX_FRAME:
-                    too_big = n
-                    break
-                start = pos + HEADER.size
-                if size - start < n:
-                    break
-                pos = start + n
-                self._push((kind, view[start:pos].tobytes() if n else b""))
-        if pos:
-            del buf[:pos]
-        if too_big:
-            self._end(DirectProtocolError(f"a frame of {too_big} bytes (at most {MAX_FRAME})"))
-            return
+        pieces = self._pieces
+        while self._queued <= ahead and self._have >= HEADER.size:
+            if len(pieces[0]) < HEADER.size:  # A header split between reads.
+                pieces.appendleft(memoryview(self._take(HEADER.size)))
+                self._have += HEADER.size
+            kind, n = HEADER.unpack_from(pieces[0])
+            if n > MAX_FRAME:
+                self._end(DirectProtocolError(f"a frame of {n} bytes (at most {MAX_FRAME})"))
+                return
+            if self._have < HEADER.size + n:
+                break
+            self._take(HEADER.size)
+            self._push((kind, self._take(n) if n else b""))
         if self._queued > ahead and self._reading and self.transport is not None:
             self._reading = False
             self.transport.pause_reading()
@@ -201,7 +221,7 @@ class _Frames(asyncio.Protocol):
             if self._ended is not None:  # A frame over MAX_FRAME among them.
                 return
         if err is None:
-            err = asyncio.IncompleteReadError(bytes(self._buf), None)
+            err = asyncio.IncompleteReadError(b"".join(self._pieces), None)
         self._ended = err
         if self._magic is not None and not self._magic.done():
             self._magic.set_exception(err)
@@ -274,6 +294,30 @@ class _Frames(asyncio.Protocol):
             self.transport.close()
 
 
+_EMPTY = ContentChunk(b"")
+
+
+def content_only(payload: bytes) -> ContentChunk | None:
+    """The content of a serialized AppendRequest which carries content alone (or nothing),
+    as a view of `payload` (what clients send after an append's first message); None for
+    any other message, which is parsed as protobuf instead."""
+    if not payload:
+        return _EMPTY
+    if payload[0] != 0x22:  # Content: field 4, length-delimited.
+        return None
+    size, shift = len(payload), 0
+    length = 0
+    for i in range(1, min(size, 11)):  # Its length: a varint of at most 10 bytes.
+        byte = payload[i]
+        length |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            if length != size - i - 1:
+                return None  # More fields follow.
+            return ContentChunk(memoryview(payload)[i + 1 :])
+        shift += 7
+    return None
+
+
 class _Requests:
     """The AppendRequest messages of one append, as the handler iterates a gRPC stream:
     StopAsyncIteration at the client's `END`."""
@@ -294,11 +338,12 @@ class _Requests:
             self.ended = True
         return frame
 
-    async def __anext__(self) -> pb.AppendRequest:
+    async def __anext__(self) -> AppendMessage:
         if self.ended or self.detached:
             raise StopAsyncIteration
-        if self.first is not None:
-            (kind, payload), self.first = self.first, None
+        first = self.first
+        if first is not None:
+            (kind, payload), self.first = first, None
             if kind == END:
                 self.ended = True
         elif (ready := self.frames.get_ready()) is not None:
@@ -325,6 +370,8 @@ class _Requests:
             raise StopAsyncIteration
         if kind != REQUEST:
             raise DirectProtocolError(f"unexpected frame kind {kind!r} in an append")
+        if first is None and (chunk := content_only(payload)) is not None:
+            return chunk
         try:
             return pb.AppendRequest.FromString(payload)
         except Exception as err:  # noqa: BLE001 - protobuf's DecodeError varies by backend
@@ -519,7 +566,9 @@ class _Conn:
             self.appending = self.busy = True
             requests = _Requests(frames, first)
             try:
-                resp: pb.AppendResponse = await self.service.Append(requests, context)
+                # Its later messages may be ContentChunks, which the Append handler takes.
+                stream = cast(AsyncIterator[pb.AppendRequest], requests)
+                resp: pb.AppendResponse = await self.service.Append(stream, context)
             except _Aborted as err:
                 out = frame(ERROR, encode_error(err.code, err.details))
             else:

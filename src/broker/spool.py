@@ -170,7 +170,7 @@ class PendingAppend:
         self._spool_sha1 = spool._sha1.copy()
         self._append_sha1 = hashlib.sha1()
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         if not data:
             return
         view = memoryview(data)

@@ -22,8 +22,10 @@ from gazette.broker import spool as spool_module
 from gazette.broker.append_api import append
 from gazette.broker.append_fsm import (
     AppendFSM,
+    AppendMessage,
     AppendProtocolError,
     AppendState,
+    ContentChunk,
     next_registers,
     precondition_status,
     stream_failure,
@@ -164,7 +166,7 @@ class FakeBroker:
 class Requests:
     """The rest of an Append stream: `messages`, then its end (or a stall, if `stall`)."""
 
-    def __init__(self, messages: list[pb.AppendRequest], *, stall: bool = False) -> None:
+    def __init__(self, messages: Sequence[AppendMessage], *, stall: bool = False) -> None:
         self.messages = list(messages)
         self.stall = stall
         self.waiting = asyncio.Event()
@@ -172,7 +174,7 @@ class Requests:
     def __aiter__(self) -> Requests:
         return self
 
-    async def __anext__(self) -> pb.AppendRequest:
+    async def __anext__(self) -> AppendMessage:
         if self.messages:
             return self.messages.pop(0)
         if self.stall:
@@ -517,7 +519,7 @@ class SlowRequests(Requests):
         super().__init__(messages)
         self.delay = delay
 
-    async def __anext__(self) -> pb.AppendRequest:
+    async def __anext__(self) -> AppendMessage:
         await asyncio.sleep(self.delay)
         return await super().__anext__()
 
@@ -742,7 +744,7 @@ class PeerStub:
         return pb.AppendResponse(status=pb.OK, commit=pb.Fragment(journal=JOURNAL, end=3))
 
 
-async def _stream(*messages: pb.AppendRequest) -> AsyncIterator[pb.AppendRequest]:
+async def _stream(*messages: AppendMessage) -> AsyncIterator[AppendMessage]:
     for m in messages:
         yield m
 
@@ -792,6 +794,29 @@ async def test_the_handler_forwards_to_the_primary_with_its_header(tmp_path: Pat
     assert resp.status == pb.OK and resp.commit.end == 3
     assert [m.content for m in stub.received] == [b"", b"abc", b""]
     assert stub.received[0].header.etcd.revision == 7  # not forwarded again by the primary
+
+
+async def test_content_chunks_are_forwarded_as_the_requests_they_stand_for(
+    tmp_path: Path,
+) -> None:
+    stub = PeerStub()
+    broker = await _handler_broker(tmp_path, stub)
+    broker.proxy_to = "primary:8080"
+    chunk = ContentChunk(memoryview(b"xabc")[1:])
+    stream = _stream(pb.AppendRequest(journal=JOURNAL), chunk, ContentChunk(b""))
+    resp = await append(broker, stream, Context())  # type: ignore[arg-type]
+    assert resp.status == pb.OK
+    assert stub.received[1:] == [pb.AppendRequest(content=b"abc"), pb.AppendRequest()]
+
+
+async def test_content_chunks_are_content_here_and_at_the_peers(tmp_path: Path) -> None:
+    rest = Requests([ContentChunk(memoryview(b"hello world")[:6]), *content(b"world")])
+    fsm, _, pipeline, replica = await make(tmp_path, rest=rest, peers=1)
+    assert await fsm.run() is S.FINISHED and fsm.response is not None
+    assert fsm.response.commit.sum == sha1sum_from_digest(hashlib.sha1(b"hello world").digest())
+    assert committed_bytes(replica) == b"hello world"
+    assert pipeline.sent == [(b"hello ", 0), (b"world", 6)]
+    assert all(type(data) is bytes for data, _ in pipeline.sent)
 
 
 async def test_a_failed_forward_is_answered_with_the_primarys_status(tmp_path: Path) -> None:

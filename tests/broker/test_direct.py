@@ -22,7 +22,7 @@ import pytest
 from gazette.broker.client import Appender, JournalClient
 from gazette.broker.client.direct_calls import DirectAppends
 from gazette.broker.client.errors import JournalNotFound, WrongAppendOffset
-from gazette.broker.direct_listener import READ_AHEAD, DirectAppendServer, _Frames
+from gazette.broker.direct_listener import READ_AHEAD, DirectAppendServer, _Frames, content_only
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.broker.protocol.direct_framing import (
@@ -566,3 +566,37 @@ async def test_a_connection_ending_gives_its_frames_first_then_the_end() -> None
         with pytest.raises(asyncio.IncompleteReadError) as err:
             await frames.get()
         assert err.value.partial == b""
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        pb.AppendRequest(),
+        pb.AppendRequest(content=b"x"),
+        pb.AppendRequest(content=bytes(127)),
+        pb.AppendRequest(content=bytes(128)),
+        pb.AppendRequest(content=os.urandom(300_000)),
+    ],
+)
+def test_a_content_only_request_is_read_without_parsing(request_: pb.AppendRequest) -> None:
+    chunk = content_only(request_.SerializeToString())
+    assert chunk is not None and bytes(chunk.content) == request_.content
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        pb.AppendRequest(journal="a/b"),
+        pb.AppendRequest(content=b"x", offset=3),  # Content first, then another field.
+        pb.AppendRequest(offset=5, content=b"yy"),
+        pb.AppendRequest(do_not_proxy=True),
+    ],
+)
+def test_any_other_request_is_left_to_protobuf(request_: pb.AppendRequest) -> None:
+    assert content_only(request_.SerializeToString()) is None
+
+
+def test_content_then_the_same_field_again_is_left_to_protobuf() -> None:
+    twice = pb.AppendRequest(content=b"a").SerializeToString() * 2  # Protobuf: the last wins.
+    assert content_only(twice) is None
+    assert content_only(b"\x22\x05ab") is None  # Cut short.
