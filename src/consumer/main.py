@@ -36,7 +36,7 @@ import importlib
 import inspect
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -49,13 +49,15 @@ from gazette.consumer.application import (
     check_message_producer,
 )
 from gazette.consumer.config import DEFAULT_ROOT, ConsumerConfig, parse_args
-from gazette.consumer.http_api import DEFAULT_SHUTDOWN_TIMEOUT, ConsumerHTTP, HTTPStartError
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.runtime import ConsumerRuntime
 from gazette.consumer.shard_api import ShardAPI
 from gazette.keyspace.etcd import EtcdError
 from gazette.mainboilerplate import process
 from gazette.mainboilerplate.settings import settings_class
+
+if TYPE_CHECKING:
+    from gazette.consumer.http_api import ConsumerHTTP
 
 __all__ = [
     "EXIT_FENCED",
@@ -142,6 +144,10 @@ class ConsumerProcess:
 
     async def start(self) -> None:
         cfg, runtime = self.cfg, self.runtime
+        # First: a store kind's hook may start a process (RocksDB's, a fusefs process), which
+        # then starts while this one imports its HTTP server (aiohttp: 0.15-0.6 s) and
+        # announces itself.
+        await runtime.start_store_hooks()
         if cfg.root == DEFAULT_ROOT:
             log.info(
                 "starting app=%s root=%s: the default root, which applications left at it "
@@ -155,6 +161,12 @@ class ConsumerProcess:
             # Fields declared with repr=False (secrets) are left out.
             log.info("application settings %r", cfg.app_config)
         if cfg.http_port:
+            from gazette.consumer.http_api import (
+                DEFAULT_SHUTDOWN_TIMEOUT,
+                ConsumerHTTP,
+                HTTPStartError,
+            )
+
             # Bound before registering: a port in use fails the start with nothing announced.
             http = ConsumerHTTP(
                 runtime,
@@ -253,6 +265,7 @@ class ConsumerProcess:
     async def close(self) -> None:
         if self.http is not None:
             await self.http.close()
+        await self.runtime.close_store_hooks()  # Left open by a start that failed.
 
 
 async def serve(cfg: ConsumerConfig, app: Application) -> None:

@@ -111,10 +111,10 @@ class ConsumerRuntime:
         # and when one last gave it up (`_give_up`).
         self._lost: dict[str, tuple[ShardReplica, bool, int]] = {}
         self._lost_at: dict[str, float] = {}
-        # What the application's store kinds keep for the whole process (`store_hooks`).
-        self.store_hooks: list[StoreHook] = [
-            kind.start(cfg.store_options.get(kind.name)) for kind in registered()
-        ]
+        self.store_hooks: list[StoreHook] = []
+        """What the application's store kinds keep for the whole process (`store_hooks`),
+        from `start_store_hooks` on."""
+        self._hooks_started = False
 
     @property
     def keyspace(self) -> KeySpace:
@@ -134,14 +134,40 @@ class ConsumerRuntime:
         return self.member.allocator
 
     # --- lifecycle ----------------------------------------------------------------------------
+    async def start_store_hooks(self) -> None:
+        """Start the store kinds' hooks, once (`start` does, if not done before), as early
+        as possible: RocksDB's hook starts a fusefs process, whose interpreter and imports
+        (the longest step of a restarted shard's recovery) then overlap the rest of this
+        process's start, its announcement, its assignments and the playback of their logs.
+        Returns once the tasks the hooks began took their first step (a process is spawned
+        there), so that blocking work which follows (an import) does not hold them up."""
+        if self._hooks_started:
+            return
+        self._hooks_started = True
+        options = self.cfg.store_options
+        self.store_hooks = [kind.start(options.get(kind.name)) for kind in registered()]
+        await asyncio.sleep(0)
+
+    async def close_store_hooks(self) -> None:
+        """Close the store kinds' hooks (`shutdown` does, once the replicas stopped); for a
+        start that failed. Idempotent."""
+        hooks, self.store_hooks = self.store_hooks, []
+        for hook in hooks:
+            await hook.close()
+
     async def start(self) -> None:
-        """Connect to etcd and the brokers, announce this member and load the keyspace.
-        Raises `MemberExistsError` or `EtcdError` (`Member.start`)."""
-        self.client = JournalClient(
-            self.cfg.brokers, tls=self.cfg.broker_tls, auth=self.cfg.broker_auth
-        )
-        await self.member.start()
-        self.cfg.workdir.mkdir(parents=True, exist_ok=True)
+        """Start the store kinds' hooks (`start_store_hooks`), connect to etcd and the
+        brokers, announce this member and load the keyspace. Raises `MemberExistsError` or
+        `EtcdError` (`Member.start`); the hooks are closed again then."""
+        cfg = self.cfg
+        await self.start_store_hooks()
+        self.client = JournalClient(cfg.brokers, tls=cfg.broker_tls, auth=cfg.broker_auth)
+        try:
+            await self.member.start()
+        except BaseException:
+            await self.close_store_hooks()
+            raise
+        cfg.workdir.mkdir(parents=True, exist_ok=True)
 
     @staticmethod
     def _is_consistent(item: Item, assignment: Assignment, assignments: list[Assignment]) -> bool:
@@ -206,8 +232,7 @@ class ConsumerRuntime:
         self.replicas.clear()
         if self._stopping:
             await asyncio.gather(*self._stopping.values(), return_exceptions=True)
-        for hook in self.store_hooks:
-            await hook.close()
+        await self.close_store_hooks()
         await self.member.release()
         if self.client is not None:
             with contextlib.suppress(Exception):

@@ -1,15 +1,25 @@
 """The RocksDB store kind's part of a consumer process: fusefs processes started ahead.
 
-A RocksDB store is recorded by a fusefs process of its own, which takes ~0.35 s to start. A
-consumer process whose application uses RocksDB stores keeps ``--fusefs-prestart`` of them
-started ahead (`fusefs.mount.ServerPool`) once a standby of a RocksDB shard is here: a
-promoted standby's store then mounts through one at once. Registered as a store kind
-(`consumer.store_hooks`) when this module is imported, which `stores.rocksdb.store` does.
+A RocksDB store is recorded by a fusefs process of its own, which takes ~0.35 s to start (its
+interpreter and imports; over a second on a loaded machine). A consumer process whose
+application uses RocksDB stores keeps ``--fusefs-prestart`` of them started ahead
+(`fusefs.mount.ServerPool`) from its own start: a store then mounts through one at once,
+whether it is a promoted standby's, a new shard's, or the first of a restarted process (the
+process it takes starts while the consumer announces itself and plays the shard's log).
+Registered as a store kind (`consumer.store_hooks`) when this module is imported, which
+`stores.rocksdb.store` does: a process whose application does not import RocksDB's store
+starts none.
+
+Rejected: starting the pool only once a standby's played files are a RocksDB's. A restarted
+process's shard reaches STANDBY some 0.05 s after the process announced itself, and its
+promotion would wait for the whole start of a fusefs process; a new shard's empty log shows
+no RocksDB, so its store would start its own.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -21,31 +31,29 @@ __all__ = ["FUSEFS_PRESTART", "FusefsPrestart", "PrestartOptions", "take_prestar
 
 MAX_PRESTART = 64
 
-CURRENT = "/CURRENT"
-"""A file every RocksDB has: a standby whose played files link it will open a RocksDB."""
-
 
 @dataclass(frozen=True)
 class PrestartOptions:
     prestart: int = 1
-    """fusefs processes kept started ahead once a standby of a RocksDB shard is here (each
-    promotion of such a standby takes one: it mounts at once); 0: none."""
+    """fusefs processes kept started ahead from the process's start (each store opened takes
+    one: it mounts at once); 0: none."""
 
 
 class FusefsPrestart:
     """The `StoreHook` of the RocksDB kind in one process: its pool of started fusefs
     processes (none if ``--fusefs-prestart 0``), and the collection of the fusefs processes
-    of destroyed stores at shutdown."""
+    of destroyed stores at shutdown. Made on the process's event loop (the runtime's
+    start), the pool starts its first process at once."""
 
     def __init__(self, options: PrestartOptions) -> None:
         self.pool = ServerPool(size=options.prestart) if options.prestart else None
+        if self.pool is not None and _loop_running():
+            self.pool.reserve()
 
     def standby(self, is_linked: Callable[[str], bool]) -> bool:
-        if self.pool is None:
-            return True
-        if not is_linked(CURRENT):
-            return False
-        self.pool.reserve()
+        # Made outside an event loop, the pool starts with the first standby.
+        if self.pool is not None:
+            self.pool.reserve()
         return True
 
     async def close(self) -> None:
@@ -62,8 +70,9 @@ class _Kind:
             "--fusefs-prestart",
             type=int,
             default=int(env("CONSUMER_FUSEFS_PRESTART", str(PrestartOptions.prestart))),
-            help="fusefs processes kept started ahead for promotions of RocksDB standbys, "
-            "~40 MB each (0: none) [CONSUMER_FUSEFS_PRESTART]",
+            help="fusefs processes kept started ahead for the RocksDB stores of promoted "
+            "standbys, new shards and a restart's shards, ~40 MB each (0: none) "
+            "[CONSUMER_FUSEFS_PRESTART]",
         )
 
     def options(self, parser: argparse.ArgumentParser, args: argparse.Namespace) -> PrestartOptions:
@@ -77,6 +86,14 @@ class _Kind:
         if not isinstance(options, PrestartOptions):
             options = PrestartOptions()
         return FusefsPrestart(options)
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 FUSEFS_PRESTART = _Kind()

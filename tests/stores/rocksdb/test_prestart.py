@@ -1,0 +1,47 @@
+"""The RocksDB store kind's hook (`stores.rocksdb.prestart`): a consumer process keeps a fusefs
+process started ahead from its own start, not from a standby's first RocksDB file."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from gazette.stores.rocksdb.prestart import FusefsPrestart, PrestartOptions
+
+
+def _children() -> list[int]:
+    tasks = Path(f"/proc/{os.getpid()}/task")
+    return [int(k) for t in tasks.iterdir() for k in (t / "children").read_text().split()]
+
+
+async def test_the_hook_starts_a_fusefs_process_at_once() -> None:
+    before = _children()
+    hook = FusefsPrestart(PrestartOptions(prestart=1))
+    try:
+        assert hook.pool is not None
+        # Spawned at the first step of the pool's task, before any standby asked: the
+        # runtime yields once after starting its hooks (`start_store_hooks`).
+        await asyncio.sleep(0)
+        (spawned,) = set(_children()) - set(before)
+        for _ in range(500):
+            if (server := hook.pool.take()) is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert server is not None and server.usable and server.proc.pid == spawned
+        await server.close()
+        assert server.proc.returncode == 0  # It saw its control pipe close.
+    finally:
+        await hook.close()
+
+
+async def test_none_with_prestart_0() -> None:
+    hook = FusefsPrestart(PrestartOptions(prestart=0))
+    assert hook.pool is None
+    assert hook.standby(lambda _path: True)
+    await hook.close()
+
+
+def test_made_outside_an_event_loop_the_pool_waits_for_a_standby() -> None:
+    hook = FusefsPrestart(PrestartOptions(prestart=1))
+    assert hook.pool is not None and hook.pool._starting is None
