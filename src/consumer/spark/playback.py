@@ -288,12 +288,16 @@ class _BatchBuilder:
             field = schema.field(READ_THROUGH_COLUMN)
             self._base.append(pa.array([read_through], field.type))
         self.rest = [schema.field(i) for i in range(len(self._base), len(schema))]
+        self._repeated: tuple[int, list[pa.Array]] = (-1, [])
 
     def batch(self, columns: Sequence[pa.Array]) -> pa.RecordBatch:
         n = len(columns[0]) if columns else 0
-        zeros = pa.nulls(n, pa.int32()).fill_null(0)
-        base = [a.take(zeros) for a in self._base]
-        return pa.RecordBatch.from_arrays(base + list(columns), schema=self.schema)
+        if self._repeated[0] != n:
+            # Batches are mostly of one size: build the repeated base columns once for it
+            # (rebuilding them cost the task ~0.05 s per million rows).
+            zeros = pa.nulls(n, pa.int32()).fill_null(0)
+            self._repeated = (n, [a.take(zeros) for a in self._base])
+        return pa.RecordBatch.from_arrays(self._repeated[1] + list(columns), schema=self.schema)
 
     def one_row(self, *values: Any) -> pa.RecordBatch:
         cols = [pa.array([v], f.type) for v, f in zip(values, self.rest, strict=True)]
