@@ -33,7 +33,9 @@ equally durable baseline); ``target`` (1.25) is for the figure named by ``target
 ``consumer_ratio_paired_on_loop`` (docs/store-targets.md: the consumer's rule, measured
 interleaved, SQLite on the caller's thread as natively; ``consumer_ratio_paired`` is the
 store with SQLite in its own thread); ``ratio`` is each commit awaited, reported beside it;
-``ratio_vs_normal`` is against native NORMAL.
+``ratio_vs_normal`` is against native NORMAL. ``consumer_ratio_paired_on_loop_equal_durability``
+is the paired run against a second broker with ``--spool-sync`` (each append fsynced before it
+is acknowledged): the store as durable as native FULL on one host.
 `--quick` runs in under a minute.
 """
 
@@ -73,7 +75,7 @@ CREATE TABLE IF NOT EXISTS kv (k INTEGER PRIMARY KEY, v TEXT NOT NULL, n INTEGER
 CREATE TABLE IF NOT EXISTS agg (a INTEGER PRIMARY KEY, c INTEGER NOT NULL);
 """
 
-WHERE = {"on_loop": ", on the loop"}
+WHERE = {"on_loop": ", on the loop", "synced": ", on the loop, broker with --spool-sync"}
 """How progress lines name where a store side runs SQLite."""
 
 
@@ -278,7 +280,13 @@ async def consume(store: SQLiteStore, work: list[Batch], first: int, adaptive: b
 
 
 def measure(
-    tmpdir: Path, endpoint: str, name: str, work: list[Batch], runs: int, blocks: int = 0
+    tmpdir: Path,
+    endpoint: str,
+    name: str,
+    work: list[Batch],
+    runs: int,
+    blocks: int = 0,
+    synced: str = "",
 ) -> dict[str, float]:
     figures: dict[str, list[float]] = {
         "full": [],
@@ -332,18 +340,23 @@ def measure(
                 figures["matched"].append(m)
                 say(f"  {name} run {run}: native full, the same transactions: {m:.2f} s")
     interleaved: dict[str, float] = {}
-    for mode in ("on_loop", "thread") if blocks else ():
+    modes = ["on_loop", "thread"] + (["synced"] if synced else [])
+    for mode in modes if blocks else ():
         native_s, store_s, ratios = asyncio.run(
             paired(
-                endpoint,
+                synced if mode == "synced" else endpoint,
                 tmpdir / "fragments",
                 tmpdir / f"{name}-paired-{mode}",
                 work,
                 blocks,
-                on_loop=mode == "on_loop",
+                on_loop=mode != "thread",
             )
         )
-        key = {"on_loop": "ratio_paired_on_loop", "thread": "ratio_paired"}[mode]
+        key = {
+            "on_loop": "ratio_paired_on_loop",
+            "thread": "ratio_paired",
+            "synced": "ratio_paired_on_loop_equal_durability",
+        }[mode]
         where = WHERE.get(mode, "")
         say(
             f"  {name} paired{where}: native {native_s:.2f} s, store {store_s:.2f} s over "
@@ -390,9 +403,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-sqlite-", dir="/var/tmp") as tmp:
         tmpdir = Path(tmp)
         (tmpdir / "fragments").mkdir()
-        with EtcdServer() as etcd, BrokerProcess(etcd.endpoint, spool_dir=tmpdir / "spool") as b:
+        with (
+            EtcdServer() as etcd,
+            BrokerProcess(etcd.endpoint, spool_dir=tmpdir / "spool") as b,
+            BrokerProcess(
+                etcd.endpoint,
+                root="/gazette/synced",
+                suffix="broker-synced",
+                spool_dir=tmpdir / "spool-synced",
+                extra_args=["--spool-sync"],
+            ) as synced,
+        ):
             consumer = measure(
-                tmpdir, b.endpoint, "consumer", consumer_batches(txns, args.rows), runs, blocks=10
+                tmpdir,
+                b.endpoint,
+                "consumer",
+                consumer_batches(txns, args.rows),
+                runs,
+                blocks=10,
+                synced=synced.endpoint,
             )
             rand = measure(tmpdir, b.endpoint, "random", random_batches(txns // 4, args.rows), 1)
     result = {
