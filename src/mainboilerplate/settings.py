@@ -28,8 +28,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 __all__ = ["Settings", "SettingsError", "settings_class"]
 
 _TRUE = ("true", "1", "yes", "on")
@@ -232,6 +230,8 @@ class Settings:
             raise SettingsError(f"{self.cls.__qualname__}: {err}") from err
 
     def _read_file(self, path: Path, fields: Mapping[str, Any]) -> dict[str, Any]:
+        import yaml  # Here: only a process given a settings file pays for its import.
+
         try:
             loaded = yaml.safe_load(path.read_text())
         except OSError as err:
