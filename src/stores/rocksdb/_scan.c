@@ -19,6 +19,12 @@
  * the exit status is 1 (2 for bad arguments); no end frame is written, so a reader that
  * sees the stream end without it knows the scan is incomplete.
  *
+ * Usage: rocksdb-scan --split DIR FROM_HEX TO_HEX COUNT
+ *   Prints "GZRSPLIT1", then up to COUNT - 1 increasing keys (hex, a line each) that cut the
+ *   keys of [FROM, TO) into COUNT ranges of about equal size on disk, as RocksDB estimates
+ *   the size of a key range from its SST files' indexes (the memtable is not counted). Exit
+ *   status 3: the database cannot be opened.
+ *
  * Built by `python -m gazette.stores.rocksdb.scan build` against Debian's librocksdb, linked
  * statically: RocksDB's thread-local counters then cost a third less than through the
  * shared library. See docs/spark.md ("The native RocksDB scanner").
@@ -124,7 +130,122 @@ static int batch_flush(batch_t *b) {
     return batch_reset(b);
 }
 
+/* The estimated bytes on disk of keys in [a, b). */
+static uint64_t range_size(rocksdb_t *db, const char *a, size_t a_len, const char *b,
+                           size_t b_len, char **err) {
+    uint64_t size = 0;
+    rocksdb_approximate_sizes(db, 1, &a, &a_len, &b, &b_len, &size, err);
+    return size;
+}
+
+/* mid = (lo + hi) / 2, all `width`-byte big-endian numbers. */
+static void midpoint(const unsigned char *lo, const unsigned char *hi, unsigned char *mid,
+                     size_t width) {
+    unsigned carry = 0;
+    for (size_t i = width; i-- > 0;) {
+        unsigned sum = (unsigned)lo[i] + hi[i] + carry;
+        mid[i] = (unsigned char)sum;
+        carry = sum >> 8;
+    }
+    for (size_t i = 0; i < width; i++) {
+        unsigned next = (carry << 8) | mid[i];
+        mid[i] = (unsigned char)(next >> 1);
+        carry = next & 1;
+    }
+}
+
+static int print_hex(const unsigned char *key, size_t len) {
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < len; i++) {
+        if (putchar(digits[key[i] >> 4]) == EOF || putchar(digits[key[i] & 15]) == EOF) return -1;
+    }
+    return putchar('\n') == EOF ? -1 : 0;
+}
+
+/* `--split`: each point found by bisecting the keys between the range's first and last key
+ * (read as big-endian numbers) on the estimated size of the keys below it. */
+static int split_main(int argc, char **argv) {
+    char *from = NULL, *to = NULL, *err = NULL;
+    long from_len = argc == 5 ? parse_hex(argv[2], &from) : -1;
+    long to_len = argc == 5 && strcmp(argv[3], "-") != 0 ? parse_hex(argv[3], &to) : 0;
+    long count = argc == 5 ? atol(argv[4]) : 0;
+    if (from_len < 0 || to_len < 0 || count < 1) {
+        fprintf(stderr, "usage: rocksdb-scan --split DIR FROM_HEX TO_HEX COUNT\n");
+        return 2;
+    }
+    if (printf("GZRSPLIT1\n") < 0) return 1;
+    rocksdb_options_t *options = rocksdb_options_create();
+    rocksdb_t *db = rocksdb_open_for_read_only(options, argv[1], 0, &err);
+    if (err != NULL) {
+        fprintf(stderr, "rocksdb-scan: opening %s: %s\n", argv[1], err);
+        return 3;
+    }
+    rocksdb_readoptions_t *read = rocksdb_readoptions_create();
+    if (to != NULL) rocksdb_readoptions_set_iterate_upper_bound(read, to, (size_t)to_len);
+    rocksdb_iterator_t *it = rocksdb_create_iterator(db, read);
+    unsigned char *first = NULL, *end = NULL, *lo = NULL, *hi = NULL, *mid = NULL;
+    unsigned char *last_point = NULL;
+    size_t first_len = 0, end_len = 0, last_point_len = 0, width = 0;
+    uint64_t total = 0;
+    rocksdb_iter_seek(it, from, (size_t)from_len);
+    if (rocksdb_iter_valid(it)) {
+        const char *key = rocksdb_iter_key(it, &first_len);
+        first = malloc(first_len + 1);
+        if (first == NULL) return 1;
+        memcpy(first, key, first_len);
+        rocksdb_iter_seek_to_last(it); /* Within the upper bound. */
+    }
+    if (first != NULL && rocksdb_iter_valid(it)) {
+        size_t last_len;
+        const char *last = rocksdb_iter_key(it, &last_len);
+        /* Numbers of `width` bytes: the keys, zero-padded, and one byte more for precision. */
+        width = (first_len > last_len ? first_len : last_len) + 2;
+        end = calloc(width, 1), lo = calloc(width, 1), hi = calloc(width, 1);
+        mid = calloc(width, 1), last_point = calloc(width, 1);
+        if (end == NULL || lo == NULL || hi == NULL || mid == NULL || last_point == NULL) return 1;
+        memcpy(end, last, last_len); /* Just above the last key: a 0 byte appended. */
+        end_len = last_len + 1;
+        total = range_size(db, (const char *)first, first_len, (const char *)end, end_len, &err);
+        memcpy(last_point, first, first_len);
+        last_point_len = first_len;
+    }
+    rocksdb_iter_get_error(it, &err);
+    for (long i = 1; err == NULL && total > 0 && i < count; i++) {
+        uint64_t target = (uint64_t)((long double)total * i / count);
+        /* The least key of [lo, hi] whose keys below hold `target` bytes: hi, once mid meets lo. */
+        memset(lo, 0, width);
+        memcpy(lo, first, first_len);
+        memset(hi, 0, width);
+        memcpy(hi, end, end_len);
+        for (size_t step = 0; step < 8 * width && step < 128; step++) {
+            midpoint(lo, hi, mid, width);
+            if (memcmp(mid, lo, width) == 0) break;
+            uint64_t below =
+                range_size(db, (const char *)first, first_len, (const char *)mid, width, &err);
+            if (err != NULL) break;
+            memcpy(below < target ? lo : hi, mid, width);
+        }
+        size_t len = width;
+        while (len > 0 && hi[len - 1] == 0) len--;
+        /* Each point above the one before (the first key, first): no range is empty. */
+        size_t common = len < last_point_len ? len : last_point_len;
+        int cmp = memcmp(hi, last_point, common);
+        if (cmp > 0 || (cmp == 0 && len > last_point_len)) {
+            if (print_hex(hi, len) != 0) return 1;
+            memcpy(last_point, hi, len);
+            last_point_len = len;
+        }
+    }
+    if (err != NULL) {
+        fprintf(stderr, "rocksdb-scan: estimating the sizes in %s: %s\n", argv[1], err);
+        return 1;
+    }
+    if (fflush(stdout) != 0) return 1;
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--split") == 0) return split_main(argc - 1, argv + 1);
     if (argc < 4 || argc > 7) {
         fprintf(stderr,
                 "usage: rocksdb-scan DIR FROM_HEX TO_HEX [BATCH_ROWS [BATCH_BYTES [GET_HEX]]]\n");

@@ -3,8 +3,9 @@ value) rows with the checkpoint under `CHECKPOINT_KEY`.
 
 Keys are read by the native scanner (`scan`) when it is built and can open the database, else
 through rocksdict (~3x slower); option ``rocksdb_scan`` (``auto``, ``native``, ``rocksdict``)
-chooses. A split (`ExportRequest.split`) is a key range computed from the SST files' metadata
-(`keyranges`), the same in every task that plays the same snapshot.
+chooses. A split (`ExportRequest.split`) is a key range, the same in every task that plays the same
+snapshot: cut where RocksDB's estimates of key ranges' sizes say (the scanner's ``--split``)
+with ``rocksdb_scan=native``, else from the SST files' metadata (`keyranges`).
 """
 
 from __future__ import annotations
@@ -90,12 +91,23 @@ class _Rows:
         self._strict = scan == "native"
         start = max(request.key_prefix, b"\x01")
         stop = _successor(request.key_prefix)
-        count = request.split[1]
+        index, count = request.split
         raw_checkpoint: bytes | None = None
-        bounds: tuple[bytes, bytes | None] | None = (start, stop)
-        if scanner is None or count > 1:
-            # Split points need rocksdict (the SST files' metadata), which reads the checkpoint.
+        checkpoint_read = False
+        # Every task of a shard must cut it at the same points. With `rocksdb_scan=native`
+        # every task has the scanner (or fails), so it estimates them from RocksDB's own size
+        # estimates; otherwise a task may read through rocksdict, so every task estimates them
+        # from the SST files' metadata (`keyranges`), reading the checkpoint on the way.
+        if count > 1 and self._strict:
+            assert scanner is not None
+            try:
+                points = native.split_points(played.directory, start, stop, count, binary=scanner)
+            except native.ScanError as err:
+                raise StoreExportError(str(err)) from err
+            start, stop = _range_of(played.shard, points, index, count, start, stop)
+        elif scanner is None or count > 1:
             raw_checkpoint, bounds = _open_for_export(played, start, stop, request.split)
+            checkpoint_read = True
             if bounds is None:
                 self._set_checkpoint(raw_checkpoint)
                 return
@@ -103,22 +115,22 @@ class _Rows:
         self._range = (start, stop)
         if scanner is not None:
             try:
-                # With one split, the scanner reads the checkpoint first: one open of the database.
+                # The scanner reads the checkpoint first, if still unread: one open of the database.
                 self._stream = native.ScanStream(
                     played.directory,
                     start,
                     stop,
                     batch_rows=request.batch_size,
-                    get=CHECKPOINT_KEY if count == 1 else None,
+                    get=None if checkpoint_read else CHECKPOINT_KEY,
                     binary=scanner,
                 )
             except native.ScanError as err:
                 _scan_failed(played.shard, err, self._strict)
-            if count == 1:
+            if not checkpoint_read:
                 if self._stream is not None:
                     raw_checkpoint = self._stream.got
                 else:
-                    raw_checkpoint, _ = _open_for_export(played, start, stop, request.split)
+                    raw_checkpoint, _ = _open_for_export(played, start, stop, (0, 1))
         self._set_checkpoint(raw_checkpoint)
 
     def _set_checkpoint(self, raw: bytes | None) -> None:
@@ -170,6 +182,18 @@ def _note_no_scanner() -> None:
         )
 
 
+def _range_of(
+    shard: str, points: list[bytes], index: int, count: int, start: bytes, stop: bytes | None
+) -> tuple[bytes, bytes | None]:
+    """The [start, stop) key range of split `index` of `count` given its `points` within
+    [`start`, `stop`) (an empty range: start == stop)."""
+    lo, hi = range_of(points, index, start)
+    log.info("split shard=%s index=%d of=%d from=%r to=%r", shard, index, count, lo, hi)
+    if hi is not None:
+        stop = hi if stop is None else min(stop, hi)
+    return lo, stop
+
+
 def _open_for_export(
     played: PlayedFiles, start: bytes, stop: bytes | None, split: tuple[int, int]
 ) -> tuple[bytes | None, tuple[bytes, bytes | None] | None]:
@@ -183,20 +207,9 @@ def _open_for_export(
         index, count = split
         if count > 1:
             points = _split_points(db, count, start, stop)
-            lo, hi = range_of(points, index, start)
-            log.info(
-                "split shard=%s index=%d of=%d from=%r to=%r",
-                played.shard,
-                index,
-                count,
-                lo,
-                hi,
-            )
-            if lo == hi:
+            start, stop = _range_of(played.shard, points, index, count, start, stop)
+            if start == stop:
                 return (None if raw is None else bytes(raw)), None
-            if hi is not None:
-                stop = hi if stop is None else min(stop, hi)
-            start = lo
     finally:
         db.close()
     return (None if raw is None else bytes(raw)), (start, stop)

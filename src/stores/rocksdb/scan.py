@@ -216,6 +216,51 @@ def scan(
     yield from stream
 
 
+SPLIT_MAGIC = "GZRSPLIT1"
+"""The first line of the scanner's ``--split`` output (``_scan.c``)."""
+
+
+def split_points(
+    directory: str | os.PathLike[str],
+    start: bytes,
+    stop: bytes | None,
+    count: int,
+    *,
+    binary: Path | None = None,
+) -> list[bytes]:
+    """Up to `count` - 1 increasing keys within (`start`, `stop`) cutting the keys of the
+    RocksDB at `directory` in [`start`, `stop`) into `count` ranges of about equal size on
+    disk, as RocksDB estimates it from the SST files' indexes (keys only in the memtable are
+    not counted: none if there are no SST files). The same files give the same keys.
+
+    Raises `ScanUnavailable` if there is no scanner, it cannot open the database, or it
+    predates ``--split``; `ScanError` if it fails otherwise."""
+    program = binary if binary is not None else find()
+    if program is None:
+        raise ScanUnavailable(not_found_reason())
+    args = [str(program), "--split", os.fspath(directory), start.hex()]
+    args += ["-" if stop is None else stop.hex(), str(count)]
+    try:
+        done = subprocess.run(args, capture_output=True, check=False)
+    except OSError as err:
+        raise ScanUnavailable(f"cannot run the native RocksDB scanner {program}: {err}") from err
+    lines = done.stdout.decode(errors="replace").split()
+    understood = lines[:1] == [SPLIT_MAGIC]
+    if not understood and done.returncode in (0, 2):  # 2: what it says of arguments it refuses.
+        raise ScanUnavailable(
+            f"{program} does not split key ranges (it predates --split): rebuild it "
+            "(python -m gazette.stores.rocksdb.scan build)"
+        )
+    if done.returncode != 0:
+        status = done.returncode
+        how = f"exit status {status}" if status >= 0 else f"signal {-status}"
+        text = done.stderr.decode(errors="replace").strip() or "no message"
+        message = f"native RocksDB split of {os.fspath(directory)} failed ({how}): {text}"
+        raise ScanUnavailable(message) if status == 3 or not understood else ScanError(message)
+    points = [bytes.fromhex(line) for line in lines[1:]]
+    return [p for p in points if p > start and (stop is None or p < stop)]
+
+
 def _read_exactly(stream: object, size: int) -> bytearray | None:
     """`size` bytes of `stream`, or None if it ends first."""
     buf = bytearray(size)
