@@ -103,8 +103,8 @@ class _Frames(asyncio.Protocol):
 
     # --- asyncio.Protocol -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport (not an asyncio.Transport subclass with every event loop).
+        self.transport = cast(asyncio.Transport, transport)
         if self._server is not None:
             self._server._connected(self)
 
