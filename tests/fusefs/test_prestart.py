@@ -156,3 +156,37 @@ async def test_a_start_failing_before_the_hand_over_ends_the_server(
             prestarted=server,
         )
     assert server.proc.returncode is not None  # Not left waiting for a mount.
+
+
+def _children() -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            out.update(int(k) for k in (task / "children").read_text().split())
+        except OSError:  # A thread that ended meanwhile.
+            continue
+    return out
+
+
+async def test_the_refill_after_a_take_waits_and_a_close_does_not_wait_for_it() -> None:
+    pool = ServerPool(size=1, refill_delay=0.5)
+    pool.reserve()
+    first = await _ready(pool)
+    before = _children()
+    await asyncio.sleep(0.2)
+    # The store that took it mounts and opens meanwhile, with the cores to itself.
+    assert _children() == before
+    second = await _ready(pool)
+    assert second.proc.pid not in before
+    for s in (first, second):
+        await s.close()
+
+    # Closed while the refill waits: at once, and nothing is started.
+    third = await _ready(pool)
+    before = _children()
+    t0 = time.monotonic()
+    await pool.close()
+    assert time.monotonic() - t0 < 0.3
+    await asyncio.sleep(0.6)
+    assert _children() <= before
+    await third.close()
