@@ -32,8 +32,12 @@ log, as a running consumer leaves them. Then, in one local[2] Spark session:
    reading both: `journals_rows_per_s`, `journals_reader_rows_per_s`.
 
 Python workers and the source are warmed up by an untimed first job (a session's first Python data
-source job costs ~7 s once).
+source job costs ~7 s once), and the Parquet writer by an untimed export and Parquet write.
 Prints progress, then one JSON line. `--quick` (50k keys) runs in under a minute.
+
+``--sizes 1000000,5000000``: only `ratio_write`, at each size, in interleaved rounds, with
+each job's CPU (JVM and Python) and the task's phases timed apart (`run_sizes`); about 6
+minutes for those two sizes and 3 rounds on 2 cores.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shutil
 import tempfile
@@ -90,9 +95,11 @@ def key(i: int) -> bytes:
     return b"n%07d gram%d" % (i, i % 977)
 
 
-async def fill_shard(etcd_endpoint: str, broker: str, tmp: Path, keys: int) -> dict[str, Any]:
+async def fill_shard(
+    etcd_endpoint: str, broker: str, tmp: Path, keys: int, shard: str = SHARD
+) -> dict[str, Any]:
     """Write `keys` keys through a recorded RocksDB store; leave hints and a ShardSpec in etcd."""
-    log = f"{LOG_PREFIX}/{SHARD}"
+    log = f"{LOG_PREFIX}/{shard}"
     async with JournalClient(broker) as client:
         frag = bpb.JournalSpec.Fragment(
             length=256 << 20, compression_codec=bpb.NONE, refresh_interval=Duration(seconds=600)
@@ -103,7 +110,7 @@ async def fill_shard(etcd_endpoint: str, broker: str, tmp: Path, keys: int) -> d
         change = bpb.ApplyRequest.Change(upsert=spec)
         await apply_journals(client, bpb.ApplyRequest(changes=[change]))
     t0 = time.perf_counter()
-    store = await RocksDBStore.open(broker, log, tmp / "store")
+    store = await RocksDBStore.open(broker, log, tmp / f"store-{shard}")
     try:
         for n, start in enumerate(range(0, keys, BATCH)):
             for i in range(start, min(keys, start + BATCH)):
@@ -115,17 +122,17 @@ async def fill_shard(etcd_endpoint: str, broker: str, tmp: Path, keys: int) -> d
     finally:
         await store.close()
     write_s = time.perf_counter() - t0
-    shard = pb.ShardSpec(
-        id=SHARD,
+    shard_spec = pb.ShardSpec(
+        id=shard,
         recovery_log_prefix=LOG_PREFIX,
         hint_prefix=HINT_PREFIX,
         max_txn_duration=Duration(seconds=1),
     )
-    shard.sources.add(journal="bench/input")
-    shard.labels.labels.add(name="app", value="bench")
+    shard_spec.sources.add(journal="bench/input")
+    shard_spec.labels.labels.add(name="app", value="bench")
     async with Etcd(etcd_endpoint) as etcd:
-        await store_primary_hints(etcd, HINT_PREFIX, SHARD, hints)
-        await etcd.put(ShardKeys(ROOT).item(SHARD).encode(), shard.SerializeToString())
+        await store_primary_hints(etcd, HINT_PREFIX, shard, hints)
+        await etcd.put(ShardKeys(ROOT).item(shard).encode(), shard_spec.SerializeToString())
     return {"write_s": write_s}
 
 
@@ -156,11 +163,9 @@ async def fill_journals(broker: str, tmp: Path, messages: int) -> list[str]:
         await apply_journals(client, bpb.ApplyRequest(changes=changes))
         async with AppendService(client) as svc:
             pub = Publisher(svc)
+            mappings = [lambda _, j=name: (j, CONTENT_TYPE_JSON_LINES) for name in names]
             for i in range(messages):
-                name = names[i % 2]
-                pub.publish_uncommitted(
-                    lambda m, j=name: (j, CONTENT_TYPE_JSON_LINES), Delta(f"w{i % 977} x", i)
-                )
+                pub.publish_uncommitted(mappings[i % 2], Delta(f"w{i % 977} x", i))
                 if i % 1000 == 999:
                     await pub.commit()
             await pub.commit()
@@ -173,7 +178,9 @@ async def read_committed(broker: str, names: list[str]) -> int:
     n = 0
     async with JournalClient(broker) as client:
         for name in names:
-            it = ReadCommittedIter(client, bpb.ReadRequest(journal=name, block=False), None, Delta)
+            it = ReadCommittedIter(
+                client, bpb.ReadRequest(journal=name, block=False), None, lambda _: Delta()
+            )
             try:
                 async for env in it:
                     n += env.message.ngram != ""
@@ -267,6 +274,181 @@ def timed(fn: Any) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
+def tree_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of process `pid` alone, and of its descendants (Spark's
+    Python workers and the scanners they start; children they reaped included)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    own, others = 0.0, 0.0
+    stack = [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue  # It exited meanwhile (its parent's reaped-children time counts it).
+        fields = stat[stat.rindex(")") + 2 :].split()
+        utime, stime, cutime, cstime = (int(x) / tick for x in fields[11:15])
+        if p == pid:
+            own += utime + stime
+            others += cutime + cstime
+        else:
+            others += utime + stime + cutime + cstime
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{p}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    stack.extend(int(c) for c in (task / "children").read_text().split())
+    return own, others
+
+
+def task_phases(options: dict[str, str]) -> dict[str, float]:
+    """What a one-split task does, outside Spark and one phase at a time: play the shard
+    (`playback_s`), scan it with the native scanner (`scan_s`), and scan it again building
+    the Arrow record batches Spark receives (`arrow_s`, the scan included)."""
+    import pyarrow as pa
+
+    from gazette.consumer.spark.options import ShardsOptions
+    from gazette.consumer.spark.playback import played_shard, rocksdb_batches
+    from gazette.consumer.spark.resolve import resolve_shards_sync
+    from gazette.stores.rocksdb.scan import ScanStream
+
+    opts = ShardsOptions.parse(options)
+    (plan,) = resolve_shards_sync(opts)
+    schema = pa.schema(
+        [("shard", pa.string()), ("checkpoint", pa.binary())]
+        + [("key", pa.binary()), ("value", pa.binary())]
+    )
+    t0 = time.perf_counter()
+    with played_shard(plan, opts.brokers, opts.tmpdir) as played:
+        t1 = time.perf_counter()
+        with ScanStream(played.directory, b"\x01") as stream:
+            scanned = sum(len(keys) for keys, _ in stream)
+        t2 = time.perf_counter()
+        built = sum(b.num_rows for b in rocksdb_batches(played, schema, scan="native"))
+        t3 = time.perf_counter()
+    assert scanned == built, (scanned, built)
+    return {"playback_s": t1 - t0, "scan_s": t2 - t1, "arrow_s": t3 - t2}
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "min": round(ordered[0], 3),
+        "median": round(ordered[len(ordered) // 2], 3),
+        "max": round(ordered[-1], 3),
+    }
+
+
+def run_sizes(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """`ratio_write` at each of `args.sizes` keys (one shard per size, one session), in
+    interleaved rounds: per size, the export written to Parquet and that Parquet read and
+    written again back to back (which goes first alternates), then the same rows written
+    from a Python data source over the Parquet (the floor of the Python path). Each job's
+    CPU is split into the JVM's (Spark: Arrow to rows, the Parquet writer) and its
+    descendants' (Python workers: playback, batches; scanners); `ratio_write_cpu` is the
+    export's CPU over Parquet's, steadier than the wall-clock ratio on a shared machine. The
+    task's phases are timed outside Spark (`task_phases`). Every job runs once untimed first:
+    the first Parquet write of a session compiles the writer's code (8-20 s at 1M keys)."""
+    (tmp / "fragments").mkdir()
+    out: dict[str, Any] = {"bench": "spark-sizes", "target": 2.0, "repeat": args.repeat}
+    load = [os.getloadavg()[0]]
+    with EtcdServer() as etcd, BrokerProcess(etcd.endpoint, spool_dir=tmp / "spool") as broker:
+        options: dict[int, dict[str, str]] = {}
+        for keys in args.sizes:
+            shard = f"bench-keys-{keys}"
+            say(f"filling RocksDB shard {shard} (transactions of {BATCH})")
+            filled = asyncio.run(fill_shard(etcd.endpoint, broker.endpoint, tmp, keys, shard))
+            say(f"  written and recorded in {filled['write_s']:.1f}s")
+            options[keys] = {
+                "etcd": etcd.endpoint,
+                "root": ROOT,
+                "broker": broker.endpoint,
+                "shards": shard,
+                "store": "rocksdb",
+                "tmpdir": str(tmp),
+                "rocksdb_scan": "native",
+                **({"splits": args.splits} if args.splits else {}),
+            }
+        spark = session()
+        from gazette.consumer import spark as gazette_spark
+
+        gazette_spark.register(spark)
+        spark.dataSource.register(parquet_source())
+        jvm = spark.sparkContext._gateway.proc.pid
+
+        def write(keys: int, what: str) -> dict[str, float]:
+            exported = tmp / f"export-{keys}.parquet"
+            target = tmp / f"{what}-{keys}.parquet"
+            shutil.rmtree(target, ignore_errors=True)
+            if what == "export":
+                reader = spark.read.format("gazette-shards")
+                for k, v in options[keys].items():
+                    reader = reader.option(k, v)
+            elif what == "parquet":
+                reader = spark.read.format("parquet").option("path", str(exported))
+            else:
+                reader = spark.read.format("bench-parquet-python").option("path", str(exported))
+            before = tree_cpu(jvm)
+            took, _ = timed(lambda: reader.load().write.parquet(str(target)))
+            after = tree_cpu(jvm)
+            return {
+                "write_s": took,
+                "jvm_cpu_s": after[0] - before[0],
+                "python_cpu_s": after[1] - before[1],
+            }
+
+        jobs = ("export", "parquet", "python_source")
+        for keys in args.sizes[:1]:
+            warm = [round(write(keys, what)["write_s"], 2) for what in jobs]
+            say(f"warm-up at {keys} keys (untimed): {dict(zip(jobs, warm, strict=True))}")
+        runs: dict[int, dict[str, list[float]]] = {k: {} for k in args.sizes}
+        for r in range(args.repeat):
+            for keys in args.sizes:
+                got: dict[str, dict[str, float]] = {}
+                # Round 0 writes the export first: the Parquet side reads it.
+                order = ("export", "parquet") if r % 2 == 0 else ("parquet", "export")
+                for what in (*order, "python_source"):
+                    got[what] = write(keys, what)
+                phases = task_phases(options[keys])
+                ex, pq = got["export"], got["parquet"]
+                cpu = [m["jvm_cpu_s"] + max(0.0, m["python_cpu_s"]) for m in (ex, pq)]
+                measured = {
+                    "ratio_write": ex["write_s"] / pq["write_s"],
+                    "ratio_write_cpu": cpu[0] / cpu[1],
+                    **phases,
+                }
+                for what, figures in got.items():
+                    measured.update({f"{what}_{name}": v for name, v in figures.items()})
+                for name, v in measured.items():
+                    runs[keys].setdefault(name, []).append(v)
+                say(
+                    f"round {r + 1}, {keys} keys: export {ex['write_s']:.2f}s (JVM "
+                    f"{ex['jvm_cpu_s']:.1f}s CPU, Python {ex['python_cpu_s']:.1f}s) vs parquet "
+                    f"{pq['write_s']:.2f}s (JVM {pq['jvm_cpu_s']:.1f}s): ratio "
+                    f"{measured['ratio_write']:.2f} (CPU {measured['ratio_write_cpu']:.2f}); "
+                    "Python source "
+                    f"{got['python_source']['write_s']:.2f}s; task phases "
+                    + ", ".join(f"{k} {v:.2f}" for k, v in phases.items())
+                    + f"; load {os.getloadavg()[0]:.1f}"
+                )
+                load.append(os.getloadavg()[0])
+        spark.stop()
+    out["sizes"] = {
+        str(keys): {name: spread(values) for name, values in row.items()}
+        for keys, row in runs.items()
+    }
+    if len(args.sizes) > 1:
+        lo, hi = args.sizes[0], args.sizes[-1]
+        out["growth"] = {
+            "keys": round(hi / lo, 3),
+            **{
+                what: round(min(runs[hi][f"{what}_write_s"]) / min(runs[lo][f"{what}_write_s"]), 3)
+                for what in jobs
+            },
+        }
+    out["load"] = spread(load)
+    return out
+
+
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     keys = args.keys or (50_000 if args.quick else 1_000_000)
     (tmp / "fragments").mkdir()
@@ -337,6 +519,13 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
         exported = tmp / "export.parquet"
         again = tmp / "again.parquet"
+        # So is a session's first Parquet write (the writer's code compiled: 8-20 s at 1M keys,
+        # which the first timed write, the export's, would otherwise pay).
+        warm_s, _ = timed(lambda: source().write.parquet(str(exported)))
+        warm_parquet_s, _ = timed(
+            lambda: spark.read.parquet(str(exported)).write.parquet(str(again))
+        )
+        say(f"first writes (warm-up): export {warm_s:.1f}s, parquet {warm_parquet_s:.1f}s")
         export_s: list[float] = []
         parquet_s: list[float] = []
         agg_export_s: list[float] = []
@@ -458,6 +647,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="50k keys (< 1 minute)")
     parser.add_argument("--keys", type=int, default=0, help="keys in the shard (default 1M)")
+    parser.add_argument(
+        "--sizes",
+        default="",
+        help="comma-separated key counts (e.g. 1000000,5000000): only ratio_write at each, "
+        "in interleaved rounds, with the CPU and the task's phases (run_sizes)",
+    )
     parser.add_argument("--repeat", type=int, default=0, help="timed runs (best is reported)")
     parser.add_argument("--splits", default="", help="the source's splits option (default auto)")
     parser.add_argument(
@@ -467,8 +662,9 @@ def main() -> None:
     args.repeat = args.repeat or (1 if args.quick else 3)
     if args.messages < 0:
         args.messages = 0 if args.quick else 200_000
+    args.sizes = [int(n) for n in args.sizes.split(",") if n]
     with tempfile.TemporaryDirectory(prefix="bench-spark-", dir="/var/tmp") as t:
-        result = run(args, Path(t))
+        result = run_sizes(args, Path(t)) if args.sizes else run(args, Path(t))
     print(json.dumps(result))
 
 
