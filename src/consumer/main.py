@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
+from gazette._extras import require
 from gazette.allocator.session import LeaseLostError, MemberExistsError
 from gazette.auth.tls import TLSConfigError
 from gazette.consumer.application import (
@@ -55,6 +56,10 @@ from gazette.consumer.shard_api import ShardAPI
 from gazette.keyspace.etcd import EtcdError
 from gazette.mainboilerplate import process
 from gazette.mainboilerplate.settings import settings_class
+
+# The HTTP server is imported late (after the store hooks start: see ConsumerProcess.start),
+# but a missing extra still stops the command before anything starts.
+require("the consumer's HTTP server", "consumer", "aiohttp")
 
 if TYPE_CHECKING:
     from gazette.consumer.http_api import ConsumerHTTP
