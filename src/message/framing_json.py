@@ -14,7 +14,9 @@ Messages are objects with two methods (see `JSONFrameable`):
 and optionally, for speed:
 
 - `to_json_line() -> bytes | None`: the complete frame, exactly what encoding `to_json()`
-  would produce, or None to have the framing encode `to_json()` after all.
+  would produce, or None to have the framing encode `to_json()` after all; or
+  `json_line_encoder()`, returning that function for the message's whole class (taking the
+  message), which the framing then calls directly.
 - `json_fast_loader() -> FastLoader | None`: a typed decoder of a whole line and the load of
   its result into a message, which together do what parsing the line and `load_json` do,
   except that the decoder may refuse lines that `load_json` would accept.
@@ -92,6 +94,7 @@ _decode = _decoder.decode
 _scan_once: Callable[[str, int], tuple[Any, int]] = _decoder.scan_once  # type: ignore[attr-defined]
 _JSON_SPACE = " \t\n\r"
 _fast_loaders: dict[type, FastLoader | None] = {}  # Per message class; None: it has none.
+_line_encoders: dict[type, Callable[[Any], bytes | None] | None] = {}  # Likewise.
 _UNKNOWN: Any = object()
 
 
@@ -129,11 +132,20 @@ class JSONFraming:
         self._last: tuple[bytes, dict[str, Any]] | None = None
 
     def marshal(self, msg: object) -> bytes:
-        to_line = getattr(msg, "to_json_line", None)
-        if to_line is not None:
-            line: bytes | None = to_line()
+        encode = _line_encoders.get(msg.__class__, _UNKNOWN)
+        if encode is _UNKNOWN:
+            get = getattr(msg, "json_line_encoder", None)
+            encode = _line_encoders[msg.__class__] = get() if get is not None else None
+        if encode is not None:
+            line: bytes | None = encode(msg)
             if line is not None:
                 return line
+        else:
+            to_line = getattr(msg, "to_json_line", None)
+            if to_line is not None:
+                line = to_line()
+                if line is not None:
+                    return line
         try:
             to_json = msg.to_json  # type: ignore[attr-defined]
         except AttributeError:

@@ -67,6 +67,14 @@ class JSONMessage(DataclassMessage):
         declared type, in which case the framing encodes `to_json()` instead."""
         return _plan(type(self)).line(self)
 
+    @classmethod
+    def json_line_encoder(cls) -> Callable[[Any], bytes | None] | None:
+        """`to_json_line` as a function of the message, for the framing to call directly;
+        None if a subclass overrides `to_json_line` (the framing then calls that)."""
+        if cls.to_json_line is not JSONMessage.to_json_line:
+            return None
+        return _plan(cls).line
+
     def load_json(self, doc: dict[str, Any]) -> None:
         _plan(type(self)).load(self, doc)
 

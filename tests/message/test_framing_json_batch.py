@@ -174,3 +174,13 @@ def test_nothing_complete_is_no_batch(data: bytes) -> None:
     dec = JSON_FRAMING.decoder(0)
     dec.feed(data)
     assert JSON_FRAMING.unmarshal_buffered(dec, Flat) is None
+
+
+def test_marshal_calls_an_overridden_to_json_line() -> None:
+    @dataclass
+    class Custom(Flat):
+        def to_json_line(self) -> bytes | None:
+            return b'{"custom":true}\n'
+
+    assert JSON_FRAMING.marshal(Custom()) == b'{"custom":true}\n'
+    assert JSON_FRAMING.marshal(Flat(n=3)) == Flat(n=3).to_json_line()
