@@ -98,6 +98,9 @@ _new_object = object.__new__
 _set_attr = object.__setattr__
 _UUID = _uuid.UUID
 _SAFE_UNKNOWN = _uuid.SafeUUID.unknown
+_SEQ_HEX: dict[int, str] = {}
+"""Hex of the UUID fields holding counter and flags (at most 2^15 values; a handful in use):
+a lookup is half the cost of formatting them per message."""
 
 
 class AckIntent(NamedTuple):
@@ -434,7 +437,10 @@ class Publisher:
             u = _new_object(_UUID)
             _set_attr(u, "int", value)
             _set_attr(u, "is_safe", _SAFE_UNKNOWN)
-        _KNOWN[0] = (u, f"{self._str_head}{seq:04x}{self._str_tail}")  # As remember_str.
+        seq_hex = _SEQ_HEX.get(seq)
+        if seq_hex is None:
+            seq_hex = _SEQ_HEX[seq] = f"{seq:04x}"
+        _KNOWN[0] = (u, self._str_head + seq_hex + self._str_tail)  # As remember_str.
         return u
 
     def flush(self) -> list[AsyncAppend]:
