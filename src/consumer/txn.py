@@ -281,6 +281,14 @@ class Transactions:
         self._consume_batch: Callable[..., Any] | None = (
             app.consume_messages if isinstance(app, BatchConsumer) else None
         )
+        # A run is consumed whole before the transaction may close. A `consume_message` that
+        # is a coroutine (or once it returned an awaitable) may take long per message: its
+        # runs are single messages, so that `max_txn_duration` is checked after each.
+        self._run_max = (
+            1
+            if self._consume_batch is None and inspect.iscoroutinefunction(app.consume_message)
+            else SOURCE_BATCH
+        )
         self._finalize = _maybe_async(app.finalize_txn)
         self._begin: Callable[..., Awaitable[Any]] | None = None
         self._finished: Callable[..., Any] | None = None
@@ -526,7 +534,7 @@ class Transactions:
                 return _REPLAY
             batch, pos = self._batch, self._batch_pos
             if pos < len(batch):
-                end = seq.dequeue_committed(batch, pos)
+                end = seq.dequeue_committed(batch, pos, pos + self._run_max)
                 if end > pos:
                     self._batch_pos = end
                     return batch if pos == 0 and end == len(batch) else batch[pos:end]
@@ -583,7 +591,10 @@ class Transactions:
         stats.messages += 1
         if self._consume_batch is not None:
             return self._awaitable(self._consume_batch(self.shard, self.store, [env], self.pub))
-        return self._awaitable(self._consume(self.shard, self.store, env, self.pub))
+        out = self._awaitable(self._consume(self.shard, self.store, env, self.pub))
+        if out is not None:
+            self._run_max = 1
+        return out
 
     @staticmethod
     def _awaitable(out: Any) -> Awaitable[Any] | None:
@@ -594,6 +605,7 @@ class Transactions:
         for i, env in enumerate(run):
             out = consume(shard, store, env, pub)
             if out is not None and inspect.isawaitable(out):
+                self._run_max = 1
                 return self._consume_rest(out, run, i + 1)
         return None
 

@@ -385,10 +385,13 @@ class Sequencer:
             self._offsets[journal] = env.end
         return outcome
 
-    def dequeue_committed(self, envelopes: list[Envelope], start: int) -> int:
-        """Take a run of messages that each commit alone: from `envelopes[start]` on, every
-        OUTSIDE_TXN message of a producer with no open span and a clock past its last ACK;
-        returns the index of the first envelope not taken (`start` if none was).
+    def dequeue_committed(
+        self, envelopes: list[Envelope], start: int, stop: int | None = None
+    ) -> int:
+        """Take a run of messages that each commit alone: from `envelopes[start]` on (up to
+        `stop`, exclusive, if given), every OUTSIDE_TXN message of a producer with no open
+        span and a clock past its last ACK; returns the index of the first envelope not
+        taken (`start` if none was).
 
         Taking one is queuing it, dequeuing it and stepping past it, at once: `read_through`
         and `checkpoint` already count the run processed, so the caller processes every
@@ -402,7 +405,7 @@ class Sequencer:
         nxt = self._next
         size = len(ring)
         head = self._head
-        i, n = start, len(envelopes)
+        i, n = start, len(envelopes) if stop is None else min(stop, len(envelopes))
         while i < n:
             env = envelopes[i]
             u = env.message.get_uuid()

@@ -863,3 +863,19 @@ async def test_an_async_consume_message_is_awaited_for_each_message_of_a_run() -
     readers.queue.put_nowait([outside(i) for i in range(5)])
     await run_until(txns, lambda: store.state == list(range(5)))
     assert order == [(what, i) for i in range(5) for what in ("start", "end")]
+
+
+async def test_a_slow_awaitable_consume_closes_transactions_inside_a_queued_list() -> None:
+    """A consume_message returning awaitables gets single-message runs once it did: a
+    queued list does not hold the transaction open past max_txn_duration."""
+    store = FakeStore()
+    txns, readers = make_txns(store, App(consume_delay=0.05), max_txn=Duration(nanos=80_000_000))
+    envs = [outside(i) for i in range(12)]
+    readers.queue.put_nowait(envs)
+    await run_until(txns, lambda: store.state == list(range(12)) and len(store.commits) >= 3)
+    # Twelve messages of 50 ms with transactions of at most 80 ms: several commits, where
+    # a run taken whole would have made one transaction of all twelve.
+    assert len(store.commits) >= 3, [len(c.state) for c in store.commits]
+    for commit in store.commits:
+        again = redelivered_after_restore(commit.checkpoint, envs)
+        assert commit.state + again == list(range(12)), commit.checkpoint
