@@ -7,7 +7,9 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import cast
 
 import pyarrow as pa
 import pytest
@@ -19,10 +21,17 @@ from gazette.stores.rocksdb.scan import ScanError, ScanUnavailable, scan
 
 
 def _pairs(
-    directory: Path, start: bytes = b"", stop: bytes | None = None, **kw: int
+    directory: Path,
+    start: bytes = b"",
+    stop: bytes | None = None,
+    *,
+    batch_rows: int = 65536,
+    batch_bytes: int = 64 << 20,
 ) -> list[tuple[bytes, bytes]]:
-    out = []
-    for keys, values in scan(directory, start, stop, **kw):
+    out: list[tuple[bytes, bytes]] = []
+    for keys, values in scan(
+        directory, start, stop, batch_rows=batch_rows, batch_bytes=batch_bytes
+    ):
         assert isinstance(keys, pa.BinaryArray) and isinstance(values, pa.BinaryArray)
         assert len(keys) == len(values) > 0
         out.extend(zip(keys.to_pylist(), values.to_pylist(), strict=True))
@@ -34,7 +43,8 @@ def _reference(
 ) -> list[tuple[bytes, bytes]]:
     db = Rdict(str(directory), Options(raw_mode=True), access_type=AccessType.read_only())
     try:
-        return [(k, v) for k, v in db.items(from_key=start) if stop is None or k < stop]
+        items: Iterator[tuple[bytes, bytes]] = db.items(from_key=start)  # type: ignore[assignment]
+        return [(k, v) for k, v in items if stop is None or k < stop]
     finally:
         db.close()
 
@@ -252,7 +262,7 @@ def test_a_consumer_that_stops_early_leaves_no_scanner_behind(tmp_path: Path) ->
     # A scanner that would never end by itself: only the stream's close stops and reaps it.
     before = _children()
     stuck = _fake(tmp_path, FRAME + "exec sleep 1000\n")
-    batches = scan(tmp_path, binary=stuck)
+    batches = cast(Generator[tuple[pa.Array, pa.Array], None, None], scan(tmp_path, binary=stuck))
     keys, _ = next(batches)
     assert keys.to_pylist() == [b"k"]
     assert len(_children() - before) == 1
@@ -282,6 +292,42 @@ def test_a_scanner_of_another_frame_version_is_unavailable(tmp_path: Path) -> No
         list(scan(tmp_path, binary=old))
     with pytest.raises(ScanUnavailable, match="exit status 0"):  # Nothing at all.
         list(scan(tmp_path, binary=_fake(tmp_path, "", "mute", magic=False)))
+
+
+def test_split_points_cut_ranges_of_equal_size_within_bounds(tmp_path: Path) -> None:
+    db = Rdict(str(tmp_path), recorded_options())
+    keys = [b"k%06d" % i for i in range(0, 200_000, 2)]
+    for i, k in enumerate(keys):
+        db[k] = b"v" * 20
+        if (i + 1) % 20_000 == 0:
+            db.flush()
+    db.close()
+    for count, start, stop in ((2, b"", None), (5, b"k", b"l"), (3, b"k05", b"k15")):
+        points = native.split_points(tmp_path, start, stop, count)
+        assert points == sorted(set(points)) and len(points) == count - 1, points
+        assert all(p > start and (stop is None or p < stop) for p in points)
+        inside = [k for k in keys if k >= start and (stop is None or k < stop)]
+        highs: list[bytes | None] = [*points, stop]
+        sizes = [
+            len([k for k in inside if lo <= k and (hi is None or k < hi)])
+            for lo, hi in zip([start, *points], highs, strict=True)
+        ]
+        assert max(sizes) <= 1.05 * len(inside) / count, (count, sizes)
+    assert native.split_points(tmp_path, b"x", None, 4) == []  # No keys there.
+    assert native.split_points(tmp_path, b"", None, 1) == []
+
+
+def test_split_points_of_what_it_cannot_open_or_of_an_older_scanner(tmp_path: Path) -> None:
+    with pytest.raises(ScanUnavailable, match=r"exit status 3\): rocksdb-scan: opening .*none"):
+        native.split_points(tmp_path / "none", b"", None, 2)
+    # A scanner built before --split refuses its arguments (exit status 2), writing nothing.
+    old = _fake(tmp_path, "echo 'rocksdb-scan: bad arguments' >&2\nexit 2\n", magic=False)
+    with pytest.raises(ScanUnavailable, match=r"predates --split\): rebuild it"):
+        native.split_points(tmp_path, b"", None, 2, binary=old)
+    failing = _fake(tmp_path, "echo GZRSPLIT1; echo 'it broke' >&2\nexit 1\n", "failing", False)
+    with pytest.raises(ScanError, match=r"exit status 1\): it broke") as caught:
+        native.split_points(tmp_path, b"", None, 2, binary=failing)
+    assert not isinstance(caught.value, ScanUnavailable)
 
 
 def test_build_reports_the_compilers_message(tmp_path: Path) -> None:
