@@ -104,14 +104,16 @@ def make_txns(
 
 def redelivered_after_restore(cp: pb.Checkpoint, envs: list[Envelope]) -> list[int]:
     """Message numbers a Sequencer restored from `cp` delivers again when reading resumes at
-    the checkpoint's offsets (what a new primary does)."""
+    the checkpoint's offsets (what a new primary does), replaying spans begun before them."""
     seq = sequencer_from_checkpoint(cp, 8192)
     start = checkpoint_offsets(cp).get(JOURNAL, 0)
     out = []
     for env in envs:
         if env.begin < start:
             continue
-        seq.queue_uncommitted(env)
+        if seq.queue_uncommitted(env) is QueueOutcome.ACK_COMMIT_REPLAY:
+            _, begin, end = seq.replay_range()
+            seq.start_replay(e for e in envs if begin <= e.begin and e.end <= end)
         while seq.step():
             assert seq.dequeued is not None
             out.append(seq.dequeued.message.n)
@@ -808,23 +810,6 @@ def _mixed(n: int) -> list[Envelope]:
     return [Envelope(JOURNAL, 10 * i, 10 * i + 10, e.message) for i, e in enumerate(out)]
 
 
-def _restored_delivery(cp: pb.Checkpoint, envs: list[Envelope]) -> list[int]:
-    """As `redelivered_after_restore`, replaying spans begun before the checkpoint's offset."""
-    seq = sequencer_from_checkpoint(cp, 8192)
-    start = checkpoint_offsets(cp).get(JOURNAL, 0)
-    out = []
-    for env in envs:
-        if env.begin < start:
-            continue
-        if seq.queue_uncommitted(env) is QueueOutcome.ACK_COMMIT_REPLAY:
-            _, begin, end = seq.replay_range()
-            seq.start_replay(e for e in envs if begin <= e.begin and e.end <= end)
-        while seq.step():
-            assert seq.dequeued is not None
-            out.append(seq.dequeued.message.n)
-    return out
-
-
 @pytest.mark.parametrize("app_type", [App, BatchApp])
 async def test_batches_commit_exactly_once_whatever_the_transaction_boundaries(
     app_type: type[App],
@@ -842,7 +827,7 @@ async def test_batches_commit_exactly_once_whatever_the_transaction_boundaries(
     await run_until(txns, lambda: store.state == want)
     await run_until(txns, lambda: store.commits and store.commits[-1].state == want)
     for commit in store.commits:
-        again = _restored_delivery(commit.checkpoint, envs)
+        again = redelivered_after_restore(commit.checkpoint, envs)
         assert commit.state + [n for n in again if n != 1002] == want, commit.checkpoint
     if isinstance(app, BatchApp):
         assert max(app.runs) > 1  # Runs were handed over whole.

@@ -973,12 +973,8 @@ class _SpanDiscarded(list[str]):
         logging.getLogger("gazette.message.sequencer").removeHandler(self.handler)
 
 
-@settings(max_examples=400, deadline=None)
-@given(_scenario())
-def test_random_interleavings_commit_exactly_once(
-    scenario: tuple[list[_Rec], int, list[str]],
-) -> None:
-    recs, ring_size, actions = scenario
+def _envelopes(recs: list[_Rec]) -> list[Envelope]:
+    """The records as consecutive 100-byte envelopes, 2 dead bytes apart."""
     envs = []
     for i, r in enumerate(recs):
         u = (
@@ -987,6 +983,16 @@ def test_random_interleavings_commit_exactly_once(
             else build_uuid(ProducerID(r.producer), Clock(r.clock), r.flags)
         )
         envs.append(Envelope(JOURNAL, i * 102, i * 102 + 100, Msg(u)))
+    return envs
+
+
+@settings(max_examples=400, deadline=None)
+@given(_scenario())
+def test_random_interleavings_commit_exactly_once(
+    scenario: tuple[list[_Rec], int, list[str]],
+) -> None:
+    recs, ring_size, actions = scenario
+    envs = _envelopes(recs)
     begins = [e.begin for e in envs]
     index = {id(e): i for i, e in enumerate(envs)}
 
@@ -1138,14 +1144,7 @@ def test_runs_taken_at_once_leave_the_state_queuing_leaves(
     scenario: tuple[list[_Rec], int, list[str]],
 ) -> None:
     recs, ring_size, _ = scenario
-    envs = []
-    for i, r in enumerate(recs):
-        u = (
-            None
-            if r.producer is None
-            else build_uuid(ProducerID(r.producer), Clock(r.clock), r.flags)
-        )
-        envs.append(Envelope(JOURNAL, i * 102, i * 102 + 100, Msg(u)))
+    envs = _envelopes(recs)
     index = {id(e): i for i, e in enumerate(envs)}
     with _SpanDiscarded():
         slow, slow_states = _drive(Sequencer(ring_size=ring_size), envs, False, index)
