@@ -99,6 +99,32 @@ def shard(sid: str, source: str, standbys: int) -> pb.ShardSpec:
     )
 
 
+def echo_process(
+    etcd: EtcdServer,
+    broker: BrokerProcess,
+    tmp: Path,
+    suffix: str,
+    args: list[str] | None = None,
+    *,
+    zone: str = "local",
+    output: str = "",
+) -> ConsumerProcess:
+    """A `gazette-consumer` of the Echo app, republishing to `output` if given (and then
+    draining for up to 30 s when stopped, for the hand-off)."""
+    return ConsumerProcess(
+        "consumer_bench_app:Echo",
+        etcd.endpoint,
+        [broker.endpoint],
+        root=ROOT,
+        zone=zone,
+        suffix=suffix,
+        workdir=tmp / suffix,
+        extra_env={"PYTHONPATH": str(APPS), "ECHO_OUTPUT": output},
+        extra_args=["--drain-timeout", "30" if output else "0", "--log-level", "WARNING"]
+        + (args or []),
+    )
+
+
 async def statuses(stub: pb_grpc.ShardStub, sid: str) -> list[int]:
     try:
         resp = await stub.List(pb.ListRequest())
@@ -166,16 +192,7 @@ async def throughput(
     head = await write_head(client, "bench/in-tput")
     base = max([await baseline_rate(client, "bench/in-tput", n, head) for _ in range(2)])
     say(f"throughput: baseline read-committed reader {base:,.0f} msg/s")
-    c = ConsumerProcess(
-        "consumer_bench_app:Echo",
-        etcd.endpoint,
-        [broker.endpoint],
-        root=ROOT,
-        suffix="tput",
-        workdir=tmp / "tput",
-        extra_env={"PYTHONPATH": str(APPS), "ECHO_OUTPUT": ""},
-        extra_args=["--drain-timeout", "0", "--log-level", "WARNING"],
-    ).start()
+    c = echo_process(etcd, broker, tmp, "tput").start()
     try:
         async with grpc.aio.insecure_channel(c.endpoint) as ch:
             stub = pb_grpc.ShardStub(ch)
@@ -248,19 +265,10 @@ async def scaling(
     req = bpb.ReadRequest(journal=template, offset=0, end_offset=head, block=True)
     data = b"".join([resp.content async for resp in client.stub_for(template).Read(req)])
     assert len(data) == head
+    # Each shard starts its own fusefs process before it is PRIMARY; none is started ahead to
+    # replace it (~0.45 s of CPU each) while the shards are measured.
     procs = [
-        ConsumerProcess(
-            "consumer_bench_app:Echo",
-            etcd.endpoint,
-            [broker.endpoint],
-            root=ROOT,
-            suffix=f"scale{i}",
-            workdir=tmp / f"scale{i}",
-            extra_env={"PYTHONPATH": str(APPS), "ECHO_OUTPUT": ""},
-            # Each shard starts its own fusefs process before it is PRIMARY; none is started
-            # ahead to replace it (~0.45 s of CPU each) while the shards are measured.
-            extra_args=["--drain-timeout", "0", "--log-level", "WARNING", "--fusefs-prestart", "0"],
-        ).start()
+        echo_process(etcd, broker, tmp, f"scale{i}", ["--fusefs-prestart", "0"]).start()
         for i in range(cores)
     ]
     out: dict[str, object] = {"processes": cores, "msgs_per_shard": n}
@@ -352,17 +360,7 @@ async def latency_and_handoff(
     client: JournalClient, etcd: EtcdServer, broker: BrokerProcess, tmp: Path, seconds: float
 ) -> tuple[dict[float, tuple[float, float]], float, float, dict[str, float]]:
     procs = [
-        ConsumerProcess(
-            "consumer_bench_app:Echo",
-            etcd.endpoint,
-            [broker.endpoint],
-            root=ROOT,
-            zone=f"z{i}",
-            suffix=f"echo-{i}",
-            workdir=tmp / f"echo-{i}",
-            extra_env={"PYTHONPATH": str(APPS), "ECHO_OUTPUT": "bench/out"},
-            extra_args=["--drain-timeout", "30", "--log-level", "WARNING"],
-        ).start()
+        echo_process(etcd, broker, tmp, f"echo-{i}", zone=f"z{i}", output="bench/out").start()
         for i in range(2)
     ]
     arrivals: list[tuple[float, float]] = []  # (arrival, latency)
