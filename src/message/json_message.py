@@ -117,10 +117,6 @@ def _plan(cls: type) -> _Plan:
     return p
 
 
-uuid_str = canonical_str
-"""The canonical form of a UUID, as str(u) but faster (it's on every message's path)."""
-
-
 def _field_error(name: str, exc: Exception) -> UnmarshalError:
     return UnmarshalError(f"field {name!r}: {exc}")
 
@@ -307,7 +303,7 @@ def _build_plan(cls: type) -> _Plan:
         "_field_error": _field_error,
         "_expected": _expected,
         "_MISSING": _MISSING,
-        "_uuid_str": uuid_str,
+        "_uuid_str": canonical_str,
         "_Err": (TypeError, ValueError, AttributeError, KeyError),
     }
 
