@@ -53,6 +53,7 @@ import grpc.aio
 from google.protobuf.duration_pb2 import Duration
 
 from gazette.broker.client import AppendService, JournalClient, append, apply_journals
+from gazette.broker.client.reader import write_head
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
@@ -66,6 +67,7 @@ from gazette.testing.etcd import EtcdServer
 APPS = Path(__file__).resolve().parent / "apps"
 sys.path.insert(0, str(APPS))
 from consumer_bench_app import Ping, Pong  # noqa: E402
+from pings import journal_bytes, publish_pings  # noqa: E402
 
 ROOT = "/bench-consumer"
 LINGER = 0.005
@@ -146,26 +148,6 @@ async def wait_status(
         await asyncio.sleep(0.01)
 
 
-async def write_head(client: JournalClient, name: str) -> int:
-    resp = (
-        await client.stub_for(name)
-        .Read(bpb.ReadRequest(journal=name, offset=-1, metadata_only=True))
-        .read()
-    )
-    return int(resp.write_head)
-
-
-async def publish(client: JournalClient, name: str, n: int) -> None:
-    async with AppendService(client) as svc:
-        pub = Publisher(svc)
-        mapping = lambda _m: (name, CONTENT_TYPE_JSON_LINES)  # noqa: E731
-        for i in range(n):
-            pub.publish_committed(mapping, Ping(f"k{i % 1000}", 0))
-            if i % 2000 == 0:
-                await asyncio.sleep(0)
-        await pub.barrier()
-
-
 async def baseline_rate(client: JournalClient, name: str, n: int, end: int) -> float:
     """Messages/s of an in-process read-committed reader over the same messages."""
     req = bpb.ReadRequest(journal=name, offset=0, end_offset=end, block=True)
@@ -188,7 +170,7 @@ async def baseline_rate(client: JournalClient, name: str, n: int, end: int) -> f
 async def throughput(
     client: JournalClient, etcd: EtcdServer, broker: BrokerProcess, tmp: Path, n: int
 ) -> tuple[float, float]:
-    await publish(client, "bench/in-tput", n)
+    await publish_pings(client, "bench/in-tput", n)
     head = await write_head(client, "bench/in-tput")
     base = max([await baseline_rate(client, "bench/in-tput", n, head) for _ in range(2)])
     say(f"throughput: baseline read-committed reader {base:,.0f} msg/s")
@@ -260,11 +242,8 @@ async def scaling(
             ]
         ),
     )
-    await publish(client, template, n)
-    head = await write_head(client, template)
-    req = bpb.ReadRequest(journal=template, offset=0, end_offset=head, block=True)
-    data = b"".join([resp.content async for resp in client.stub_for(template).Read(req)])
-    assert len(data) == head
+    await publish_pings(client, template, n)
+    data = await journal_bytes(client, template)
     # Each shard starts its own fusefs process before it is PRIMARY; none is started ahead to
     # replace it (~0.45 s of CPU each) while the shards are measured.
     procs = [

@@ -91,13 +91,11 @@ from typing import Any
 import grpc.aio
 from google.protobuf.duration_pb2 import Duration
 
-from gazette.broker.client import AppendService, JournalClient, append, apply_journals
-from gazette.broker.client.reader import write_head
+from gazette.broker.client import JournalClient, append, apply_journals
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
 from gazette.message import CONTENT_TYPE_JSON_LINES
-from gazette.message.publisher import Publisher
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.consumer import ConsumerProcess
 from gazette.testing.etcd import EtcdServer, free_port
@@ -107,7 +105,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 APPS = BENCH / "apps"
 sys.path.insert(0, str(APPS))
-from consumer_bench_app import Ping  # noqa: E402
+from pings import journal_bytes, publish_pings  # noqa: E402
 
 PEERS_VENV = Path(os.environ.get("PEERS_VENV", REPO / ".peers-venv"))
 PEER_PACKAGES = ("bytewax==0.21.*", "nats-py")
@@ -305,22 +303,11 @@ def shard_spec(sid: str) -> pb.ShardSpec:
 
 async def publish_input(client: JournalClient, n: int, file: Path) -> int:
     """Publish `n` Pings over `KEYS` keys to INPUT and copy its bytes to `file`; its head."""
-    async with AppendService(client) as svc:
-        pub = Publisher(svc)
-        mapping = lambda _m: (INPUT, CONTENT_TYPE_JSON_LINES)  # noqa: E731
-        for i in range(n):
-            pub.publish_committed(mapping, Ping(f"k{i % KEYS}", 0))
-            if i % 2000 == 0:
-                await asyncio.sleep(0)
-        await pub.barrier()
-    head = await write_head(client, INPUT)
-    req = bpb.ReadRequest(journal=INPUT, offset=0, end_offset=head, block=True)
-    with open(file, "wb") as f:
-        async for resp in client.stub_for(INPUT).Read(req):
-            f.write(resp.content)
-    lines = file.read_bytes().count(b"\n")
-    assert file.stat().st_size == head and lines == n, (file.stat().st_size, head, lines, n)
-    return head
+    await publish_pings(client, INPUT, n, KEYS)
+    data = await journal_bytes(client, INPUT)
+    file.write_bytes(data)
+    assert data.count(b"\n") == n, (data.count(b"\n"), n)
+    return len(data)
 
 
 async def statuses(stub: pb_grpc.ShardStub, sid: str) -> list[int]:
@@ -377,13 +364,17 @@ async def ours_round(
     return out
 
 
-def bytewax_round(py: Path, file: Path, recovery: Path) -> dict[str, float]:
-    cmd = [str(py), str(APPS / "peers_bytewax.py"), str(file), str(recovery)]
-    done = subprocess.run(cmd + ["--epoch", str(EPOCH_S)], capture_output=True, text=True)
+def run_peer(py: Path, script: str, *args: str) -> dict[str, Any]:
+    """Run bench/apps/`script` under the peers' interpreter; the JSON of its last line."""
+    done = subprocess.run([str(py), str(APPS / script), *args], capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"bytewax failed:\n{done.stderr[-3000:]}")
-    figures: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{script} failed:\n{done.stderr[-3000:]}")
+    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return figures
+
+
+def bytewax_round(py: Path, file: Path, recovery: Path) -> dict[str, float]:
+    return run_peer(py, "peers_bytewax.py", str(file), str(recovery), "--epoch", str(EPOCH_S))
 
 
 async def consumer_vs_bytewax(
@@ -637,12 +628,7 @@ async def ours_appends(
 
 
 def nats_appends(py: Path, url: str, stream: str, size: int, count: int) -> dict[str, Any]:
-    cmd = [str(py), str(APPS / "peers_nats.py"), url, stream, str(size), str(count)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"nats client failed:\n{done.stderr[-3000:]}")
-    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return figures
+    return run_peer(py, "peers_nats.py", url, stream, str(size), str(count))
 
 
 async def broker_vs_nats(
