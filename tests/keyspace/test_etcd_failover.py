@@ -330,11 +330,16 @@ async def test_a_broker_keeps_serving_and_its_lease_while_members_die(
 
             # The member the broker's client starts on, then the leader: each down for longer
             # than the broker's lease TTL (4 s), then back.
-            for victim in (0, cluster.leader()):
-                cluster.kill(victim)
-                await appends_for(6)
-                cluster.start(victim)
-                await appends_for(1)
+            try:
+                for victim in (0, cluster.leader()):
+                    cluster.kill(victim)
+                    await appends_for(6)
+                    cluster.start(victim)
+                    await appends_for(1)
+            except Exception as err:
+                err.add_note(f"broker exit status {broker.proc and broker.proc.poll()}; its log:")
+                err.add_note(broker.tail_log())
+                raise
 
             after = (await etcd.get(member_key)).kvs[0]
             assert (after.lease, after.create_revision) == (before.lease, before.create_revision)
