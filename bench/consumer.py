@@ -505,7 +505,7 @@ async def _run_in(args: argparse.Namespace, tmp: Path, n: int, seconds: float) -
         "target_4_shards_over_1": 1.8,
         "target_msgs_per_s": 50_000,
         "target_p99_ms": 50,
-        "target_handoff_s": 1.0,
+        "target_handoff_s": 0.5,
     }
 
 
