@@ -251,6 +251,9 @@ def gazctl_export_on(host: Host, master: str, etcd: str, brokers: list[str], to:
 PRIMARY, STANDBY = pb.ReplicaStatus.PRIMARY, pb.ReplicaStatus.STANDBY
 
 
+# About 4 minutes here (a Spark master, two workers and two drivers on 2 cores), near the
+# suite's 300 s default.
+@pytest.mark.timeout(600)
 def test_shards_export_on_a_standalone_cluster(
     tmp_path: Path, shared_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
