@@ -33,9 +33,12 @@ class Pong(JSONMessage):
 class Echo:
     def __init__(self) -> None:
         self.output = os.environ.get("ECHO_OUTPUT", "")
-        self.counts: dict[str, int] = {}
+        # The current transaction's counts, per shard: one instance serves every shard of
+        # its process, and their transactions interleave on the event loop.
+        self.counts: dict[str, dict[str, int]] = {}
 
     async def new_store(self, shard: Any, recovered: Any) -> RocksDBStore:
+        self.counts.pop(shard.id, None)  # A previous replica's uncommitted counts.
         return await RocksDBStore.from_recovered(recovered)
 
     def new_message(self, spec: Any) -> Ping:
@@ -43,7 +46,7 @@ class Echo:
 
     def consume_message(self, shard: Any, store: RocksDBStore, env: Any, pub: Any) -> None:
         msg: Ping = env.message
-        counts = self.counts
+        counts = self.counts.setdefault(shard.id, {})
         n = counts.get(msg.key)
         if n is None:
             raw = store.get(b"c" + msg.key.encode())
@@ -60,7 +63,7 @@ class Echo:
             for env in envs:
                 self.consume_message(shard, store, env, pub)
             return
-        counts = self.counts
+        counts = self.counts.setdefault(shard.id, {})
         for env in envs:
             key = env.message.key
             n = counts.get(key)
@@ -70,6 +73,5 @@ class Echo:
             counts[key] = n + 1
 
     def finalize_txn(self, shard: Any, store: RocksDBStore, pub: Any) -> None:
-        for key, n in self.counts.items():
+        for key, n in self.counts.pop(shard.id, {}).items():
             store.put(b"c" + key.encode(), str(n).encode())
-        self.counts.clear()
