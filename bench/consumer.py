@@ -22,8 +22,10 @@ each message exactly once) on this machine.
 3. Scaling with cores: 1, 2 and 4 shards, each reading its own journal of N Pings, spread
    by the allocator over one consumer process per core (the supported way to use a host's
    cores: several member processes); the shards are PRIMARY on empty journals before the
-   Pings land in all of them at once. Figures: the host's messages/s, each shard's, and
-   ``ratio_4_shards_over_1`` (the host's rate with 4 shards over its rate with 1).
+   Pings land in all of them at once. Figures: the host's messages/s, each shard's,
+   ``ratio_4_shards_over_1`` (the host's rate with 4 shards over its rate with 1), and
+   ``cpu_us_per_msg``: the CPU time meanwhile of each kind of process (consumer, fusefs
+   server, broker, etcd, this script's appends and Stat calls), per message.
 4. Hand-off: while (2) runs, the primary gets SIGTERM; the standby takes over. Figure: the
    longest gap between consecutive Pong arrivals around it (at 1k msg/s the normal gap is a
    transaction), and the time from SIGTERM until the standby reports PRIMARY.
@@ -199,6 +201,48 @@ async def throughput(
     return rate, base
 
 
+def tree_cpu() -> dict[int, tuple[str, float]]:
+    """This process and each living descendant: its role and its user + system CPU seconds
+    so far. The role is the module a Python process runs with ``-m``, the program's name of
+    any other (etcd), or else its parent's (a fusefs server's mount guardian)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    todo = [(os.getpid(), "bench")]
+    while todo:
+        pid, parent = todo.pop()
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            kids = [
+                int(k)
+                for task in Path(f"/proc/{pid}/task").iterdir()
+                for k in (task / "children").read_text().split()
+            ]
+        except OSError:
+            continue  # It exited.
+        if pid == os.getpid():
+            role = parent
+        elif len(argv) > 2 and argv[1] == "-m":
+            role = argv[2].removeprefix("gazette.").removesuffix(".main")
+        elif not os.path.basename(argv[0]).startswith("python"):
+            role = os.path.basename(argv[0])
+        else:
+            role = parent
+        out[pid] = (role, (int(fields[11]) + int(fields[12])) / tick)
+        todo += [(kid, role) for kid in kids]
+    return out
+
+
+def cpu_split(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], messages: int
+) -> dict[str, float]:
+    """CPU microseconds per message of each role between two `tree_cpu` readings."""
+    total: dict[str, float] = {}
+    for pid, (role, cpu) in after.items():
+        total[role] = total.get(role, 0.0) + cpu - before.get(pid, (role, 0.0))[1]
+    return {role: round(cpu * 1e6 / messages, 2) for role, cpu in sorted(total.items())}
+
+
 async def primary_endpoints(stub: pb_grpc.ShardStub, ids: list[str]) -> dict[str, str] | None:
     """Each shard's primary's endpoint, once every one of `ids` has a PRIMARY (else None)."""
     try:
@@ -265,6 +309,7 @@ async def scaling(
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"shards {ids} did not all become PRIMARY")
                     await asyncio.sleep(0.01)
+                cpu0 = tree_cpu()
                 t0 = time.perf_counter()
 
                 async def through(
@@ -278,6 +323,7 @@ async def scaling(
                     return time.perf_counter() - t0
 
                 times = await asyncio.gather(*(through(sid, endpoints[sid]) for sid in ids))
+                cpu = cpu_split(cpu0, tree_cpu(), count * n)
                 per_shard = sorted(round(n / t) for t in times)
                 host = count * n / max(times)
                 out[f"shards_{count}"] = {
@@ -286,8 +332,10 @@ async def scaling(
                     "shards_per_process": sorted(
                         collections.Counter(endpoints.values()).values(), reverse=True
                     ),
+                    "cpu_us_per_msg": cpu,
                 }
                 say(f"scaling: {count} shard(s): host {host:,.0f} msg/s, per shard {per_shard}")
+                say(f"  CPU µs per message: {cpu}")
                 req = pb.ApplyRequest(
                     changes=[
                         pb.ApplyRequest.Change(delete=sid, expect_mod_revision=-1) for sid in ids
