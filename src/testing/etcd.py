@@ -10,6 +10,12 @@ A member may serve its clients over TLS (`EtcdTLS`: etcd's ``--cert-file``, ``--
 and with client-certificate authentication ``--client-cert-auth --trusted-ca-file``); its
 endpoint is then ``https://``, and this module's own checks use the same files. Peers talk
 plaintext among themselves.
+
+Temporary data directories are made in memory (/dev/shm) when it has room: etcd syncs its
+write-ahead log on every write, and on a disk shared with a busy test run a sync can stall
+for seconds. A stalled etcd 3.4 leader may then miss lease renewals and revoke leases, so a
+short-TTL process under test would be fenced for a reason that is not the code under test.
+Tests that need etcd on a disk pass their own `data_dir` / `directory`.
 """
 
 from __future__ import annotations
@@ -39,6 +45,22 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+_MEMORY_DIR = Path("/dev/shm")
+_MEMORY_ROOM = 1 << 30  # etcd preallocates 64 MiB log segments; several members run at once
+
+
+def scratch_dir() -> str | None:
+    """Where temporary etcd data directories go: /dev/shm if it is writable and has room,
+    else None (the system's temporary directory)."""
+    try:
+        st = os.statvfs(_MEMORY_DIR)
+    except OSError:
+        return None
+    if st.f_bavail * st.f_frsize < _MEMORY_ROOM or not os.access(_MEMORY_DIR, os.W_OK):
+        return None
+    return str(_MEMORY_DIR)
 
 
 def _etcd_binary() -> str:
@@ -173,7 +195,7 @@ class EtcdServer:
         if self.running:
             return
         if self.data_dir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="etcd-")
+            self._tmp = tempfile.TemporaryDirectory(prefix="etcd-", dir=scratch_dir())
             self.data_dir = Path(self._tmp.name)
         self.client_port = self.client_port or free_port(self.host)
         self.peer_port = self.peer_port or free_port(self.host)
@@ -320,7 +342,7 @@ class EtcdCluster:
         self._own_ports = members is None
         if members is None:
             if directory is None:
-                self._tmp = tempfile.TemporaryDirectory(prefix="etcd-cluster-")
+                self._tmp = tempfile.TemporaryDirectory(prefix="etcd-cluster-", dir=scratch_dir())
                 directory = Path(self._tmp.name)
             members = loopback_members(size, directory, host, tls)
         self.members = list(members)
