@@ -270,12 +270,30 @@ def _with_cwd(pythonpath: str) -> str:
     return os.pathsep.join([os.getcwd(), *(p for p in pythonpath.split(os.pathsep) if p)])
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Help that ends each option's text with its default, as the other commands' help does,
+    unless the default says nothing (None, empty, a flag off) or the text states it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or "default" in text
+            or default is None
+            or default is False
+            or default in ("", [], argparse.SUPPRESS)
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gazette-dev",
         description="Run etcd, brokers and (with --app) consumers of an application on free "
         "loopback ports until Ctrl-C, applying journal and shard specs.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     p.add_argument("--brokers", type=int, default=1, help="brokers to run")
     p.add_argument(
@@ -285,7 +303,11 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         help="journal specs to apply (gazctl journals apply); repeatable",
     )
-    p.add_argument("--app", default="", help="consumer application, package.module:Name")
+    p.add_argument(
+        "--app",
+        default="",
+        help="consumer application, package.module:Name; without it, no consumers run",
+    )
     p.add_argument("--consumers", type=int, default=1, help="consumers of --app to run")
     p.add_argument("--root", default=CONSUMER_ROOT, help="etcd root of the application's consumers")
     p.add_argument(

@@ -1,6 +1,7 @@
-"""The consumer's configuration as a user meets it: defaults shown by ``--help``, ports beside
-a quickstart's brokers, the root said at start, the cap on hot standbys, and an
-application's own settings (its ``Config``) from flags, environment and a file."""
+"""The consumer's configuration as a user meets it: defaults shown by ``--help`` (the
+broker's and ``gazette-dev``'s too), ports beside a quickstart's brokers, the root said at
+start, the cap on hot standbys, and an application's own settings (its ``Config``) from
+flags, environment and a file."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from gazette.consumer.config import parse_args as consumer_args
 from gazette.consumer.main import ConsumerProcess, ConsumerStartupError, load_application
 from gazette.consumer.protocol import pb
 from gazette.consumer.spec import desired_replication
+from gazette.testing.devcluster import main as dev_main
 from gazette.testing.pytest_plugin import GazetteCluster
 from tests.consumer.settings_app import TunedCounter
 from tests.consumer.support import COUNTER, json_journal, recovery_log
@@ -73,6 +75,24 @@ def test_broker_help_shows_the_defaults(
         assert shown in text
     # A text that states its default itself is not given a second one.
     assert "(default off: replication is durability) (default" not in text
+
+
+def test_dev_cluster_help_shows_the_defaults_that_say_something(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = help_of(dev_main, ["--help"], capsys)
+    for shown in (
+        "brokers to run (default: 1)",
+        "consumers of --app to run (default: 1)",
+        "etcd root of the application's consumers (default: /gazette/consumers/app)",
+        "kept at the stop (default: a new one under the temporary directory)",
+    ):
+        assert shown in text
+    # No default that says nothing: an absent --app, no --dir, repeatables given none, a
+    # flag off; and --dir's text, which states its default, is not given a second one.
+    for noise in ("(default: )", "(default: None)", "(default: [])", "(default: False)"):
+        assert noise not in text
+    assert text.count("(default") == 4
 
 
 def test_consumer_ports_are_not_the_quickstart_brokers(monkeypatch: pytest.MonkeyPatch) -> None:
