@@ -20,14 +20,26 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_quick_fault_schedule_passes() -> None:
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, str(ROOT / "tools" / "cluster" / "run.py"), "--quick"],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=280,
     )
-    lines = proc.stdout.strip().splitlines()
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    try:
+        stdout, stderr = proc.communicate(timeout=280)
+    except subprocess.TimeoutExpired:
+        # SIGTERM first: the runner's Net tears its hosts down on it (namespaces, mounts,
+        # processes); SIGKILL would leave them to the next Net's cleanup.
+        proc.terminate()
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        pytest.fail(f"the quick run took over 280 s:\n{stdout[-6000:]}{stderr[-3000:]}")
+    lines = stdout.strip().splitlines()
+    assert proc.returncode == 0, stdout[-6000:] + stderr[-3000:]
     summary = json.loads(lines[-1])
     assert summary["ok"] is True
     faults = {f["fault"]: f for f in summary["faults"]}

@@ -1,13 +1,17 @@
 """Appends numbered records to one journal at a steady rate and logs each acknowledgement.
 
 Usage: python tools/cluster/appender.py --broker IP:8080,... --journal NAME --log ACKS.jsonl
-       [--rate 20] [--run ID]
+       [--rate 20] [--run ID] [--max-seconds 3600]
 
 Each append is one record (`ack_check.record`), retried until acknowledged, one at a time;
 the acknowledgement's offsets are then logged (`ack_check.Ack`, flushed at once) so that a
-later read can check the record is still there. Runs until SIGTERM or SIGINT, finishing the
-append in flight. Runs from the runner's own namespace, a client of every broker, so that no
-fault on a host stops it.
+later read can check the record is still there. Runs from the runner's own namespace, a
+client of every broker, so that no fault on a host stops it.
+
+It stops on SIGTERM or SIGINT, finishing the append in flight. It also stops, abandoning the
+append in flight (whose acknowledgement is then not logged, so not checked), after
+`--max-seconds`, or once its parent is gone (its parent pid changed): a runner killed
+outright, whose brokers went with it, must not leave an appender retrying for ever.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import secrets
 import signal
 import sys
@@ -27,30 +32,61 @@ from gazette.broker.client.appender import append
 from gazette.broker.client.journal_client import JournalClient
 from gazette.broker.protocol import pb
 
+PARENT_POLL_S = 0.5
 
-async def run(brokers: list[str], journal: str, log_path: Path, rate: float, run_id: str) -> int:
+
+async def run(
+    brokers: list[str], journal: str, log_path: Path, rate: float, run_id: str, max_s: float
+) -> tuple[int, str]:
+    """Append until stopped; the count acknowledged and why it stopped."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    seq = 0
-    t0 = time.monotonic()
-    async with JournalClient(brokers) as client:
+    parent = os.getppid()
+    acked = 0
+
+    async def appending(client: JournalClient) -> None:
+        nonlocal acked
+        t0 = time.monotonic()
         with open(log_path, "a") as out:
             while not stop.is_set():
-                seq += 1
-                id = f"{run_id}-{seq:07d}"
+                id = f"{run_id}-{acked + 1:07d}"
                 resp = await append(client, pb.AppendRequest(journal=journal), record(id))
                 ack = Ack(id, resp.commit.begin, resp.commit.end, time.time())
                 out.write(ack.to_json() + "\n")
                 out.flush()
-                ahead = t0 + seq / rate - time.monotonic()
+                acked += 1
+                ahead = t0 + acked / rate - time.monotonic()
                 if ahead > 0:
                     try:
                         await asyncio.wait_for(stop.wait(), ahead)
                     except TimeoutError:
                         pass
-    return seq
+
+    deadline = time.monotonic() + max_s
+    why = "stopped by a signal"
+    async with JournalClient(brokers) as client:
+        task = asyncio.create_task(appending(client))
+        try:
+            while not task.done():
+                await asyncio.wait([task], timeout=PARENT_POLL_S)
+                if os.getppid() != parent:
+                    why = f"parent {parent} gone"
+                elif time.monotonic() > deadline:
+                    why = f"--max-seconds {max_s:g} reached"
+                else:
+                    continue
+                task.cancel()
+                break
+        finally:
+            if not task.done():
+                task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+    return acked, why
 
 
 def main() -> int:
@@ -60,11 +96,14 @@ def main() -> int:
     p.add_argument("--log", type=Path, required=True, help="acknowledgements (JSON lines)")
     p.add_argument("--rate", type=float, default=20.0, help="appends per second at most")
     p.add_argument("--run", default=secrets.token_hex(4), help="prefix of the record ids")
+    p.add_argument("--max-seconds", type=float, default=3600.0, help="stop after this long at most")
     args = p.parse_args()
     logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s %(message)s")
     brokers = [b.strip() for b in args.broker.split(",") if b.strip()]
-    n = asyncio.run(run(brokers, args.journal, args.log, args.rate, args.run))
-    print(f"appender run={args.run}: {n} appends acknowledged", flush=True)
+    n, why = asyncio.run(
+        run(brokers, args.journal, args.log, args.rate, args.run, args.max_seconds)
+    )
+    print(f"appender run={args.run}: {n} appends acknowledged; {why}", flush=True)
     return 0
 
 

@@ -89,12 +89,12 @@ class Runner:
         path = [str(STREAM_SUM), os.environ.get("PYTHONPATH", "")]
         return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
 
-    def start_appender(self) -> None:
+    def start_appender(self, max_s: float) -> None:
         self.acks_log.touch()
         self.appender = subprocess.Popen(
             [sys.executable, str(Path(__file__).parent / "appender.py"),
              "--broker", self.cluster.brokers_arg(), "--journal", ACK_JOURNAL,
-             "--log", str(self.acks_log), "--rate", "20"],
+             "--log", str(self.acks_log), "--rate", "20", "--max-seconds", f"{max_s:.0f}"],
             stdout=open(self.work / "appender.log", "ab"),
             stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -254,7 +254,9 @@ def main() -> int:
         try:
             cluster.up(timeout=args.timeout)
             say(f"cluster converged in {time.monotonic() - t0:.1f}s; faults: {', '.join(plan)}")
-            runner.start_appender()
+            # Bounded by the worst case of every trial (start, fault, convergence, chunker,
+            # verifier, ack read), should the runner fail to stop it.
+            runner.start_appender(len(plan) * (6 * args.timeout + 120))
             for i, name in enumerate(plan):
                 say(f"trial {i + 1}/{len(plan)}: {name}")
                 results.append(runner.trial(i, name))
