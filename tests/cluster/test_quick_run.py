@@ -47,3 +47,6 @@ def test_quick_fault_schedule_passes() -> None:
     for f in faults.values():
         assert f["streams_verified"] == f["streams_expected"] > 0
         assert f["violations"] == 0 and f["acks_lost"] == 0 and f["acks_checked"] > 0
+    # The isolated host's broker and summer were cut off past their leases, and fenced.
+    isolated = faults["isolate-host"]
+    assert isolated["zombies"] == 2 and isolated["zombies_fenced"] == 2, isolated

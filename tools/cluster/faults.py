@@ -3,16 +3,19 @@
 A fault picks its victims from the cluster's state as it is when injected (the primary of the
 acknowledged journal, the summer holding most shard primaries, the etcd leader), applies
 itself, and holds: past the lease TTL when the point is that leases expire and work moves.
-`inject` returns the victims and the heal; the runner times recovery from the heal.
+`inject` returns the victims and the heal; the runner times recovery from the heal. Faults
+that leave processes running without their leases (a host cut off or paused past the TTL)
+also return those processes as they were before (`Suspect`): after convergence the runner
+checks each zombie was fenced.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from node_cluster import ACK_JOURNAL, ClusterError, NodeCluster
+from node_cluster import ACK_JOURNAL, ClusterError, NodeCluster, Suspect
 
 from gazette.testing.netns import Host
 
@@ -21,6 +24,7 @@ from gazette.testing.netns import Host
 class Injected:
     victims: str
     heal: Callable[[], None]
+    suspects: list[Suspect] = field(default_factory=list)
 
 
 def _hold(c: NodeCluster, ttls: float) -> None:
@@ -99,9 +103,10 @@ def summers_restart(c: NodeCluster) -> Injected:
 
 def isolate_host(c: NodeCluster) -> Injected:
     victim = _serving_host(c)
+    suspects = c.suspects(victim)
     c.net.isolate(victim)
     _hold(c, 2)
-    return Injected(victim.name, lambda: c.net.heal(victim))
+    return Injected(victim.name, lambda: c.net.heal(victim), suspects)
 
 
 def split_2_3(c: NodeCluster) -> Injected:
@@ -132,9 +137,10 @@ def isolate_etcd_leader(c: NodeCluster) -> Injected:
 
 def pause_host(c: NodeCluster) -> Injected:
     victim = _serving_host(c)
+    suspects = c.suspects(victim)
     victim.pause()
     _hold(c, 2)
-    return Injected(victim.name, victim.resume)
+    return Injected(victim.name, victim.resume, suspects)
 
 
 ACTIONS: dict[str, Callable[[NodeCluster], Injected]] = {

@@ -37,6 +37,7 @@ from gazette.broker.client.list import list_all_journals
 from gazette.broker.protocol import pb
 from gazette.consumer.protocol import consumer_pb2_grpc
 from gazette.consumer.protocol import pb as cpb
+from gazette.mainboilerplate.process import EXIT_LEASE_LOST
 from gazette.testing.netns import Host, Net
 from gazette.testing.s3 import MotoS3Server
 
@@ -53,6 +54,9 @@ BUCKET = "fragments"
 BROKER_ROOT = "/gazette/cluster"
 SUMMER_ROOT = "/gazette/consumers/stream-sum"
 """The etcd roots the node script gives brokers and summers (members under ``/members/``)."""
+MEMBER_ROLES = {"broker": (BROKER_ROOT, "broker"), "summer": (SUMMER_ROOT, "stream-sum")}
+"""Roles that hold a lease: their etcd root and the prefix of the suffix the node script
+gives them (``PREFIX-NODE``)."""
 
 ACK_JOURNAL = "cluster/acks"
 ACK_SPEC = """\
@@ -87,6 +91,24 @@ class Settings:
 
 class ClusterError(RuntimeError):
     """A process did not start, a one-shot failed, or the cluster did not converge."""
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """A lease-holding process a fault may turn into a zombie (paused or cut off past its
+    lease TTL), as it was when the fault was injected."""
+
+    host: str
+    role: str
+    proc: subprocess.Popen[bytes]
+    key: str
+    """Its member key in etcd."""
+    lease: int | None
+    """The lease its key carried (None: not read)."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}@{self.host}"
 
 
 class NodeCluster:
@@ -290,28 +312,71 @@ class NodeCluster:
             return None
         return int(st["header"]["member_id"]), int(st.get("leader", 0))
 
-    def member_count(self, root: str) -> int | None:
-        """How many members (processes holding a lease) are announced under `root`, as the
-        first etcd member that answers counts them; None if none does."""
-        prefix = f"{root}/members/".encode()
-        end = prefix[:-1] + bytes([prefix[-1] + 1])
+    def _etcd_range(self, request: dict[str, object]) -> dict[str, object] | None:
+        """A Range through etcd's JSON gateway, answered by the first member that does
+        (keys base64-encoded as the gateway wants them); None if none does."""
         body = json.dumps(
-            {
-                "key": base64.b64encode(prefix).decode(),
-                "range_end": base64.b64encode(end).decode(),
-                "count_only": True,
-            }
-        ).encode()
+            {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v
+             for k, v in request.items()}
+        ).encode()  # fmt: skip
         for h in self.etcd_hosts:
             if h.name in self.net._isolated:
                 continue
             req = urllib.request.Request(f"http://{h.address}:{ETCD_PORT}/v3/kv/range", body)
             try:
                 with urllib.request.urlopen(req, timeout=2) as resp:
-                    return int(json.loads(resp.read()).get("count", 0))
+                    answer = json.loads(resp.read())
             except (OSError, ValueError):
                 continue
+            if isinstance(answer, dict):
+                return answer
         return None
+
+    def member_count(self, root: str) -> int | None:
+        """How many members (processes holding a lease) are announced under `root`, as the
+        first etcd member that answers counts them; None if none does."""
+        prefix = f"{root}/members/".encode()
+        end = prefix[:-1] + bytes([prefix[-1] + 1])
+        answer = self._etcd_range({"key": prefix, "range_end": end, "count_only": True})
+        return None if answer is None else int(str(answer.get("count", 0)))
+
+    def member_key(self, host: Host, role: str) -> str:
+        root, prefix = MEMBER_ROLES[role]
+        return f"{root}/members/{self.env(host)['GAZETTE_ZONE']}#{prefix}-{host.name}"
+
+    def member_lease(self, key: str) -> int | None:
+        """The lease `key` carries (0: the key is absent); None if no etcd member answered."""
+        answer = self._etcd_range({"key": key.encode()})
+        if answer is None:
+            return None
+        kvs = answer.get("kvs") or []
+        assert isinstance(kvs, list)
+        return int(kvs[0].get("lease", 0)) if kvs else 0
+
+    def suspects(self, host: Host) -> list[Suspect]:
+        """The lease-holding processes running on `host`, with their leases as of now."""
+        out = []
+        for role in MEMBER_ROLES:
+            proc = self.procs.get((host.name, role))
+            if proc is not None and proc.poll() is None:
+                key = self.member_key(host, role)
+                out.append(Suspect(host.name, role, proc, key, self.member_lease(key)))
+        return out
+
+    def fenced(self, suspect: Suspect) -> tuple[bool, str]:
+        """Whether `suspect` was fenced after its fault, and how it shows: it exited with the
+        lease-lost status, or it exited otherwise and its member key now carries a lease
+        other than the one it held (its own ended; its restarted process announced itself
+        anew). A process still running was not fenced: its lease outlived the fault. Call it
+        after convergence, which a zombie still running would have held up."""
+        rc = suspect.proc.poll()
+        if rc == EXIT_LEASE_LOST:
+            return True, f"{suspect.name} exited {rc} (lease lost)"
+        if rc is None:
+            return False, f"{suspect.name} still runs: its lease {suspect.lease} outlived the fault"
+        now = self.member_lease(suspect.key)
+        fenced = bool(suspect.lease and now and now != suspect.lease)
+        return fenced, f"{suspect.name} exited {rc}; its key's lease was {suspect.lease}, is {now}"
 
     def etcd_leader(self) -> Host | None:
         """The host of the member the answering members agree leads, if they do."""

@@ -8,10 +8,11 @@ Builds five hosts (`node_cluster.Layout`) with every process started by the node
 then starts an appender logging each acknowledged append to a replication-3 journal, and for
 each fault of the schedule (`fault_schedule`): starts a bounded stream-sum chunker, injects
 the fault (`faults`), heals it, waits until every journal and shard has its full replica set
-again (timing it), waits for the chunker, runs the stream-sum verifier over the streams it
+again (timing it), checks that the processes the fault cut off or paused past their lease
+were fenced, waits for the chunker, runs the stream-sum verifier over the streams it
 finished, and checks that every append acknowledged so far is still at its offsets. Prints a
-table and a final JSON line; exits 1 on any violation, lost append or failure. The Net is
-torn down whatever happens.
+table and a final JSON line; exits 1 on any violation, lost append, zombie not fenced or
+failure. The Net is torn down whatever happens.
 """
 
 from __future__ import annotations
@@ -186,6 +187,11 @@ class Runner:
             except ClusterError as err:
                 say(f"  {err}")
                 result.failures.append(str(err))
+            result.zombies = len(injected.suspects)
+            for suspect in injected.suspects:
+                fenced, how = self.cluster.fenced(suspect)
+                result.zombies_fenced += fenced
+                say(f"  {'fenced' if fenced else 'NOT FENCED'}: {how}")
             try:
                 rc = chunker.wait(self.timeout * 2)
                 if rc != 0:

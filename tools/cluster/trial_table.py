@@ -1,10 +1,11 @@
 """The outcome of each fault's trials, as a table and a JSON summary (no I/O).
 
 A trial is one injection of a fault with its checks: the stream-sum verifier over the
-streams chunked during it, the acknowledged appends still readable where acknowledged, and
-the time from healing until every journal and shard had its full replica set again. A run
-fails if any trial found a violation, a lost append, or a failure (a process that did not
-come back, a chunker that gave up, a cluster that did not converge).
+streams chunked during it, the acknowledged appends still readable where acknowledged, the
+zombies the fault made (processes cut off or paused past their lease TTL) fenced, and the
+time from healing until every journal and shard had its full replica set again. A run fails
+if any trial found a violation, a lost append, a zombie not fenced, or a failure (a process
+that did not come back, a chunker that gave up, a cluster that did not converge).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ class TrialResult:
     """The violations by kind: a missing sum (a shard that stopped) is not a duplicate."""
     acks_checked: int = 0
     acks_lost: int = 0
+    zombies: int = 0
+    """Lease-holding processes the fault cut off or paused past their TTL (0: it made none)."""
+    zombies_fenced: int = 0
+    """Of those, the ones found fenced after convergence (exited with the lease-lost status,
+    or their member key carrying a new lease)."""
     recovery_s: float | None = None
     """Seconds from healing to convergence (None: it did not converge)."""
     append_stall_s: float = 0.0
@@ -36,6 +42,7 @@ class TrialResult:
         return (
             self.violations == 0
             and self.acks_lost == 0
+            and self.zombies_fenced == self.zombies
             and self.recovery_s is not None
             and not self.failures
         )
@@ -53,6 +60,8 @@ class FaultSummary:
     violation_kinds: dict[str, int]
     acks_checked: int
     acks_lost: int
+    zombies: int
+    zombies_fenced: int
     recovery_s: float | None
     append_stall_s: float
     failures: int
@@ -62,6 +71,7 @@ class FaultSummary:
         return (
             self.violations == 0
             and self.acks_lost == 0
+            and self.zombies_fenced == self.zombies
             and self.recovery_s is not None
             and self.failures == 0
         )
@@ -90,6 +100,8 @@ def summarize(results: Sequence[TrialResult]) -> list[FaultSummary]:
                 violation_kinds=_sum_kinds(r.violation_kinds for r in rs),
                 acks_checked=max(r.acks_checked for r in rs),
                 acks_lost=max(r.acks_lost for r in rs),
+                zombies=sum(r.zombies for r in rs),
+                zombies_fenced=sum(r.zombies_fenced for r in rs),
                 recovery_s=None if None in times else max(t for t in times if t is not None),
                 append_stall_s=max(r.append_stall_s for r in rs),
                 failures=sum(len(r.failures) for r in rs),
@@ -112,6 +124,7 @@ HEADER = (
     "streams verified",
     "exactly-once violations",
     "acked appends lost",
+    "zombies fenced",
     "recovery (s)",
     "append stall (s)",
     "failures",
@@ -126,6 +139,7 @@ def _row(s: FaultSummary) -> tuple[str, ...]:
         f"{s.streams_verified}/{s.streams_expected}",
         _violations(s),
         f"{s.acks_lost}/{s.acks_checked}",
+        f"{s.zombies_fenced}/{s.zombies}" if s.zombies else "-",
         recovery,
         f"{s.append_stall_s:.1f}",
         str(s.failures),
