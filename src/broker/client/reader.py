@@ -113,10 +113,11 @@ class Reader:
         Waits for the broker when nothing is buffered (indefinitely for a blocking request at
         the write head). Returns b"" when the Reader has ended (see the module docstring).
         Raises a `BrokerError` subclass for a non-OK status (`OffsetNotYetAvailable` at the
-        write head of a non-blocking read), `grpc.aio.AioRpcError` when the RPC fails in
-        transport, and `FragmentCorrupted` / OSError when a direct fragment read fails; after
-        any error the Reader has ended. If `read` is cancelled, the RPC is cancelled and the
-        Reader ends; content already returned stays accounted for in `offset`.
+        write head of a non-blocking read), `grpc.aio.AioRpcError` (or a raw gRPC core
+        `grpc.aio.InternalError`) when the RPC fails in transport, and `FragmentCorrupted` /
+        OSError when a direct fragment read fails; after any error the Reader has ended. If
+        `read` is cancelled, the RPC is cancelled and the Reader ends; content already
+        returned stays accounted for in `offset`.
         """
         if n == 0:
             return b""
@@ -167,7 +168,7 @@ class Reader:
 
             try:
                 resp = await self._call.read()
-            except grpc.aio.AioRpcError:
+            except (grpc.aio.AioRpcError, grpc.aio.InternalError):
                 self.client.invalidate_route(self.request.journal)
                 raise
             if not isinstance(resp, pb.ReadResponse):  # grpc.aio.EOF: the broker closed.

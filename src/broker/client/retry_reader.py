@@ -2,11 +2,13 @@
 
 A `RetryReader` wraps successive `Reader`s. When a Read RPC ends (the broker closed it, a
 directly read fragment is exhausted) or fails in a way that a retry can fix (transport errors
-such as a broker being killed; NOT_JOURNAL_BROKER, NO_JOURNAL_PRIMARY_BROKER and other routing
-statuses while the cluster converges), it starts a new RPC at the current offset, backing off
-between failed attempts. Errors a retry cannot fix surface to the caller: OffsetNotYetAvailable
-for non-blocking reads at the write head, JournalNotFound (after a few attempts, to ride out a
-just-created journal), Suspended, FragmentCorrupted, and non-transient gRPC errors.
+such as a broker being killed, whether gRPC ends the call with a status or fails its
+operations raw with a core `InternalError`; NOT_JOURNAL_BROKER, NO_JOURNAL_PRIMARY_BROKER and
+other routing statuses while the cluster converges), it starts a new RPC at the current
+offset, backing off between failed attempts. Errors a retry cannot fix surface to the caller:
+OffsetNotYetAvailable for non-blocking reads at the write head, JournalNotFound (after a few
+attempts, to ride out a just-created journal), Suspended, FragmentCorrupted, and non-transient
+gRPC errors.
 
 Offset jumps are surfaced, not hidden: each one (other than the initial jump of a read from
 the write head, offset -1) increments `jump_count` and is passed to the `on_jump` callback.
@@ -166,7 +168,9 @@ class RetryReader:
                     self._restart()
                     raise
                 err = e
-            except grpc.aio.AioRpcError as e:
+            except (grpc.aio.AioRpcError, grpc.aio.InternalError) as e:
+                # A dying broker can make gRPC core fail the call's operations raw
+                # (``ExecuteBatchError``) rather than end it with a status.
                 if not is_transient_rpc_error(e):
                     self._restart()
                     raise
