@@ -1,8 +1,9 @@
 """The node provisioning (vagrant/): `gazette-node ROLE --print` gives each role's command
 lines from the environment and names a missing variable; the systemd units verify and run
-`gazette-node`; `install.sh` parses and passes shellcheck. Marked
-`cluster`: every role started through `gazette-node` on namespace hosts, the specs applied by
-its one-shots, and a stream-sum load verified exactly once."""
+`gazette-node`; `install.sh` passes shellcheck and, run as root into a scratch root, lays
+down a node whose `node.env` gives every role the command line the namespace cluster gives
+it. Marked `cluster`: every role started through `gazette-node` on namespace hosts, the
+specs applied by its one-shots, and a stream-sum load verified exactly once."""
 
 from __future__ import annotations
 
@@ -252,6 +253,80 @@ def test_install_script_parses() -> None:
 def test_install_script_passes_shellcheck() -> None:
     r = subprocess.run(["shellcheck", str(INSTALL)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
+
+
+INSTALLED_PYTHON = "/opt/gazette/venv/bin/python"
+INSTALLED_EXAMPLES = "/opt/gazette/examples"
+ROLES = [*DAEMONS, "apply-journals", "apply-shards"]
+
+
+def environment_file(text: str) -> dict[str, str]:
+    """The variables of an EnvironmentFile as systemd reads them, for the form install.sh
+    writes: comments and blank lines skipped, ``KEY="value"`` with the quotes removed. A
+    line outside that form (where systemd's reading would need its escapes and
+    continuations) fails the test."""
+    out = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith(("#", ";")):
+            continue
+        m = re.fullmatch(r'([A-Za-z_][A-Za-z0-9_]*)="([^"\\]*)"', line)
+        assert m, f'not a plain KEY="value" line: {line!r}'
+        out[m[1]] = m[2]
+    return out
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("nsenter"),
+    reason="install.sh runs as root; the namespace cluster's hosts need iproute2 and nsenter",
+)
+def test_install_lays_down_the_node_the_namespace_cluster_runs(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "tools" / "cluster"))
+    from node_cluster import Layout, NodeCluster, Settings
+
+    from gazette.testing.netns import Net
+
+    with Net(Layout().hosts, directory=tmp_path) as net:
+        host = net.hosts[Layout().summers[0]]  # An etcd member, a broker and a summer.
+        contract = NodeCluster(net, Layout(), Settings()).env(host)
+    # What the VM has elsewhere: install.sh decides where the package and examples are.
+    installed = {"GAZETTE_PYTHON": INSTALLED_PYTHON, "GAZETTE_EXAMPLES": INSTALLED_EXAMPLES}
+    passed = {k: v for k, v in contract.items() if k != "PATH" and k not in installed}
+    dest = tmp_path / "root"
+    roles = ["etcd", "broker", "summer"]
+    argv = ["bash", str(INSTALL), "--repo", str(REPO), "--roles", " ".join(roles),
+            "--dest", str(dest), *(f"{k}={v}" for k, v in passed.items())]  # fmt: skip
+
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stdout + first.stderr
+
+    script = dest / "usr/local/bin/gazette-node"
+    assert script.read_bytes() == NODE.read_bytes() and script.stat().st_mode & 0o777 == 0o755
+    for app in ("stream-sum", "word-count"):
+        diff = subprocess.run(
+            ["diff", "-qr", "--exclude=__pycache__", REPO / "examples" / app,
+             dest / "opt/gazette/examples" / app],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert diff.returncode == 0, diff.stdout
+    unit_dir = dest / "etc/systemd/system"
+    assert sorted(p.name for p in unit_dir.iterdir()) == sorted(
+        f"gazette-{r}.service" for r in roles
+    )
+    for unit in unit_dir.iterdir():
+        assert unit.read_bytes() == (UNITS / unit.name).read_bytes()
+    env_file = dest / "etc/gazette/node.env"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    node_env = environment_file(env_file.read_text())
+    assert node_env == {**passed, **installed}
+
+    for role in ROLES:
+        on_vm = node(role, "--print", env={**node_env, "PATH": contract["PATH"]})
+        on_host = node(role, "--print", env={**contract, **installed})
+        assert on_vm.returncode == 0 and on_host.returncode == 0, on_vm.stderr + on_host.stderr
+        assert on_vm.stdout == on_host.stdout
+
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "updated" not in again.stdout, again.stdout + again.stderr
 
 
 def test_vagrantfile_roles_have_units() -> None:
