@@ -23,7 +23,7 @@ class Fault:
 FAULTS: tuple[Fault, ...] = (
     Fault(
         "etcd-crash",
-        "SIGKILL one etcd member, restart it on its data: brokers and summers fail over to "
+        "SIGKILL the etcd leader, restart it on its data: brokers and summers fail over to "
         "the other members and keep their leases.",
     ),
     Fault(
