@@ -4,15 +4,17 @@ The page's fenced blocks say what they are in their info strings (the markup com
 top of the page): files are written into a new directory, `run` blocks run there with bash
 and the real programs of this virtualenv (``gazette-dev`` in the background), the `paste`
 block takes its values from what ``gazette-dev`` printed, and `output` blocks are compared
-exactly. The install block is the only one skipped. Beside the outputs shown, the test checks
+exactly. The install block is the only one skipped. The page's own test (its ``pytest``
+block) must pass, every test of the file it names. Beside the outputs shown, the test checks
 what the page claims, computed from the events its publish block appends: each key's count
 queried through both consumers (a shard's primary is on one of them, so the other forwards),
 each shard read its partition through, every update published once and read committed, and
 the exported rows.
 
 The Spark export runs here, on ``local[1]``, rather than being left to an opt-in mark: the
-whole test took 54-56 s on this 2-core machine, and the export alone 74-130 s by hand while
-the machine was loaded (load average 9), most of it Spark's start and planning.
+whole test took 173 s on this 2-core machine while it was loaded (load average 6-11), the
+page's pytest 19-44 s of it (load 5-14: two consumers start, one is killed), and the export
+alone 74-130 s by hand (load 9), most of it Spark's start and planning.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ UUID_LENGTH = 36
 START_TIMEOUT = 240.0
 RUN_TIMEOUT = 120.0
 EXPORT_TIMEOUT = 420.0
+PYTEST_TIMEOUT = 300.0
 POLL_TIMEOUT = 60.0
 ROLES = ("file", "run", "paste", "output", "example", "skip")
 
@@ -250,6 +253,25 @@ def expected_export(published: Published) -> str:
     return f"{rows}\n"
 
 
+def check_pytest(block: Block, project: Path, out: str, example: Block | None) -> None:
+    """`pytest` of the page ran every test of the file it names, and all passed, as the
+    example after it shows (but for the seconds and the padding)."""
+    files = [w for w in shlex.split(block.text) if w.endswith(".py")]
+    assert len(files) == 1, f"line {block.line}: name the test file: {block.text}"
+    tests = re.findall(r"^(?:async )?def test_", (project / files[0]).read_text(), re.M)
+    assert tests, f"line {block.line}: no test in {files[0]}"
+    summary = out.strip().splitlines()[-1]
+    assert re.fullmatch(rf"{len(tests)} passed in [\d.]+s(?: \([\d:]+\))?", summary), out
+
+    def shape(line: str) -> str:
+        return re.sub(r"\s+", " ", re.sub(r"[\d.]+s\b", "Ns", line)).strip()
+
+    assert example is not None, f"line {block.line}: show what pytest prints"
+    shapes = {shape(line) for line in out.splitlines()}
+    for line in example.text.splitlines():
+        assert shape(line) in shapes, f"line {example.line}: {line!r} not in\n{out}"
+
+
 def check_printed(example: Block, printed: str) -> None:
     """The lines the page shows of what `gazette-dev` prints are there, but for the ports
     and directories of this run."""
@@ -330,6 +352,10 @@ def test_writing_an_app(tmp_path: Path) -> None:
                 elif "--committed" in text:
                     assert published is not None
                     out = poll(partial(run, block, project, env), check_committed(published))
+                elif text.startswith("pytest "):
+                    out = run(block, project, env, timeout=PYTEST_TIMEOUT)
+                    check_pytest(block, project, out, following)
+                    continue
                 elif "gazctl shards export" in text:
                     assert published is not None and expected is not None
                     assert expected == expected_export(published), (
