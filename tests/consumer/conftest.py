@@ -13,7 +13,7 @@ from gazette.broker.client import JournalClient
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
-from tests.consumer.support import Setup
+from tests.consumer.support import COUNTER, Setup
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +36,11 @@ async def client(broker: BrokerProcess) -> AsyncIterator[JournalClient]:
 def new_setup(
     etcd_server: EtcdServer, broker: BrokerProcess, tmp_path: Path
 ) -> Iterator[Callable[..., Setup]]:
-    """Make a `Setup` of `shards` shards (one by default)."""
+    """Make a `Setup` of `shards` shards (one by default) of counter application `app`."""
     made: list[Setup] = []
 
-    def make(shards: int = 1) -> Setup:
-        made.append(Setup(etcd_server, broker, tmp_path, shards))
+    def make(shards: int = 1, app: str = COUNTER) -> Setup:
+        made.append(Setup(etcd_server, broker, tmp_path, shards, app))
         return made[-1]
 
     yield make

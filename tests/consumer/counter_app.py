@@ -2,10 +2,12 @@
 each key's new total (exactly once) to the journal named by env COUNTER_OUTPUT, if set. An
 Add of key `POISON` fails the shard (tests of FAILED shards).
 
-Run by `gazette-consumer tests.consumer.counter_app:Counter` in the runtime tests."""
+Run by `gazette-consumer tests.consumer.counter_app:Counter` in the runtime tests;
+`BatchCounter` is the same application consuming through the batch API (`BatchConsumer`)."""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +20,8 @@ from gazette.message.publisher import Publisher
 from gazette.stores.rocksdb.store import RocksDBStore
 
 POISON = "poison"
+
+log = logging.getLogger(__name__)
 
 
 class PoisonMessage(Exception):
@@ -54,10 +58,11 @@ class Counter:
     def consume_message(
         self, shard: Shard, store: RocksDBStore, env: Envelope, pub: Publisher
     ) -> None:
-        msg: Add = env.message
+        self._add(self.pending.setdefault(shard.id, {}), store, env.message)
+
+    def _add(self, pending: dict[str, int], store: RocksDBStore, msg: Add) -> None:
         if msg.key == POISON:
             raise PoisonMessage(f"consumed an Add of key {POISON!r} (it fails the shard)")
-        pending = self.pending.setdefault(shard.id, {})
         current = pending.get(msg.key)
         if current is None:
             raw = store.get(b"k" + msg.key.encode())
@@ -71,3 +76,23 @@ class Counter:
             store.put(b"k" + key.encode(), str(total).encode())
             if self.output:
                 pub.publish_uncommitted(lambda _m: out, Total(key, total, shard.id))
+
+
+class BatchCounter(Counter):
+    """The counter, handed runs of messages (`consume_messages`) instead of one at a time.
+    Logs ``largest_run=N`` each time a run is longer than any before (tests check that runs
+    of several messages were consumed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest_run = 0
+
+    def consume_messages(
+        self, shard: Shard, store: RocksDBStore, envs: list[Envelope], pub: Publisher
+    ) -> None:
+        pending = self.pending.setdefault(shard.id, {})
+        for env in envs:
+            self._add(pending, store, env.message)
+        if len(envs) > self.largest_run:
+            self.largest_run = len(envs)
+            log.info("counter consume_messages shard=%s largest_run=%d", shard.id, len(envs))

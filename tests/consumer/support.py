@@ -30,6 +30,7 @@ from tests.kit.specs import RECOVERY_LOG, apply_specs, journal_spec
 
 REPO = Path(__file__).resolve().parents[2]
 COUNTER = "tests.consumer.counter_app:Counter"
+BATCH_COUNTER = "tests.consumer.counter_app:BatchCounter"
 PROCESS_TIMEOUT = 60.0
 """Seconds a consumer process is given to reach a state (start, recover, hand over)."""
 
@@ -48,10 +49,13 @@ def recovery_log(name: str, store: Path) -> bpb.JournalSpec:
 
 class Setup:
     """Journals, shard specs and consumer processes of one test: `shards` shards of the
-    counter application, shard-00i reading journal in-i, all writing their totals to one
-    output journal."""
+    counter application `app` (COUNTER or BATCH_COUNTER), shard-00i reading journal in-i, all
+    writing their totals to one output journal."""
 
-    def __init__(self, etcd: EtcdServer, broker: BrokerProcess, tmp: Path, shards: int) -> None:
+    def __init__(
+        self, etcd: EtcdServer, broker: BrokerProcess, tmp: Path, shards: int, app: str = COUNTER
+    ) -> None:
+        self.app = app
         n = next(_names)
         self.prefix = f"counter-{os.getpid()}-{n}"
         self.root = f"/test-consumer/{os.getpid()}/{n}"
@@ -87,7 +91,7 @@ class Setup:
         """Consumer process `i` (not started), in zone z0 or z1, writing primary hints every
         `hint_interval` seconds."""
         c = ConsumerProcess(
-            COUNTER,
+            self.app,
             self.etcd.endpoint,
             [self.broker.endpoint],
             root=self.root,

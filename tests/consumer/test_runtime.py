@@ -25,6 +25,8 @@ from gazette.recoverylog.codec import encode_op
 from gazette.testing.consumer import ConsumerProcess
 from tests.consumer.counter_app import POISON, Add
 from tests.consumer.support import (
+    BATCH_COUNTER,
+    COUNTER,
     PROCESS_TIMEOUT,
     Setup,
     apply_shards,
@@ -46,10 +48,15 @@ PRIMARY, STANDBY, FAILED = (
 )
 
 
+@pytest.mark.parametrize(
+    ("app", "kills"),
+    [(COUNTER, 3), (BATCH_COUNTER, 2)],
+    ids=["consume_message", "consume_messages"],
+)
 async def test_counts_survive_primary_kills_with_a_hot_standby(
-    new_setup: Callable[..., Setup], client: JournalClient
+    app: str, kills: int, new_setup: Callable[..., Setup], client: JournalClient
 ) -> None:
-    s = new_setup()
+    s = new_setup(app=app)
     await s.create_journals(client)
     procs = s.start(2)
     async with s.stubs() as stubs:
@@ -60,7 +67,7 @@ async def test_counts_survive_primary_kills_with_a_hot_standby(
         stop = asyncio.Event()
         feeder = asyncio.create_task(feed(client, s.inputs[0], stop, expected))
         takeovers = []
-        for _ in range(3):
+        for _ in range(kills):
             await asyncio.sleep(0.5)  # The primary processes input until it is killed.
             victim = await primary_of(stub, "shard-000")
             survivor = next(k for k in procs if k != victim)
@@ -80,6 +87,10 @@ async def test_counts_survive_primary_kills_with_a_hot_standby(
         # Standbys kept a fusefs process ready: the promoted ones mounted through it.
         logs = b"".join(p.log_path.read_bytes() for p in procs.values())
         assert logs.count(b"prestarted=True") >= 2, logs.count(b"prestarted=False")
+        if app == BATCH_COUNTER:
+            # The batch path was taken, with runs of several messages.
+            runs = [int(n) for n in re.findall(rb"largest_run=(\d+)", logs)]
+            assert max(runs, default=0) > 1, runs
         # Primaries wrote hints (every second here), and each takeover rotated the hints it
         # recovered from into the backups.
         hints = await stub.GetHints(pb.GetHintsRequest(shard="shard-000"))
