@@ -27,7 +27,7 @@ from gazette.broker.spool import SpoolError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["next_unless", "replicate"]
+__all__ = ["acquire_unless", "next_unless", "replicate"]
 
 
 async def replicate(
@@ -82,10 +82,16 @@ async def replicate(
     # The replica's lock is held from an append's first content to the proposal that
     # resolves it (and while applying a proposal), never while the stream idles: the
     # broker's own flush loop and a promotion of this replica need it too.
-    if route_key(broker.route_of(name)) == key:
-        # Our reconcile loop may not have recorded this route yet: when it does, that
-        # is no route change for this stream.
-        replica.set_route(key)
+    if route_key(broker.route_of(name)) != key:
+        # The route moved on while the replica became ready. Waiting for the lock now
+        # could wait forever: under the new route this broker may be the primary, its
+        # pipeline holding the lock while it waits for the primary of the old route,
+        # which holds its own lock while it waits for this answer.
+        yield pb.ReplicateResponse(status=pb.WRONG_ROUTE, header=broker.header(name))
+        return
+    # Our reconcile loop may not have recorded this route yet: when it does, that is no
+    # route change for this stream.
+    replica.set_route(key)
     route_change = asyncio.ensure_future(replica.route_changed())
     follower = Follower(replica, lambda entries: broker.persister.enqueue(replica, entries))
     held = False
@@ -93,11 +99,11 @@ async def replicate(
         msg: pb.ReplicateRequest | None = first
         while msg is not None:
             if not held:
-                await replica.lock.acquire()
-                held = True
-                if route_key(broker.route_of(name)) != key or replica.deleted:
-                    replica.lock.release()  # never held while the answer is sent
-                    held = False
+                held = await acquire_unless(replica.lock, route_change)
+                if not held or route_key(broker.route_of(name)) != key or replica.deleted:
+                    if held:
+                        replica.lock.release()  # never held while the answer is sent
+                        held = False
                     yield pb.ReplicateResponse(status=pb.WRONG_ROUTE, header=broker.header(name))
                     return
             if msg.content:
@@ -126,6 +132,32 @@ async def replicate(
         follower.rollback()
         if held:
             replica.lock.release()
+
+
+async def acquire_unless(lock: asyncio.Lock, stop: asyncio.Future[None]) -> bool:
+    """Acquire `lock` (True), or give up once `stop` is done first (False). The lock's
+    holder may be waiting for a peer that waits for this stream: a route change is what
+    ends such a wait. A cancelled acquisition never holds the lock."""
+    if stop.done():
+        return False
+    acquiring = asyncio.ensure_future(lock.acquire())
+    try:
+        await asyncio.wait({acquiring, stop}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        if acquiring.done() and not acquiring.cancelled():
+            lock.release()
+        else:
+            acquiring.cancel()
+        raise
+    if not acquiring.done():
+        acquiring.cancel()
+        await asyncio.wait({acquiring})
+    if acquiring.cancelled():
+        return False
+    if stop.done():  # acquired as the route changed: the route change wins
+        lock.release()
+        return False
+    return True
 
 
 async def next_unless(
