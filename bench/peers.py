@@ -22,7 +22,9 @@ from Debian (``apt-get install nats-server``, after one ``apt-get update``).
      end of every 1 s epoch (our transactions last up to 1 s: max_txn_duration); timed from
      `run_main` (after imports) to its return.
    `consumer_vs_bytewax`: our records/s over Bytewax's, per pair of rounds; the median and
-   the spread of the pairs.
+   the spread of the pairs. `consumer_vs_bytewax_cpu`, the same per core: Bytewax's CPU
+   seconds per record over ours, ours summing every process of our side (the consumer, its
+   fusefs servers, the broker).
 2. Recovery: our shard is SIGKILLed mid-stream (once half of the input is committed) and the
    process restarted at once under the same name (suffix, port, work directory).
    `recovery_s`: from SIGKILL to the shard's first commit past its recovered checkpoint
@@ -57,8 +59,9 @@ stacks to DIR and summarises them (top functions by own and by total samples) on
 under "profile". Progress goes to stderr; the last stdout line is one JSON object.
 
 Not part of `make bench`'s default list (bench/results.py runs it only when named:
-`python bench/results.py peers`) because it installs from PyPI and Debian. A run takes about
-20 s with --quick (100k records, two rounds, one recovery) and 1.5 minutes without.
+`python bench/results.py peers`) because it installs from PyPI and Debian. A run takes
+1.3 minutes with --quick at load 6-9 (100k records, two rounds of each comparison) and
+1.5 minutes without.
 """
 
 from __future__ import annotations
@@ -414,10 +417,18 @@ async def consumer_vs_bytewax(
         for step in order if r % 2 == 0 else reversed(order):
             await step()
     ratios = [b["seconds"] / o["seconds"] for o, b in zip(ours, theirs, strict=True)]
+    # Per core: records per CPU second, ours counting every process of our side.
+    cpu_ratios = [
+        b["cpu_seconds"] / (o["consumer_cpu_s"] + o["children_cpu_s"] + o["broker_cpu_s"])
+        for o, b in zip(ours, theirs, strict=True)
+    ]
     say(f"consumer vs bytewax: {statistics.median(ratios):.2f}x (pairs {ratios})")
+    say(f"  per CPU second: {statistics.median(cpu_ratios):.2f}x (pairs {cpu_ratios})")
     return {
         "consumer_vs_bytewax": round(statistics.median(ratios), 3),
         "consumer_vs_bytewax_spread": spread(ratios),
+        "consumer_vs_bytewax_cpu": round(statistics.median(cpu_ratios), 3),
+        "consumer_vs_bytewax_cpu_spread": spread(cpu_ratios),
         "ours_records_per_s": spread([n / o["seconds"] for o in ours], 0),
         "ours_records_per_s_from_primary": spread([n / o["from_primary_s"] for o in ours], 0),
         "bytewax_records_per_s": spread([n / b["seconds"] for b in theirs], 0),
@@ -548,8 +559,11 @@ async def recovery(
     theirs: list[dict[str, float]] = []
     try:
         for r in range(rounds):
-            ours.append(await ours_recovery(client, proc, f"recover-{r}", head))
+            if r % 2 == 0:
+                ours.append(await ours_recovery(client, proc, f"recover-{r}", head))
             theirs.append(bytewax_recovery(py, bw_input, tmp / f"bw-rec-{r}", n * repeats))
+            if r % 2 == 1:
+                ours.append(await ours_recovery(client, proc, f"recover-{r}", head))
     finally:
         proc.kill()
     return {
@@ -832,7 +846,7 @@ def main() -> None:
     args.only = args.only or set(COMPARISONS)
     args.rounds = max(2, args.rounds or (2 if args.quick else 3))
     args.records = args.records or (100_000 if args.quick else 300_000)
-    args.recovery_rounds = 1 if args.quick else 2
+    args.recovery_rounds = 2
     py = ensure_peers()
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as d:
