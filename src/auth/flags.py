@@ -162,11 +162,17 @@ def add_client_flags(
     *,
     service: str,
     keys_default: str = "none, authorization off",
+    alias_prefix: str | None = None,
 ) -> None:
     """Declare upstream's client flags for calls to `service` on `p`, as
     ``--<flag_prefix>cert-file`` ... ``--<flag_prefix>auth-token``, read from `env_prefix` +
-    ``CERT_FILE`` ... ``AUTH_TOKEN`` when not given. Keys and tokens never show in --help;
-    `keys_default` says what signs without them."""
+    ``CERT_FILE`` ... ``AUTH_TOKEN`` when not given; with `alias_prefix`, each is also
+    ``--<alias_prefix>cert-file`` ... (e.g. upstream gazctl's ``--consumer.cert-file``). Keys
+    and tokens never show in --help; `keys_default` says what signs without them."""
+
+    def names(name: str) -> list[str]:
+        return [f"--{prefix}{name}" for prefix in (flag_prefix, alias_prefix) if prefix is not None]
+
     files = (
         ("cert-file", f"the TLS certificate (PEM) presented to the {service}, if it asks"),
         ("cert-key-file", f"the private key of --{flag_prefix}cert-file (PEM)"),
@@ -180,14 +186,14 @@ def add_client_flags(
     for name, text in files:
         variable = env_prefix + name.upper().replace("-", "_")
         p.add_argument(
-            f"--{flag_prefix}{name}",
+            *names(name),
             dest=_client_dest(flag_prefix, name),
             default=None,
             metavar="FILE",
             help=f"{text} [{variable}]",
         )
     p.add_argument(
-        f"--{flag_prefix}auth-keys",
+        *names("auth-keys"),
         dest=_client_dest(flag_prefix, "auth-keys"),
         default=None,
         metavar="KEYS",
@@ -195,7 +201,7 @@ def add_client_flags(
         f"{service}; default: {keys_default} [{env_prefix}AUTH_KEYS]",
     )
     p.add_argument(
-        f"--{flag_prefix}auth-token",
+        *names("auth-token"),
         dest=_client_dest(flag_prefix, "auth-token"),
         default=None,
         metavar="TOKEN",

@@ -15,8 +15,9 @@ it is probed with a broker call so that the message can say so.
 A consumer serving TLS is reached at its ``https://`` address, or with any of
 ``--consumer-cert-file``, ``--consumer-cert-key-file``, ``--consumer-trusted-ca-file``; one
 verifying calls wants ``--consumer-auth-keys`` or ``--consumer-auth-token`` (env
-``CONSUMER_CERT_FILE`` ... ``CONSUMER_AUTH_TOKEN``, upstream's names). A refused call
-(UNAUTHENTICATED) fails the command with the consumer's reason.
+``CONSUMER_CERT_FILE`` ... ``CONSUMER_AUTH_TOKEN``, upstream's names). Each flag is also
+taken as upstream gazctl spells it, ``--consumer.cert-file`` ... ``--consumer.auth-token``.
+A refused call (UNAUTHENTICATED) fails the command with the consumer's reason.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ def parse_consumers(text: str) -> list[str]:
 
 
 def add_consumer_client_flags(p: argparse.ArgumentParser | Any) -> None:
-    """Declare ``--consumer-cert-file`` ... ``--consumer-auth-token`` on `p` (module docs)."""
-    add_client_flags(p, "consumer-", "CONSUMER_", service="consumer")
+    """Declare ``--consumer-cert-file`` ... ``--consumer-auth-token`` on `p`, each also
+    spelled as upstream gazctl spells it (``--consumer.cert-file`` ...; module docs)."""
+    add_client_flags(p, "consumer-", "CONSUMER_", service="consumer", alias_prefix="consumer.")
 
 
 def consumer_client_settings(args: argparse.Namespace) -> ClientSettings:
