@@ -4,14 +4,17 @@ that signed neither (a client trusting it must refuse the server). Needs `crypto
 ``dev`` extra); never for production, where certificates come from the operator's CA.
 
 EC P-256 keys, so that making them all takes milliseconds. The server's certificate names
-127.0.0.1 (an IP SAN) and localhost (a DNS SAN), where the test processes listen.
+127.0.0.1 (an IP SAN) and localhost (a DNS SAN), where the test processes listen. Given
+`hosts`, `write_certs` also makes one certificate per host of a multi-host cluster, naming the
+host's name and address, for serving and as a client alike (its peer and etcd certificate).
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -39,6 +42,8 @@ class Certs:
     wrong_client_cert: Path
     """A client certificate signed by `wrong_ca`."""
     wrong_client_key: Path
+    hosts: dict[str, tuple[Path, Path]] = field(default_factory=dict)
+    """Each host's certificate and key, by host name (`write_certs`' `hosts`)."""
 
     def etcd_tls(self, *, client_cert_auth: bool = True) -> EtcdTLS:
         """etcd serving TLS with the server certificate (and, with `client_cert_auth`,
@@ -132,23 +137,30 @@ def _leaf(
     ca: tuple[x509.Certificate, ec.EllipticCurvePrivateKey],
     *,
     server: bool,
+    client: bool = False,
+    address: tuple[str, str] = ("localhost", "127.0.0.1"),
 ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A certificate `ca` signed; with `server`, for serving at `address` (DNS name, IP),
+    and with `client` as well, for presenting as a client too."""
     ca_cert, ca_key = ca
     key = _key()
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
+    if client or not server:
+        usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
     builder = (
         _builder(name, ca_cert.subject, key)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
             critical=False,
         )
     )
     if server:
+        dns, ip = address
         sans: list[x509.GeneralName] = [
-            x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-            x509.DNSName("localhost"),
+            x509.IPAddress(ipaddress.ip_address(ip)),
+            x509.DNSName(dns),
         ]
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     return builder.sign(ca_key, hashes.SHA256()), key
@@ -171,14 +183,23 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> Path:
     return path
 
 
-def write_certs(directory: Path) -> Certs:
-    """Make the certificates and keys, written to `directory` (created if needed)."""
+def write_certs(directory: Path, hosts: Mapping[str, str] | None = None) -> Certs:
+    """Make the certificates and keys, written to `directory` (created if needed); with
+    `hosts` (name -> IP address), also each host's certificate (``NAME.pem``) and key
+    (``NAME-key.pem``), naming both, for serving and as a client."""
     directory.mkdir(parents=True, exist_ok=True)
     ca = _ca("gazette test CA")
     wrong = _ca("gazette wrong CA")
     server = _leaf("gazette test server", ca, server=True)
     client = _leaf("gazette test client", ca, server=False)
     wrong_client = _leaf("gazette wrong client", wrong, server=False)
+    host_files = {}
+    for name, ip in (hosts or {}).items():
+        cert, key = _leaf(name, ca, server=True, client=True, address=(name, ip))
+        host_files[name] = (
+            _write(directory / f"{name}.pem", cert),
+            _write_key(directory / f"{name}-key.pem", key),
+        )
     return Certs(
         ca=_write(directory / "ca.pem", ca[0]),
         server_cert=_write(directory / "server.pem", server[0]),
@@ -188,4 +209,5 @@ def write_certs(directory: Path) -> Certs:
         wrong_ca=_write(directory / "wrong-ca.pem", wrong[0]),
         wrong_client_cert=_write(directory / "wrong-client.pem", wrong_client[0]),
         wrong_client_key=_write_key(directory / "wrong-client-key.pem", wrong_client[1]),
+        hosts=host_files,
     )
