@@ -3,10 +3,12 @@ every package, and every module of the broker server, so that new code cannot sl
 
 from __future__ import annotations
 
+import ast
 import tomllib
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+TESTS = SRC.parent / "tests"
 
 
 def _contracts() -> dict[str, dict[str, object]]:
@@ -62,3 +64,58 @@ def test_the_test_harnesses_import_nothing_of_the_package() -> None:
 def test_no_contract_lists_exceptions() -> None:
     for name, contract in _contracts().items():
         assert not contract.get("ignore_imports"), f"{name} lists exceptions"
+
+
+def _imports(path: Path, root: Path) -> list[tuple[int, set[str]]]:
+    """Each import statement of a file under `root`: its line and the dotted names it may
+    import, relative imports resolved against the file's package, and `from M import n`
+    counted as both M and M.n (n may be a module)."""
+    package = [root.name, *path.relative_to(root).parent.parts]
+    statements = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            statements.append((node.lineno, {alias.name for alias in node.names}))
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names = {module} | {f"{module}.{alias.name}" for alias in node.names}
+            statements.append((node.lineno, names))
+    return statements
+
+
+def _test_module_imports(root: Path) -> list[str]:
+    """`file:line` of each import, in a file under `root`, of a test module of `root`."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for line, names in _imports(path, root):
+            if any(
+                n.split(".")[0] == root.name
+                and any(p.startswith("test_") for p in n.split(".")[1:])
+                for n in names
+            ):
+                found.append(f"{path.relative_to(root.parent)}:{line}")
+    return found
+
+
+def test_no_test_module_imports_another(tmp_path: Path) -> None:
+    """docs/testing.md: shared helpers live in support modules, so that a test file can
+    move, split or be deleted on its own."""
+    found = _test_module_imports(TESTS)
+    assert not found, f"import these from a support module instead: {found}"
+    # The check sees every spelling of such an import.
+    root = tmp_path / "tests"
+    (root / "a").mkdir(parents=True)
+    spellings = [
+        "from .test_x import f",
+        "from . import test_x",
+        "from tests.a.test_x import f",
+        "from tests.a import test_x",
+        "import tests.a.test_x",
+        "from ..a.test_x import f",
+    ]
+    for i, line in enumerate(spellings):
+        (root / "a" / f"m{i}.py").write_text(line + "\n")
+    (root / "a" / "ok.py").write_text(
+        "from aiohttp.test_utils import make_mocked_request\nfrom .support import f\n"
+    )
+    assert len(_test_module_imports(root)) == len(spellings)

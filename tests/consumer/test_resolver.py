@@ -18,8 +18,7 @@ from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.protocol import pb
 from gazette.consumer.resolver import GRPC_PROXY_METADATA, ResolverStopped
 from gazette.consumer.runtime import ConsumerRuntime
-from tests.consumer.fakes import JOURNAL, FakeStore, outside
-from tests.consumer.test_runtime_unit import ROOT, IdleReaders, make_runtime
+from tests.consumer.fakes import JOURNAL, ROOT, FakeStore, IdleReaders, make_runtime, outside
 from tests.kit.eventually import eventually
 
 Code = pb.ReplicaStatus.Code

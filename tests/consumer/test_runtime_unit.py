@@ -9,91 +9,23 @@ from typing import Any
 import pytest
 
 import gazette.consumer.replica as replica_mod
-from gazette.allocator.model import MemberID, assignment_key, item_key, member_key
-from gazette.consumer.config import ConsumerConfig
+from gazette.allocator.model import assignment_key
 from gazette.consumer.protocol import pb
-from gazette.consumer.runtime import ConsumerRuntime
 from gazette.consumer.store import RecordingLost
-from gazette.keyspace.keyspace import EtcdHeader, KeyValue
-from tests.consumer.fakes import JOURNAL, FakeReaders, FakeStore, outside
+from tests.consumer.fakes import (
+    JOURNAL,
+    ROOT,
+    TXN_REVISION,
+    FakeEtcd,
+    FakeStore,
+    IdleApp,
+    IdleReaders,
+    make_runtime,
+    outside,
+)
 from tests.kit.eventually import eventually
 
 Code = pb.ReplicaStatus.Code
-ROOT = "/review"
-
-
-class IdleApp:
-    def new_store(self, shard: Any, recovered: Any) -> FakeStore:
-        return FakeStore()
-
-    def new_message(self, spec: Any) -> Any:
-        raise NotImplementedError
-
-    def consume_message(self, shard: Any, store: Any, env: Any, pub: Any) -> None:
-        pass
-
-    def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
-        pass
-
-
-class IdleReaders(FakeReaders):
-    def __init__(self, *args: Any) -> None:
-        super().__init__()
-
-    async def run(self) -> None:
-        await asyncio.Event().wait()
-
-
-class FakeKeySpace:
-    def __init__(self) -> None:
-        self.kvs: dict[str, KeyValue[Any]] = {}
-        self.revision = 1
-        self.header = EtcdHeader(1, 1, 1, 1)
-        self.awaited: list[int] = []  # revisions waited for
-        self.bounds: list[float | None] = []  # and the longest each wait was allowed
-
-    async def wait_for_revision(self, revision: int, timeout: float | None = None) -> None:
-        self.awaited.append(revision)
-        self.bounds.append(timeout)
-
-    def put(self, key: str, value: Any) -> None:
-        self.revision += 1
-        self.kvs[key] = KeyValue(key, value, b"", self.revision, self.revision, 0)
-
-    def get(self, key: str) -> KeyValue[Any] | None:
-        return self.kvs.get(key)
-
-    def prefixed(self, prefix: str) -> list[KeyValue[Any]]:
-        return [kv for k, kv in sorted(self.kvs.items()) if k.startswith(prefix)]
-
-
-TXN_REVISION = 1000
-
-
-class FakeEtcd:
-    async def txn(self, compares: Any, ops: Any) -> Any:
-        class Header:
-            revision = TXN_REVISION
-
-        class R:
-            succeeded = True
-            header = Header()
-
-        return R()
-
-
-def make_runtime(tmp_path: Path) -> tuple[ConsumerRuntime, FakeKeySpace, MemberID]:
-    cfg = ConsumerConfig(root=ROOT, zone="z", suffix="me", workdir=tmp_path)
-    rt = ConsumerRuntime(cfg, IdleApp())  # type: ignore[arg-type]
-    ks = FakeKeySpace()
-    rt.member.keyspace = ks  # type: ignore[assignment]
-    rt.member.etcd = FakeEtcd()  # type: ignore[assignment]
-    rt.client = object()  # type: ignore[assignment]
-    me = MemberID("z", "me")
-    ks.put(member_key(ROOT, me), pb.ConsumerSpec())
-    spec = pb.ShardSpec(id="shard", sources=[pb.ShardSpec.Source(journal=JOURNAL)])
-    ks.put(item_key(ROOT, "shard"), spec)
-    return rt, ks, me
 
 
 async def test_stat_returns_when_its_shard_stops(
@@ -255,7 +187,9 @@ async def test_a_lost_recording_gives_the_assignment_up_once_a_minute(
             await rt._reconcile_once()
             replica = rt.replicas["shard"]
             await eventually(
-                lambda r=replica: r.status.code == Code.FAILED, what="FAILED", timeout=5
+                lambda r=replica: r.status.code == Code.FAILED,  # type: ignore[misc]
+                what="FAILED",
+                timeout=5,
             )
             assert replica.recording_lost is not None
             await rt._reconcile_once()

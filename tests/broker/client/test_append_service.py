@@ -25,7 +25,7 @@ from gazette.broker.protocol import protocol_pb2 as pb
 
 from .conftest import MakeJournal
 from .fake_broker import FakeBroker
-from .test_appender import read_all
+from .support import read_all
 
 
 async def test_concurrent_small_appends_land_once_in_order_and_batched(

@@ -13,9 +13,7 @@ from gazette.broker.client import (
     Appender,
     AppendRetriesExhausted,
     JournalClient,
-    OffsetNotYetAvailable,
     RegisterMismatch,
-    RetryReader,
     WrongAppendOffset,
     append,
 )
@@ -25,16 +23,7 @@ from gazette.testing.broker import BrokerProcess
 
 from .conftest import MakeJournal
 from .fake_broker import FakeBroker
-
-
-async def read_all(client: JournalClient, journal: str) -> bytes:
-    rr = RetryReader(client, pb.ReadRequest(journal=journal))
-    out = bytearray()
-    try:
-        while True:
-            out += await rr.read()
-    except OffsetNotYetAvailable:
-        return bytes(out)
+from .support import read_all
 
 
 async def test_appender_commits_on_close(client: JournalClient, make_journal: MakeJournal) -> None:
