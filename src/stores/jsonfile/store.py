@@ -13,10 +13,10 @@ the next commit truncates the stale ``next.json`` (as upstream).
 `open` also reads upstream's format (three concatenated JSON values: offsets, state,
 checkpoint), so a directory played from a Go consumer's log can be taken over.
 
-Failure is crash-only: once a commit fails (a `wait_for` future failed, the state could not
+Failure is crash-only: a commit that fails (a `wait_for` future failed, the state could not
 be serialised, or the Recorder failed, e.g. `RecorderFenced` because a newer primary took the
-log over), every later `start_commit` fails with `StoreFailed`; the runtime destroys the
-store and recovers the shard afresh.
+log over) raises `StoreFailed` from that error, and so does every later `start_commit`; the
+runtime destroys the store and recovers the shard afresh.
 """
 
 from __future__ import annotations
@@ -157,11 +157,13 @@ class JSONFileStore:
         """Commit the current `state` with `checkpoint` (Store contract, module docs).
 
         `state` and `checkpoint` are serialised before this returns. The returned task
-        resolves once ``state.json`` is in the recovery log, or raises: the first error of
-        `wait_for`, TypeError/ValueError for a state that is not JSON, the Recorder's
-        `RecorderFenced`/`RecorderBroken`, or `StoreFailed` if an earlier commit failed.
-        Any failure (cancellation of the task included) makes the store unusable.
-        Raises RuntimeError if the previous commit is still in flight (a contract breach).
+        resolves once ``state.json`` is in the recovery log, or raises `StoreFailed` from
+        what failed it (the first error of `wait_for`, TypeError/ValueError for a state that
+        is not JSON, the Recorder's `RecorderFenced`/`RecorderBroken`), or from the failure
+        of an earlier commit; `StoreClosed` once the store is closed. Any failure
+        (cancellation of the task included, which ends it cancelled) makes the store
+        unusable. Raises RuntimeError if the previous commit is still in flight (a contract
+        breach).
         """
         if self._commit is not None and not self._commit.done():
             raise RuntimeError("start_commit called while the previous commit is in flight")
@@ -188,12 +190,7 @@ class JSONFileStore:
         checkpoint: Checkpoint,
         wait_for: list[Awaitable[Any]],
     ) -> None:
-        if self._closed:
-            raise StoreClosed(f"JSON file store in {self.directory} is closed")
-        if self._error is not None:
-            raise StoreFailed(
-                f"JSON file store in {self.directory} failed: {self._error!r}"
-            ) from self._error
+        self._check()
         try:
             if encode_error is not None:
                 raise encode_error
@@ -211,8 +208,20 @@ class JSONFileStore:
                     self.recorder.log,
                     err,
                 )
-            raise
+            if isinstance(err, asyncio.CancelledError):
+                raise  # Cancelled by its owner (or `destroy`): it ends cancelled.
+            raise StoreFailed(
+                f"JSON file store in {self.directory}: commit failed: {err!r}"
+            ) from err
         self._checkpoint = checkpoint
+
+    def _check(self) -> None:
+        if self._closed:
+            raise StoreClosed(f"JSON file store in {self.directory} is closed")
+        if self._error is not None:
+            raise StoreFailed(
+                f"JSON file store in {self.directory} failed: {self._error!r}"
+            ) from self._error
 
     def _write(self, content: bytes) -> None:
         # O_TRUNC, not O_EXCL: a recovered next.json is a commit which never happened.
@@ -221,7 +230,9 @@ class JSONFileStore:
         self._fs.rename(NEXT_FILE, STATE_FILE)
 
     async def build_hints(self) -> rpb.FSMHints:
-        """Hints of the files recorded so far (behind a barrier): the shard's primary hints."""
+        """Hints of the files recorded so far (behind a barrier): the shard's primary hints.
+        Raises `StoreFailed` once a commit failed, `StoreClosed` once closed."""
+        self._check()
         return await self.recorder.build_hints()
 
     async def restore_checkpoint(self, shard: Shard = None) -> Checkpoint:
@@ -238,7 +249,7 @@ class JSONFileStore:
     async def close(self) -> None:
         """Wait for the commit in flight, then until everything recorded is in the log.
 
-        The local files stay. Raises the Recorder's error if it failed.
+        The local files stay. Raises `StoreFailed` from the Recorder's error if it failed.
         """
         if self._closed:
             return
@@ -246,7 +257,10 @@ class JSONFileStore:
         commit = self._commit
         if commit is not None and not commit.done():
             await asyncio.wait([commit])
-        await self.recorder.close()
+        try:
+            await self.recorder.close()
+        except Exception as err:
+            raise StoreFailed(f"JSON file store in {self.directory} failed: {err!r}") from err
 
     def destroy(self) -> None:
         """Cancel a commit in flight and remove the store's directory (Store contract).

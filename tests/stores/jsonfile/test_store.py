@@ -119,11 +119,13 @@ async def test_fenced_store_cannot_commit_after_takeover(
     assert new.state == {"v": "old-1"}
 
     old.state["v"] = "zombie"
-    with pytest.raises(RecorderFenced):
+    with pytest.raises(StoreFailed) as failed:
         await old.start_commit(None, _checkpoint(2), [])
-    assert isinstance(old.failed, RecorderFenced)
-    with pytest.raises(StoreFailed):  # Crash-only: the store is unusable.
+    assert isinstance(failed.value.__cause__, RecorderFenced)
+    assert old.failed is failed.value.__cause__
+    with pytest.raises(StoreFailed) as later:  # Crash-only: the store is unusable.
         await old.start_commit(None, _checkpoint(3), [])
+    assert later.value.__cause__ is old.failed
 
     new.state["v"] = "new-2"
     await new.start_commit(None, _checkpoint(2), [])
@@ -153,8 +155,9 @@ async def test_failed_dependency_fails_the_commit(
     ok: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     ok.set_result(None)
     store.state["v"] = 2
-    with pytest.raises(DependencyError):
+    with pytest.raises(StoreFailed) as failed:
         await store.start_commit(None, _checkpoint(2), [ok, failing_append()])
+    assert isinstance(failed.value.__cause__, DependencyError)
     with pytest.raises(StoreFailed):
         await store.start_commit(None, _checkpoint(3), [])
     assert await store.restore_checkpoint(None) == _checkpoint(1)
@@ -172,9 +175,10 @@ async def test_unserialisable_state_fails_the_commit(
     log = await make_log()
     store = await JSONFileStore.open(await recover(log, tmp_path / "a", A))
     store.state["bad"] = {1, 2}
-    with pytest.raises(TypeError):
+    with pytest.raises(StoreFailed) as failed:
         await store.start_commit(None, _checkpoint(1), [])
-    assert isinstance(store.failed, TypeError)
+    assert isinstance(failed.value.__cause__, TypeError)
+    assert store.failed is failed.value.__cause__
     store.destroy()
 
 
