@@ -184,6 +184,109 @@ def test_usage(argv: tuple[str, ...]) -> None:
     assert r.returncode == 2 and r.stderr.startswith("usage: gazette-node {etcd,broker,"), r.stderr
 
 
+# -- Secured: TLS and authorization from GAZETTE_TLS_* and GAZETTE_AUTH_KEYS
+
+SECRET = "c2VjcmV0LWtleS1vZi10aGUtdGVzdA=="
+SECURE = {
+    "GAZETTE_TLS_CA": "/tls/ca.pem",
+    "GAZETTE_TLS_CERT": "/tls/node.pem",
+    "GAZETTE_TLS_KEY": "/tls/node-key.pem",
+    "GAZETTE_AUTH_KEYS": SECRET,
+}
+HTTPS_MEMBERS = MEMBERS.replace("http://", "https://")
+ETCD_CLIENT = "--etcd-cert-file /tls/node.pem --etcd-cert-key-file /tls/node-key.pem " \
+    "--etcd-trusted-ca-file /tls/ca.pem"  # fmt: skip
+SERVER = (
+    "--server-cert-file /tls/node.pem --server-cert-key-file /tls/node-key.pem "
+    "--server-ca-file /tls/ca.pem --peer-cert-file /tls/node.pem "
+    "--peer-cert-key-file /tls/node-key.pem --peer-ca-file /tls/ca.pem"
+)
+
+
+def client_tls(prefix: str = "") -> str:
+    return (
+        f"--{prefix}cert-file /tls/node.pem --{prefix}cert-key-file /tls/node-key.pem "
+        f"--{prefix}trusted-ca-file /tls/ca.pem"
+    )
+
+
+def secured(line: str, keys: str = "") -> str:
+    """`line` of the plain cluster as the secured one prints it: https etcd endpoints, and
+    `keys` (a program's keys variable) taking the node's keys, shown by name."""
+    line = line.replace(MEMBERS, HTTPS_MEMBERS)
+    return f'{keys}="$GAZETTE_AUTH_KEYS" {line}' if keys else line
+
+
+SECURED_DAEMONS = {
+    "etcd": [
+        DAEMONS["etcd"][0].replace("-client-urls=http://", "-client-urls=https://")
+        + " --cert-file=/tls/node.pem --key-file=/tls/node-key.pem --client-cert-auth "
+        "--trusted-ca-file=/tls/ca.pem"
+    ],
+    "broker": [secured(DAEMONS["broker"][0], "BROKER_AUTH_KEYS") + f" {ETCD_CLIENT} {SERVER}"],
+    "summer": [
+        secured(DAEMONS["summer"][0]).replace(
+            "PYTHONPATH=/opt/gazette/examples/stream-sum ",
+            'PYTHONPATH=/opt/gazette/examples/stream-sum CONSUMER_AUTH_KEYS="$GAZETTE_AUTH_KEYS" ',
+        )
+        + f" {ETCD_CLIENT} {SERVER} {client_tls('broker-')}"
+    ],
+    "word-count": [
+        secured(DAEMONS["word-count"][0]).replace(
+            "PYTHONPATH=/opt/gazette/examples/word-count ",
+            'PYTHONPATH=/opt/gazette/examples/word-count CONSUMER_AUTH_KEYS="$GAZETTE_AUTH_KEYS" ',
+        )
+        + f" {ETCD_CLIENT} {SERVER} {client_tls('broker-')}"
+    ],
+    # moto has no TLS: the S3 stand-in stays plain HTTP.
+    "s3": DAEMONS["s3"],
+}
+
+
+@pytest.mark.parametrize("role", sorted(DAEMONS))
+def test_secured_daemons_serve_tls_and_take_the_keys_from_the_environment(role: str) -> None:
+    lines = printed(role, **SECURE)
+    assert lines == SECURED_DAEMONS[role]
+    assert SECRET not in "".join(lines)
+
+
+def test_secured_one_shots_give_gazctl_the_certificate_and_the_keys() -> None:
+    journals = printed("apply-journals", **SECURE)
+    assert journals[2] == (
+        f'BROKER_AUTH_KEYS="$GAZETTE_AUTH_KEYS" {PY} -m gazette.gazctl.main journals apply '
+        "--broker 10.42.0.11:8080 --specs /data/specs/stream-sum-journals.yaml "
+        f"{client_tls()}"
+    )
+    shards = printed("apply-shards", **SECURE)
+    assert shards[1] == (
+        'BROKER_AUTH_KEYS="$GAZETTE_AUTH_KEYS" CONSUMER_AUTH_KEYS="$GAZETTE_AUTH_KEYS" '
+        f"{PY} -m gazette.gazctl.main shards apply --consumer 10.42.0.11:8090 "
+        "--broker 10.42.0.11:8080 --specs /data/specs/stream-sum-shards.yaml "
+        f"{client_tls()} {client_tls('consumer-')}"
+    )
+    # The spec generators and the bucket (moto, plain HTTP) are as without TLS.
+    assert journals[:2] == printed("apply-journals")[:2]
+    assert SECRET not in "".join(journals + shards)
+
+
+def test_tls_alone_and_keys_alone() -> None:
+    tls_only = {k: v for k, v in SECURE.items() if k != "GAZETTE_AUTH_KEYS"}
+    [broker] = printed("broker", **tls_only)
+    assert broker == SECURED_DAEMONS["broker"][0].removeprefix(
+        'BROKER_AUTH_KEYS="$GAZETTE_AUTH_KEYS" '
+    )
+    [broker] = printed("broker", GAZETTE_AUTH_KEYS=SECRET)
+    assert broker == f'BROKER_AUTH_KEYS="$GAZETTE_AUTH_KEYS" {DAEMONS["broker"][0]}'
+
+
+@pytest.mark.parametrize("unset", ["GAZETTE_TLS_CA", "GAZETTE_TLS_CERT", "GAZETTE_TLS_KEY"])
+def test_tls_files_go_together(unset: str) -> None:
+    for role in ("etcd", "broker", "summer", "apply-journals", "apply-shards"):
+        r = node(role, "--print", env={**ENV, **SECURE, unset: ""})
+        assert r.returncode == 2 and r.stdout == ""
+        assert f"GAZETTE_TLS_KEY go together: {unset} unset" in r.stderr, r.stderr
+
+
 def test_wait_times_out_on_a_server_not_there() -> None:
     r = node("broker", "--wait", "1", env={**ENV, "GAZETTE_IP": "127.0.0.1"})
     assert r.returncode == 1 and "broker not ready after 1s" in r.stderr
