@@ -12,10 +12,8 @@ from typing import Any
 
 import apsw
 import pytest
-from google.protobuf.duration_pb2 import Duration
 
-from gazette.broker.client import AppendService, JournalClient, apply_journals
-from gazette.broker.protocol import protocol_pb2 as pb
+from gazette.broker.client import AppendService, JournalClient
 from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.player import Player
 from gazette.recoverylog.recorder import Recorder
@@ -23,6 +21,7 @@ from gazette.stores.sqlite import SQLiteStore
 from gazette.testing.broker import BrokerProcess
 from gazette.testing.etcd import EtcdServer
 from tests.conftest import session_broker
+from tests.kit.specs import RECOVERY_LOG, apply_specs, journal_spec
 from tests.stores.checkpoints import rich
 
 _names = itertools.count()
@@ -50,14 +49,9 @@ async def service(client: JournalClient) -> AsyncIterator[AppendService]:
 
 
 async def apply_log(client: JournalClient, name: str, store_dir: Path) -> str:
-    frag = pb.JournalSpec.Fragment(
-        length=1 << 26, compression_codec=pb.NONE, refresh_interval=Duration(seconds=60)
-    )
-    store_dir.mkdir(parents=True, exist_ok=True)
-    frag.stores.append(f"file://{store_dir}/")
-    spec = pb.JournalSpec(name=name, replication=1, fragment=frag)
-    spec.labels.labels.add(name="content-type", value="application/x-gazette-recoverylog")
-    await apply_journals(client, pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
+    """Apply recovery log `name` (64 MiB fragments in `store_dir`); return its name."""
+    spec = journal_spec(name, store_dir, length=1 << 26, content_type=RECOVERY_LOG)
+    await apply_specs(client, [spec])
     return name
 
 
