@@ -80,6 +80,16 @@ def shard_route(
     return route, statuses
 
 
+def _changed(op: Any) -> bool:
+    """Whether an Apply's put or delete (a `ResponseOp` of its transaction) changed etcd. A
+    delete of no key does not, nor does it advance etcd's revision past the last write:
+    waiting to see the transaction's revision would then wait for some other write under
+    the root (or for etcd's progress notification, minutes away)."""
+    if op.WhichOneof("response") != "response_delete_range":
+        return True
+    return int(op.response_delete_range.deleted) > 0
+
+
 class ShardAPI(pb_grpc.ShardServicer):
     """Implements ``consumer.Shard`` over `keyspace`, a loaded and watched mirror of `root`
     (decoded by `consumer.spec.decode_consumer_value(root)`), writing through `etcd`.
@@ -215,7 +225,7 @@ class ShardAPI(pb_grpc.ShardServicer):
         revision = int(resp.header.revision)
         if not resp.succeeded:
             return pb.ApplyResponse(status=pb.ETCD_TRANSACTION_FAILED, header=self.header(revision))
-        if ops:
+        if any(_changed(r) for r in resp.responses):
             await self._wait_for(revision, context)
         return pb.ApplyResponse(status=pb.OK, header=self.header(revision))
 

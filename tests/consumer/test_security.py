@@ -17,13 +17,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import aiohttp
 import grpc
 import grpc.aio
 import pytest
 
-from gazette.auth.claims import APPEND, LIST, READ, Claims
+from gazette.auth.claims import ALL, APPEND, APPLY, LIST, READ, Claims
 from gazette.auth.jwt import sign
 from gazette.auth.keys import BearerAuth, KeyedAuth
 from gazette.auth.tls import ClientTLS
@@ -45,6 +46,8 @@ from tests.consumer.secured_app import GET_METHOD
 from tests.consumer.support import REPO, Setup, check_totals, feed, write_head
 from tests.kit.eventually import eventually
 
+SECURED_COUNTER = "tests.consumer.secured_app:SecuredCounter"
+SQLITE_COUNTER = "tests.consumer.spark.apps:SQLiteCounter"
 SECRET = b"consumer and broker secret"
 KEY = base64.b64encode(SECRET).decode()
 
@@ -77,7 +80,7 @@ async def _primaries(s: Secured) -> dict[str, str]:
                 [st.code for st in sh.status] == [pb.ReplicaStatus.PRIMARY] for sh in shards
             )
 
-        await eventually(ready, what="both shards PRIMARY", timeout=60, interval=0.2)
+        assert await eventually(ready, what="both shards PRIMARY", timeout=60, interval=0.2)
         return {
             sh.spec.id: sh.route.members[sh.route.primary].suffix for sh in await list_shards(sc)
         }
@@ -91,6 +94,37 @@ async def _start(s: Secured) -> None:
             pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=x) for x in specs])
         )
     await _primaries(s)
+
+
+def _secured_consumer(setup: Setup, certs: Certs, i: int) -> ConsumerProcess:
+    """Consumer process `i` of `setup`'s application (not started): TLS with client
+    certificates required, tokens verified with `KEY`, and its broker calls over TLS."""
+    c = ConsumerProcess(
+        setup.app,
+        setup.etcd.endpoint,
+        [setup.broker.endpoint],
+        root=setup.root,
+        zone="z",
+        suffix=f"consumer-{i}",
+        workdir=setup.tmp / f"consumer-{i}",
+        extra_env={"COUNTER_OUTPUT": setup.output, "PYTHONPATH": str(REPO)},
+        extra_args=[
+            "--hint-interval",
+            "1",
+            *certs.server_flags(client_certs=True),
+            "--auth-keys",
+            KEY,
+            # Broker keys are left to default to --auth-keys.
+            "--broker-trusted-ca-file",
+            str(certs.ca),
+            "--broker-cert-file",
+            str(certs.client_cert),
+            "--broker-cert-key-file",
+            str(certs.client_key),
+        ],
+    )
+    setup.consumers.append(c)
+    return c
 
 
 @pytest.fixture(scope="module")
@@ -109,35 +143,8 @@ def secured(
             KEY,
         ],
     )
-    setup = Setup(etcd_server, broker, tmp, shards=2)
-    consumers = [
-        ConsumerProcess(
-            "tests.consumer.secured_app:SecuredCounter",
-            etcd_server.endpoint,
-            [broker.endpoint],
-            root=setup.root,
-            zone="z",
-            suffix=f"consumer-{i}",
-            workdir=tmp / f"consumer-{i}",
-            extra_env={"COUNTER_OUTPUT": setup.output, "PYTHONPATH": str(REPO)},
-            extra_args=[
-                "--hint-interval",
-                "1",
-                *certs.server_flags(client_certs=True),
-                "--auth-keys",
-                KEY,
-                # Broker keys are left to default to --auth-keys.
-                "--broker-trusted-ca-file",
-                str(certs.ca),
-                "--broker-cert-file",
-                str(certs.client_cert),
-                "--broker-cert-key-file",
-                str(certs.client_key),
-            ],
-        )
-        for i in range(2)
-    ]
-    setup.consumers.extend(consumers)
+    setup = Setup(etcd_server, broker, tmp, shards=2, app=SECURED_COUNTER)
+    consumers = [_secured_consumer(setup, certs, i) for i in range(2)]
     s = Secured(setup, consumers, certs)
     try:
         broker.start()
@@ -161,7 +168,7 @@ async def test_a_secured_consumer_processes_input_through_secured_brokers(
     log = f"{s.setup.prefix}/recovery/shard-000"
     async with s.journal_client() as client, s.shard_client(primary) as sc:
         recorded = await write_head(client, log)  # the hand-off, at least
-        stop, expected = asyncio.Event(), {}
+        stop, expected = asyncio.Event(), dict[str, int]()
         feeding = asyncio.create_task(feed(client, s.setup.inputs[0], stop, expected))
         await asyncio.sleep(1.0)
         stop.set()
@@ -169,6 +176,51 @@ async def test_a_secured_consumer_processes_input_through_secured_brokers(
         assert expected
         await check_totals(client, sc.stub, s.setup, expected)
         assert await write_head(client, log) > recorded, "the fusefs process recorded nothing"
+
+
+def test_a_secured_consumer_records_a_sqlite_store(secured: Secured, tmp_path: Path) -> None:
+    """A consumer of a SQLite store (whose recorder appends through the consumer's own
+    broker client) processes its input through the TLS + auth broker and records it: the
+    shard commits through the input's head and its recovery log grows."""
+    s = secured
+    setup = Setup(s.setup.etcd, s.setup.broker, tmp_path, shards=1, app=SQLITE_COUNTER)
+    consumer = _secured_consumer(setup, s.certs, 0)
+    try:
+        consumer.start()
+        asyncio.run(_sqlite_flow(s, setup, consumer))
+    finally:
+        setup.close()
+
+
+async def _sqlite_flow(s: Secured, setup: Setup, consumer: ConsumerProcess) -> None:
+    log = f"{setup.prefix}/recovery/shard-000"
+    auth = KeyedAuth(KEY)
+    async with (
+        s.journal_client() as client,
+        ShardClient(consumer.endpoint, tls=s.tls, auth=auth) as sc,
+    ):
+        await setup.create_journals(client)
+        (spec,) = setup.shard_specs(hot_standbys=0)
+        await sc.stub.Apply(pb.ApplyRequest(changes=[pb.ApplyRequest.Change(upsert=spec)]))
+
+        async def primary() -> bool:
+            (shard,) = await list_shards(sc)
+            return [st.code for st in shard.status] == [pb.ReplicaStatus.PRIMARY]
+
+        assert await eventually(primary, what="shard-000 PRIMARY", timeout=60, interval=0.2)
+        recorded = await write_head(client, log)
+        stop, expected = asyncio.Event(), dict[str, int]()
+        feeding = asyncio.create_task(feed(client, setup.inputs[0], stop, expected))
+        await asyncio.sleep(1.0)
+        stop.set()
+        await feeding
+        assert expected
+        head = await write_head(client, setup.inputs[0])
+        resp = await sc.stub.Stat(
+            pb.StatRequest(shard="shard-000", read_through={setup.inputs[0]: head}), timeout=60
+        )
+        assert resp.status == pb.OK, resp
+        assert await write_head(client, log) > recorded, "the SQLite store recorded nothing"
 
 
 async def test_stat_is_proxied_to_the_primary_signed_and_over_tls(secured: Secured) -> None:
@@ -202,7 +254,10 @@ async def test_application_grpc_calls_are_authorized_through_the_runtime(
         metadata = [("authorization", f"Bearer {token}")] if token else []
         async with grpc.aio.secure_channel(other.endpoint, s.tls.grpc_credentials()) as ch:
             try:
-                answer = await ch.unary_unary(GET_METHOD)(request, metadata=metadata, timeout=30)
+                get = ch.unary_unary(
+                    GET_METHOD, request_serializer=None, response_deserializer=None
+                )
+                answer = await get(request, metadata=metadata, timeout=30)
             except grpc.aio.AioRpcError as err:
                 return err.code(), err.details() or ""
             return grpc.StatusCode.OK, json.loads(answer)["served_by"]
@@ -255,9 +310,114 @@ def _gazctl(*argv: str) -> tuple[int, str, str]:
     return rc, streams.stdout.getvalue().decode(), streams.stderr.getvalue()
 
 
-def _token(capability: int, selector: str) -> str:
+def _token(capability: int, selector: str, *, key: bytes = SECRET, expires_in: int = 600) -> str:
     now = int(time.time())
-    return sign(Claims(capability, parse_label_selector(selector), now, now + 600), SECRET)
+    claims = Claims(capability, parse_label_selector(selector), now - 1200, now + expires_in)
+    return sign(claims, key)
+
+
+EXPIRED: dict[str, Any] = {"expires_in": -60}  # past the verifier's leeway (5 s)
+WRONG_KEY: dict[str, Any] = {"key": b"another secret"}
+NOT_SHARD = "shard-not-applied"
+"""A shard no test applies: the allowed Apply deletes it (a no-op), at any revision."""
+
+
+def _delete_absent() -> pb.ApplyRequest.Change:
+    return pb.ApplyRequest.Change(delete=NOT_SHARD, expect_mod_revision=-1)
+
+
+async def _shard_call(
+    s: Secured, method: str, token: str, selector: str = ""
+) -> tuple[grpc.StatusCode, str, int]:
+    """Call `method` (Stat of shard-000, List, or Apply) with `token`: its gRPC code and
+    details, and the response's status (-1 when the call failed). Apply deletes
+    `NOT_SHARD`, and with `selector` "touch" also rewrites shard-000's spec as it is."""
+    async with s.shard_client() as sc:
+        (current,) = [sh for sh in await list_shards(sc) if sh.spec.id == "shard-000"]
+    async with ShardClient(s.consumers[0].endpoint, tls=s.tls, auth=BearerAuth(token)) as sc:
+        try:
+            if method == "Stat":
+                resp: Any = await sc.stub.Stat(pb.StatRequest(shard="shard-000"))
+            elif method == "List":
+                resp = await sc.stub.List(pb.ListRequest())
+            else:
+                changes = [_delete_absent()]
+                if selector == "touch":
+                    changes.append(
+                        pb.ApplyRequest.Change(
+                            upsert=current.spec, expect_mod_revision=current.mod_revision
+                        )
+                    )
+                resp = await sc.stub.Apply(pb.ApplyRequest(changes=changes))
+        except grpc.aio.AioRpcError as err:
+            return err.code(), err.details() or "", -1
+    return grpc.StatusCode.OK, "", resp.status
+
+
+_UNAUTH = grpc.StatusCode.UNAUTHENTICATED
+_OK = grpc.StatusCode.OK
+_METHODS = ("Stat", "List", "Apply")
+
+
+Grant = tuple[int, str, dict[str, Any]]
+"""A token's capability, selector and `_token` keywords, signed when the test runs."""
+
+
+def _case(method: str, grant: Grant, code: grpc.StatusCode, reason: str, status: int) -> Any:
+    what = reason or pb.Status.Name(cast(Any, status))
+    return pytest.param(method, grant, code, reason, status, id=f"{method}: {what}")
+
+
+@pytest.mark.parametrize(
+    ("method", "grant", "code", "reason", "status"),
+    [
+        # Refused whatever the call: an expired token, one signed with another key.
+        *(_case(m, (ALL, "", EXPIRED), _UNAUTH, "token is expired", -1) for m in _METHODS),
+        *(
+            _case(m, (ALL, "", WRONG_KEY), _UNAUTH, "token signature is invalid", -1)
+            for m in _METHODS
+        ),
+        # A capability other than the one the call needs.
+        _case("Stat", (LIST | APPLY, "", {}), _UNAUTH, "missing required READ capability", -1),
+        _case("List", (READ | APPLY, "", {}), _UNAUTH, "missing required LIST capability", -1),
+        _case("Apply", (READ | LIST, "", {}), _UNAUTH, "missing required APPLY capability", -1),
+        # The selector: a shard it does not cover is not found, as upstream's resolver
+        # answers (an Apply touching one: the next test).
+        _case("Stat", (READ, "id=shard-001", {}), _OK, "", pb.SHARD_NOT_FOUND),
+        # And allowed calls go through.
+        _case("Stat", (READ, "id=shard-000", {}), _OK, "", pb.OK),
+        _case("List", (LIST, "", {}), _OK, "", pb.OK),
+        _case("Apply", (APPLY, f"id={NOT_SHARD}", {}), _OK, "", pb.OK),
+    ],
+)
+async def test_shard_calls_are_refused_saying_why(
+    secured: Secured,
+    method: str,
+    grant: Grant,
+    code: grpc.StatusCode,
+    reason: str,
+    status: int,
+) -> None:
+    capability, selector, keywords = grant
+    token = _token(capability, selector, **keywords)
+    got_code, details, got_status = await _shard_call(secured, method, token)
+    assert got_code == code, details
+    assert reason in details
+    assert got_status == status
+    assert KEY not in details and token not in details
+
+
+async def test_shard_apply_touching_an_uncovered_shard_is_refused(secured: Secured) -> None:
+    """The selector covers the deleted shard but not shard-000, whose spec the Apply also
+    rewrites: nothing is applied, and the refusal names shard-000."""
+    s = secured
+    async with s.shard_client() as sc:
+        (before,) = [sh for sh in await list_shards(sc) if sh.spec.id == "shard-000"]
+    code, details, _ = await _shard_call(s, "Apply", _token(APPLY, f"id={NOT_SHARD}"), "touch")
+    assert (code, details) == (_UNAUTH, "not authorized to shard-000")
+    async with s.shard_client() as sc:
+        (after,) = [sh for sh in await list_shards(sc) if sh.spec.id == "shard-000"]
+    assert after.mod_revision == before.mod_revision
 
 
 def test_gazctl_shards_list_needs_a_token_and_sees_what_it_covers(secured: Secured) -> None:
@@ -322,7 +482,7 @@ async def test_spark_shards_source_plays_through_secured_brokers(
         except ExportError:
             return False  # The primary hints are not written yet.
 
-    await eventually(planned, what="shard-000 planned", timeout=30, interval=0.5)
+    assert await eventually(planned, what="shard-000 planned", timeout=30, interval=0.5)
     (split,) = await plan_splits(opts)
     played = await play(
         split.plan,
