@@ -21,6 +21,7 @@ from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.player import Player
 from gazette.testing.broker import BrokerProcess
 from tests.fusefs.support import MakeLog, client, fuse_broker, make_log, no_stale_mounts, tree
+from tests.kit.eventually import eventually
 
 __all__ = ["client", "fuse_broker", "make_log", "no_stale_mounts"]
 
@@ -256,11 +257,12 @@ async def test_killed_fusefs_leaves_no_mount(
     os.kill(mount.pid, signal.SIGKILL)
     await mount.proc.wait()
     # The process's guardian detaches its dead mount (nobody else is asked to).
-    for _ in range(100):
-        if not is_mounted(mount.mountpoint):
-            break
-        await asyncio.sleep(0.05)
-    assert not is_mounted(mount.mountpoint)
+    await eventually(
+        lambda: not is_mounted(mount.mountpoint),
+        what="the killed process's mount detached",
+        timeout=5,
+        interval=0.05,
+    )
     with pytest.raises(MountFailed):
         await mount.barrier()
     await mount.stop()
@@ -341,12 +343,13 @@ async def test_a_mount_outliving_its_parent_cleans_up(
     if how == "killed":
         parent.kill()
     await parent.wait()
-    for _ in range(200):
-        if not hand_over.exists() and not is_mounted(no_stale_mounts / "mnt"):
-            break
-        await asyncio.sleep(0.05)
-    assert not is_mounted(no_stale_mounts / "mnt")
-    assert not hand_over.exists()
+
+    def cleaned_up() -> bool:
+        assert not is_mounted(no_stale_mounts / "mnt"), "still mounted"
+        assert not hand_over.exists(), "the hand-over files remain"
+        return True
+
+    await eventually(cleaned_up, what="the mount's clean-up", timeout=10, interval=0.05)
 
 
 _UNREACHABLE_PARENT = """
@@ -401,10 +404,12 @@ async def test_a_mount_stopped_during_its_set_up_exits(no_stale_mounts: Path, ho
     parent = await _start_parent(_UNREACHABLE_PARENT, str(root), how)
     assert parent.stdout is not None
     pid = int(await asyncio.wait_for(parent.stdout.readline(), 60))
-    for _ in range(600):  # Until it blocks the stop signals, its imports done.
-        if _blocks_sigterm(pid):
-            break
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: _blocks_sigterm(pid),
+        what="the fusefs process blocking the stop signals (its imports done)",
+        timeout=30,
+        interval=0.05,
+    )
     await asyncio.sleep(0.5)  # Into Recorder.open's retries.
     assert _pid_alive(pid)
     if how == "signal":
@@ -415,11 +420,12 @@ async def test_a_mount_stopped_during_its_set_up_exits(no_stale_mounts: Path, ho
         assert (root / "hand-over" / "config.json").exists()  # Its parent's to remove.
     else:
         parent.kill()
-        for _ in range(200):
-            if not _pid_alive(pid):
-                break
-            await asyncio.sleep(0.05)
-        assert not _pid_alive(pid)
+        await eventually(
+            lambda: not _pid_alive(pid),
+            what="the orphaned fusefs process gone",
+            timeout=10,
+            interval=0.05,
+        )
         assert not (root / "hand-over").exists()
     await parent.wait()
     assert not is_mounted(root / "mnt")

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from gazette.stores.rocksdb.prestart import FusefsPrestart, PrestartOptions
+from tests.kit.eventually import eventually
 
 
 def _children() -> list[int]:
@@ -29,10 +30,9 @@ async def test_the_hook_starts_a_fusefs_process_at_once() -> None:
         # runtime yields once after starting its hooks (`start_store_hooks`).
         await asyncio.sleep(0)
         (spawned,) = set(_children()) - set(before)
-        for _ in range(500):
-            if (server := hook.pool.take()) is not None:
-                break
-            await asyncio.sleep(0.01)
+        server = await eventually(
+            hook.pool.take, what="a pre-started fusefs process to take", timeout=5
+        )
         assert server is not None and server.usable and server.proc.pid == spawned
         await server.close()
         assert server.proc.returncode == 0  # It saw its control pipe close.
