@@ -94,9 +94,10 @@ chaos: deps
 # root, iproute2, nsenter). Faults use policy routing and link state: no firewall package.
 # Then the fault suite (tools/cluster/run.py, docs/cluster.md): stream-sum and an appender on
 # five hosts through every fault of the schedule; its table and JSON line on stdout.
+# `make cluster SECURE=1`: the fault suite with TLS and authorization on (run.py --secure).
 cluster: deps
 	$(VENV)/bin/pytest -q -m cluster
-	$(PY) tools/cluster/run.py
+	$(PY) tools/cluster/run.py $(if $(SECURE),--secure)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache $(SCANNER) $(SQLITE_VFS)

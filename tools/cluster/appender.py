@@ -6,7 +6,9 @@ Usage: python tools/cluster/appender.py --broker IP:8080,... --journal NAME --lo
 Each append is one record (`ack_check.record`), retried until acknowledged, one at a time;
 the acknowledgement's offsets are then logged (`ack_check.Ack`, flushed at once) so that a
 later read can check the record is still there. Runs from the runner's own namespace, a
-client of every broker, so that no fault on a host stops it.
+client of every broker, so that no fault on a host stops it. Its TLS and keys are the
+``BROKER_*`` variables' (`gazette.auth.client_settings.broker_client`), as a secured
+cluster's runner sets them.
 
 It stops on SIGTERM or SIGINT, finishing the append in flight. It also stops, abandoning the
 append in flight (whose acknowledgement is then not logged, so not checked), after
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from ack_check import Ack, record
 
+from gazette.auth.client_settings import broker_client
 from gazette.broker.client.appender import append
 from gazette.broker.client.journal_client import JournalClient
 from gazette.broker.protocol import pb
@@ -66,7 +69,8 @@ async def run(
 
     deadline = time.monotonic() + max_s
     why = "stopped by a signal"
-    async with JournalClient(brokers) as client:
+    tls, auth = broker_client()
+    async with JournalClient(brokers, tls=tls, auth=auth) as client:
         task = asyncio.create_task(appending(client))
         try:
             while not task.done():

@@ -11,6 +11,11 @@ starts again whatever exited (a broker that found its lease gone exits, as upstr
 except roles a fault holds down. `converged` asks the brokers and summers (List RPCs) whether
 every journal has a primary and its full replica set, and every shard a primary and its
 standbys.
+
+Given a `Secured`, the cluster runs with TLS and authorization on: each host's processes get
+its certificate and the key through the node contract (`Secured.node_env`), and every client
+of the harness presents the client certificate and signs with the key (`client_settings`,
+`client_env`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import base64
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -29,14 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc.aio
+from secured import Secured
 
 from gazette.broker.client import write_head
 from gazette.broker.client.errors import BrokerError
 from gazette.broker.client.journal_client import JournalClient
 from gazette.broker.client.list import list_all_journals
 from gazette.broker.protocol import pb
-from gazette.consumer.protocol import consumer_pb2_grpc
 from gazette.consumer.protocol import pb as cpb
+from gazette.consumer.shard_client import ShardClient
 from gazette.mainboilerplate.process import EXIT_LEASE_LOST
 from gazette.testing.netns import Host, Net
 from gazette.testing.s3 import MotoS3Server
@@ -114,10 +121,13 @@ class Suspect:
 class NodeCluster:
     """The processes of the cluster on `net`'s hosts (module docs)."""
 
-    def __init__(self, net: Net, layout: Layout, settings: Settings) -> None:
+    def __init__(
+        self, net: Net, layout: Layout, settings: Settings, secured: Secured | None = None
+    ) -> None:
         if len(net.hosts) != layout.hosts:
             raise ValueError(f"layout of {layout.hosts} hosts for a Net of {len(net.hosts)}")
         self.net = net
+        self.secured = secured
         self.layout = layout
         self.settings = settings
         self.etcd_hosts = [net.hosts[i] for i in layout.etcd]
@@ -155,7 +165,34 @@ class NodeCluster:
             "GAZETTE_PARTITIONS": str(self.settings.partitions),
             "GAZETTE_REPLICATION": str(self.settings.replication),
             "GAZETTE_HOT_STANDBYS": str(self.settings.hot_standbys),
+            **(self.secured.node_env(host.name) if self.secured else {}),
         }
+
+    # -- the harness's clients
+
+    def client_env(self) -> dict[str, str]:
+        """The variables that make a client process (upstream's ``BROKER_*`` and
+        ``CONSUMER_*``) use the cluster's TLS and keys; none when it is not secured."""
+        return self.secured.client_env() if self.secured else {}
+
+    def journal_client(self, endpoints: str | Sequence[str]) -> JournalClient:
+        if self.secured is None:
+            return JournalClient(endpoints)
+        s = self.secured.settings()
+        return JournalClient(endpoints, tls=s.tls(), auth=s.authorizer())
+
+    def shard_client(self, endpoint: str) -> ShardClient:
+        if self.secured is None:
+            return ShardClient(endpoint)
+        s = self.secured.settings()
+        return ShardClient(endpoint, tls=s.tls(), auth=s.authorizer())
+
+    def _etcd_url(self, host: Host, path: str) -> str:
+        scheme = "https" if self.secured else "http"
+        return f"{scheme}://{host.address}:{ETCD_PORT}{path}"
+
+    def _etcd_context(self) -> ssl.SSLContext | None:
+        return self.secured.ssl_context() if self.secured else None
 
     def brokers_arg(self, *, live_first: bool = False) -> str:
         """Every broker endpoint, comma separated; with `live_first`, brokers running and not
@@ -287,10 +324,12 @@ class NodeCluster:
 
     def apply_ack_journal(self) -> None:
         spec = ACK_SPEC.format(journal=ACK_JOURNAL, bucket=BUCKET, s3=self.s3)
+        tls = self.secured.gazctl_flags() if self.secured else []
         r = subprocess.run(
             [sys.executable, "-m", "gazette.gazctl.main", "journals", "apply",
-             "--broker", f"{self.broker_hosts[0].address}:{BROKER_PORT}", "--specs", "-"],
+             "--broker", f"{self.broker_hosts[0].address}:{BROKER_PORT}", "--specs", "-", *tls],
             input=spec.encode(),
+            env={**os.environ, **self.client_env()},
             capture_output=True,
             timeout=60,
         )  # fmt: skip
@@ -302,11 +341,9 @@ class NodeCluster:
     def etcd_status(self, host: Host) -> tuple[int, int] | None:
         """(member id, leader id) as `host`'s member reports them; None if it does not
         answer."""
-        req = urllib.request.Request(
-            f"http://{host.address}:{ETCD_PORT}/v3/maintenance/status", data=b"{}"
-        )
+        req = urllib.request.Request(self._etcd_url(host, "/v3/maintenance/status"), data=b"{}")
         try:
-            with urllib.request.urlopen(req, timeout=1) as resp:
+            with urllib.request.urlopen(req, timeout=1, context=self._etcd_context()) as resp:
                 st = json.loads(resp.read())
         except (OSError, ValueError):
             return None
@@ -322,9 +359,9 @@ class NodeCluster:
         for h in self.etcd_hosts:
             if h.name in self.net._isolated:
                 continue
-            req = urllib.request.Request(f"http://{h.address}:{ETCD_PORT}/v3/kv/range", body)
+            req = urllib.request.Request(self._etcd_url(h, "/v3/kv/range"), body)
             try:
-                with urllib.request.urlopen(req, timeout=2) as resp:
+                with urllib.request.urlopen(req, timeout=2, context=self._etcd_context()) as resp:
                     answer = json.loads(resp.read())
             except (OSError, ValueError):
                 continue
@@ -406,7 +443,7 @@ class NodeCluster:
         """Every journal, as the first live broker that answers lists them ([]: none did)."""
         for h in self.live("broker", self.broker_hosts):
             try:
-                async with JournalClient(f"{h.address}:{BROKER_PORT}") as client:
+                async with self.journal_client(f"{h.address}:{BROKER_PORT}") as client:
                     return list(await asyncio.wait_for(list_all_journals(client, None), 5))
             except (grpc.aio.AioRpcError, TimeoutError, BrokerError):
                 continue
@@ -415,9 +452,8 @@ class NodeCluster:
     async def shards(self) -> list[cpb.ListResponse.Shard]:
         for h in self.live("summer", self.summer_hosts):
             try:
-                async with grpc.aio.insecure_channel(f"{h.address}:{CONSUMER_PORT}") as ch:
-                    stub = consumer_pb2_grpc.ShardStub(ch)
-                    resp = await stub.List(cpb.ListRequest(), timeout=5)
+                async with self.shard_client(f"{h.address}:{CONSUMER_PORT}") as sc:
+                    resp = await sc.stub.List(cpb.ListRequest(), timeout=5)
                     return list(resp.shards)
             except (grpc.aio.AioRpcError, TimeoutError):
                 continue
@@ -429,7 +465,7 @@ class NodeCluster:
         lines: list[str] = []
         heads: dict[str, int] = {}
         brokers = self.brokers_arg(live_first=True).split(",")
-        async with JournalClient(brokers) as client:
+        async with self.journal_client(brokers) as client:
             for s in await self.shards():
                 codes = [cpb.ReplicaStatus.Code.Name(st.code) for st in s.status]
                 errors = [e for st in s.status for e in st.errors]
@@ -441,11 +477,10 @@ class NodeCluster:
                     None,
                 )
                 if primary is not None and primary < len(s.route.endpoints):
-                    target = s.route.endpoints[primary].removeprefix("http://")
                     try:
-                        async with grpc.aio.insecure_channel(target) as ch:
-                            stub = consumer_pb2_grpc.ShardStub(ch)
-                            resp = await stub.Stat(cpb.StatRequest(shard=s.spec.id), timeout=5)
+                        async with self.shard_client(s.route.endpoints[primary]) as sc:
+                            req = cpb.StatRequest(shard=s.spec.id)
+                            resp = await sc.stub.Stat(req, timeout=5)
                         for journal, offset in sorted(resp.read_through.items()):
                             if journal not in heads:
                                 heads[journal] = await asyncio.wait_for(

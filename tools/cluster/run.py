@@ -2,7 +2,7 @@
 
 Usage (root; iproute2, nsenter, etcd; ``make cluster`` runs the full schedule):
 
-    python tools/cluster/run.py [--quick] [--faults a,b] [--trials N] [--list]
+    python tools/cluster/run.py [--quick] [--secure] [--faults a,b] [--trials N] [--list]
 
 Builds five hosts (`node_cluster.Layout`) with every process started by the node script,
 then starts an appender logging each acknowledged append to a replication-3 journal, and for
@@ -13,6 +13,12 @@ were fenced, waits for the chunker, runs the stream-sum verifier over the stream
 finished, and checks that every append acknowledged so far is still at its offsets. Prints a
 table and a final JSON line; exits 1 on any violation, lost append, zombie not fenced or
 failure. The Net is torn down whatever happens.
+
+With ``--secure`` (``make cluster SECURE=1``) everything runs with TLS and authorization on:
+a CA, each host's certificate (naming its address) and a key are made for the run
+(`secured.Secured`) and handed to the node script through the node contract, and the
+runner's clients (appender, chunker, verifier, gazctl, the convergence checks) present a
+client certificate and sign with the key.
 """
 
 from __future__ import annotations
@@ -46,8 +52,8 @@ from node_cluster import (  # noqa: E402
     NodeCluster,
     Settings,
 )
+from secured import Secured  # noqa: E402
 
-from gazette.broker.client.journal_client import JournalClient  # noqa: E402
 from gazette.broker.client.retry_reader import RetryReader  # noqa: E402
 from gazette.broker.protocol import pb  # noqa: E402
 from gazette.testing.netns import Net  # noqa: E402
@@ -87,8 +93,14 @@ class Runner:
         self.appender: subprocess.Popen[bytes] | None = None
 
     def client_env(self) -> dict[str, str]:
+        """The environment of the runner's client processes: the example on the path, and
+        the cluster's TLS and keys if it is secured."""
         path = [str(STREAM_SUM), os.environ.get("PYTHONPATH", "")]
-        return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+        return {
+            **os.environ,
+            **self.cluster.client_env(),
+            "PYTHONPATH": os.pathsep.join(p for p in path if p),
+        }
 
     def start_appender(self, max_s: float) -> None:
         self.acks_log.touch()
@@ -96,6 +108,7 @@ class Runner:
             [sys.executable, str(Path(__file__).parent / "appender.py"),
              "--broker", self.cluster.brokers_arg(), "--journal", ACK_JOURNAL,
              "--log", str(self.acks_log), "--rate", "20", "--max-seconds", f"{max_s:.0f}"],
+            env=self.client_env(),
             stdout=open(self.work / "appender.log", "ab"),
             stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -112,7 +125,7 @@ class Runner:
     def start_chunker(self, record: Path) -> subprocess.Popen[bytes]:
         ld = self.load
         return subprocess.Popen(
-            [sys.executable, "-m", "stream_sum.chunker",
+            [sys.executable, str(Path(__file__).parent / "chunker.py"),
              "--broker", self.cluster.brokers_arg(live_first=True),
              "--streams", str(ld.streams), "--chunks", str(ld.chunks),
              "--concurrency", str(ld.concurrency), "--rate", str(ld.rate),
@@ -133,7 +146,9 @@ class Runner:
             time.sleep(0.1)
 
     async def _verify(self, record: Path) -> VerifyResult:
-        async with JournalClient(self.cluster.brokers_arg(live_first=True).split(",")) as client:
+        async with self.cluster.journal_client(
+            self.cluster.brokers_arg(live_first=True).split(",")
+        ) as client:
             res = await verify_sums(client, [load_record(record)], timeout=self.timeout)
         for v in res.violations[:10]:
             say(f"  violation: {v}")
@@ -145,7 +160,9 @@ class Runner:
         if end <= 0:
             return content
         req = pb.ReadRequest(journal=ACK_JOURNAL, offset=0, end_offset=end, block=True)
-        async with JournalClient(self.cluster.brokers_arg(live_first=True).split(",")) as client:
+        async with self.cluster.journal_client(
+            self.cluster.brokers_arg(live_first=True).split(",")
+        ) as client:
             reader = RetryReader(client, req)
             try:
                 while data := await asyncio.wait_for(reader.read(), self.timeout):
@@ -234,6 +251,9 @@ def main() -> int:
     p.add_argument("--lease-ttl", type=int, default=6, help="brokers' and summers' lease TTL")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to converge, verify")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    p.add_argument(
+        "--secure", action="store_true", help="TLS and authorization on (certificates made for it)"
+    )
     p.add_argument("--list", action="store_true", help="list the faults and exit")
     args = p.parse_args()
     if args.list:
@@ -254,8 +274,12 @@ def main() -> int:
     results: list[trial_table.TrialResult] = []
     t0 = time.monotonic()
     with Net(Layout().hosts, directory=Path(tempfile.gettempdir()), keep=args.keep) as net:
-        say(f"hosts up in {net.directory}; starting the cluster")
-        cluster = NodeCluster(net, Layout(), settings)
+        say(f"hosts up in {net.directory}; starting the cluster{' secured' * args.secure}")
+        secured = None
+        if args.secure:
+            hosts = {h.name: h.address for h in net.hosts}
+            secured = Secured.make(net.directory / "certs", hosts)
+        cluster = NodeCluster(net, Layout(), settings, secured)
         runner = Runner(cluster, net.directory, load, args.timeout)
         try:
             cluster.up(timeout=args.timeout)
