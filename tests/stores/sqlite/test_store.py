@@ -17,7 +17,7 @@ import apsw
 import pytest
 
 from gazette.broker.client import AppendService, JournalClient
-from gazette.consumer import StoreClosed
+from gazette.consumer import StoreClosed, StoreFailed
 from gazette.consumer.protocol import pb
 from gazette.recoverylog.recorder import RecorderFenced, RecordingFailed
 from gazette.stores.sqlite import SQLiteStore, recover
@@ -143,8 +143,9 @@ async def test_checkpoint_round_trip_and_recovery_handoff(
 
     # The first store was fenced by the hand-off: its next commit fails (in its xSync, or,
     # on the loop where nothing waits there, once the Recorder's append of it is refused).
-    with pytest.raises(RecorderFenced if on_loop else apsw.IOError):
+    with pytest.raises(StoreFailed) as failed:
         await store.start_commit(None, labeled("zombie"), [])
+    assert isinstance(failed.value.__cause__, RecorderFenced if on_loop else apsw.IOError)
     assert isinstance(rec.error, RecorderFenced)
 
     # The new primary commits onwards, and a third recovery sees it.
@@ -194,6 +195,107 @@ async def test_checkpoint_must_be_a_message(
         await store.start_commit(None, rich(3), [])  # The transaction is still open.
         assert await store.restore_checkpoint() == rich(3)
         assert await store.run(lambda c: list(c.execute("SELECT k FROM kv"))) == [(1,)]
+    finally:
+        await store.close()
+
+
+def _keys(conn: apsw.Connection) -> list[int]:
+    return [k for (k,) in conn.execute("SELECT k FROM kv ORDER BY k")]
+
+
+class _Recorded:
+    """What a store recovered from `log`, recorded by `store`, would hold now: its checkpoint
+    and the keys of ``kv``, played back into a new directory without fencing `store`."""
+
+    def __init__(self, client: JournalClient, store: SQLiteStore, log: str, tmp_path: Path) -> None:
+        self.client, self.store, self.log, self.tmp_path = client, store, log, tmp_path
+        self.plays = 0
+
+    async def __call__(self) -> tuple[pb.Checkpoint, list[int]]:
+        await self.store.recorder.barrier()
+        self.plays += 1
+        target = self.tmp_path / f"played-{self.plays}"
+        _, fsm = await play(self.client, self.log, target)
+        rebuild_played(target, dict(fsm.links))
+        rows = dump(target / "primary.db")
+        checkpoint = next(r[2] for r in rows if r[0] == "gazette_checkpoint")
+        assert isinstance(checkpoint, bytes)
+        keys = [k for t, k, *_ in rows if t == "kv" and isinstance(k, int)]  # (INTEGER keys.)
+        return pb.Checkpoint.FromString(checkpoint), keys
+
+
+@ON_LOOP
+async def test_run_begins_no_transaction_and_joins_an_open_one(
+    client: JournalClient, service: AppendService, make_log: MakeLog, tmp_path: Path, on_loop: bool
+) -> None:
+    """`run` as its docstring states it: between consumer transactions a write commits (and
+    is recorded) at once, without a checkpoint; while a `transact` has a transaction open,
+    `run` reads its uncommitted changes and its writes commit with it."""
+    log = await make_log()
+    store = await SQLiteStore.open(
+        await new_recorder(service, log, tmp_path / "a", A), on_loop=on_loop
+    )
+    recorded = _Recorded(client, store, log, tmp_path)
+
+    def upsert(conn: apsw.Connection, k: int) -> tuple[bool, list[int]]:
+        _upsert(conn, [(k, b"x")])
+        return conn.in_transaction, _keys(conn)
+
+    try:
+        await store.transact(_schema)
+        await store.start_commit(None, labeled("cp-1"), [])
+        assert await store.run(upsert, 1) == (False, [1])
+        assert await recorded() == (labeled("cp-1"), [1])  # Committed, the checkpoint as it was.
+
+        await store.transact(_upsert, [(2, b"x")])
+        assert await store.run(upsert, 3) == (True, [1, 2, 3])  # Within it, seeing key 2.
+        assert await recorded() == (labeled("cp-1"), [1])
+        await store.start_commit(None, labeled("cp-2"), [])
+        assert await recorded() == (labeled("cp-2"), [1, 2, 3])
+        assert await store.run(upsert, 4) == (False, [1, 2, 3, 4])  # Autocommit again.
+    finally:
+        await store.close()
+
+
+@ON_LOOP
+async def test_transact_begins_the_transaction_that_start_commit_commits(
+    client: JournalClient, service: AppendService, make_log: MakeLog, tmp_path: Path, on_loop: bool
+) -> None:
+    """The first `transact` after a commit begins the consumer transaction, later ones join
+    it, one whose function fails leaves it open with what that function changed, and
+    `start_commit` commits all of it with its checkpoint."""
+    log = await make_log()
+    store = await SQLiteStore.open(
+        await new_recorder(service, log, tmp_path / "a", A), on_loop=on_loop
+    )
+    recorded = _Recorded(client, store, log, tmp_path)
+    in_transaction = lambda c: c.in_transaction  # noqa: E731
+
+    def begin(conn: apsw.Connection) -> bool:
+        was = conn.in_transaction
+        _schema(conn)
+        _upsert(conn, [(1, b"x")])
+        return was
+
+    def insert_twice(conn: apsw.Connection, k: int) -> None:
+        conn.execute("INSERT INTO kv (k, v) VALUES (?, 'x')", (k,))
+        conn.execute("INSERT INTO kv (k, v) VALUES (?, 'x')", (k,))
+
+    try:
+        assert not await store.run(in_transaction)
+        assert await store.transact(begin) is True  # BEGIN came before `begin` ran.
+        await store.transact(_upsert, [(2, b"x")])
+        with pytest.raises(apsw.ConstraintError):
+            await store.transact(insert_twice, 3)
+        assert await store.run(in_transaction)
+        assert await store.run(_keys) == [1, 2, 3]
+        assert await recorded() == (pb.Checkpoint(), [])  # Nothing of it committed.
+
+        await store.start_commit(None, labeled("cp-1"), [])
+        assert not await store.run(in_transaction)
+        assert await recorded() == (labeled("cp-1"), [1, 2, 3])
+        await store.transact(_upsert, [(4, b"x")])
+        assert await store.run(in_transaction)  # The next transaction.
     finally:
         await store.close()
 
@@ -331,7 +433,9 @@ async def test_a_pipelined_commit_fails_once_the_recorder_is_broken(
     service: AppendService, make_log: MakeLog, tmp_path: Path, on_loop: bool
 ) -> None:
     """The commit's job succeeds (SQLite does not wait for the log), and its future then
-    fails: the recorder could not take its operations."""
+    fails with `StoreFailed` from the `RecordingFailed` of the bridge: the recorder could not
+    take its operations. The store has failed: the calls that follow raise `StoreFailed`
+    from that same error."""
     log = await make_log()
     rec = await new_recorder(service, log, tmp_path / "a", A)
     store = await SQLiteStore.open(rec, sync_waits=False, on_loop=on_loop)
@@ -339,9 +443,59 @@ async def test_a_pipelined_commit_fails_once_the_recorder_is_broken(
     await store.start_commit(None, rich(1), [])
     rec.abandon("the test broke it")
     await store.transact(_upsert, [(1, b"one")])
-    with pytest.raises(RecordingFailed, match="the test broke it"):
+    with pytest.raises(StoreFailed, match="the test broke it") as failed:
         await asyncio.wait_for(store.start_commit(None, rich(2), []), 30)
+    assert isinstance(failed.value.__cause__, RecordingFailed)
+    assert store.failed is failed.value.__cause__
+    for later in (
+        lambda: store.start_commit(None, rich(3), []),
+        lambda: store.transact(_upsert, [(3, b"three")]),
+        lambda: store.run(lambda c: c.execute("SELECT 1").fetchall()),
+        store.build_hints,
+    ):
+        with pytest.raises(StoreFailed) as raised:
+            await later()
+        assert raised.value.__cause__ is store.failed
     store.destroy()
+
+
+class _DependencyFailed(Exception):
+    pass
+
+
+@ON_LOOP
+async def test_a_failed_dependency_fails_the_store(
+    client: JournalClient, service: AppendService, make_log: MakeLog, tmp_path: Path, on_loop: bool
+) -> None:
+    """A commit whose `wait_for` future fails rolls its transaction back and raises
+    `StoreFailed` from that error; a `transact` queued behind it fails without running, and
+    later commits fail too: nothing after the failed transaction is committed."""
+    log = await make_log()
+    rec = await new_recorder(service, log, tmp_path / "a", A)
+    store = await SQLiteStore.open(rec, on_loop=on_loop)
+    await store.transact(_schema)
+    await store.start_commit(None, rich(1), [])
+    dependency: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    await store.transact(_upsert, [(1, b"one")])
+    commit = store.start_commit(None, rich(2), [dependency])
+    queued = asyncio.ensure_future(store.transact(_upsert, [(2, b"two")]))
+    await asyncio.sleep(0.01)  # The commit waits on its dependency, the transact behind it.
+    dependency.set_exception(_DependencyFailed("an append of the transaction failed"))
+    with pytest.raises(StoreFailed) as failed:
+        await commit
+    assert isinstance(failed.value.__cause__, _DependencyFailed)
+    with pytest.raises(StoreFailed) as raised:
+        await queued
+    assert raised.value.__cause__ is store.failed is failed.value.__cause__
+    with pytest.raises(StoreFailed):
+        await store.start_commit(None, rich(3), [])
+    await rec.barrier()
+    store.destroy()
+
+    played = await recover(client, service, log, tmp_path / "b")
+    assert await played.restore_checkpoint() == rich(1)
+    assert await played.run(lambda c: list(c.execute("SELECT k FROM kv"))) == []
+    played.destroy()
 
 
 async def test_bootstrap_sql_runs_whole_when_a_statement_returns_rows(
@@ -393,8 +547,9 @@ async def test_from_recovered(
     assert second.recorder.author == B
     assert await second.restore_checkpoint() == rich(7)
     assert await second.run(lambda c: list(c.execute("SELECT k, v FROM kv ORDER BY k"))) == expected
-    with pytest.raises(apsw.IOError):
+    with pytest.raises(StoreFailed) as failed:
         await first.start_commit(None, labeled("zombie"), [])
+    assert isinstance(failed.value.__cause__, apsw.IOError)
     first.destroy()
     await second.transact(_upsert, [(-1, b"second")])
     await second.start_commit(None, rich(8), [])
