@@ -485,6 +485,7 @@ async def test_converges_spreading_zones_with_one_primary(etcd: RecordingEtcd) -
 
         # Converged means quiet: no allocator writes anything more.
         txns = sum(node.allocator.txns for node in cluster.nodes.values())
+        # A window for any further write to show.
         await asyncio.sleep(0.3)
         assert sum(node.allocator.txns for node in cluster.nodes.values()) == txns
         assert all(

@@ -127,14 +127,17 @@ async def test_cancelled_append_leaves_no_bytes(
         yield pb.AppendRequest(journal=spec.name)
         yield pb.AppendRequest(content=b"partial " * 1000)
         sent.set()
+        # Stalls mid-append: the test cancels the call meanwhile.
         await asyncio.sleep(30)
 
     call = stub.Append(requests())
     await sent.wait()
+    # Time for the partial content to reach the broker before the cancel.
     await asyncio.sleep(0.2)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
+    # Time for the broker to see the call cancelled before the next append.
     await asyncio.sleep(0.2)
     r = await append(stub, spec.name, b"whole\n")
     assert r.commit.begin == 0
@@ -221,6 +224,7 @@ async def test_blocked_read_ends_when_journal_is_deleted(
             responses.append(resp)
 
     task = asyncio.create_task(reader())
+    # Time for the read to reach the broker and block at the write head.
     await asyncio.sleep(0.3)
     listing = [r async for r in stub.List(pb.ListRequest())]
     rev = next(j.mod_revision for r in listing for j in r.journals if j.spec.name == spec.name)

@@ -20,6 +20,7 @@ class SlowStore:
 
     async def fetch(self, fragment: pb.Fragment, dest: Path) -> None:
         self.fetches += 1
+        # Long enough for a test to act while the fetch is in flight.
         await asyncio.sleep(0.3)
         dest.write_bytes(b"x" * (fragment.end - fragment.begin))
 

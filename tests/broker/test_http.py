@@ -161,6 +161,7 @@ async def test_counted_statuses_of_unary_and_streaming_methods() -> None:
         async def stream(self, request: int, context: object):  # type: ignore[no-untyped-def]
             yield pb.ReadResponse(status=pb.OK)
             if request < 0:
+                # Waits until the test cancels the stream.
                 await asyncio.sleep(10)
             yield pb.ReadResponse(status=pb.OK if request == 0 else pb.OFFSET_NOT_YET_AVAILABLE)
 

@@ -39,6 +39,7 @@ async def test_a_lock_handed_over_as_the_route_changes_is_given_back() -> None:
     lock, stop = asyncio.Lock(), asyncio.get_running_loop().create_future()
     await lock.acquire()
     waiting = asyncio.create_task(acquire_unless(lock, stop))
+    # Time for the waiter to queue on the lock.
     await asyncio.sleep(0.01)
     lock.release()  # the waiter is handed the lock ...
     stop.set_result(None)  # ... in the same turn as the route changes
@@ -50,6 +51,7 @@ async def test_cancelling_the_stream_never_leaves_the_lock_held() -> None:
     lock, stop = asyncio.Lock(), asyncio.get_running_loop().create_future()
     await lock.acquire()
     waiting = asyncio.create_task(acquire_unless(lock, stop))
+    # Time for the waiter to queue on the lock.
     await asyncio.sleep(0.01)
     lock.release()
     waiting.cancel()

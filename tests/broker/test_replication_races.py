@@ -226,6 +226,7 @@ async def test_client_cancelled_during_commit_leaves_no_bytes_past_the_spool_end
         async def slow_commit(self: Pipeline, proposal: pb.Fragment, regs: pb.LabelSet) -> None:
             if proposal.end > self.replica.write_head:
                 stalled.set()
+                # Stalls the commit: the test cancels the append meanwhile.
                 await asyncio.sleep(30)
             await original(self, proposal, regs)
 
@@ -270,6 +271,7 @@ async def test_stream_opened_for_the_new_route_survives_a_lagging_reconcile(
         original = peer.broker._reconcile_once
 
         async def lagging() -> None:
+            # Later than the primary's stream for the new route arrives.
             await asyncio.sleep(0.5)
             await original()
 

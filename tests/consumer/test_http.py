@@ -277,6 +277,7 @@ async def test_close_does_not_wait_long_for_app_handlers() -> None:
         async def slow(request: web.Request) -> web.Response:
             entered.set()
             try:
+                # Longer than the test: only its cancellation ends it.
                 await asyncio.sleep(120)
             except asyncio.CancelledError:
                 cancelled.set()

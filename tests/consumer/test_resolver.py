@@ -103,6 +103,7 @@ async def test_a_held_resolution_keeps_the_store_until_released(
             stopping = rt._stopping["shard"]
             ks.put(akey, pb.ReplicaStatus())
             await rt._reconcile_once()  # Assigned here again.
+            # A window in which the stop and the new replica wait for the held store.
             await asyncio.sleep(0.3)
             assert res.shard.stopping.is_set()
             assert not app.stores[0].destroyed, "the store was destroyed while held"
@@ -162,6 +163,7 @@ async def test_a_failed_replica_keeps_a_held_store_until_released(
         async with rt.resolver.resolve("shard") as res:
             gate.set()  # A message: the application fails, so does the shard.
             await eventually(lambda: replica.status.code == Code.FAILED, what="FAILED")
+            # A window in which the failed shard's stop waits for the held store.
             await asyncio.sleep(0.1)
             assert res.shard is not None and res.shard.stopping.is_set()
             assert not app.stores[0].destroyed, "the store was destroyed while held"

@@ -840,6 +840,7 @@ async def test_an_async_consume_message_is_awaited_for_each_message_of_a_run() -
     class SlowApp(App):
         async def consume_message(self, shard: Any, s: FakeStore, env: Envelope, pub: Any) -> None:
             order.append(("start", env.message.n))
+            # Suspends mid-message: the next must not start before this one ends.
             await asyncio.sleep(0.001)
             order.append(("end", env.message.n))
             s.state.append(env.message.n)

@@ -187,6 +187,7 @@ async def test_the_refill_after_a_take_waits_and_a_close_does_not_wait_for_it() 
     t0 = time.monotonic()
     await pool.close()
     assert time.monotonic() - t0 < 0.3
+    # Past the refill's delay (0.5 s): nothing may start.
     await asyncio.sleep(0.6)
     assert _children() <= before
     await third.close()

@@ -178,6 +178,7 @@ async def test_a_lease_outlives_the_death_of_the_member_in_use(cluster: EtcdClus
             await eventually(lambda: renewals, what="a first renewal")
             killed_at = time.monotonic()
             cluster.kill(victim)
+            # Two TTLs: the lease expires unless renewed through another member.
             await asyncio.sleep(2 * ttl)
             assert not keep_alive.done()
             after = [t for t in renewals if t > killed_at]

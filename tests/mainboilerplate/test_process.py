@@ -37,6 +37,7 @@ class Recorded:
     async def run(self) -> None:
         self.running.set()
         if self.loops is not None:
+            # Runs a moment before its background fails.
             await asyncio.sleep(0.01)
             raise self.loops
         await asyncio.Event().wait()

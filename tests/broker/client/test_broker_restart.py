@@ -43,6 +43,7 @@ async def test_retry_reader_survives_broker_kill_and_restart(
 
             # A blocked read is in flight when the broker dies.
             pending = asyncio.create_task(rr.read())
+            # Time for the read to reach the broker and block at the write head.
             await asyncio.sleep(0.2)
             await asyncio.to_thread(proc.kill)
             await asyncio.sleep(0.5)

@@ -344,6 +344,7 @@ async def test_the_stall_watchdog_counts_log_reads_and_fragment_fetches_as_progr
         await _watch(playing, lambda: read[0], plan, ["b"], 0.5)
         assert playing.done() and time.monotonic() - t0 >= 1.1
 
+    # A playback that never progresses.
     stuck = asyncio.ensure_future(asyncio.sleep(30))
     t0 = time.monotonic()
     with pytest.raises(BrokersUnresponsive, match="made no progress for 0.5s"):
@@ -360,6 +361,7 @@ def test_a_failed_playback_does_not_wait_for_the_download_it_abandoned() -> None
 
     async def stalled() -> None:
         asyncio.get_running_loop().run_in_executor(None, time.sleep, 3)  # A hung fetch.
+        # Fails while the fetch it started still runs.
         await asyncio.sleep(0.05)
         raise BrokersUnresponsive("stalled")
 

@@ -299,6 +299,7 @@ def test_shards_export_on_a_standalone_cluster(
              "--seed", "11", "--log-level", "warning"],
             env={**os.environ, **EXAMPLE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )  # fmt: skip
+        # Paces the load: four seconds of chunks, then a clean stop.
         time.sleep(4)
         chunker.send_signal(signal.SIGTERM)
         out, _ = chunker.communicate(timeout=60)

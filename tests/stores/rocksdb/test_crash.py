@@ -84,6 +84,7 @@ async def _trial(
         if what in ("fusefs", "both"):
             os.kill(fusefs_pid, signal.SIGKILL)
             if what == "both":
+                # The two kills a random moment apart.
                 await asyncio.sleep(rnd.uniform(0.0, 0.05))
         if what in ("writer", "both"):
             os.kill(proc.pid, signal.SIGKILL)

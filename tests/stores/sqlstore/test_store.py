@@ -121,6 +121,7 @@ async def test_failed_dependency_rolls_back(backend: Backend) -> None:
         await store.start_commit(None, _checkpoint(1), [])
 
         async def failing_append() -> None:
+            # Fails a moment later, while the commit waits on it.
             await asyncio.sleep(0.01)
             raise DependencyError("append failed")
 
