@@ -382,15 +382,21 @@ def environment_file(text: str) -> dict[str, str]:
     os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("nsenter"),
     reason="install.sh runs as root; the namespace cluster's hosts need iproute2 and nsenter",
 )
-def test_install_lays_down_the_node_the_namespace_cluster_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "secured"])
+def test_install_lays_down_the_node_the_namespace_cluster_runs(
+    tmp_path: Path, secure: bool
+) -> None:
     sys.path.insert(0, str(REPO / "tools" / "cluster"))
     from node_cluster import Layout, NodeCluster, Settings
+    from secured import Secured
 
     from gazette.testing.netns import Net
 
     with Net(Layout().hosts, directory=tmp_path) as net:
         host = net.hosts[Layout().summers[0]]  # An etcd member, a broker and a summer.
-        contract = NodeCluster(net, Layout(), Settings()).env(host)
+        hosts = {h.name: h.address for h in net.hosts}
+        secured = Secured.make(tmp_path / "certs", hosts) if secure else None
+        contract = NodeCluster(net, Layout(), Settings(), secured).env(host)
     # What the VM has elsewhere: install.sh decides where the package and examples are.
     installed = {"GAZETTE_PYTHON": INSTALLED_PYTHON, "GAZETTE_EXAMPLES": INSTALLED_EXAMPLES}
     passed = {k: v for k, v in contract.items() if k != "PATH" and k not in installed}
