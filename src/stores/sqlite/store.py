@@ -11,6 +11,12 @@ Recovery: the consumer runtime plays the log into a directory and hands it off t
 (a `RecoveredLog`), then `from_recovered` opens the store recording onwards (`recover` does
 both); `open` rebuilds each database from its played page files and reopens it through the
 VFS, and SQLite then rolls back a hot journal or replays a WAL as after a power loss.
+
+Failure is crash-only: a commit that fails (a `wait_for` future failed, SQL failed, or the
+Recorder did, e.g. `RecorderFenced` once a newer primary took the log over) raises
+`StoreFailed` from that error, and so do later commits, `transact` and `build_hints` (`run`
+still runs, as RocksDB's reads still read); the runtime destroys the store and recovers the
+shard afresh.
 """
 
 from __future__ import annotations
@@ -34,9 +40,9 @@ from gazette.broker.client import AppendService, JournalClient
 from gazette.consumer import recovery
 from gazette.consumer.protocol import pb
 from gazette.consumer.store import Checkpoint, OpFuture, RecoveredLog, Shard
-from gazette.consumer.store_errors import StoreClosed
+from gazette.consumer.store_errors import StoreClosed, StoreFailed
 from gazette.recoverylog import recoverylog_pb2 as rpb
-from gazette.recoverylog.recorder import Recorder
+from gazette.recoverylog.recorder import Recorder, RecorderBroken, RecordingFailed
 from gazette.stores.sqlite.bridge import RecorderBridge
 from gazette.stores.sqlite.pagestore import (
     PAGES_SUFFIX,
@@ -151,6 +157,7 @@ class SQLiteStore:
         self._jobs_scheduled = False
         self._jobs_gate: asyncio.Future[Any] | None = None  # What the next job waits for.
         self._closed = False
+        self._error: BaseException | None = None  # What failed a commit (`failed`).
 
     @classmethod
     async def from_recovered(cls, recovered: RecoveredLog, **open_args: Any) -> SQLiteStore:
@@ -196,7 +203,7 @@ class SQLiteStore:
         the next commit starts the WAL over.
 
         Raises `apsw.Error` for SQL errors, and `RecordingFailed` (from the bridge) if the
-        recorder failed.
+        recorder failed (the store is not opened).
         """
         journal_mode = journal_mode.lower()
         if journal_mode not in JOURNAL_MODES:
@@ -334,7 +341,8 @@ class SQLiteStore:
 
         Calls (of `run`, `transact` and commits) run one at a time, in call order. Cancelled
         before it starts, `fn` does not run; once started, it runs to its end whatever
-        happens to the await.
+        happens to the await. Raises `StoreClosed` once the store is closed; a store whose
+        commit failed still runs `fn` (queries of the state it has), but `transact` refuses.
         """
         return await self._submit(fn, *args)
 
@@ -450,11 +458,16 @@ class SQLiteStore:
 
         The first `transact` after a commit begins the transaction (``BEGIN``); later ones,
         until the next `start_commit`, join it. `fn` must neither commit nor roll it back.
-        Ordering and cancellation are `run`'s; an exception of `fn` leaves the transaction
-        open, with whatever `fn`'s statements changed before it."""
+        Ordering, cancellation and errors are `run`'s; an exception of `fn` leaves the
+        transaction open, with whatever `fn`'s statements changed before it. Raises
+        `StoreFailed`, without running `fn`, once a commit failed (also one queued before)."""
+        if self._error is not None:
+            raise self._failed_earlier()
         return await self.run(self._in_transaction, fn, *args)
 
     def _in_transaction(self, conn: apsw.Connection, fn: Callable[..., T], *args: Any) -> T:
+        if self._error is not None:  # A commit failed while this job was queued.
+            raise self._failed_earlier()
         if not conn.in_transaction:
             conn.execute("BEGIN")
         return fn(conn, *args)
@@ -469,14 +482,15 @@ class SQLiteStore:
         The commit job is queued at once, so later `transact` calls belong to the next
         transaction; in the SQLite thread it waits for `wait_for`, updates
         ``gazette_checkpoint`` and commits. The returned future resolves once the commit is in
-        the log, or fails with the first error (of `wait_for`, SQL, or the recorder: the store
-        must then be destroyed). With ``sync_waits=False`` the SQLite thread does not wait for
-        the log: the next transaction runs while this one commits to the log (pipelining).
+        the log, or fails with `StoreFailed` from the first error (of `wait_for`, SQL, or the
+        recorder): the store has then failed, and must be destroyed. With
+        ``sync_waits=False`` the SQLite thread does not wait for the log: the next
+        transaction runs while this one commits to the log (pipelining).
         Cancelled before its job ran, the commit leaves its transaction open; cancelled while
         its job waits for `wait_for` in the thread, the job rolls the transaction back. Either
         way the jobs behind it run on, and `wait_for`'s futures are left be.
         Raises `TypeError` at once if `checkpoint` is not a ``consumer.Checkpoint`` message,
-        `StoreClosed` if the store is closed.
+        `StoreClosed` if the store is closed, `StoreFailed` if a commit failed.
         """
         if not isinstance(checkpoint, pb.Checkpoint):
             kind = type(checkpoint).__name__
@@ -484,6 +498,8 @@ class SQLiteStore:
         data = checkpoint.SerializeToString()
         if self._closed:  # (Before a task is made for `wait_for`.)
             raise StoreClosed("the store is closed")
+        if self._error is not None:
+            raise self._failed_earlier()
         waiting: concurrent.futures.Future[Any] | asyncio.Future[None] | None = None
         if wait_for and self._on_loop:
             waiting = asyncio.ensure_future(_gather(wait_for))
@@ -510,15 +526,16 @@ class SQLiteStore:
         Chained by callbacks rather than a task: one less task, and fewer loop turns, per
         commit. It fails with the first error. Cancelling it cancels what it waits for at
         once: the job (which then does not run, unless the SQLite thread began it), or the
-        barrier's wait (the commit's operations are then recorded all the same)."""
+        barrier's wait (the commit's operations are then recorded all the same). A failure
+        fails the store (`_failed`)."""
         done = _CommitFuture(job, loop=self._loop)
 
         def barrier_done(barrier: asyncio.Future[Any]) -> None:
-            if _relay_failure(barrier, done):
+            if _relay_failure(barrier, done, self._failed):
                 done.set_result(None)
 
         def job_done(job: asyncio.Future[None]) -> None:
-            if not _relay_failure(job, done):
+            if not _relay_failure(job, done, self._failed):
                 return
             if self._sync_waits:
                 done.set_result(None)
@@ -526,13 +543,39 @@ class SQLiteStore:
             # The commit's operations were handed to the loop before the job settled (FIFO).
             barrier = _start_barrier(self._bridge, self.recorder)
             if isinstance(barrier, BaseException):
-                done.set_exception(barrier)
+                done.set_exception(self._failed(barrier))
                 return
             done.waiting = barrier
             barrier.add_done_callback(barrier_done)
 
         job.add_done_callback(job_done)
         return done
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The error which failed a commit (the cause of the store's `StoreFailed`), or None."""
+        return self._error
+
+    def _failed(self, err: BaseException) -> BaseException:
+        """The error a commit that failed of `err` raises: `StoreFailed` from `err`, which
+        is latched as the store's failure unless one is already (`StoreFailed` and
+        `StoreClosed` are raised as they are). Called from either thread."""
+        if isinstance(err, (StoreFailed, StoreClosed)):
+            return err
+        self._latch(err)
+        failed = StoreFailed(f"SQLite store in {self.directory}: commit failed: {err!r}")
+        failed.__cause__ = err
+        return failed
+
+    def _latch(self, err: BaseException) -> None:
+        if self._error is None:
+            self._error = err
+            log.warning("sqlite store failed: a commit failed dir=%s err=%r", self.directory, err)
+
+    def _failed_earlier(self) -> StoreFailed:
+        failed = StoreFailed(f"SQLite store in {self.directory} failed: {self._error!r}")
+        failed.__cause__ = self._error
+        return failed
 
     def _backlog_gate(self) -> asyncio.Future[Any] | None:
         """A barrier to wait for before the next job on the loop, if the Recorder's
@@ -554,25 +597,36 @@ class SQLiteStore:
         checkpoint: bytes,
         waiting: concurrent.futures.Future[Any] | asyncio.Future[None] | None,
     ) -> None:
+        if self._error is not None:  # An earlier commit failed: commit nothing.
+            raise self._failed_earlier()
         try:
             if isinstance(waiting, asyncio.Future):
                 waiting.result()  # On the loop: the job ran once it was done.
             elif waiting is not None:
                 self._bridge.wait(waiting)
-        except BaseException:
+        except BaseException as err:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            if not isinstance(err, (asyncio.CancelledError, concurrent.futures.CancelledError)):
+                self._latch(err)  # Now: the jobs queued behind see it before the loop does.
             raise
-        if not conn.in_transaction:
-            conn.execute("BEGIN")
-        conn.execute("UPDATE gazette_checkpoint SET checkpoint = ? WHERE id = 0", (checkpoint,))
-        conn.execute("COMMIT")
-        # COMMIT's own syncs handed it over; this also covers what follows the last sync
-        # (e.g. a journal deletion).
-        self._bridge.sync(self._sync_waits)
+        try:
+            if not conn.in_transaction:
+                conn.execute("BEGIN")
+            conn.execute("UPDATE gazette_checkpoint SET checkpoint = ? WHERE id = 0", (checkpoint,))
+            conn.execute("COMMIT")
+            # COMMIT's own syncs handed it over; this also covers what follows the last sync
+            # (e.g. a journal deletion).
+            self._bridge.sync(self._sync_waits)
+        except Exception as err:
+            self._latch(err)
+            raise
 
     async def build_hints(self) -> rpb.FSMHints:
-        """Hints of the files recorded so far (behind a barrier): the shard's primary hints."""
+        """Hints of the files recorded so far (behind a barrier): the shard's primary hints.
+        Raises `StoreFailed` once a commit failed."""
+        if self._error is not None:
+            raise self._failed_earlier()
         return await self.recorder.build_hints()
 
     async def restore_checkpoint(self, shard: Shard = None) -> Checkpoint:
@@ -581,13 +635,17 @@ class SQLiteStore:
 
     async def close(self) -> None:
         """Close the connection (recording its final checkpoint of the WAL), wait until
-        everything is in the log, and stop the thread. The local files stay."""
+        everything is in the log, and stop the thread. The local files stay. Raises
+        `StoreFailed` if that failed (the Recorder had failed, say)."""
         if self._closed:
             return
         try:
             if self._conn is not None:
-                await self.run(self._close_connection)
+                await self._submit(self._close_connection)  # (Also of a failed store.)
                 await self._barrier_on_loop()
+        except (apsw.Error, RecordingFailed, RecorderBroken) as err:
+            failed = StoreFailed(f"SQLite store in {self.directory}: closing failed: {err!r}")
+            raise failed from err
         finally:
             self._closed = True
             self._shutdown()
@@ -696,16 +754,20 @@ class _CommitFuture(asyncio.Future[None]):
         return super().cancel(msg)
 
 
-def _relay_failure(fut: asyncio.Future[Any], done: asyncio.Future[None]) -> bool:
-    """Settle `done` as done `fut` failed or was cancelled; True if `fut` succeeded and
-    `done` is still to be settled."""
+def _relay_failure(
+    fut: asyncio.Future[Any],
+    done: asyncio.Future[None],
+    failed: Callable[[BaseException], BaseException],
+) -> bool:
+    """Settle `done` as done `fut` failed (with ``failed(its error)``) or was cancelled; True
+    if `fut` succeeded and `done` is still to be settled."""
     if done.done():
         return False
     if fut.cancelled() or isinstance(err := fut.exception(), asyncio.CancelledError):
         done.cancel()  # (A job's cancellation arrives as an exception.)
         return False
     if err is not None:
-        done.set_exception(err)
+        done.set_exception(failed(err))
         return False
     return True
 

@@ -175,8 +175,9 @@ async def test_wait_for_failure_fails_the_commit(
     async def fails() -> None:
         raise RuntimeError("append failed")
 
-    with pytest.raises(RuntimeError, match="append failed"):
+    with pytest.raises(StoreFailed, match="append failed") as failed:
         await store.start_commit(None, labeled("cp"), [fails()])
+    assert isinstance(failed.value.__cause__, RuntimeError)
     assert await store.restore_checkpoint() == labeled("cp-0")
     assert await store.run(lambda c: list(c.execute("SELECT * FROM kv"))) == []
     await store.close()
@@ -434,8 +435,8 @@ async def test_a_pipelined_commit_fails_once_the_recorder_is_broken(
 ) -> None:
     """The commit's job succeeds (SQLite does not wait for the log), and its future then
     fails with `StoreFailed` from the `RecordingFailed` of the bridge: the recorder could not
-    take its operations. The store has failed: the calls that follow raise `StoreFailed`
-    from that same error."""
+    take its operations. The store has failed: later commits, `transact` and `build_hints`
+    raise `StoreFailed` from that same error."""
     log = await make_log()
     rec = await new_recorder(service, log, tmp_path / "a", A)
     store = await SQLiteStore.open(rec, sync_waits=False, on_loop=on_loop)
@@ -450,7 +451,6 @@ async def test_a_pipelined_commit_fails_once_the_recorder_is_broken(
     for later in (
         lambda: store.start_commit(None, rich(3), []),
         lambda: store.transact(_upsert, [(3, b"three")]),
-        lambda: store.run(lambda c: c.execute("SELECT 1").fetchall()),
         store.build_hints,
     ):
         with pytest.raises(StoreFailed) as raised:
