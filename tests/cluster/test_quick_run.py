@@ -1,7 +1,9 @@
 """The fault runner's quick schedule end to end: five namespace hosts, every process started
 by the node script, stream-sum under load and an appender, one broker crash and one host
 isolated; every stream summed exactly once, no acknowledged append lost, and the isolated
-host's broker and summer fenced (about 90 s; 140 s with the machine's 2 cores loaded)."""
+host's broker and summer fenced (about 90 s; 140 s with the machine's 2 cores loaded). The
+same secured (``--secure``: TLS and authorization on) is marked `cluster`;
+test_secured_cluster.py brings a secured cluster up in the default suite."""
 
 from __future__ import annotations
 
@@ -20,9 +22,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_quick_fault_schedule_passes() -> None:
+@pytest.mark.parametrize(
+    "flags",
+    [
+        pytest.param([], id="plain"),
+        pytest.param(["--secure"], id="secured", marks=pytest.mark.cluster),
+    ],
+)
+def test_quick_fault_schedule_passes(flags: list[str]) -> None:
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tools" / "cluster" / "run.py"), "--quick"],
+        [sys.executable, str(ROOT / "tools" / "cluster" / "run.py"), "--quick", *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
