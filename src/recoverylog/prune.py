@@ -14,7 +14,7 @@ oldest backup of each shard):
   does the final segment of each hints set (playback reads on from it);
 - only persisted fragments (with a backing store) are candidates, never the fragment ending
   at the log's head (the open spool, or the latest persisted content);
-- pruning is refused (`MissingHints`) if any shard lacks hints, (`HintsWithoutLiveFiles`)
+- pruning is refused (`ShardNotHinted`) if any shard lacks hints, (`HintsWithoutLiveFiles`)
   if a hints set has no live files (its playback reads the log from the beginning), and
   (`LogNotHinted`) if no hints refer to the log at all.
 
@@ -34,8 +34,8 @@ from gazette.recoverylog.segments import live_log_segments
 __all__ = [
     "HintsWithoutLiveFiles",
     "LogNotHinted",
-    "MissingHints",
     "PruneError",
+    "ShardNotHinted",
     "live_ranges",
     "plan_prune",
 ]
@@ -50,8 +50,13 @@ class PruneError(Exception):
     """Pruning is refused: deleting anything could break the playback of some hints."""
 
 
-class MissingHints(PruneError):
-    """A shard has no hints at all: which parts of the log it needs is unknown."""
+class ShardNotHinted(PruneError):
+    """A shard has no hints at all: which parts of the log it needs is unknown.
+
+    Not the Spark export's `MissingHints`, which says a shard lacks the hints of the kind
+    an export asked for (or has no recovery log) and is an `ExportError`: this one is a
+    refusal to prune, a `PruneError` as ``gazctl shards prune`` reports them. One class could
+    be both only if the recovery log depended on the export."""
 
     def __init__(self, shard: str) -> None:
         super().__init__(f"shard {shard} has no hints; cannot prune its recovery log")
@@ -84,7 +89,7 @@ def live_ranges(hints_sets: HintsSets) -> dict[str, list[tuple[int, int]]]:
     ranges: dict[str, list[tuple[int, int]]] = {}
     for shard, sets in hints_sets.items():
         if not any(h is not None for h in sets):
-            raise MissingHints(shard)
+            raise ShardNotHinted(shard)
         for index, hints in enumerate(sets):
             if hints is None:
                 continue

@@ -21,7 +21,7 @@ from gazette.recoverylog.player import Player
 from gazette.recoverylog.prune import (
     HintsWithoutLiveFiles,
     LogNotHinted,
-    MissingHints,
+    ShardNotHinted,
     live_ranges,
     plan_prune,
 )
@@ -123,9 +123,9 @@ def test_plan_keeps_fragments_any_set_needs() -> None:
 
 def test_plan_refusals() -> None:
     h = hints((3, [seg(3, 4, 1000)]))
-    with pytest.raises(MissingHints, match="shard t has no hints"):
+    with pytest.raises(ShardNotHinted, match="shard t has no hints"):
         plan_prune([frag(0, 10)], {"s": [h], "t": [None, None]})
-    with pytest.raises(MissingHints):
+    with pytest.raises(ShardNotHinted):
         plan_prune([frag(0, 10)], {"t": []})
     with pytest.raises(HintsWithoutLiveFiles, match="hints #1 of shard s"):
         plan_prune([frag(0, 10)], {"s": [h, rpb.FSMHints(log=LOG)]})

@@ -43,7 +43,10 @@ class NoShardsMatched(ExportError):
 
 
 class MissingHints(ExportError):
-    """A selected shard has no hints of the requested kind (or no recovery log at all)."""
+    """A selected shard has no hints of the requested kind (or no recovery log at all).
+
+    Pruning's refusal for a shard without any hints is another class,
+    `gazette.recoverylog.prune.ShardNotHinted` (a `PruneError`; its docstring says why)."""
 
     def __init__(self, shard: str, why: str) -> None:
         super().__init__(f"shard {shard!r}: {why}")
