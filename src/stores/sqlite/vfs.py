@@ -51,17 +51,29 @@ WAL_NAME_SUFFIX = "-wal"
 _native_lock = threading.Lock()
 
 
+_NOT_BUILT = (
+    "the SQLite store's VFS ({what}) {why}. The package build compiles it, given a C compiler, "
+    "Python's headers and SQLite's sqlite3ext.h (Debian: build-essential python3-dev "
+    "libsqlite3-dev): with those installed, reinstall the package with its [sqlite] extra, "
+    "pip install --force-reinstall --no-cache-dir 'gazette-py[sqlite]' (or '.[sqlite]' in its "
+    "source tree); in a development checkout, `make deps` (or "
+    "`python -m gazette.stores.sqlite.native build`) builds it in place"
+)
+
+
 def native_vfs() -> ModuleType:
     """The C half of the VFS (`stores.sqlite._recvfs`), loaded into APSW's SQLite.
 
-    Raises ImportError, saying how to build it, if it was not built."""
+    Raises ImportError, saying how to build it, if it was not built (the package build
+    skips it without a C compiler) or cannot be loaded."""
     try:
         _recvfs = importlib.import_module("gazette.stores.sqlite._recvfs")
+    except ModuleNotFoundError as err:
+        what = "gazette/stores/sqlite/_recvfs.so"
+        raise ImportError(_NOT_BUILT.format(what=what, why="was not built")) from err
     except ImportError as err:
-        raise ImportError(
-            "the SQLite store's VFS is not built: run `make deps` (or "
-            "`python -m gazette.stores.sqlite.native build`; it needs cc and libsqlite3-dev)"
-        ) from err
+        why = f"cannot be loaded ({err})"
+        raise ImportError(_NOT_BUILT.format(what=err.path or "_recvfs", why=why)) from err
     with _native_lock:
         if not _recvfs.loaded():
             # Loading it as an SQLite extension hands it the API of APSW's own SQLite.
