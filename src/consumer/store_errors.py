@@ -12,9 +12,10 @@ __all__ = ["StoreClosed", "StoreFailed"]
 
 
 class StoreFailed(RuntimeError):
-    """An earlier commit of the store failed: the store is unusable from then on
-    (crash-only), and the runtime destroys it and recovers the shard afresh. ``__cause__``
-    says why."""
+    """A commit of the store failed (the one raising this, or an earlier one): the store is
+    unusable from then on (crash-only), and the runtime destroys it and recovers the shard
+    afresh. ``__cause__`` is what failed the commit, kept whole: the runtime looks in its
+    chain for a fenced Recorder (`gazette.consumer.store.fenced_by`)."""
 
 
 class StoreClosed(RuntimeError):
