@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from gazette.auth.claims import Claims, ClaimsError, decode_claims, encode_claims
 
-__all__ = ["LEEWAY", "TokenError", "sign", "verify"]
+__all__ = ["LEEWAY", "TokenError", "check_times", "sign", "verify", "verify_signature"]
 
 LEEWAY = 5
 """Seconds by which ``exp``, ``iat`` and ``nbf`` may be off (clock skew)."""
@@ -54,6 +54,14 @@ def sign(claims: Claims, key: bytes) -> str:
 def verify(token: str, keys: Sequence[bytes], now: float | None = None) -> Claims:
     """The claims of `token` if one of `keys` signed it and it is valid at `now` (default:
     the current time). Raises TokenError saying what is wrong."""
+    claims = verify_signature(token, keys)
+    check_times(claims, time.time() if now is None else now)
+    return claims
+
+
+def verify_signature(token: str, keys: Sequence[bytes]) -> Claims:
+    """The claims of `token` if one of `keys` signed it, whenever it is valid (`verify`
+    checks that too). Raises TokenError saying what is wrong."""
     parts = token.split(".")
     if len(parts) != 3:
         raise TokenError("token is malformed: it is not three dot-separated parts")
@@ -70,10 +78,14 @@ def verify(token: str, keys: Sequence[bytes], now: float | None = None) -> Claim
     if not any(hmac.compare_digest(hmac.new(k, signing_input, digest).digest(), mac) for k in keys):
         raise TokenError("token signature is invalid (signed with a key not configured here)")
     try:
-        claims = decode_claims(_unb64(parts[1], "claims"))
+        return decode_claims(_unb64(parts[1], "claims"))
     except ClaimsError as err:
         raise TokenError(f"token is malformed: {err}") from None
-    t = time.time() if now is None else now
+
+
+def check_times(claims: Claims, t: float) -> None:
+    """Raise TokenError if `claims` are not valid at `t` (expired, issued in the future, not
+    valid yet), or have no expiry."""
     if claims.expires_at is None:
         raise TokenError("token has no expiry (exp), which is required")
     if t > claims.expires_at + LEEWAY:
@@ -83,4 +95,3 @@ def verify(token: str, keys: Sequence[bytes], now: float | None = None) -> Claim
     nbf = claims.registered.get("nbf")
     if nbf is not None and nbf > t + LEEWAY:
         raise TokenError("token is not valid yet (nbf)")
-    return claims

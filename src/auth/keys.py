@@ -19,7 +19,7 @@ import time
 from typing import Protocol
 
 from gazette.auth.claims import ALL, Claims
-from gazette.auth.jwt import TokenError, sign, verify
+from gazette.auth.jwt import TokenError, check_times, sign, verify_signature
 from gazette.broker.protocol import protocol_pb2 as pb
 
 __all__ = [
@@ -79,15 +79,23 @@ def parse_keys(text: str) -> tuple[list[bytes], bool]:
     return keys, allow_missing
 
 
+VERIFIED_CACHE = 1024
+"""Tokens a `KeyedAuth` keeps the verified claims of (then it forgets them all)."""
+
+
 class KeyedAuth:
     """Signs with the first of pre-shared `keys` and verifies with any (module docs).
 
     Tokens are reused while more than half of their lifetime remains, so that a busy client
-    does not sign every call."""
+    does not sign every call. So the verifier keeps the claims of the tokens it verified:
+    a token seen again (each append of a stream of them, each call of a client) is not
+    decoded and its signature not computed again, while its expiry and the capability the
+    call needs are checked at every call, as for a new token."""
 
     def __init__(self, text: str) -> None:
         self.keys, self.allow_missing = parse_keys(text)
         self._cache: dict[tuple[int, bytes, float], tuple[str, float]] = {}
+        self._verified: dict[str, Claims] = {}
 
     def authorization(self, claims: Claims, ttl: float) -> str:
         key = (claims.capability, claims.selector.SerializeToString(deterministic=True), ttl)
@@ -113,13 +121,22 @@ class KeyedAuth:
             raise AuthError("missing or empty authorization token")
         if not authorization.startswith(_BEARER):
             raise AuthError("invalid or unsupported authorization header (expected 'Bearer')")
+        token = authorization[len(_BEARER) :]
         try:
-            claims = verify(authorization[len(_BEARER) :], self.keys)
+            claims = self._verified.get(token) or self._verify_signature(token)
+            check_times(claims, time.time())
         except TokenError as err:
             raise AuthError(f"verifying authorization: {err}") from None
         missing = claims.lacks(require)
         if missing is not None:
             raise AuthError(missing)
+        return claims
+
+    def _verify_signature(self, token: str) -> Claims:
+        claims = verify_signature(token, self.keys)
+        if len(self._verified) >= VERIFIED_CACHE:
+            self._verified.clear()
+        self._verified[token] = claims
         return claims
 
 

@@ -172,6 +172,44 @@ def test_tokens_are_reused_until_half_their_life() -> None:
     assert auth.authorization(claims, 0.001) != first  # another lifetime, another token
 
 
+def test_verified_tokens_are_kept_and_still_checked_at_each_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A token verified once is not decoded nor its signature computed again; its expiry and
+    the capability a call needs are still checked at every call; another key's token, or a
+    token altered, is verified (and refused) afresh."""
+    from gazette.auth import keys
+
+    signed: list[str] = []
+    real = keys.verify_signature
+
+    def counting(token: str, ks: list[bytes]) -> Claims:
+        signed.append(token)
+        return real(token, ks)
+
+    monkeypatch.setattr(keys, "verify_signature", counting)
+    verifier = KeyedAuth(SECRET)
+    now = int(time.time())
+    token = sign(Claims(READ, name_selector("name", "a"), now, now + 60), b"secret")
+    for _ in range(3):
+        assert verifier.verify(f"Bearer {token}", READ).capability == READ
+    assert len(signed) == 1
+    with pytest.raises(AuthError, match="missing required APPEND capability"):
+        verifier.verify(f"Bearer {token}", APPEND)
+    altered = token[:-2] + ("AA" if token[-2:] != "AA" else "BB")
+    with pytest.raises(AuthError, match="signature is invalid"):
+        verifier.verify(f"Bearer {altered}", READ)
+    with pytest.raises(AuthError, match="signature is invalid"):
+        verifier.verify(KeyedAuth(OTHER).authorization(Claims(READ), 60), READ)
+    assert len(signed) == 3
+
+    later = now + 60 + 6  # past the expiry and its leeway
+    monkeypatch.setattr(keys.time, "time", lambda: float(later))
+    with pytest.raises(AuthError, match="token is expired"):
+        verifier.verify(f"Bearer {token}", READ)
+    assert len(signed) == 3
+
+
 def test_bearer_and_no_auth() -> None:
     assert BearerAuth(" tok ").authorization(Claims(READ), 60) == "Bearer tok"
     with pytest.raises(ValueError, match="empty"):
