@@ -5,7 +5,10 @@ Usage: python tools/check_install.py  (``make check-install``; needs PyPI)
 1. Builds a wheel of this checkout (the native helpers compiled into it).
 2. A client-only install: the client library, messages and gazctl import; the SQLite store
    says which extra it needs; none of the extras' packages were installed.
-3. ``[sqlite]``: the SQLite store's VFS, built by the package build, loads into APSW's SQLite.
+3. ``[sqlite]``: the SQLite store's VFS, built by the package build, loads into APSW's SQLite,
+   and a database opened through it commits a transaction, whose writes reach the VFS's
+   bridge. The bridge is a stand-in that keeps them: a `SQLiteStore` records through a
+   Recorder, which appends to a journal of a broker, and this check runs none.
 """
 
 from __future__ import annotations
@@ -27,6 +30,44 @@ HEAVY = [
     "boto3",
     "aiohttp",
 ]
+
+
+# Run by the [sqlite] venv's Python: a WAL database through a RecordingVFS whose bridge keeps
+# the operations it is handed; one committed transaction must hand it WAL writes and a sync.
+VFS_COMMIT = """
+import sys, tempfile
+from pathlib import Path
+import apsw
+from gazette.stores.sqlite.vfs import RecordingVFS
+
+class Bridge:
+    discarded = deferring = False
+    def __init__(self):
+        self.ops = []
+    def create(self, path): self.ops.append(("create", path))
+    def truncate(self, path): self.ops.append(("truncate", path))
+    def unlink(self, path): self.ops.append(("unlink", path))
+    def rename(self, src, dst): self.ops.append(("rename", src, dst))
+    def write(self, path, offset, data): self.ops.append(("write", path, len(data)))
+    def sync(self, wait=True): self.ops.append(("sync",))
+    def flush(self): pass
+    def defer(self): pass
+
+with tempfile.TemporaryDirectory() as tmp:
+    bridge = Bridge()
+    vfs = RecordingVFS("check-install", Path(tmp), bridge, recorded=set(), page_files={})
+    conn = apsw.Connection(str(Path(tmp) / "db"), vfs=vfs.name)
+    conn.execute("PRAGMA synchronous=FULL; PRAGMA journal_mode=WAL").fetchall()
+    with conn:
+        conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)")
+        conn.execute("INSERT INTO t VALUES (1, randomblob(100))")
+    assert conn.execute("SELECT count(*) FROM t").fetchall() == [(1,)]
+    conn.close()
+    vfs.unregister()
+    wal = [op for op in bridge.ops if op[0] == "write" and op[1] == "db-wal"]
+    assert wal and ("sync",) in bridge.ops, bridge.ops
+print("committed through the recording VFS:", len(bridge.ops), "operations")
+"""
 
 
 def run(*cmd: str | Path) -> str:
@@ -59,6 +100,9 @@ def main() -> int:
         sqlite = venv(Path(tmp) / "sqlite")
         run(sqlite, "-m", "pip", "install", "-q", f"{wheel}[sqlite]")
         run(sqlite, "-c", "from gazette.stores.sqlite.vfs import native_vfs; native_vfs()")
+        script = Path(tmp) / "vfs_commit.py"
+        script.write_text(VFS_COMMIT)
+        print(run(sqlite, script), end="")
     print("install check passed")
     return 0
 
