@@ -476,20 +476,32 @@ async def _apply_tree_text(
 
 
 def _note_replication_one(changes: Sequence[pb.ApplyRequest.Change], io: Streams) -> None:
-    """Say what replication 1 promises, if an upserted spec asks for it (docs/broker.md)."""
-    names = [
-        ch.upsert.name for ch in changes if ch.HasField("upsert") and ch.upsert.replication == 1
-    ]
+    """Say what replication 1 promises, if an upserted spec asks for it, and warn of one
+    without fragment stores, which can fork (docs/broker.md)."""
+    specs = [ch.upsert for ch in changes if ch.HasField("upsert") and ch.upsert.replication == 1]
+    names = [spec.name for spec in specs]
     if not names:
         return
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     io.err(
-        f"gazctl: note: replication 1 ({shown}): one broker holds what it acknowledged until "
-        "the fragment is persisted; if that machine or disk is lost for good, those appends "
-        "are lost (up to fragment.length bytes or one flush_interval; without --spool-sync "
-        "also at a power loss), and while a crashed broker is away readers meet a hole. "
-        "Use replication 2 or more to keep acknowledged appends (docs/broker.md)"
+        f"gazctl: note: replication 1 ({_shown(names)}): one broker holds what it acknowledged "
+        "until the fragment is persisted; if that machine or disk is lost for good, those "
+        "appends are lost (up to fragment.length bytes or one flush_interval; without "
+        "--spool-sync also at a power loss), and while a crashed broker is away readers meet "
+        "a hole. Use replication 2 or more to keep acknowledged appends (docs/broker.md)"
     )
+    storeless = [spec.name for spec in specs if not spec.fragment.stores]
+    if storeless:
+        io.err(
+            f"gazctl: warning: replication 1 without fragment.stores ({_shown(storeless)}): "
+            "offsets cannot be reserved, so after a crash or pause of its broker another one "
+            "starts again at its own head and hands out offsets the first one acknowledged: "
+            "the journal forks, and its content lives and dies with one spool directory. Give "
+            "it a store, or replication 2 or more (docs/broker.md)"
+        )
+
+
+def _shown(names: Sequence[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 async def cmd_apply(args: argparse.Namespace, io: Streams) -> int:

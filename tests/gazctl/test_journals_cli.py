@@ -40,6 +40,15 @@ def test_apply_says_what_replication_1_promises(
         f"gazctl: note: replication 1 ({prefix}clicks, {prefix}orders): one broker holds" in r.err
     )
     assert "Use replication 2 or more" in r.err and "--spool-sync" in r.err
+    assert "warning" not in r.err, r.err
+    storeless = spec_yaml(prefix, tmp_path).replace(f'  stores: ["file://{tmp_path}/"]\n', "")
+    r = gazctl("journals", "apply", "--dry-run", stdin=storeless.encode())
+    assert r.rc == 0, r.err
+    assert (
+        f"gazctl: warning: replication 1 without fragment.stores ({prefix}clicks, "
+        f"{prefix}orders)" in r.err
+    )
+    assert "the journal forks" in r.err
     text = spec_yaml(prefix, tmp_path).replace("replication: 1", "replication: 2")
     r = gazctl("journals", "apply", "--dry-run", stdin=text.encode())
     assert r.rc == 0 and "note" not in r.err, r.err
