@@ -114,9 +114,10 @@ def detect_placeholder(conn: Connection) -> str:
     return placeholder
 
 
-class Fenced(RuntimeError):
+class Fenced(StoreFailed):
     """The shard's checkpoint fence moved on: another instance restored the shard since
-    this one did. The transaction was rolled back."""
+    this one did. The transaction was rolled back. A `StoreFailed`, as every failed commit
+    of a store is."""
 
     def __init__(self, shard_fqn: str, fence: int) -> None:
         super().__init__(
@@ -319,9 +320,10 @@ class SQLStore:
 
         The commit job is queued at once: in the store's thread it waits for `wait_for`,
         updates the checkpoint where the fence is still this instance's, and commits. The
-        returned future resolves once committed, or fails (after a rollback) with the first
-        error of `wait_for`, `Fenced`, or the driver's error; the store is then unusable
-        (`StoreFailed`). Raises `StoreClosed`/`StoreFailed` at once if already unusable, and
+        returned future resolves once committed, or fails (after a rollback) with
+        `StoreFailed`: `Fenced` (a newer instance restored the shard), or `StoreFailed` from
+        the first error of `wait_for` or the driver's; the store is then unusable. Raises
+        `StoreClosed`/`StoreFailed` at once if already unusable, and
         RuntimeError before `restore_checkpoint`.
         """
         self._check()
@@ -354,7 +356,11 @@ class SQLStore:
             if self._error is None:
                 self._error = err
                 log.warning("SQL store commit failed shard=%s err=%r", self._shard_fqn, err)
-            raise
+            if isinstance(err, StoreFailed | asyncio.CancelledError) or not isinstance(
+                err, Exception
+            ):
+                raise
+            raise StoreFailed(f"SQL store commit failed: {err!r}") from err
 
     def _commit_job(
         self,

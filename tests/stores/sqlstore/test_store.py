@@ -126,8 +126,9 @@ async def test_failed_dependency_rolls_back(backend: Backend) -> None:
             raise DependencyError("append failed")
 
         await store.transact(_upsert(store, [(1, "uno"), (2, "dos")]))
-        with pytest.raises(DependencyError):
+        with pytest.raises(StoreFailed) as raised:
             await store.start_commit(None, _checkpoint(2), [failing_append()])
+        assert isinstance(raised.value.__cause__, DependencyError)
         cp1 = _checkpoint(1).SerializeToString(deterministic=True)
         assert _outside(backend) == ([(1, "one")], (1, cp1))
         with pytest.raises(StoreFailed):
@@ -172,6 +173,7 @@ async def test_newer_instance_fences_older_commits(backend: Backend) -> None:
         with pytest.raises(Fenced, match=SHARD) as raised:
             await a.start_commit(None, _checkpoint(2), [])
         assert raised.value.shard_fqn == SHARD and raised.value.fence == 1
+        assert isinstance(raised.value, StoreFailed)
         cp1 = _checkpoint(1).SerializeToString(deterministic=True)
         assert _outside(backend) == ([(1, "a-1")], (2, cp1))  # A's rows were rolled back.
         with pytest.raises(StoreFailed):
