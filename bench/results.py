@@ -162,10 +162,12 @@ BENCHES: dict[str, Bench] = {
         "appends, each awaited, by one Python client against NATS JetStream's file store.",
         baseline="the peers themselves (PyPI `bytewax` 0.21, Debian `nats-server`), in "
         "interleaved rounds of the same run: `consumer_vs_bytewax` and `broker_*_vs_nats` "
-        "are our rates over theirs (target >= 1.0); `recovery_s` is SIGKILL to the restarted "
+        "are our rates over theirs (target >= 1.0), `consumer_vs_bytewax_cpu` their CPU per "
+        "record over ours (consumer + fusefs + broker); `recovery_s` is SIGKILL to the restarted "
         "shard's first commit (target <= 1 s).",
         headline=(
             "consumer_vs_bytewax",
+            "consumer_vs_bytewax_cpu",
             "recovery_s",
             "broker_1mib_vs_nats",
             "broker_1kib_vs_nats",
