@@ -1,18 +1,16 @@
-"""The word-count example end to end: etcd, a broker, and two `gazette-consumer` processes of
-`word_count.app:WordCount` (hot standbys 1), whose primaries are SIGKILLed again and again
-while text is fed; the counts must come out exact, through the query API and in the
-read-committed NGramCount stream."""
+"""The word-count example end to end, on the package's pytest plugin: the example's specs
+(`word_count.specs`), two `gazette-consumer` processes of `word_count.app:WordCount` (hot
+standbys 1), whose primaries are SIGKILLed again and again while text is fed; the counts
+must come out exact, through the query API and in the read-committed NGramCount stream."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import grpc.aio
 import pytest
@@ -21,25 +19,16 @@ from word_count.messages import COUNTS, NGramCount, deltas_partition, shard_id
 from word_count.query import QueryError, query_channel
 from word_count.specs import journal_specs, shard_specs
 
-from gazette.broker.client import JournalClient
-from gazette.broker.client.list import apply_journals
-from gazette.broker.protocol import protocol_pb2 as bpb
+from gazette.broker.client import JournalClient, write_head
 from gazette.consumer.protocol import consumer_pb2_grpc as pb_grpc
 from gazette.consumer.protocol import pb
-from gazette.message.iterators import ReadCommittedIter
 from gazette.message.mapping import fnv1a_32
-from gazette.testing.broker import BrokerProcess
-from gazette.testing.consumer import ConsumerProcess
-from gazette.testing.etcd import EtcdServer
-from tests.examples.conftest import WORD_COUNT
-from tests.examples.shards_support import all_shards, statuses, until
+from gazette.testing.pytest_plugin import Consumer, GazetteCluster, SpecsArg
 
-REPO = Path(__file__).resolve().parents[2]
+APP = "word_count.app:WordCount"
 PARTITIONS = 2
 KILLS = 10
 TAIL_LINES = 300
-
-PRIMARY, STANDBY = pb.ReplicaStatus.PRIMARY, pb.ReplicaStatus.STANDBY
 
 
 def corpus(seed: int = 7) -> Iterator[str]:
@@ -65,171 +54,105 @@ def expected_counts(text: str) -> Counter[str]:
     return Counter(f"{a} {b}" for a, b in zip(toks, toks[1:], strict=False))
 
 
-async def write_head(client: JournalClient, journal: str) -> int:
-    stub = client.stub_for(journal)
-    resp = await stub.Read(bpb.ReadRequest(journal=journal, offset=-1, metadata_only=True)).read()
-    return int(resp.write_head)
-
-
-async def committed_counts(client: JournalClient, end: int) -> list[NGramCount]:
-    req = bpb.ReadRequest(journal=COUNTS, offset=0, end_offset=end, block=True)
-    it = ReadCommittedIter(client, req, None, lambda _s: NGramCount())
-    out = []
-    try:
-        while True:
-            try:
-                env = await it.next()
-            except StopAsyncIteration:
-                break
-            if env.message.ngram:  # Acknowledgements carry none.
-                out.append(env.message)
-    finally:
-        it.close()
-    return out
-
-
 async def test_counts_exact_through_primary_kills(
-    etcd_server: EtcdServer, broker: BrokerProcess, client: JournalClient, tmp_path: Path
+    gazette: GazetteCluster,
+    gazette_journals: Callable[[SpecsArg], list[str]],
+    gazette_consumer: Callable[..., Consumer],
 ) -> None:
-    store = tmp_path / "fragments"
-    store.mkdir()
-    specs = journal_specs(PARTITIONS, f"file://{store}/")
-    await apply_journals(
-        client, bpb.ApplyRequest(changes=[bpb.ApplyRequest.Change(upsert=s) for s in specs])
-    )
-    root = f"/test-word-count-consumers/{os.getpid()}"
-    procs = [
-        ConsumerProcess(
-            "word_count.app:WordCount",
-            etcd_server.endpoint,
-            [broker.endpoint],
-            root=root,
-            zone=f"z{i}",
-            suffix=f"consumer-{i}",
-            workdir=tmp_path / f"consumer-{i}",
-            extra_env={"PYTHONPATH": f"{WORD_COUNT}{os.pathsep}{REPO}"},
-            extra_args=["--hint-interval", "1"],
-        )
-        for i in range(2)
-    ]
-    by_suffix = {p.suffix: p for p in procs}
     t_start = time.monotonic()
-    try:
-        for p in procs:
-            p.start()
-        async with (
-            grpc.aio.insecure_channel(procs[0].endpoint) as ch0,
-            grpc.aio.insecure_channel(procs[1].endpoint) as ch1,
-        ):
-            channels = {procs[0].suffix: ch0, procs[1].suffix: ch1}
-            stubs = {k: pb_grpc.ShardStub(ch) for k, ch in channels.items()}
-            stub = stubs["consumer-0"]
-            req = pb.ApplyRequest(
-                changes=[
-                    pb.ApplyRequest.Change(upsert=s)
-                    for s in shard_specs(
-                        PARTITIONS,
-                        hot_standbys=1,
-                        hint_prefix=f"/test-hints/word-count/{os.getpid()}",
-                    )
-                ]
-            )
-            assert (await stub.Apply(req)).status == pb.OK
-            both = lambda s: sorted(s.values()) == sorted([PRIMARY, STANDBY])  # noqa: E731
-            await until(
-                all_shards(stub, PARTITIONS, both), "a primary and a standby of every shard"
-            )
+    gazette_journals(journal_specs(PARTITIONS, "file:///word-count-fragments/"))
+    consumers = [
+        gazette_consumer(APP, shards=shard_specs(PARTITIONS, hot_standbys=1), hint_interval=1),
+        gazette_consumer(APP, hint_interval=1),
+    ]
+    for i in range(PARTITIONS):
+        await gazette.wait_primary(shard_id(i), standbys=1)
 
-            lines: list[str] = []
-            kills_done = asyncio.Event()
-            parts = await deltas_partitions(client)
-            assert [j.spec.name for j in parts] == [deltas_partition(i) for i in range(2)]
+    async with (
+        JournalClient(gazette.brokers().endpoints) as client,
+        grpc.aio.insecure_channel(consumers[0].endpoint) as ch0,
+        grpc.aio.insecure_channel(consumers[1].endpoint) as ch1,
+    ):
+        channels = {consumers[0].suffix: ch0, consumers[1].suffix: ch1}
+        lines: list[str] = []
+        kills_done = asyncio.Event()
+        parts = await deltas_partitions(client)
+        assert [j.spec.name for j in parts] == [deltas_partition(i) for i in range(2)]
 
-            async def feed() -> Counter[str]:
-                """Feed lines paced until the kills are over, then TAIL_LINES more at once."""
-                text = corpus()
-                async with Feeder(client, parts) as feeder:
-                    while not kills_done.is_set():
-                        lines.append(next(text))
-                        await feeder.add(lines[-1])
-                        await feeder.barrier()
-                        await asyncio.sleep(0.02)  # Paces the load.
-                    for _ in range(TAIL_LINES):
-                        lines.append(next(text))
-                        await feeder.add(lines[-1])
-                return feeder.counts
+        async def feed() -> Counter[str]:
+            """Feed lines paced until the kills are over, then TAIL_LINES more at once."""
+            text = corpus()
+            async with Feeder(client, parts) as feeder:
+                while not kills_done.is_set():
+                    lines.append(next(text))
+                    await feeder.add(lines[-1])
+                    await feeder.barrier()
+                    await asyncio.sleep(0.02)  # Paces the load.
+                for _ in range(TAIL_LINES):
+                    lines.append(next(text))
+                    await feeder.add(lines[-1])
+            return feeder.counts
 
-            feeder = asyncio.create_task(feed())
-            takeovers = []
-            for k in range(KILLS):
-                await asyncio.sleep(0.3)  # The primaries process input until one is killed.
-                st = await statuses(stubs["consumer-0"])
-                victim = next(m for m, c in st[shard_id(k % 2)].items() if c == PRIMARY)
-                survivor = next(s for s in by_suffix if s != victim)
-                t0 = time.monotonic()
-                by_suffix[victim].kill()
-                await until(
-                    all_shards(
-                        stubs[survivor], PARTITIONS, lambda s, sv=survivor: s.get(sv) == PRIMARY
-                    ),
-                    f"{survivor} primary of every shard (kill {k})",
-                )
-                takeovers.append(time.monotonic() - t0)
-                by_suffix[victim].start()
-                await until(
-                    all_shards(stubs[survivor], PARTITIONS, both), f"a new standby (kill {k})"
-                )
-            assert not feeder.done()
-            kills_done.set()
-            fed = await feeder
-            t_kills = time.monotonic() - t_start
-
-            text = "".join(lines)
-            expected = expected_counts(text)
-            assert fed == expected
-
-            # Every shard reads its partition through (Stat proxies to the primary).
+        feeder = asyncio.create_task(feed())
+        takeovers = []
+        for k in range(KILLS):
+            await asyncio.sleep(0.3)  # The primaries process input until one is killed.
+            victim = await gazette.wait_primary(shard_id(k % 2))
+            t0 = time.monotonic()
+            victim.kill()
             for i in range(PARTITIONS):
-                head = await write_head(client, deltas_partition(i))
-                resp = await stub.Stat(
-                    pb.StatRequest(shard=shard_id(i), read_through={deltas_partition(i): head}),
-                    timeout=60,
-                )
-                assert resp.status == pb.OK, resp
+                assert await gazette.wait_primary(shard_id(i)) is not victim
+            takeovers.append(time.monotonic() - t0)
+            victim.restart()
+            for i in range(PARTITIONS):
+                await gazette.wait_primary(shard_id(i), standbys=1)
+        assert not feeder.done()
+        kills_done.set()
+        fed = await feeder
+        t_kills = time.monotonic() - t_start
 
-            # The query API, through either process (one of them proxies).
-            owner = {g: shard_id(fnv1a_32(g) % PARTITIONS) for g in expected}
-            served_by = set()
-            for name, ch in channels.items():
-                got: Counter[str] = Counter()
-                for i in range(PARTITIONS):
-                    resp_q = await query_channel(ch, {"shard": shard_id(i), "prefix": ""})
-                    served_by.add((name, resp_q["served_by"]))
-                    assert all(owner[g] == shard_id(i) for g in resp_q["counts"])
-                    got.update(resp_q["counts"])
-                assert got == expected, f"counts queried through {name}"
-                for g, n in list(expected.most_common(5)):
-                    one = await query_channel(ch, {"ngram": g})
-                    assert one["counts"] == {g: n} and one["shard"] == owner[g]
-            assert any(a != b for a, b in served_by), "no query was proxied"
-            with pytest.raises(QueryError, match="SHARD_NOT_FOUND"):
-                await query_channel(ch0, {"shard": "no-such-shard"})
+        text = "".join(lines)
+        expected = expected_counts(text)
+        assert fed == expected
 
-            # The read-committed NGramCount stream: strictly increasing per n-gram, ending at
-            # the expected counts.
-            final: dict[str, int] = {}
-            updates = await committed_counts(client, await write_head(client, COUNTS))
-            for u in updates:
-                assert u.count > final.get(u.ngram, 0), (
-                    f"{u.ngram}: {u.count} after {final.get(u.ngram)}"
-                )
-                final[u.ngram] = u.count
-            assert final == dict(expected)
-            print(
-                f"{sum(expected.values())} bigrams ({len(expected)} distinct), {KILLS} SIGKILLs in"
-                f" {t_kills:.1f}s, takeovers {[round(t, 1) for t in takeovers]},"
-                f" {len(updates)} NGramCount updates"
+        # Every shard reads its partition through (Stat proxies to the primary).
+        stub = pb_grpc.ShardStub(ch0)
+        for i in range(PARTITIONS):
+            head = await write_head(client, deltas_partition(i))
+            resp = await stub.Stat(
+                pb.StatRequest(shard=shard_id(i), read_through={deltas_partition(i): head}),
+                timeout=60,
             )
-    finally:
-        for p in procs:
-            p.kill()
+            assert resp.status == pb.OK, resp
+
+        # The query API, through either process (one of them proxies).
+        owner = {g: shard_id(fnv1a_32(g) % PARTITIONS) for g in expected}
+        served_by = set()
+        for name, ch in channels.items():
+            got: Counter[str] = Counter()
+            for i in range(PARTITIONS):
+                resp_q = await query_channel(ch, {"shard": shard_id(i), "prefix": ""})
+                served_by.add((name, resp_q["served_by"]))
+                assert all(owner[g] == shard_id(i) for g in resp_q["counts"])
+                got.update(resp_q["counts"])
+            assert got == expected, f"counts queried through {name}"
+            for g, n in list(expected.most_common(5)):
+                one = await query_channel(ch, {"ngram": g})
+                assert one["counts"] == {g: n} and one["shard"] == owner[g]
+        assert any(a != b for a, b in served_by), "no query was proxied"
+        with pytest.raises(QueryError, match="SHARD_NOT_FOUND"):
+            await query_channel(ch0, {"shard": "no-such-shard"})
+
+    # The read-committed NGramCount stream: strictly increasing per n-gram, ending at the
+    # expected counts.
+    final: dict[str, int] = {}
+    updates = await gazette.read_committed(COUNTS, NGramCount)
+    for u in updates:
+        assert u.count > final.get(u.ngram, 0), f"{u.ngram}: {u.count} after {final.get(u.ngram)}"
+        final[u.ngram] = u.count
+    assert final == dict(expected)
+    print(
+        f"{sum(expected.values())} bigrams ({len(expected)} distinct), {KILLS} SIGKILLs in"
+        f" {t_kills:.1f}s, takeovers {[round(t, 1) for t in takeovers]},"
+        f" {len(updates)} NGramCount updates"
+    )
