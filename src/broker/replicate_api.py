@@ -141,8 +141,9 @@ async def acquire_unless(lock: asyncio.Lock, stop: asyncio.Future[None]) -> bool
     if stop.done():
         return False
     acquiring = asyncio.ensure_future(lock.acquire())
+    either: set[asyncio.Future[Any]] = {acquiring, stop}
     try:
-        await asyncio.wait({acquiring, stop}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
         if acquiring.done() and not acquiring.cancelled():
             lock.release()
