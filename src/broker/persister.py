@@ -57,6 +57,9 @@ class Persister:
         self._replicas = replicas
         self._judge = judge
         self._close_hole = close_hole
+        # The upload `run` is doing: not cancelled with `run` (a lost lease ends the loops
+        # while a spool is half published), `persist_remaining` finishes it.
+        self._inflight: asyncio.Future[None] | None = None
 
     def enqueue(self, replica: JournalReplica, entries: list[FragmentEntry]) -> None:
         """Queue rolled spools of `replica` for upload."""
@@ -70,7 +73,8 @@ class Persister:
             backoff = 0.5
             while True:
                 try:
-                    await self.persist(replica, entry)
+                    self._inflight = asyncio.ensure_future(self.persist(replica, entry))
+                    await asyncio.shield(self._inflight)
                     break
                 except SpoolPending as err:
                     # Judged again later, without holding up other journals' spools.
@@ -142,8 +146,12 @@ class Persister:
         stem = entry.local_path.name[: -len(SPOOL_SUFFIX)]
         for p in (entry.local_path, entry.local_path.with_name(stem + COMMITS_SUFFIX)):
             p.unlink(missing_ok=True)
-        if unowned and replica.spec.replication == 1 and entry.end >= replica.local_end:
-            await self._close_hole(replica, entry.end)
+        if replica.spec.replication == 1 and entry.end >= replica.local_end:
+            # Our last content of a journal another primary took on (it reserved beyond our
+            # reservation: e.g. we were paused and still serve it until we learn so).
+            superseded = replica.reservations.listed > replica.reservations.own
+            if unowned or superseded:
+                await self._close_hole(replica, entry.end)
 
     async def persist_leftover_spools(
         self, spec_of: Callable[[str], KeyValue[Any] | None], judging_timeout: float
@@ -199,6 +207,13 @@ class Persister:
         """At shutdown: persist what is queued, for up to `timeout` seconds. A spool that
         fails or must wait stays on disk for the next start."""
         deadline = time.monotonic() + timeout
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None and not inflight.done():
+            # E.g. published, but its closing marker not written yet (broker.reserver).
+            try:
+                await asyncio.wait_for(asyncio.shield(inflight), timeout)
+            except Exception as err:  # noqa: BLE001 - its spool stays for the next start
+                log.error("upload in progress at shutdown did not finish err=%r", err)
         while not self.queue.empty() and time.monotonic() < deadline:
             replica, entry = self.queue.get_nowait()
             try:

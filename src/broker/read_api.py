@@ -5,8 +5,9 @@ a store) followed by its content in chunks of `READ_CHUNK` bytes, from the local
 the fragment cache. A blocking read waits at the write head for more; a non-blocking one
 ends there with OFFSET_NOT_YET_AVAILABLE. Where the index has no fragment for the offset,
 the read looks at the stores again (a range another replica persisted after a failover)
-before jumping to the next fragment; in the offsets a fresh primary skipped, a blocking
-read waits for the old primary to publish what it acknowledged (`broker.reservation`). A
+before jumping to the next fragment; in the offsets a fresh primary skipped (here, or at
+an earlier primary of a replication-1 journal), a blocking read waits for the old primary to
+publish what it acknowledged (`broker.reservation`). A
 fragment that is corrupted or shorter than indexed ends the read with DATA_LOSS and is
 never served.
 """
@@ -108,6 +109,17 @@ async def read(
             if offset < replica.write_head and request.block and replica.in_hole(offset):
                 # Skipped by this fresh primary: the old one may be back soon to publish
                 # what it acknowledged here (broker.reservation).
+                await asyncio.sleep(HOLE_RECHECK)
+                await replica.relist_shared()
+                continue
+            gap_end = replica.write_head if entry is None else entry.begin
+            if (
+                offset < replica.write_head
+                and request.block
+                and replica.awaits_content(offset, gap_end, broker.cfg.hole_wait)
+            ):
+                # An earlier primary's skipped offsets, maybe handed over since: its
+                # content may still be published (broker.reservation).
                 await asyncio.sleep(HOLE_RECHECK)
                 await replica.relist_shared()
                 continue

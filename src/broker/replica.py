@@ -103,6 +103,9 @@ class JournalReplica:
         self.hole: tuple[int, int, float] | None = None
         self.hole_closed: int | None = None  # where the old primary's content ends, once said
         self._markers_before_hole: frozenset[int] = frozenset()
+        # Gaps in the index where blocking readers wait for an earlier primary's content,
+        # by the offset where content follows them: until when (monotonic).
+        self._gap_waits: dict[int, float] = {}
         # The end of the furthest spool this replica wrote or recovered itself.
         self.local_end = 0
         self._relisting: asyncio.Future[None] | None = None
@@ -219,6 +222,37 @@ class JournalReplica:
         self.hole = (begin, end, time.monotonic() + wait)
         self.hole_closed = None
         self._markers_before_hole = frozenset(self.reservations.markers)
+        self._gap_waits[end] = self.hole[2]  # one wait there, not a second one after it
+
+    def awaits_content(self, offset: int, end: int, wait: float) -> bool:
+        """Whether a blocking read at `offset`, in a gap of the index that content (or the
+        write head) follows at `end`, waits there for an earlier primary's content.
+
+        A replication-1 primary that crashed or paused acknowledged content that only its
+        spools hold, in offsets reserved up to the marker where the next primary started.
+        While such a marker lies ahead in the gap and no marker at `offset` says that the
+        old primary's content ends there (its closing marker, at the end of what it
+        published), the gap may still be filled, also after the journal moved on again:
+        readers wait up to `wait` seconds from the first wait at it on this broker. A gap
+        with no marker ahead (history removed from the stores) is not waited at."""
+        if self.spec.replication != 1 or not self.has_stores:
+            return False
+        markers = self.reservations.markers
+        if offset in markers:
+            return False
+        ahead = [m for m in markers if offset < m <= end]
+        if not ahead:
+            return False
+        until = self._gap_waits.setdefault(min(ahead), time.monotonic() + wait)
+        return time.monotonic() < until
+
+    def at_content_edge(self, offset: int) -> bool:
+        """Whether content begins or ends at `offset` (a fragment of the index, or the write
+        head where a fresh primary's first append goes): a marker there bounds a gap that
+        readers may wait at (`awaits_content`)."""
+        if offset == self.write_head:
+            return True
+        return any(e.begin == offset or e.end == offset for e in self.index)
 
     async def relist_shared(self) -> None:
         """`relist()`, one listing shared by every concurrent caller."""

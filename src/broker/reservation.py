@@ -21,7 +21,11 @@ acknowledged). Content an old primary
 acknowledged therefore always lies below the offsets a later primary writes: it can be
 persisted whenever that broker comes back, and readers that saw it never see other bytes at
 those offsets. The price is a hole of up to one span in the journal's offsets after a crash
-or pause, which readers skip as an offset jump.
+or pause. Blocking readers wait in it (up to `--hole-wait`) for the old primary to publish
+its content and write a closing marker where that content ends, then skip the rest as a
+reported offset jump; the markers at the hole's edges (where the new primary started, the
+closing one) stay in the store, so readers of every later primary wait there alike
+(`JournalReplica.awaits_content`).
 
 The marker is an ordinary (empty) fragment so that upstream brokers and tools list it
 without error, and an upstream primary's index also starts at or beyond it.

@@ -6,7 +6,9 @@ its tenure, a marker a span beyond it (`reserve`, only while the etcd lease is c
 held); after a commit that comes within half a span of it, the next one in the background
 (`reserve_ahead`); the removal of markers a newer one replaced; and, for a spool of a journal
 this broker no longer serves, a marker at its end once it is published (`close_hole`), which
-tells the new primary that nothing more of ours will come.
+tells the new primary, and every later one, that nothing more of ours will come. Markers
+at the edges of content (that closing one, and the one where a new primary started) are
+never removed: they bound the gap for readers (`JournalReplica.awaits_content`).
 """
 
 from __future__ import annotations
@@ -101,7 +103,13 @@ class Reserver:
             )
         reservations.wrote(offset, sync=replica.sync)
         COUNTERS.reservations += 1
+        # Markers where content begins or ends bound the gap a crashed or paused primary
+        # left (where the next one started, where the old one's published content ends):
+        # readers of every later primary wait at such a gap by them (kept).
         replaced = reservations.replaced()
+        bounds = {m for m in replaced if replica.at_content_edge(m)}
+        reservations.markers.update(bounds)
+        replaced = [m for m in replaced if m not in bounds]
         if replaced:
             self._spawn(self._remove_markers(store.url, replica.name, replaced))
 
