@@ -126,9 +126,6 @@ class Persister:
             # Not ours to serve (any more): publish only what cannot fork the journal.
             if not await self._judge.publishable(replica, entry):
                 return
-            unowned = True
-        else:
-            unowned = False
         persisted = None
         if stores:
             persisted = await store_for_url(stores[0]).persist(entry.spec, entry.local_path)
@@ -146,11 +143,13 @@ class Persister:
         stem = entry.local_path.name[: -len(SPOOL_SUFFIX)]
         for p in (entry.local_path, entry.local_path.with_name(stem + COMMITS_SUFFIX)):
             p.unlink(missing_ok=True)
-        if replica.spec.replication == 1 and entry.end >= replica.local_end:
-            # Our last content of a journal another primary took on (it reserved beyond our
-            # reservation: e.g. we were paused and still serve it until we learn so).
+        if stores and replica.spec.replication == 1 and entry.end >= replica.local_end:
+            # Our last content of a journal we no longer serve (judged as we see it now: it
+            # may have gone during the upload), or that another primary took on (it reserved
+            # beyond our reservation: e.g. we were paused and still serve it until we learn).
+            gone = self._replicas.get(replica.name) is not replica
             superseded = replica.reservations.listed > replica.reservations.own
-            if unowned or superseded:
+            if gone or superseded:
                 await self._close_hole(replica, entry.end)
 
     async def persist_leftover_spools(
