@@ -18,7 +18,15 @@ from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.protocol import pb
 from gazette.consumer.resolver import GRPC_PROXY_METADATA, ResolverStopped
 from gazette.consumer.runtime import ConsumerRuntime
-from tests.consumer.fakes import JOURNAL, ROOT, FakeStore, IdleReaders, make_runtime, outside
+from tests.consumer.fakes import (
+    JOURNAL,
+    ROOT,
+    FakeStore,
+    IdleApp,
+    IdleReaders,
+    make_runtime,
+    outside,
+)
 from tests.kit.eventually import eventually
 
 Code = pb.ReplicaStatus.Code
@@ -34,22 +42,13 @@ class DestroyedStore(FakeStore):
         self.destroyed = True
 
 
-class App:
+class App(IdleApp):
     def __init__(self) -> None:
         self.stores: list[DestroyedStore] = []
 
     def new_store(self, shard: Any, recovered: Any) -> DestroyedStore:
         self.stores.append(DestroyedStore())
         return self.stores[-1]
-
-    def new_message(self, spec: Any) -> Any:
-        raise NotImplementedError
-
-    def consume_message(self, shard: Any, store: Any, env: Any, pub: Any) -> None:
-        pass
-
-    def finalize_txn(self, shard: Any, store: Any, pub: Any) -> None:
-        pass
 
 
 @pytest.fixture
