@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gazette.broker.metrics import render
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol.sha1sum import sha1sum_from_digest
 from gazette.broker.quarantine import Comparison, list_quarantined, quarantine
@@ -63,11 +64,23 @@ def test_quarantined_spools_are_listed(tmp_path: Path, spool: Path) -> None:
         end=1100,
         sum=sha1sum_from_digest(hashlib.sha1(SPOOL).digest()),
     )
+    before = render([])
     dest = quarantine(tmp_path / "spools", frag, spool, commits, "differs from x at offset 1")
     assert not spool.exists() and not commits.exists()
+    # The metrics an operator alerts on count it.
+    for metric, added in (
+        ("gazette_spools_quarantined_total", 1),
+        ("gazette_spool_quarantined_bytes_total", 100),
+    ):
+        assert _value(render([]), metric) == _value(before, metric) + added
     assert dest.read_bytes() == SPOOL
     assert oct(dest.parent.stat().st_mode & 0o777) == "0o700"
     [q] = list_quarantined(tmp_path / "spools")
     assert (q.journal, q.begin, q.end, q.path) == ("a/journal", 1000, 1100, dest)
     assert q.reason == "differs from x at offset 1"
     assert q.sha1 == hashlib.sha1(SPOOL).hexdigest()
+
+
+def _value(exposition: str, metric: str) -> float:
+    [line] = [ln for ln in exposition.splitlines() if ln.split(" ")[0] == metric]
+    return float(line.split(" ")[1])
