@@ -4,6 +4,7 @@ every package, and every module of the broker server, so that new code cannot sl
 from __future__ import annotations
 
 import ast
+import gc
 import tomllib
 from pathlib import Path
 
@@ -66,13 +67,29 @@ def test_no_contract_lists_exceptions() -> None:
         assert not contract.get("ignore_imports"), f"{name} lists exceptions"
 
 
+def _parse(path: Path) -> ast.Module:
+    """`ast.parse` of the file, with the garbage collector held off. In CPython 3.11 a
+    finalizer run during the parser's conversion to Python objects (here, a subprocess
+    transport an earlier test left to the collector) that fails has its traceback formatted
+    with the ast module again, which upsets the conversion's recursion-depth check: the
+    parse fails with "SystemError: AST constructor recursion depth mismatch"."""
+    source = path.read_text()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(source, str(path))
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _imports(path: Path, root: Path) -> list[tuple[int, set[str]]]:
     """Each import statement of a file under `root`: its line and the dotted names it may
     import, relative imports resolved against the file's package, and `from M import n`
     counted as both M and M.n (n may be a module)."""
     package = [root.name, *path.relative_to(root).parent.parts]
     statements = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Import):
             statements.append((node.lineno, {alias.name for alias in node.names}))
         elif isinstance(node, ast.ImportFrom):
