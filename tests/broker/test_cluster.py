@@ -263,7 +263,15 @@ async def test_graceful_stop_hands_over_replication_one_journals_without_waiting
     assert took < 10.0, f"the drain took {took:.1f}s"
     async with stubs(cluster) as st:
         for name in names:
-            content, _ = await read_all(st[0], name)
+            # Right after the restart a proxied read may fail UNAVAILABLE (a journal moving
+            # back, or a peer channel still backing off from the broker's absence), which
+            # clients retry.
+            content, _ = await eventually(
+                lambda name=name: read_all(st[0], name),
+                what=f"a read of {name}",
+                ignoring=(grpc.aio.AioRpcError,),
+                interval=0.2,
+            )
             assert content == f"{name}\n".encode()
 
 
