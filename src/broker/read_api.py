@@ -41,11 +41,20 @@ from gazette.broker.serving import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GAP_RECHECKS", "HOLE_RECHECK", "READ_CHUNK", "read"]
+__all__ = ["GAP_RECHECKS", "HOLE_RECHECK", "READ_CHUNK", "gap_delay", "read"]
 
 READ_CHUNK = 1 << 18  # content bytes per ReadResponse
 GAP_RECHECKS = 4  # store listings a read takes at a hole in the index before jumping over it
 HOLE_RECHECK = 1.0  # seconds between listings while a blocking read waits in a fresh hole
+SYNC_WAIT = 10.0  # the longest a read waits for a new primary to synchronise its route
+GAP_RECHECK_MAX = 5.0  # the longest a blocking read waits between listings at a gap
+
+
+def gap_delay(checks: int) -> float:
+    """Seconds a blocking read waits (or until an append) before listing the stores again,
+    at its `checks`-th look at a gap whose content may still arrive: quick at first, as a
+    hand-over's spool is persisted within moments, then backing off."""
+    return min(0.25 * 2.0 ** (checks - 2), GAP_RECHECK_MAX)
 
 
 async def read(
@@ -86,10 +95,15 @@ async def read(
     if not replica.readable():
         yield pb.ReadResponse(status=pb.NOT_ALLOWED, header=header)
         return
+    if not replica.leading and broker.resolver.is_primary(replica.name):
+        # A new primary that has not synchronised its route yet (as a hand-over's takes the
+        # old primary's content) may be behind what was acknowledged: its write head and
+        # index are no answer until then. Its pipeline does so within moments.
+        await replica.wait_until_leading(SYNC_WAIT)
     offset = replica.write_head if request.offset == -1 else request.offset
     told = request.offset  # the offset the client reads from, as far as it was told
     first = True
-    gap_checks = 0
+    gap_checks = head_checks = 0
     while True:
         if request.end_offset and offset >= request.end_offset:
             if offset > told:
@@ -133,6 +147,26 @@ async def read(
                     continue
                 offset = entry.begin  # history before this was removed: an offset jump
                 continue
+            if offset < replica.write_head and not replica.gap_is_gone(offset):
+                # Up to the head, content that the primary or a store holds and this replica
+                # has not (a peer rolled to its primary's head, a listing not caught up):
+                # look at the stores again, and never jump over it.
+                head_checks += 1
+                if head_checks > 1 and not request.block:
+                    yield pb.ReadResponse(
+                        status=pb.OFFSET_NOT_YET_AVAILABLE,
+                        header=header if first else None,
+                        offset=offset,
+                        write_head=replica.write_head,
+                    )
+                    return
+                if head_checks > 1:
+                    await replica.wait_for_head_beyond(replica.write_head, gap_delay(head_checks))
+                    if replica.deleted:
+                        yield pb.ReadResponse(status=pb.JOURNAL_NOT_FOUND, header=broker.header())
+                        return
+                await replica.relist_shared()
+                continue
             if offset < replica.write_head:
                 offset = replica.write_head
                 if request.end_offset and offset >= request.end_offset:
@@ -167,6 +201,7 @@ async def read(
                 log.warning("cannot sign fragment URL journal=%s err=%s", replica.name, err)
         yield meta
         told = offset
+        gap_checks = head_checks = 0
         if request.metadata_only or (remote and request.do_not_proxy):
             return
         end = entry.end if not request.end_offset else min(entry.end, request.end_offset)

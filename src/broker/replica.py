@@ -44,6 +44,7 @@ class Listing:
 
 DEFAULT_FRAGMENT_LENGTH = 1 << 29  # upstream's default of 512 MiB
 DEFAULT_REFRESH_INTERVAL = 300.0
+ROLLED_OVER_KEPT = 64  # the latest ranges a primary rolled forward over, kept for readers
 
 
 def duration_seconds(d: Duration | None) -> float:
@@ -98,6 +99,7 @@ class JournalReplica:
         # primary's pipeline, or it decided where its own primary spool starts.
         self.reservations = Reservations(self.directory / "reserved")
         self.continuity = False
+        self._leading = asyncio.Event()  # `leading`
         # The offsets a fresh primary skipped, and until when (monotonic) blocking readers
         # wait there for the old primary's content to be published.
         self.hole: tuple[int, int, float] | None = None
@@ -109,6 +111,31 @@ class JournalReplica:
         # The end of the furthest spool this replica wrote or recovered itself.
         self.local_end = 0
         self._relisting: asyncio.Future[None] | None = None
+        # Ranges this replica rolled forward over as primary (`roll_over`).
+        self.rolled_over: list[tuple[int, int]] = []
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica, as primary, has synchronised its route's peers since it
+        became primary: until then a peer may hold acknowledged content beyond it (the
+        previous primary of a hand-over), and its own head and index are no answer."""
+        return self._leading.is_set()
+
+    @leading.setter
+    def leading(self, value: bool) -> None:
+        if value:
+            self._leading.set()
+        else:
+            self._leading.clear()
+
+    async def wait_until_leading(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds until `leading`; returns whether it is."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._leading.wait()
+        except TimeoutError:
+            pass
+        return self.leading
 
     # --- configuration -----------------------------------------------------------------
     @property
@@ -245,6 +272,31 @@ class JournalReplica:
             return False
         until = self._gap_waits.setdefault(min(ahead), time.monotonic() + wait)
         return time.monotonic() < until
+
+    def gap_is_gone(self, offset: int) -> bool:
+        """Whether a read at `offset`, in a gap of the index that reaches the write head,
+        takes it for content that is gone, and jumps to the head. Otherwise the gap's
+        content may still arrive: a peer that rolled to its primary's head without the
+        content (the primary, or its store, has it), or an index a listing has not caught
+        up yet. A read then waits, or answers "not yet available" at `offset`.
+
+        A gap is gone when no store could fill it; when an earlier replication-1 primary's
+        reservation ends in it (`awaits_content` said the wait for it is over); or when
+        this primary rolled forward over it, past an append that failed."""
+        if not self.has_stores:
+            return True
+        if any(offset <= m <= self.write_head for m in self.reservations.markers):
+            return True
+        return any(begin <= offset < end for begin, end in self.rolled_over)
+
+    def roll_over(self, end: int) -> list[FragmentEntry]:
+        """As primary, roll forward to `end` over offsets of an append that failed (peers
+        of an earlier route may hold its content; nobody was told it committed): they are
+        skipped, and readers do not wait there (caller holds `lock`)."""
+        if end > self.write_head:
+            self.rolled_over.append((self.write_head, end))
+            del self.rolled_over[:-ROLLED_OVER_KEPT]
+        return self.roll_to(end)
 
     def at_content_edge(self, offset: int) -> bool:
         """Whether content begins or ends at `offset` (a fragment of the index, or the write
@@ -444,11 +496,16 @@ class JournalReplica:
         self._head_changed.set()
         self._head_changed = asyncio.Event()
 
-    async def wait_for_head_beyond(self, offset: int) -> bool:
+    async def wait_for_head_beyond(self, offset: int, timeout: float | None = None) -> bool:
         """Wait until the write head is greater than `offset` (True), or the replica is
-        dropped or its journal deleted (False)."""
-        while self.write_head <= offset and not self.dropped:
-            await self._head_changed.wait()
+        dropped or its journal deleted (False); or at most `timeout` seconds (then whether
+        the head moved beyond `offset`)."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self.write_head <= offset and not self.dropped:
+                    await self._head_changed.wait()
+        except TimeoutError:
+            return self.write_head > offset
         return not self.dropped
 
     def stop_serving(self, *, deleted: bool = False) -> None:

@@ -108,9 +108,11 @@ class ReplicaSet:
                 if not synced:
                     self._start_pulse(name)
                     continue
-            elif isinstance(replica.pipeline, Pipeline):
-                replica.pipeline.close()  # no longer primary: peers follow someone else
-                replica.pipeline = None
+            else:
+                replica.leading = False
+                if isinstance(replica.pipeline, Pipeline):
+                    replica.pipeline.close()  # no longer primary: peers follow someone else
+                    replica.pipeline = None
             if route_key(akv.value) != key:
                 await self.member.advertise(akv, route)
         for name in list(self.replicas):
@@ -206,6 +208,7 @@ class ReplicaSet:
         )
         replica.pipeline = p
         replica.continuity = True  # our spool holds what every peer of the route held
+        replica.leading = True
         log.info("replication synchronised journal=%s peers=%d", replica.name, len(p.peers))
         return p
 

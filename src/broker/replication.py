@@ -332,5 +332,7 @@ class Pipeline:
                     replica.write_head,
                     replica.unresolved_end,
                 )
-            enqueue(replica.roll_to(target))
+                enqueue(replica.roll_over(target))
+            else:
+                enqueue(replica.roll_to(target))
         raise ReplicationError(f"peers of {replica.name} did not converge on a fragment")

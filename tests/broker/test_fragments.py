@@ -90,6 +90,45 @@ async def test_read_reports_offset_jump_when_history_is_deleted(
     assert content == b"b" * 1100 + b"c" * 1100 + b"tail"
 
 
+async def test_read_never_jumps_to_the_head_over_content_not_listed_yet(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal, tmp_path: Path
+) -> None:
+    """A gap of the index up to the write head, with nothing known to have skipped it, is
+    content the primary or a store holds and this replica has not listed yet (here a
+    fragment taken out of the store, then put back, as an upload that lands late): a read
+    never jumps over it to the head. A non-blocking read says "not yet available" at its own
+    offset; a blocking one gets the content once the store lists it."""
+    spec = await make_journal(length=1024)  # each append is rolled and persisted in a second
+    await append(stub, spec.name, b"a" * 1100)
+    await persisted(stub, spec.name, 1)
+    await append(stub, spec.name, b"b" * 1100)
+    await persisted(stub, spec.name, 2)
+    last = next((tmp_path / "store").rglob("000000000000044c-*"))
+    held = tmp_path / "held"
+    last.rename(held)
+
+    async def forgotten() -> bool:  # By a refresh of the store (every second).
+        resp = await stub.ListFragments(pb.FragmentsRequest(journal=spec.name))
+        return [(f.spec.begin, f.spec.end) for f in resp.fragments] == [(0, 1100)]
+
+    await eventually(forgotten, what="the index to lose [1100, 2200)", timeout=10, interval=0.1)
+    content, metas = await read_all(stub, spec.name, offset=1100)
+    assert content == b""
+    assert [(m.status, m.offset, m.write_head) for m in metas] == [
+        (pb.OFFSET_NOT_YET_AVAILABLE, 1100, 2200)
+    ], "a non-blocking read must not jump over content that may still be listed"
+
+    blocking = asyncio.create_task(
+        read_all(stub, spec.name, offset=1100, end_offset=2200, block=True)
+    )
+    await asyncio.sleep(1.5)
+    assert not blocking.done(), f"a blocking read must wait at the gap: {blocking.result()}"
+    held.rename(last)  # The upload landed.
+    content, metas = await asyncio.wait_for(blocking, 20)
+    assert content == b"b" * 1100
+    assert metas[0].offset == 1100
+
+
 async def test_fragment_store_health(stub: pb_grpc.JournalStub, tmp_path: Path) -> None:
     ok = await stub.FragmentStoreHealth(
         pb.FragmentStoreHealthRequest(fragment_store=f"file://{tmp_path}/")

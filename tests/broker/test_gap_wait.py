@@ -95,3 +95,49 @@ def test_markers_at_the_edges_of_content_are_kept(tmp_path: Path) -> None:
     replica = replica_with(tmp_path, [(0, 150), (NEW_START, NEW_START + 10)], [150, NEW_START])
     assert replica.at_content_edge(150) and replica.at_content_edge(NEW_START)
     assert not replica.at_content_edge(NEW_START - 7)
+
+
+
+@pytest.mark.parametrize(
+    ("markers", "rolled_over", "offset", "gone"),
+    [
+        # Nothing known skipped [100, 600): a peer rolled to its primary's head, or a
+        # listing has not caught up.
+        ([], [], 100, False),
+        # An earlier replication-1 primary's reservation ends in the gap: its wait is over.
+        ([NEW_START], [], 100, True),
+        # The old primary's closing marker at the reader's offset: its content ends there.
+        ([100], [], 100, True),
+        # This primary rolled forward over a failed append there.
+        ([], [(100, 600)], 100, True),
+        ([], [(50, 90)], 100, False),
+    ],
+    ids=["unknown", "reserved", "closed", "rolled-over", "rolled-over-elsewhere"],
+)
+def test_which_gaps_up_to_the_head_a_read_jumps_over(
+    tmp_path: Path,
+    markers: list[int],
+    rolled_over: list[tuple[int, int]],
+    offset: int,
+    gone: bool,
+) -> None:
+    replica = replica_with(tmp_path, [(0, 100)], markers)
+    replica.write_head = max([600, *markers])
+    replica.rolled_over = rolled_over
+    assert replica.index.find(offset) == (None, False)
+    assert replica.gap_is_gone(offset) is gone
+
+
+def test_a_gap_no_store_can_fill_is_jumped_over(tmp_path: Path) -> None:
+    spec = journal_spec("r1/gaps", None, replication=2)
+    replica = JournalReplica(spec, 1, tmp_path / "spool")
+    replica.write_head = 600
+    assert replica.gap_is_gone(0)
+
+
+def test_rolling_over_a_failed_append_marks_its_range(tmp_path: Path) -> None:
+    replica = replica_with(tmp_path, [(0, 100)], [])
+    replica.write_head = 100
+    replica.roll_over(130)
+    assert replica.write_head == 130 and replica.rolled_over == [(100, 130)]
+    assert replica.gap_is_gone(100) and replica.gap_is_gone(129)

@@ -480,3 +480,42 @@ async def test_reader_waits_for_content_a_new_primary_rolled_forward_over(
                 if content == acked + b"next\n":
                     break
         reads.cancel()
+
+
+async def test_reads_at_a_new_primary_wait_until_it_took_the_handed_over_content(
+    etcd_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A draining broker hands a replication-1 journal over: the new broker is promoted
+    first, and its pipeline then takes the old primary's content. A read at the new primary
+    meanwhile answered from its empty replica: "nothing at offset 0, write head 0" to a
+    non-blocking reader, while the journal held acknowledged content. Reads there wait for
+    the synchronisation instead."""
+    gate = asyncio.Event()
+    catch_up = ReplicaSet._catch_up
+
+    async def gated(self: ReplicaSet, replica: JournalReplica, *args: Any) -> None:
+        await gate.wait()
+        await catch_up(self, replica, *args)
+
+    async with cluster(etcd_server, tmp_path, 2) as nodes:
+        s = spec(f"races/handed-{next(_names)}", tmp_path / "store", replication=1)
+        await create(nodes[0], s)
+        old = await synced(nodes, s.name, 1)
+        (new,) = [n for n in nodes if n is not old]
+        acked = b"acknowledged, in the old primary's spool\n"
+        assert (await append(old.stub, s.name, acked)).status == pb.OK
+        monkeypatch.setattr(ReplicaSet, "_catch_up", gated)
+        drain = asyncio.create_task(old.broker.drain(20))
+        await eventually(
+            lambda: new.broker.resolver.is_primary(s.name) and s.name in new.broker.replicas,
+            what="the new broker to be promoted",
+            timeout=10,
+            interval=0.02,
+        )
+        assert not new.replica(s.name).leading
+        read = asyncio.create_task(read_all(new.stub, s.name))
+        await asyncio.sleep(0.5)
+        assert not read.done(), f"answered before taking the content: {read.result()!r}"
+        gate.set()
+        assert await asyncio.wait_for(read, 10) == acked
+        assert await asyncio.wait_for(drain, 20)
