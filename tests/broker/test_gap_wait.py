@@ -97,7 +97,6 @@ def test_markers_at_the_edges_of_content_are_kept(tmp_path: Path) -> None:
     assert not replica.at_content_edge(NEW_START - 7)
 
 
-
 @pytest.mark.parametrize(
     ("markers", "rolled_over", "offset", "gone"),
     [
