@@ -13,10 +13,7 @@ import pytest
 from gazette.broker.client import (
     AppendService,
     JournalClient,
-    OffsetNotYetAvailable,
-    RetryReader,
 )
-from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.recoverylog import recoverylog_pb2 as rpb
 from gazette.recoverylog.codec import DecodedOp, Desync, OpDecoder, PayloadChunk, PayloadEnd
 from gazette.recoverylog.fsm import FSM
@@ -62,17 +59,6 @@ def make_rec_log(rec_client: JournalClient, tmp_path: Path) -> MakeLog:
         return name
 
     return make
-
-
-async def read_log(client: JournalClient, journal: str, offset: int = 0) -> bytes:
-    """The journal's content from `offset` to its write head."""
-    rr = RetryReader(client, pb.ReadRequest(journal=journal, offset=offset))
-    out = bytearray()
-    try:
-        while True:
-            out += await rr.read()
-    except OffsetNotYetAvailable:
-        return bytes(out)
 
 
 @dataclass

@@ -28,6 +28,7 @@ from gazette.recoverylog.prune import (
 from gazette.recoverylog.recorder import Recorder
 from gazette.recoverylog.segments import InvalidHints, flatten_hints
 from tests.kit.eventually import eventually
+from tests.kit.journals import read_to_head
 from tests.recoverylog.playback_support import (
     MakeLog,
     client,
@@ -35,7 +36,6 @@ from tests.recoverylog.playback_support import (
     player_broker,
     read_tree,
 )
-from tests.recoverylog.recorder_support import read_log
 from tests.recoverylog.workload_support import Workload, run_workload
 
 __all__ = ["client", "make_log", "player_broker"]  # Fixtures used by this module.
@@ -228,7 +228,7 @@ async def test_prune_then_play_gives_the_identical_tree(
     for _ in range(30):
         await work.round()
     primary = await rec.build_hints()
-    data = await read_log(client, log)
+    data = await read_to_head(client, log)
     frags = await persisted_fragments(client, log)
     assert len(frags) > 30
 
@@ -290,7 +290,7 @@ async def test_prune_keeps_everything_a_randomized_workload_plays(
             rec.record_unlink(path)
             w.paths.remove(path)
     h = await rec.build_hints()
-    data = await read_log(client, log)
+    data = await read_to_head(client, log)
     await persisted_fragments(client, log)
     result = await prune_log(client, log, {"s": [h]})
     assert result.deleted

@@ -17,12 +17,12 @@ from gazette.recoverylog.codec import encode_op
 from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.recorded_files import WRITE_BUFFER_SIZE, NotRecorded, RecordedFS
 from gazette.recoverylog.recorder import InvalidPath, Recorder, RecorderFenced
+from tests.kit.journals import read_to_head
 from tests.recoverylog.recorder_support import (
     MakeLog,
     Replay,
     disk_files,
     make_rec_log,
-    read_log,
     rec_client,
     rec_service,
     recorder_broker,
@@ -42,7 +42,7 @@ async def recorded_fs(svc: AppendService, log: str, tmp_path: Path) -> RecordedF
 
 async def check_log_matches_disk(client: JournalClient, fs: RecordedFS) -> Replay:
     await fs.sync()
-    r = replay(await read_log(client, fs.recorder.log), fs.recorder.log)
+    r = replay(await read_to_head(client, fs.recorder.log), fs.recorder.log)
     assert r.files() == disk_files(fs.root)
     return r
 
@@ -65,7 +65,7 @@ async def test_json_store_pattern_write_fsync_rename(
         fs.rename("store/next.json", "store/state.json")
         await fs.sync()
         # Once synced, the log alone has the state.
-        r = replay(await read_log(rec_client, log), log)
+        r = replay(await read_to_head(rec_client, log), log)
         assert json.loads(r.files()["/store/state.json"]) == state
         assert "/store/next.json" not in r.files()
     await check_log_matches_disk(rec_client, fs)
@@ -190,9 +190,9 @@ async def test_rename_remove_link_and_directories(
 
     with pytest.raises(FileNotFoundError):
         fs.remove("nope")
-    r = replay(await read_log(rec_client, log), log)
+    r = replay(await read_to_head(rec_client, log), log)
     await fs.sync()
-    r = replay(await read_log(rec_client, log), log)
+    r = replay(await read_to_head(rec_client, log), log)
     assert r.files() == {"/e/x": b"z", "/e/sub/y": b"d/sub/y"}
     assert r.fsm.properties == {"/IDENTITY": "a-guid"}
     on_disk = disk_files(fs.root)
@@ -230,7 +230,7 @@ async def test_sync_flushes_open_files_and_fails_once_fenced(
     f = fs.open("open", "wb")
     f.write(b"buffered, not yet flushed")
     await fs.sync()
-    r = replay(await read_log(rec_client, log), log)
+    r = replay(await read_to_head(rec_client, log), log)
     assert r.files() == {"/open": b"buffered, not yet flushed"}
 
     fsm = fs.recorder.fsm

@@ -27,10 +27,10 @@ from gazette.recoverylog.recorder import (
     UnknownFnode,
     UnknownPath,
 )
+from tests.kit.journals import read_to_head
 from tests.recoverylog.recorder_support import (
     MakeLog,
     make_rec_log,
-    read_log,
     rec_client,
     rec_service,
     recorder_broker,
@@ -82,7 +82,7 @@ async def test_ops_land_in_order_and_replay_to_the_recorded_files(
     expect["/a"] = b"hello!!world"
     await rec.barrier()
 
-    r = replay(await read_log(rec_client, log), log)
+    r = replay(await read_to_head(rec_client, log), log)
     assert r.files() == expect
     assert [op.seq_no for op in r.ops] == list(range(1, len(r.ops) + 1))
     assert {op.author for op in r.ops} == {A}
@@ -116,7 +116,7 @@ async def test_close_commits_ops_recorded_while_it_waits(
     rec.record_write(f, 5, b" and second")  # Recorded while close() waits.
     await closing
     assert rec.uncommitted_bytes == 0
-    r = replay(await read_log(rec_client, log), log)
+    r = replay(await read_to_head(rec_client, log), log)
     assert r.files() == {"/f": b"first and second"}
     with pytest.raises(RuntimeError, match="closed"):
         rec.record_write(f, 16, b"late")
@@ -137,7 +137,7 @@ async def test_flush_releases_at_once_unless_an_append_is_in_flight(
     rec.flush()  # In flight already: "y" waits, to go with whatever follows it.
     assert len(rec_service.pending_except("")) == 1
     await rec.barrier()
-    assert replay(await read_log(rec_client, log), log).files() == {"/f": b"xy"}
+    assert replay(await read_to_head(rec_client, log), log).files() == {"/f": b"xy"}
 
 
 async def test_an_error_while_observing_a_commit_fails_its_barrier(
@@ -191,20 +191,20 @@ async def test_barrier_resolves_once_every_recorded_op_is_readable(
             await asyncio.sleep(0)  # Let some appends go while recording continues.
     barrier = rec.barrier()
     await barrier
-    r = replay(await read_log(rec_client, log), log)
+    r = replay(await read_to_head(rec_client, log), log)
     assert (r.fsm.next_seq_no, r.fsm.next_checksum) == (
         rec.fsm.next_seq_no,
         rec.fsm.next_checksum,
     )
     assert r.files() == {"/f": b"x" * 300}
-    assert barrier.result().commit.end == rec.write_head == len(await read_log(rec_client, log))
+    assert barrier.result().commit.end == rec.write_head == len(await read_to_head(rec_client, log))
     assert rec.uncommitted_bytes == 0
 
     # A barrier with nothing pending is an empty append, which learns the write head.
     await append(rec_client, pb.AppendRequest(journal=log), b"junk from another writer")
     resp = await rec.barrier()
     assert resp.commit.begin == resp.commit.end == rec.write_head
-    assert rec.write_head == len(await read_log(rec_client, log))
+    assert rec.write_head == len(await read_to_head(rec_client, log))
 
 
 async def test_fenced_recorder_fails_with_register_mismatch_and_stays_broken(
@@ -223,7 +223,7 @@ async def test_fenced_recorder_fails_with_register_mismatch_and_stays_broken(
         pb.AppendRequest(journal=log, union_registers=author_fence(B)),
         encode_op(noop),
     )
-    head = len(await read_log(rec_client, log))
+    head = len(await read_to_head(rec_client, log))
 
     rec.record_write(f, 9, b" zombie")
     with pytest.raises(RecorderFenced) as info:
@@ -247,7 +247,7 @@ async def test_fenced_recorder_fails_with_register_mismatch_and_stays_broken(
         await rec.build_hints()
 
     # Nothing of the zombie's reached the log.
-    data = await read_log(rec_client, log)
+    data = await read_to_head(rec_client, log)
     assert len(data) == head and b"zombie" not in data
 
 
@@ -275,7 +275,7 @@ async def test_rename_over_an_existing_file(
     rec.record_rename("alias", "target/path")
     hints = await rec.build_hints()
 
-    r = replay(await read_log(rec_client, log), log)
+    r = replay(await read_to_head(rec_client, log), log)
     assert r.files() == {"/target/path": b"new", "/alias": b"new"}
     tail = r.ops[-4:]
     assert ops_kinds(tail) == ["unlink", "link", "unlink", "link"]
@@ -305,7 +305,7 @@ async def test_truncation_is_unlink_and_create(
     assert len({f1, f2, f3}) == 3 and rec.links(f1) == frozenset()
     await rec.barrier()
 
-    r = replay(await read_log(rec_client, log), log)
+    r = replay(await read_to_head(rec_client, log), log)
     assert r.files() == {"/f": b"new"}
     assert ops_kinds(r.ops)[1:] == [
         "create", "write", "unlink", "create", "write", "unlink", "create", "write"
@@ -332,7 +332,7 @@ async def test_many_small_ops_are_batched_into_few_appends(
 
     ops = 2501
     assert rec_service.rpc_count - rpcs < ops // 10, rec_service.rpc_count - rpcs
-    r = replay(await read_log(rec_client, log), log)
+    r = replay(await read_to_head(rec_client, log), log)
     assert len(r.ops) == ops + 1
     assert r.files()["/f"] == b"".join(b"%04d" % i for i in range(2500))
 
@@ -346,7 +346,7 @@ async def test_large_writes_are_chunked(
     data = bytes(range(256)) * (5 * MAX_WRITE_CHUNK // 2 // 256)  # 2.5 chunks.
     rec.record_write(f, 10, data)
     await rec.barrier()
-    r = replay(await read_log(rec_client, log), log)
+    r = replay(await read_to_head(rec_client, log), log)
     writes = [op.write for op in r.ops if op.HasField("write")]
     assert [(w.offset, w.length) for w in writes] == [
         (10, MAX_WRITE_CHUNK),
@@ -375,7 +375,7 @@ async def test_hints_reference_only_committed_ops(
     validate_hints(hints)
     assert hints_from_bytes(hints_to_json(hints)) == hints
     # Every hinted op is in the log once hints are returned; later ops are not hinted.
-    r = replay(await read_log(rec_client, log), log)
+    r = replay(await read_to_head(rec_client, log), log)
     hinted_last = max(s.last_seq_no for n in hints.live_nodes for s in n.segments)
     assert hinted_last < r.fsm.next_seq_no
     assert [n.fnode for n in hints.live_nodes] == [keep]
@@ -390,7 +390,7 @@ async def test_hints_reference_only_committed_ops(
     assert 0 < seg.first_offset <= actual.first_offset
 
     await rec.barrier()
-    data = await read_log(rec_client, log)
+    data = await read_to_head(rec_client, log)
     # Played from the hints, the log gives back the files (with the later file, which was
     # committed by the time it was read).
     fsm = FSM.from_hints(hints)
@@ -423,7 +423,7 @@ async def test_op_offsets_are_lower_bounds_from_observed_commits(
     segs = {n.fnode: n.segments[0] for n in hints.live_nodes}
     assert segs[f].first_offset >= 1000
     assert segs[g].first_offset == resp.commit.end
-    data = await read_log(rec_client, log, 1000)
+    data = await read_to_head(rec_client, log, 1000)
     assert data[resp.commit.end - 1000 :].startswith(b"\x66\x33\x93\x36")
 
 
@@ -439,7 +439,7 @@ async def test_property_rename_and_misuse(
     rec.record_rename("000001.dbtmp", "IDENTITY")
     hints = await rec.build_hints()
     assert [(p.path, p.content) for p in hints.properties] == [("/IDENTITY", "a-guid")]
-    r = replay(await read_log(rec_client, log), log)
+    r = replay(await read_to_head(rec_client, log), log)
     assert ops_kinds(r.ops)[-2:] == ["property", "unlink"]
     assert r.fsm.properties == {"/IDENTITY": "a-guid"}
 

@@ -14,6 +14,7 @@ from gazette.recoverylog.fsm import FSM
 from gazette.recoverylog.player import Player
 from gazette.recoverylog.recorder import MAX_WRITE_CHUNK, Recorder
 from gazette.recoverylog.segments import flatten_hints
+from tests.kit.journals import read_to_head
 from tests.recoverylog.playback_support import (
     MakeLog,
     client,
@@ -21,7 +22,6 @@ from tests.recoverylog.playback_support import (
     player_broker,
     read_tree,
 )
-from tests.recoverylog.recorder_support import read_log
 
 __all__ = ["client", "make_log", "player_broker"]  # Fixtures used by this module.
 
@@ -82,7 +82,7 @@ async def test_hinted_segments_begin_at_their_first_op(
         if i % 50 == 0:  # Ops spanning several appends (and write chunks).
             record_file(rec, tmp_path, f"big{i}", 3 * MiB + 5, MAX_WRITE_CHUNK)
     hints = await rec.build_hints()
-    extents = op_extents(await read_log(client, log), log)
+    extents = op_extents(await read_to_head(client, log), log)
 
     segments = [s for node in hints.live_nodes for s in node.segments]
     assert len(segments) > 200
@@ -117,7 +117,7 @@ async def test_offsets_stay_lower_bounds_when_batched_with_another_writer(
     for rec in recs:
         record_file(rec, rec.directory, "last", 100, 100)
     hints = [await rec.build_hints() for rec in recs]
-    extents = op_extents(await read_log(client, log), log)
+    extents = op_extents(await read_to_head(client, log), log)
     for h in hints:
         for node in h.live_nodes:
             for seg in node.segments:
@@ -149,7 +149,7 @@ async def test_hinted_playback_reads_little_more_than_the_live_bytes(
         await rec.throttle(8 * MiB)
     hints = await rec.build_hints()
     head = rec.write_head
-    live = live_bytes(hints, op_extents(await read_log(client, log), log))
+    live = live_bytes(hints, op_extents(await read_to_head(client, log), log))
 
     player = Player(client, log, hints, tmp_path / "played")
     await asyncio.wait_for(player.play(), 60)

@@ -356,10 +356,8 @@ class SQLStore:
             if self._error is None:
                 self._error = err
                 log.warning("SQL store commit failed shard=%s err=%r", self._shard_fqn, err)
-            if isinstance(err, StoreFailed | asyncio.CancelledError) or not isinstance(
-                err, Exception
-            ):
-                raise
+            if isinstance(err, StoreFailed) or not isinstance(err, Exception):
+                raise  # already named, or a cancellation (not an Exception)
             raise StoreFailed(f"SQL store commit failed: {err!r}") from err
 
     def _commit_job(

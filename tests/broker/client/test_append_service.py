@@ -22,10 +22,10 @@ from gazette.broker.client import (
 )
 from gazette.broker.client.appender import CHUNK_SIZE
 from gazette.broker.protocol import protocol_pb2 as pb
+from tests.kit.journals import read_to_head
 
 from .conftest import MakeJournal
 from .fake_broker import FakeBroker
-from .support import read_all
 
 
 async def test_concurrent_small_appends_land_once_in_order_and_batched(
@@ -50,7 +50,7 @@ async def test_concurrent_small_appends_land_once_in_order_and_batched(
     total = tasks * per_task
     assert svc.appends_committed == total
     assert svc.rpc_count < total, "concurrent appends must be batched"
-    lines = (await read_all(client, spec.name)).decode().splitlines()
+    lines = (await read_to_head(client, spec.name)).decode().splitlines()
     assert sorted(lines) == sorted(
         f"task={t:02d} seq={i:02d}" for t in range(tasks) for i in range(per_task)
     )
@@ -87,7 +87,9 @@ async def test_batched_small_appends_travel_in_few_messages(
     total = sum(map(len, lines)) + CHUNK_SIZE + 11
     # first message + ceil(total / CHUNK_SIZE)-ish content messages + the commit message
     assert resps[0].total_chunks <= 2 + total // CHUNK_SIZE + 2
-    assert await read_all(client, spec.name) == b"".join(lines) + b"b" * (CHUNK_SIZE + 10) + b"\n"
+    assert (
+        await read_to_head(client, spec.name) == b"".join(lines) + b"b" * (CHUNK_SIZE + 10) + b"\n"
+    )
 
 
 async def test_dependencies_order_appends_across_journals(
@@ -107,12 +109,15 @@ async def test_dependencies_order_appends_across_journals(
 
         await asyncio.sleep(0.3)
         assert not first.is_done() and not second.is_done()
-        assert await read_all(client, j1.name) == b"" and await read_all(client, j2.name) == b""
+        assert (
+            await read_to_head(client, j1.name) == b""
+            and await read_to_head(client, j2.name) == b""
+        )
         gate.set_result(None)
         r2 = await second.done()
         assert first.is_done() and first.response is not None
         assert r2.commit.end == 7
-    assert await read_all(client, j2.name) == b"second\n"
+    assert await read_to_head(client, j2.name) == b"second\n"
 
 
 async def test_failed_dependency_fails_dependents(
@@ -129,7 +134,7 @@ async def test_failed_dependency_fails_dependents(
             await a.done()
         assert isinstance(exc.value.__cause__, RuntimeError)
         assert isinstance(a.error(), DependencyFailed)
-    assert await read_all(client, j1.name) == b""
+    assert await read_to_head(client, j1.name) == b""
 
 
 async def test_a_chain_of_dependent_appends_goes_as_one_batch(
@@ -147,7 +152,7 @@ async def test_a_chain_of_dependent_appends_goes_as_one_batch(
         resps = [await a.done() for a in chain]
     assert svc.rpc_count == 1
     assert all(r is resps[0] for r in resps)
-    assert await read_all(client, spec.name) == b"".join(f"{i}\n".encode() for i in range(10))
+    assert await read_to_head(client, spec.name) == b"".join(f"{i}\n".encode() for i in range(10))
 
 
 async def test_a_failed_batch_stops_the_rest_of_its_chain() -> None:
@@ -195,7 +200,7 @@ async def test_register_mismatch_fails_only_that_append(
             await bad.done()
         assert (await after.done()).commit.end == 7
         assert list((await ok.done()).registers.labels) == [pb.Label(name="author", value="a1")]
-    assert await read_all(client, spec.name) == b"fafter\n"
+    assert await read_to_head(client, spec.name) == b"fafter\n"
 
 
 async def test_aborted_and_spilled_appends(
@@ -226,7 +231,7 @@ async def test_aborted_and_spilled_appends(
             assert m._file is None and m.size == (600 << 10) + 1 + 8000
         await m.done()
     want = big + b"x" * (600 << 10) + b"!" + words.tobytes()
-    assert await read_all(client, spec.name) == want
+    assert await read_to_head(client, spec.name) == want
     with pytest.raises(RuntimeError):
         svc.start_append(pb.AppendRequest(journal=spec.name))
 

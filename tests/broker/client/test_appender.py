@@ -20,10 +20,10 @@ from gazette.broker.client import (
 from gazette.broker.client.appender import CHUNK_SIZE
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.testing.broker import BrokerProcess
+from tests.kit.journals import read_to_head
 
 from .conftest import MakeJournal
 from .fake_broker import FakeBroker
-from .support import read_all
 
 
 async def test_appender_commits_on_close(client: JournalClient, make_journal: MakeJournal) -> None:
@@ -37,7 +37,7 @@ async def test_appender_commits_on_close(client: JournalClient, make_journal: Ma
     async with Appender(client, pb.AppendRequest(journal=spec.name)) as b:
         await b.write(b"more\n")
     assert b.response is not None and b.response.commit.end == 18
-    assert await read_all(client, spec.name) == b"hello, world\nmore\n"
+    assert await read_to_head(client, spec.name) == b"hello, world\nmore\n"
 
 
 async def test_aborted_appender_leaves_no_bytes(
@@ -56,10 +56,10 @@ async def test_aborted_appender_leaves_no_bytes(
             await b.write(b"partial")
             raise ZeroDivisionError
 
-    assert await read_all(client, spec.name) == b""
+    assert await read_to_head(client, spec.name) == b""
     resp = await append(client, pb.AppendRequest(journal=spec.name), b"kept\n")
     assert (resp.commit.begin, resp.commit.end) == (0, 5)
-    assert await read_all(client, spec.name) == b"kept\n"
+    assert await read_to_head(client, spec.name) == b"kept\n"
 
 
 @pytest.mark.parametrize("direct", [True, False])
@@ -78,7 +78,7 @@ async def test_a_message_of_parts_of_any_buffer_kind(
         reused[:] = b"x" * len(reused)  # The caller reuses its buffer once the call returns.
         resp = await a.close()
         assert a.written == len(expect) == resp.commit.end
-        assert await read_all(c, spec.name) == expect
+        assert await read_to_head(c, spec.name) == expect
         with pytest.raises(ValueError, match="at most"):
             await Appender(c, pb.AppendRequest(journal=spec.name)).write_message(
                 [bytes(CHUNK_SIZE), b"1"]
@@ -90,7 +90,7 @@ async def test_large_append_is_chunked(client: JournalClient, make_journal: Make
     data = bytes(range(251)) * (3 * 4200)  # ~3.1 MiB: four chunks.
     resp = await append(client, pb.AppendRequest(journal=spec.name), data)
     assert resp.commit.end == len(data)
-    assert await read_all(client, spec.name) == data
+    assert await read_to_head(client, spec.name) == data
 
 
 async def test_append_from_async_iterable(client: JournalClient, make_journal: MakeJournal) -> None:
@@ -102,7 +102,9 @@ async def test_append_from_async_iterable(client: JournalClient, make_journal: M
 
     resp = await append(client, pb.AppendRequest(journal=spec.name), parts())
     assert resp.commit.end == 35
-    assert await read_all(client, spec.name) == b"".join(f"part {i}\n".encode() for i in range(5))
+    assert await read_to_head(client, spec.name) == b"".join(
+        f"part {i}\n".encode() for i in range(5)
+    )
 
 
 async def test_wrong_offset_and_register_mismatch(
@@ -124,7 +126,7 @@ async def test_wrong_offset_and_register_mismatch(
     with pytest.raises(RegisterMismatch) as mismatch:
         await append(client, check, b"h")
     assert "author=a1" in str(mismatch.value)
-    assert await read_all(client, spec.name) == b"abcdefg"
+    assert await read_to_head(client, spec.name) == b"abcdefg"
 
 
 async def test_append_retries_routing_and_transport_errors() -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from gazette.broker.client import AppendService, JournalClient
 from gazette.stores.sqlite.bridge import RecorderBridge
-from tests.recoverylog.recorder_support import read_log, replay
+from tests.kit.journals import read_to_head
+from tests.recoverylog.recorder_support import replay
 from tests.stores.sqlite.support import (
     MakeLog,
     client,
@@ -51,7 +52,7 @@ async def test_handovers_queued_together_are_released_together_in_their_turn(
     assert len(released) == 1  # ...and released as one append, in that turn.
     await rec.barrier()
     assert service.rpc_count - rpcs == 1
-    assert replay(await read_log(client, log), log).files() == {"/f": b"000000010002"}
+    assert replay(await read_to_head(client, log), log).files() == {"/f": b"000000010002"}
 
 
 async def test_a_handover_on_the_loops_thread_is_released_at_once_and_never_waits(
@@ -71,4 +72,4 @@ async def test_a_handover_on_the_loops_thread_is_released_at_once_and_never_wait
     with pytest.raises(RuntimeError, match="would block the event loop"):
         bridge.sync()
     await rec.barrier()
-    assert replay(await read_log(client, log), log).files() == {"/f": b"0123456789abc"}
+    assert replay(await read_to_head(client, log), log).files() == {"/f": b"0123456789abc"}
