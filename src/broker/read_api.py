@@ -104,17 +104,22 @@ async def read(
     told = request.offset  # the offset the client reads from, as far as it was told
     first = True
     gap_checks = head_checks = 0
+
+    def position(status: pb.Status.ValueType) -> pb.ReadResponse:
+        """A response saying where the read is (`offset`) and the write head."""
+        return pb.ReadResponse(
+            status=status,
+            header=header if first else None,
+            offset=offset,
+            write_head=replica.write_head,
+        )
+
     while True:
         if request.end_offset and offset >= request.end_offset:
             if offset > told:
                 # The rest of the range is missing (a gap, or the head beyond it): say where
                 # content resumes, or the client would retry the same range forever.
-                yield pb.ReadResponse(
-                    status=pb.OK,
-                    header=header if first else None,
-                    offset=offset,
-                    write_head=replica.write_head,
-                )
+                yield position(pb.OK)
             return
         if replica.dropped and not replica.deleted:
             return  # Unassigned here meanwhile: the client reads on at the current brokers.
@@ -153,12 +158,7 @@ async def read(
                 # look at the stores again, and never jump over it.
                 head_checks += 1
                 if head_checks > 1 and not request.block:
-                    yield pb.ReadResponse(
-                        status=pb.OFFSET_NOT_YET_AVAILABLE,
-                        header=header if first else None,
-                        offset=offset,
-                        write_head=replica.write_head,
-                    )
+                    yield position(pb.OFFSET_NOT_YET_AVAILABLE)
                     return
                 if head_checks > 1:
                     await replica.wait_for_head_beyond(replica.write_head, gap_delay(head_checks))
@@ -172,12 +172,7 @@ async def read(
                 if request.end_offset and offset >= request.end_offset:
                     continue  # Nothing of the range is left to wait for.
             if not request.block:
-                yield pb.ReadResponse(
-                    status=pb.OFFSET_NOT_YET_AVAILABLE,
-                    header=header if first else None,
-                    offset=offset,
-                    write_head=replica.write_head,
-                )
+                yield position(pb.OFFSET_NOT_YET_AVAILABLE)
                 return
             if await replica.wait_for_head_beyond(offset):
                 continue
