@@ -78,6 +78,17 @@ CHANNEL_OPTIONS = (
 )
 
 _TRANSPORT = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# What gRPC core, not the server, answers when a member's connection breaks under a stream.
+_CORE_INTERNAL = "Internal error from Core"
+
+
+def is_transport_failure(err: grpc.aio.AioRpcError) -> bool:
+    """Whether `err` says the member could not be reached or its connection broke (the
+    request then goes to the next member), rather than that etcd refused the request."""
+    code = err.code()
+    return code in _TRANSPORT or (
+        code == grpc.StatusCode.INTERNAL and err.details() == _CORE_INTERNAL
+    )
 
 
 class EtcdError(Exception):
@@ -330,7 +341,7 @@ class Etcd:
                 return await fn(req, timeout=timeout, metadata=REQUIRE_LEADER)
             except grpc.aio.AioRpcError as err:
                 reason = f"{err.code().name}: {err.details()}"
-                if err.code() not in _TRANSPORT:
+                if not is_transport_failure(err):
                     raise EtcdError(f"etcd {member.endpoint}: {reason}") from err
                 if write and not (err.details() or "").startswith(NOT_SENT):
                     self._fail_over(member, f"{method}: {reason}")
@@ -427,7 +438,7 @@ class Etcd:
                 reason = "no answer"
             except grpc.aio.AioRpcError as err:
                 reason = f"{err.code().name}: {err.details()}"
-                if err.code() not in _TRANSPORT:
+                if not is_transport_failure(err):
                     raise EtcdError(f"etcd {member.endpoint}: lease keep-alive: {reason}") from err
             finally:
                 call.cancel()
@@ -485,7 +496,7 @@ class Etcd:
                 reason = "stream ended"
             except grpc.aio.AioRpcError as err:
                 reason = f"{err.code().name}: {err.details()}"
-                if err.code() not in _TRANSPORT:
+                if not is_transport_failure(err):
                     raise EtcdError(f"etcd watch {member.endpoint}: {reason}") from err
             finally:
                 call.cancel()
