@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -414,8 +416,47 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
         starting[0] = False
         say("stopping")
         cluster.close()
+        # A signal that interrupted a process's launch (after its fork, before the cluster
+        # held it) leaves a child the cluster does not know of: stop every child still here.
+        for pid in _stop_children(timeout=10.0):
+            say(f"stopped child process {pid} left by the interrupted start-up")
         say(f"stopped; data and logs are in {directory}")
     return status
+
+
+def _children() -> list[int]:
+    """The process ids of this process's live children (from /proc)."""
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[1]) == me and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def _stop_children(timeout: float) -> list[int]:
+    """SIGTERM this process's remaining children, SIGKILL those alive after `timeout`
+    seconds, reap them all; their process ids."""
+    pids = _children()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in _children():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    return pids
 
 
 if __name__ == "__main__":
