@@ -77,7 +77,7 @@ class Broker:
         self.cfg = cfg
         self.auth = auth
         """Verifies the calls served here, and signs this broker's calls to its peers."""
-        self._peer_stubs: dict[str, Any] = {}
+        self._peer_stubs: dict[str, tuple[Any, Any]] = {}
         self.keys = Keys(cfg.root)
         self.process_id = pb.ProcessSpec.ID(zone=cfg.zone, suffix=cfg.suffix)
         self.member_id = MemberID(cfg.zone, cfg.suffix)
@@ -198,10 +198,11 @@ class Broker:
     def peer_stub(self, endpoint: str) -> Any:
         """A `protocol.Journal` stub on another broker (channels are kept and reused), its
         calls signed by this broker when authorization is on."""
-        stub = self._peer_stubs.get(endpoint)
-        if stub is None:
-            stub = self._peer_stubs[endpoint] = authorized(self.peers.stub(endpoint), self.auth)
-        return stub
+        raw = self.peers.stub(endpoint)  # A new one once the old channel is stuck.
+        cached = self._peer_stubs.get(endpoint)
+        if cached is None or cached[0] is not raw:
+            cached = self._peer_stubs[endpoint] = (raw, authorized(raw, self.auth))
+        return cached[1]
 
     async def resolve(
         self,

@@ -9,13 +9,17 @@ broker advertises says how it serves, as with upstream's brokers.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import grpc
 import grpc.aio
 
 from gazette.auth.tls import ClientTLS, endpoint_target
+from gazette.broker.client.stuck_channels import STUCK_AFTER, StuckChannels
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
 
 PEER_CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
@@ -28,18 +32,29 @@ PEER_CHANNEL_OPTIONS = [
 class Peers:
     """`protocol.Journal` stubs on other brokers, by endpoint."""
 
-    def __init__(self, tls: ClientTLS | None = None) -> None:
+    def __init__(self, tls: ClientTLS | None = None, *, stuck_after: float = STUCK_AFTER) -> None:
         self._tls = tls
         self._credentials: grpc.ChannelCredentials | None = None
         self._channels: dict[tuple[str, bool], grpc.aio.Channel] = {}
         self._stubs: dict[tuple[str, bool], Any] = {}
+        self._stuck = StuckChannels(stuck_after)
 
     def stub(self, endpoint: str) -> Any:
-        """A `protocol.Journal` stub on the broker at `endpoint` (its channel is reused).
+        """A `protocol.Journal` stub on the broker at `endpoint` (its channel is reused,
+        unless it has been failing for `STUCK_AFTER` seconds: then a new one replaces it).
         Raises `TLSConfigError` if the TLS files cannot be read at the first ``https://``
         peer (the broker checks them at start-up)."""
         key = endpoint_target(endpoint)
         stub = self._stubs.get(key)
+        if stub is not None and self._stuck.stuck(key, self._channels[key]):
+            log.warning(
+                "channel to peer %s has failed for %.0fs; replacing it",
+                endpoint,
+                self._stuck.stuck_after,
+            )
+            self._stuck.retire(self._channels.pop(key))
+            del self._stubs[key]
+            stub = None
         if stub is None:
             target, secure = key
             if secure:

@@ -47,6 +47,11 @@ class BrokerCluster:
         """The broker whose id suffix is `suffix` (e.g. a route member's)."""
         return next(b for b in self.brokers if b.suffix == suffix)
 
+    def describe(self) -> str:
+        """Each broker's state, port and log tail (`ReadyProcess.describe`): for the report
+        of a failed test."""
+        return "\n".join(f"{b.suffix}: {b.describe()}" for b in self.brokers)
+
     def start(self) -> BrokerCluster:
         try:
             for b in self.brokers:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import abc
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -17,6 +18,30 @@ from gazette.testing.etcd import free_port
 
 def _private_opener(path: str, flags: int) -> int:
     return os.open(path, flags, 0o600)
+
+
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""A client's connection preface and an empty SETTINGS frame."""
+
+
+def probe_http2(port: int, timeout: float = 2.0) -> str:
+    """How 127.0.0.1:`port` answers a new HTTP/2 connection: "refused", "no SETTINGS within
+    {timeout}s" (accepted, yet the server does not handshake), "HTTP/2 answers", or the
+    error. Tells a process that stopped listening from one whose clients' channels are
+    stuck."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.sendall(_HTTP2_PREFACE)
+            head = sock.recv(9)
+    except ConnectionRefusedError:
+        return "refused"
+    except TimeoutError:
+        return f"no SETTINGS within {timeout}s"
+    except OSError as err:
+        return f"error: {err}"
+    if len(head) == 9 and head[3] == 4:  # The server's first frame: its SETTINGS.
+        return "HTTP/2 answers"
+    return f"unexpected answer {head!r}"
 
 
 class ProcessUnavailable(RuntimeError):
@@ -85,6 +110,20 @@ class ReadyProcess(abc.ABC):
             return self.log_path.read_bytes()[-n:].decode(errors="replace")
         except FileNotFoundError:
             return ""
+
+    def describe(self, lines: int = 12) -> str:
+        """What a failed test wants to know of this process: whether it runs, whether its
+        port answers as an HTTP/2 (gRPC) server would (`probe_http2`), and its log's last
+        `lines` lines."""
+        if self.proc is None:
+            state = "not started (or stopped)"
+        elif (code := self.proc.poll()) is not None:
+            state = f"exited with {code}"
+        else:
+            state = f"running, pid {self.proc.pid}"
+        tail = self.tail_log(20_000).splitlines()[-lines:]
+        body = "\n".join(f"    {line[:240]}" for line in tail)
+        return f"{self.name} {self.endpoint}: {state}; port: {probe_http2(self.port)}\n{body}"
 
     @property
     def running(self) -> bool:

@@ -14,6 +14,7 @@ import pytest
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 from gazette.testing.broker import BrokerProcess
+from gazette.testing.cluster import BrokerCluster
 from gazette.testing.etcd import EtcdServer
 from tests.kit import specs
 from tests.kit.eventually import eventually
@@ -110,3 +111,14 @@ async def persisted(
         listed, what=f"{count} persisted fragments of {journal}", timeout=timeout, interval=0.1
     )
     return fragments
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test of a broker cluster reports each broker's state, port and log tail:
+    a rare failure must say which process stopped answering, and why."""
+    report = yield
+    cluster = getattr(item, "funcargs", {}).get("cluster")
+    if report.failed and isinstance(cluster, BrokerCluster):
+        report.sections.append(("brokers at the failure", cluster.describe()))
+    return report

@@ -28,6 +28,7 @@ from gazette.auth.keys import NO_AUTH, Authorizer
 from gazette.auth.tls import ClientTLS, endpoint_target
 from gazette.broker.client.direct_calls import DirectAppendCall, DirectAppends
 from gazette.broker.client.route_cache import RouteCache, pick_endpoint
+from gazette.broker.client.stuck_channels import STUCK_AFTER, StuckChannels
 from gazette.broker.protocol import protocol_pb2 as pb
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 
@@ -64,7 +65,8 @@ class JournalClient:
     With `tls`, every channel is TLS (its files are read here: `TLSConfigError`); without,
     only those to ``https://`` endpoints are, trusting the system's CAs. `auth` (a
     `gazette.auth.keys.KeyedAuth` or `BearerAuth`) authorizes every call for what it does
-    (`gazette.auth.grpc_auth`).
+    (`gazette.auth.grpc_auth`). A channel that has failed for `stuck_after` seconds is
+    replaced by a new one (`gazette.broker.client.stuck_channels`).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class JournalClient:
         direct_appends: bool = True,
         tls: ClientTLS | None = None,
         auth: Authorizer = NO_AUTH,
+        stuck_after: float = STUCK_AFTER,
     ) -> None:
         if isinstance(endpoints, str):
             endpoints = [endpoints]
@@ -90,6 +93,7 @@ class JournalClient:
         self.routes = route_cache if route_cache is not None else RouteCache()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, JournalStub] = {}
+        self._stuck = StuckChannels(stuck_after)
         self._closed = False
         self._default = 0
         self._direct = (
@@ -122,6 +126,16 @@ class JournalClient:
             raise RuntimeError("JournalClient is closed")
         target = self._target(target) if target else self.default_endpoint
         ch = self._channels.get(target)
+        if ch is not None and self._stuck.stuck(target, ch):
+            log.warning(
+                "channel to %s has failed for %.0fs; replacing it",
+                target,
+                self._stuck.stuck_after,
+            )
+            self._stuck.retire(ch)
+            del self._channels[target]
+            self._stubs.pop(target, None)
+            ch = None
         if ch is None:
             dial, secure = endpoint_target(target)
             if secure:
@@ -136,9 +150,10 @@ class JournalClient:
     def stub(self, target: str | None = None) -> JournalStub:
         """A `protocol.Journal` stub on `target`, or on the default endpoint."""
         target = self._target(target) if target else self.default_endpoint
+        channel = self.channel(target)  # Replaces a stuck channel, and drops its stub.
         st = self._stubs.get(target)
         if st is None:
-            st = authorized(pb_grpc.JournalStub(self.channel(target)), self.auth)
+            st = authorized(pb_grpc.JournalStub(channel), self.auth)
             self._stubs[target] = st
         return st
 

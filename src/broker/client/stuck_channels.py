@@ -1,0 +1,76 @@
+"""Replacing a gRPC channel that has failed for too long.
+
+A channel whose connection failed reports TRANSIENT_FAILURE and fails calls at once with its
+last error ("Connection refused") until it reconnects, retrying within its reconnect backoff
+(at most a second or two with our options). Once the server is back, a healthy channel
+recovers within that backoff. gRPC Python's client has had reconnection defects that left a
+channel failing for good against a server that answers new connections again. A channel kept
+per endpoint for a process's whole life (a broker's peers, a client's brokers) would then fail
+every call to that server until a restart.
+
+`StuckChannels` notices a channel that has stayed in TRANSIENT_FAILURE for `STUCK_AFTER`
+seconds, as seen by the owner at the moment it hands out the channel, so that the owner
+replaces it with a new one. Against a server that is really down, that costs a new channel
+every `STUCK_AFTER` seconds, each failing at once as the old one did. `retire` closes the old
+channel in the background, giving calls still on it a grace.
+
+Rejected: a watcher task per channel (`wait_for_state_change`). It costs a task per endpoint
+for the process's life, and it sees only the state changes that gRPC reports. Checking when
+the channel is next used costs nothing while no call is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Hashable
+
+import grpc
+import grpc.aio
+
+__all__ = ["STUCK_AFTER", "StuckChannels"]
+
+STUCK_AFTER = 10.0
+"""Seconds of uninterrupted TRANSIENT_FAILURE after which a channel is replaced: several
+times the longest reconnect backoff used by the package's channels (2 s)."""
+
+RETIRE_GRACE = 5.0
+"""Seconds that calls still running on a replaced channel get before it is closed."""
+
+
+class StuckChannels:
+    """Per channel key: since when its channel has been failing, seen at each hand-out."""
+
+    def __init__(
+        self, stuck_after: float = STUCK_AFTER, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.stuck_after = stuck_after
+        self._clock = clock
+        self._failing_since: dict[Hashable, float] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        self.replaced = 0
+        """How many channels were found stuck (for logs and tests)."""
+
+    def stuck(self, key: Hashable, channel: grpc.aio.Channel) -> bool:
+        """Whether `channel` (the one kept under `key`) has been in TRANSIENT_FAILURE for
+        `stuck_after` seconds: the caller then replaces it (and `retire`s the old one)."""
+        state = channel.get_state(try_to_connect=False)
+        if state != grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            self._failing_since.pop(key, None)
+            return False
+        now = self._clock()
+        since = self._failing_since.setdefault(key, now)
+        if now - since < self.stuck_after:
+            return False
+        del self._failing_since[key]
+        self.replaced += 1
+        return True
+
+    def retire(self, channel: grpc.aio.Channel) -> None:
+        """Close a replaced channel in the background (calls on it get `RETIRE_GRACE`)."""
+        task = asyncio.get_running_loop().create_task(channel.close(RETIRE_GRACE))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    def forget(self, key: Hashable) -> None:
+        self._failing_since.pop(key, None)
