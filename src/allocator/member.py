@@ -7,9 +7,10 @@ local replicas follow this member's assignments and advertises their status as t
 assignments' values (`advertise`). What an item is, when a replica is consistent and how a
 replica starts and stops are the process's (the callbacks it passes); this is the rest.
 
-Life cycle: `start` (announce, load the keyspace, build the allocator), `run` for as long as
-the member serves (keyspace watch, lease keep-alive, allocator, reconcile loop and the
-process's own loops, in one task group: one failing fails all, a lost lease first), at a
+Life cycle: `start` (announce, keep the lease alive from then on, load the keyspace, build
+the allocator), `run` for as long as the member serves (keyspace watch, the lease's
+keep-alive, allocator, reconcile loop and the process's own loops, in one task group: one
+failing fails all, a lost lease first, even one lost between `start` and `run`), at a
 graceful exit `mark_exiting` (the allocator then moves the items away), and `release` (revoke
 the lease: the member key and its assignments go at once).
 
@@ -106,6 +107,7 @@ class Member:
             "is_failed": is_failed,
         }
         self._wake = asyncio.Event()
+        self._lease: asyncio.Task[None] | None = None
 
     @property
     def key(self) -> str:
@@ -133,7 +135,15 @@ class Member:
         self.etcd = Etcd(self.etcd_endpoint, tls=self.etcd_tls)
         self.session = MemberSession(self.etcd, self.key, self.lease_ttl)
         await self.session.announce(self.spec.SerializeToString(), replace_if=self._is_previous)
-        await self.keyspace.load(self.etcd)
+        # Kept alive from its grant on, as etcd's own sessions are: what the process does
+        # before `run` (load the keyspace, a broker's leftover spools to judge against their
+        # journals' primaries) may take longer than the lease's TTL.
+        self._lease = asyncio.create_task(self.session.keep_alive(), name="lease")
+        try:
+            await self.keyspace.load(self.etcd)
+        except BaseException:
+            await self.release()
+            raise
         self.allocator = Allocator(
             self.etcd, self.keyspace, self.root, self.id, **self._allocator_args
         )
@@ -162,11 +172,17 @@ class Member:
         assert self.etcd is not None and self.session is not None and self.allocator is not None
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.keyspace.watch(self.etcd), name="keyspace-watch")
-            tg.create_task(self.session.keep_alive(), name="lease")
+            tg.create_task(self._keep_lease(), name="lease")
             tg.create_task(self.allocator.serve(), name="allocator")
             tg.create_task(self._reconcile_loop(), name="reconcile")
             for name, loop in loops:
                 tg.create_task(loop(), name=name)
+
+    async def _keep_lease(self) -> None:
+        """The lease's keep-alive, running since `start`: its failure (the lease lost, even
+        before `run`) fails the member, and cancelling this cancels it."""
+        assert self._lease is not None
+        await self._lease
 
     async def _reconcile_loop(self) -> None:
         while True:
@@ -215,6 +231,12 @@ class Member:
     async def release(self) -> None:
         """Revoke the lease (the member key and its assignments go at once; if etcd cannot
         be reached, they go when the lease expires) and close the etcd client."""
+        if self._lease is not None:
+            self._lease.cancel()
+            await asyncio.wait({self._lease})  # Whatever it ended with: the lease goes now.
+            if not self._lease.cancelled():
+                self._lease.exception()  # Retrieved: a lease lost before `run` is no news.
+            self._lease = None
         if self.session is not None:
             try:
                 await self.session.release()

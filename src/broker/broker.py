@@ -117,7 +117,7 @@ class Broker:
             self._spawn,
         )
         # How long judging a spool may read the journal's primary: as an append's chunk
-        # (shorter while starting, when the lease is not kept alive yet).
+        # (shorter while starting, so that no unreachable primary holds the start up).
         self.judge = LeftoverJudge(
             cfg.spool_dir,
             self.process_id,
@@ -270,7 +270,7 @@ class Broker:
             ) from err
         except EtcdError as err:
             raise BrokerStartupError(f"etcd {self.cfg.etcd}: {err}") from err
-        # The lease is not kept alive yet: judging a leftover spool reads the primary briefly.
+        # Not serving yet: judging a leftover spool reads the primary briefly.
         await self.persister.persist_leftover_spools(
             lambda name: self.keyspace.get(self.keys.item(name)),
             min(self.cfg.chunk_timeout, self.cfg.lease_ttl / 4),

@@ -170,3 +170,24 @@ async def test_a_crashed_predecessor_is_replaced_but_another_process_is_not(
         await again.stop()
         if first.member.etcd is not None:
             await first.member.etcd.close()
+
+
+async def test_the_lease_is_kept_alive_from_the_announcement_before_run(
+    etcd_server: EtcdServer, root: str
+) -> None:
+    """What a process does between `start` and `run` (a broker judging its leftover spools)
+    may outlast the lease's TTL: the member must still be announced, not fenced at `run`."""
+    node = Node(etcd_server, root, "member-slow")
+    await node.member.start()
+    try:
+        await asyncio.sleep(node.member.lease_ttl + 1.5)  # A start slower than the TTL.
+        async with Etcd(etcd_server.endpoint) as etcd:
+            held = await etcd.get(node.member.key.encode())
+            assert held.kvs, "the member key expired before the member ran"
+        node.task = asyncio.create_task(node.member.run())
+        await eventually(
+            lambda: assigned_to(node), what="the item assigned", timeout=10, interval=0.02
+        )
+        assert not node.task.done()
+    finally:
+        await node.stop()
