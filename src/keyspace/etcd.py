@@ -198,7 +198,10 @@ class _Member:
         if self._channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
             return None
         try:
-            await asyncio.wait_for(self._channel.channel_ready(), max(timeout, 0.0))
+            # Not `wait_for`: on Python 3.11 it can swallow a cancellation that arrives as the
+            # channel becomes ready, and a cancelled keep-alive would then renew the lease on.
+            async with asyncio.timeout(max(timeout, 0.0)):
+                await self._channel.channel_ready()
         except TimeoutError:
             return await self._why_unconnected()
         return None
