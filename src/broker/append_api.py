@@ -77,6 +77,7 @@ async def _proxy(
             yield msg.request() if isinstance(msg, ContentChunk) else msg
 
     try:
+        await broker.peer_connected(target)
         # Signed by this broker, on the caller's behalf, for this journal alone.
         with journal_scope(first.journal):
             call = broker.peer_stub(target).Append(requests())

@@ -204,6 +204,11 @@ class Broker:
             cached = self._peer_stubs[endpoint] = (raw, authorized(raw, self.auth))
         return cached[1]
 
+    async def peer_connected(self, endpoint: str) -> None:
+        """Before forwarding a request to the broker at `endpoint`: give our channel to it a
+        moment to connect, if it is not connected (`Peers.connected`)."""
+        await self.peers.connected(endpoint)
+
     async def resolve(
         self,
         journal: str,

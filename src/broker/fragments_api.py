@@ -62,6 +62,7 @@ async def list_fragments(
         forwarded = pb.FragmentsRequest()
         forwarded.CopyFrom(request)
         forwarded.header.CopyFrom(res.header)
+        await broker.peer_connected(res.proxy_to)
         try:
             proxied: pb.FragmentsResponse = await broker.peer_stub(res.proxy_to).ListFragments(
                 forwarded

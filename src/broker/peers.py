@@ -9,6 +9,8 @@ broker advertises says how it serves, as with upstream's brokers.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -27,6 +29,9 @@ PEER_CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+CONNECT_WAIT = 2.0
+"""Seconds a proxied request waits for its channel to the primary to connect: beyond the
+longest reconnect backoff (1 s, plus gRPC's 20% jitter)."""
 
 
 class Peers:
@@ -68,6 +73,22 @@ class Peers:
             self._channels[key] = channel
             stub = self._stubs[key] = pb_grpc.JournalStub(channel)
         return stub
+
+    async def connected(self, endpoint: str, timeout: float = CONNECT_WAIT) -> None:
+        """Give the channel to `endpoint` up to `timeout` seconds to connect, unless it is
+        connected. Returns either way: a call made then fails as the channel does.
+
+        A channel whose connection failed fails every call at once with its last error until
+        its reconnect backoff ends. A peer that was down and is back (registered, assigned,
+        serving) is reached again only then. A request forwarded to it at that moment, right
+        after its restart, must not fail "Connection refused" for this broker's stale view."""
+        self.stub(endpoint)  # Made, or replaced if stuck.
+        channel = self._channels[endpoint_target(endpoint)]
+        if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await channel.channel_ready()
 
     async def close(self) -> None:
         """Close every channel at once (pending calls on them fail)."""

@@ -83,6 +83,7 @@ async def read(
         forwarded = pb.ReadRequest()
         forwarded.CopyFrom(request)
         forwarded.header.CopyFrom(res.header)
+        await broker.peer_connected(res.proxy_to)
         try:
             async for resp in broker.peer_stub(res.proxy_to).Read(forwarded):
                 yield resp

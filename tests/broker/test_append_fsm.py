@@ -753,6 +753,11 @@ async def _handler_broker(tmp_path: Path, stub: PeerStub | None = None) -> FakeB
     _fsm, broker, _pipeline, _replica = await make(tmp_path)
     broker.cfg = SimpleNamespace(chunk_timeout=CHUNK_TIMEOUT)  # type: ignore[attr-defined]
     broker.peer_stub = lambda _endpoint: stub  # type: ignore[attr-defined]
+
+    async def connected(_endpoint: str) -> None:
+        pass
+
+    broker.peer_connected = connected  # type: ignore[attr-defined]
     return broker
 
 

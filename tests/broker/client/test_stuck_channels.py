@@ -5,6 +5,7 @@ never while it is healthy or has failed for less."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import grpc
 import grpc.aio
@@ -105,3 +106,45 @@ async def test_a_client_replaces_a_channel_that_kept_failing() -> None:
         second_stub = client.stub(endpoint)
         assert second_stub is not first_stub
         assert client.channel(endpoint) is not first_channel
+
+
+async def test_peers_give_a_channel_backing_off_from_a_restarted_peer_time_to_connect() -> None:
+    """A peer that was down and is back: the channel to it fails calls at once with its last
+    error ("Connection refused") until its reconnect backoff ends. `connected` waits that out,
+    so a request forwarded right after the peer's restart reaches it."""
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    peers = Peers()
+    server = grpc.aio.server()
+
+    async def list_(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        yield pb.ListResponse(status=pb.OK).SerializeToString()
+
+    try:
+        for _ in range(5):  # Down: calls fail, and the channel's backoff grows.
+            with pytest.raises(grpc.aio.AioRpcError):
+                await peers.stub(endpoint).List(pb.ListRequest(), timeout=5).read()
+            await asyncio.sleep(0.3)
+        server.add_generic_rpc_handlers(
+            [
+                grpc.method_handlers_generic_handler(
+                    "protocol.Journal",
+                    {"List": grpc.unary_stream_rpc_method_handler(list_)},
+                )
+            ]
+        )
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()  # Back.
+        await peers.connected(endpoint)
+        got = await peers.stub(endpoint).List(pb.ListRequest(), timeout=5).read()
+        assert got.status == pb.OK
+        # And a peer that stays down costs a caller the bound, not more.
+        down = f"http://127.0.0.1:{free_port()}"
+        with pytest.raises(grpc.aio.AioRpcError):
+            await peers.stub(down).List(pb.ListRequest(), timeout=5).read()
+        t0 = asyncio.get_running_loop().time()
+        await peers.connected(down, timeout=0.5)
+        assert 0.4 < asyncio.get_running_loop().time() - t0 < 2.0
+    finally:
+        await peers.close()
+        await server.stop(None)
