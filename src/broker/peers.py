@@ -9,8 +9,6 @@ broker advertises says how it serves, as with upstream's brokers.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -18,7 +16,7 @@ import grpc
 import grpc.aio
 
 from gazette.auth.tls import ClientTLS, endpoint_target
-from gazette.broker.client.stuck_channels import STUCK_AFTER, StuckChannels
+from gazette.broker.client.stuck_channels import CONNECT_WAIT, STUCK_AFTER, StuckChannels, connected
 from gazette.broker.protocol import protocol_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
@@ -29,9 +27,6 @@ PEER_CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
-CONNECT_WAIT = 2.0
-"""Seconds a proxied request waits for its channel to the primary to connect: beyond the
-longest reconnect backoff (1 s, plus gRPC's 20% jitter)."""
 
 
 class Peers:
@@ -76,19 +71,9 @@ class Peers:
 
     async def connected(self, endpoint: str, timeout: float = CONNECT_WAIT) -> None:
         """Give the channel to `endpoint` up to `timeout` seconds to connect, unless it is
-        connected. Returns either way: a call made then fails as the channel does.
-
-        A channel whose connection failed fails every call at once with its last error until
-        its reconnect backoff ends. A peer that was down and is back (registered, assigned,
-        serving) is reached again only then. A request forwarded to it at that moment, right
-        after its restart, must not fail "Connection refused" for this broker's stale view."""
+        connected (`stuck_channels.connected`): before forwarding a request to that peer."""
         self.stub(endpoint)  # Made, or replaced if stuck.
-        channel = self._channels[endpoint_target(endpoint)]
-        if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await channel.channel_ready()
+        await connected(self._channels[endpoint_target(endpoint)], timeout)
 
     async def close(self) -> None:
         """Close every channel at once (pending calls on them fail)."""

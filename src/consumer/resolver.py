@@ -56,6 +56,7 @@ import grpc
 import grpc.aio
 
 from gazette.auth.tls import ClientTLS, endpoint_target
+from gazette.broker.client.stuck_channels import StuckChannels, connected
 from gazette.broker.protocol import protocol_pb2 as bpb
 from gazette.consumer.application import ResolveArgs, Shard
 from gazette.consumer.protocol import pb
@@ -89,6 +90,12 @@ REVISION_TIMEOUT = 10.0
 """Seconds a resolution waits for this process's view of etcd to reach a revision."""
 CHANNEL_CLOSE_GRACE = 30.0
 """Seconds calls in flight on the channel to a departed process may take before it closes."""
+CHANNEL_OPTIONS = [
+    # As brokers' channels to their peers: a process back after a restart is reached again
+    # within a second (gRPC's defaults back off up to 2 minutes).
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 Code = pb.ReplicaStatus.Code
 
@@ -228,7 +235,9 @@ class Resolution:
             ]
             timeout = context.time_remaining()
         serializer = None if isinstance(request, bytes) else type(request).SerializeToString
-        call = self._resolver.channel(self.primary_endpoint).unary_unary(
+        channel = self._resolver.channel(self.primary_endpoint)
+        await connected(channel)  # A primary just restarted: our channel may still back off.
+        call = channel.unary_unary(
             method, request_serializer=serializer, response_deserializer=response_deserializer
         )
         try:
@@ -308,6 +317,7 @@ class Resolver:
         self._stopped = False
         self._closed = False
         self._channels: dict[tuple[str, bool], grpc.aio.Channel] = {}
+        self._stuck = StuckChannels()
         self._credentials: grpc.ChannelCredentials | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._session: ClientSession | None = None
@@ -338,13 +348,17 @@ class Resolver:
 
     def channel(self, endpoint: str) -> grpc.aio.Channel:
         """A channel to another consumer process's gRPC `endpoint` (reused until `close`, or
-        until that process leaves the application): TLS with this process's peer TLS if
+        until that process leaves the application, or until it has failed for 10 s:
+        `gazette.broker.client.stuck_channels`): TLS with this process's peer TLS if
         `endpoint` is ``https://``. RuntimeError after `close`; `TLSConfigError` if the peer
         TLS files cannot be read (they are checked at the process's start)."""
         if self._closed:
             raise RuntimeError("the resolver is closed: it forwards nothing more")
         key = endpoint_target(endpoint)
         ch = self._channels.get(key)
+        if ch is not None and self._stuck.stuck(key, ch):  # (`stuck_channels`)
+            self._stuck.retire(self._channels.pop(key))
+            ch = None
         if ch is None:
             self._prune_channels()
             target, secure = key
@@ -352,9 +366,9 @@ class Resolver:
                 if self._credentials is None:
                     tls = self._runtime.cfg.peer_tls or ClientTLS()
                     self._credentials = tls.grpc_credentials()
-                ch = grpc.aio.secure_channel(target, self._credentials)
+                ch = grpc.aio.secure_channel(target, self._credentials, options=CHANNEL_OPTIONS)
             else:
-                ch = grpc.aio.insecure_channel(target)
+                ch = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
             self._channels[key] = ch
         return ch
 

@@ -341,6 +341,61 @@ async def test_forward_unary_sends_messages_with_the_proxy_header() -> None:
         await server.stop(None)
 
 
+async def test_forward_unary_reaches_a_primary_right_after_its_restart() -> None:
+    """The primary was down (forwarded calls failed, and the channel to it backs off) and is
+    back on its address: a call forwarded at once reaches it, instead of failing with the
+    channel's last error ("Connection refused") until the backoff ends."""
+    from gazette.consumer.config import ConsumerConfig
+    from gazette.consumer.resolver import Resolution, Resolver
+    from gazette.testing.etcd import free_port
+
+    async def stat(req: pb.StatRequest, context: Any) -> pb.StatResponse:
+        return pb.StatResponse(status=pb.OK)
+
+    port = free_port()
+    resolver = Resolver(ConsumerRuntime(ConsumerConfig(zone="z", suffix="me"), App()))  # type: ignore[arg-type]
+    res = Resolution(
+        pb.OK,
+        bpb.Header(),
+        shard_id="s",
+        primary_endpoint=f"http://127.0.0.1:{port}",
+        resolver=resolver,
+    )
+
+    async def forward() -> pb.StatResponse:
+        got: pb.StatResponse = await res.forward_unary(
+            "/t.T/Stat",
+            pb.StatRequest(shard="s"),
+            response_deserializer=pb.StatResponse.FromString,
+            timeout=10,
+        )
+        return got
+
+    server = grpc.aio.server()
+    try:
+        for _ in range(2):  # Down: forwarding fails after the connect wait.
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await forward()
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        handler = grpc.method_handlers_generic_handler(
+            "t.T",
+            {
+                "Stat": grpc.unary_unary_rpc_method_handler(
+                    stat,
+                    request_deserializer=pb.StatRequest.FromString,
+                    response_serializer=pb.StatResponse.SerializeToString,
+                )
+            },
+        )
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()  # Back.
+        assert (await forward()).status == pb.OK
+    finally:
+        await resolver.close()
+        await server.stop(None)
+
+
 async def test_forward_unary_never_forwards_a_forwarded_call_again() -> None:
     """A handler that resolved without `incoming` and forwards with its context: a call that
     was itself forwarded is refused (UNAVAILABLE) instead of being passed on, so processes

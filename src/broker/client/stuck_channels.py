@@ -22,20 +22,40 @@ the channel is next used costs nothing while no call is made.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Hashable
 
 import grpc
 import grpc.aio
 
-__all__ = ["STUCK_AFTER", "StuckChannels"]
+__all__ = ["CONNECT_WAIT", "STUCK_AFTER", "StuckChannels", "connected"]
 
 STUCK_AFTER = 10.0
 """Seconds of uninterrupted TRANSIENT_FAILURE after which a channel is replaced: several
 times the longest reconnect backoff used by the package's channels (2 s)."""
 
+CONNECT_WAIT = 2.0
+"""Seconds a request forwarded to another process waits for its channel to connect: beyond
+the longest reconnect backoff of the channels that forward (1 s, plus gRPC's 20% jitter)."""
+
 RETIRE_GRACE = 5.0
 """Seconds that calls still running on a replaced channel get before it is closed."""
+
+
+async def connected(channel: grpc.aio.Channel, timeout: float = CONNECT_WAIT) -> None:
+    """Give `channel` up to `timeout` seconds to connect, unless it is connected. Returns
+    either way: a call made then fails as the channel does.
+
+    A channel whose connection failed fails every call at once with its last error until its
+    reconnect backoff ends. A process that was down and is back (registered, serving) is
+    reached again only then: a request forwarded to it right after its restart must not fail
+    "Connection refused" for the forwarder's stale view of it."""
+    if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await channel.channel_ready()
 
 
 class StuckChannels:
