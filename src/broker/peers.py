@@ -77,5 +77,6 @@ class Peers:
 
     async def close(self) -> None:
         """Close every channel at once (pending calls on them fail)."""
+        await self._stuck.close()
         for channel in self._channels.values():
             await channel.close(None)

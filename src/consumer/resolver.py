@@ -338,6 +338,7 @@ class Resolver:
         RuntimeError. Idempotent."""
         self._closed = True
         channels, self._channels = self._channels, {}
+        await self._stuck.close()
         if self._closing:
             await asyncio.gather(*self._closing, return_exceptions=True)
         for ch in channels.values():

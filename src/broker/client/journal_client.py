@@ -213,6 +213,7 @@ class JournalClient:
         if self._direct is not None:
             self._direct.close()
         channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        await self._stuck.close()
         for ch in channels:
             await ch.close(grace)
 

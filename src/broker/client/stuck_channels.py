@@ -1,22 +1,25 @@
-"""Replacing a gRPC channel that has failed for too long.
+"""Channels kept per endpoint for a process's life: waiting for one to connect before
+forwarding a request, and replacing one that has failed for too long.
 
 A channel whose connection failed reports TRANSIENT_FAILURE and fails calls at once with its
 last error ("Connection refused") until it reconnects, retrying within its reconnect backoff
-(at most a second or two with our options). Once the server is back, a healthy channel
-recovers within that backoff. gRPC Python's client has had reconnection defects that left a
-channel failing for good against a server that answers new connections again. A channel kept
-per endpoint for a process's whole life (a broker's peers, a client's brokers) would then fail
-every call to that server until a restart.
+(at most a second or two with our options). A process that was down and is back is reached
+again only once that backoff ends: `connected` gives a channel that moment before a request
+is forwarded on it.
 
-`StuckChannels` notices a channel that has stayed in TRANSIENT_FAILURE for `STUCK_AFTER`
-seconds, as seen by the owner at the moment it hands out the channel, so that the owner
-replaces it with a new one. Against a server that is really down, that costs a new channel
-every `STUCK_AFTER` seconds, each failing at once as the old one did. `retire` closes the old
-channel in the background, giving calls still on it a grace.
+gRPC Python's client has also had reconnection defects that left a channel failing for good
+against a server that answers new connections again. A channel kept per endpoint (a broker's
+peers, a client's brokers, a consumer's fellow consumers) would then fail every call to that
+server until a restart. `StuckChannels` notices a channel that has stayed in
+TRANSIENT_FAILURE for `STUCK_AFTER` seconds, as seen when its owner next hands it out, so
+that the owner replaces it with a new one. Against a server that is really down, that costs
+a new channel every `STUCK_AFTER` seconds, each failing at once as the old one did.
 
 Rejected: a watcher task per channel (`wait_for_state_change`). It costs a task per endpoint
 for the process's life, and it sees only the state changes that gRPC reports. Checking when
-the channel is next used costs nothing while no call is made.
+the channel is next used costs nothing while no call is made. Also rejected: `wait_for_ready`
+on forwarded calls, which would hold a request for a process that is gone until the caller's
+deadline instead of letting the caller re-resolve.
 """
 
 from __future__ import annotations
@@ -92,5 +95,9 @@ class StuckChannels:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    def forget(self, key: Hashable) -> None:
-        self._failing_since.pop(key, None)
+    async def close(self) -> None:
+        """With the owner's own channels: end the closing of replaced ones at once."""
+        retiring, self._retiring = self._retiring, set()
+        for task in retiring:
+            task.cancel()
+        await asyncio.gather(*retiring, return_exceptions=True)
