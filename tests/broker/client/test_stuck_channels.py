@@ -1,6 +1,8 @@
-"""A channel kept per endpoint is replaced once it has failed for `stuck_after` seconds (a
-gRPC Python channel has been seen to stay failed against a server that answers again), and
-never while it is healthy or has failed for less."""
+"""Channels kept per endpoint (`gazette.broker.client.stuck_channels`): one that is backing
+off from a peer's absence is given a moment to connect before a request is forwarded on it,
+and one is replaced once it has failed for `stuck_after` seconds (gRPC Python has had
+channels stay failed against a server that answers again), never while it is healthy or has
+failed for less."""
 
 from __future__ import annotations
 
