@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -40,8 +41,39 @@ class EtcdUnavailable(RuntimeError):
     """etcd could not be found or did not become ready."""
 
 
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands out to outgoing connections and to binds of port 0."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_given: set[int] = set()
+_rng = random.SystemRandom()  # Not the `random` module's state, which tests may seed.
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on `host` that is free right now."""
+    """A TCP port on `host` that is free right now, below the kernel's ephemeral range.
+
+    Harnesses restart a process on the same port. A port of the ephemeral range (what a bind
+    of port 0 picks) can be taken meanwhile by any outgoing connection's source port, or by
+    another process's bind of port 0, and the restart then fails "Address already in use".
+    Below that range only explicit binds take ports; this process never hands out the same
+    one twice. Falls back to the kernel's choice if none is free there."""
+    floor = _ephemeral_floor()
+    low = max(1024, floor - 12_000)
+    for _ in range(200):
+        port = _rng.randrange(low, floor)
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

@@ -30,3 +30,16 @@ def test_no_room_in_memory_means_the_system_temporary_directory(
     assert scratch_dir() is None
     monkeypatch.setattr(etcd_kit, "_MEMORY_DIR", tmp_path / "absent")
     assert scratch_dir() is None
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_never_given_twice() -> None:
+    """A harness restarts a process on its port: no outgoing connection's source port (the
+    ephemeral range) may take it meanwhile."""
+    from pathlib import Path
+
+    from gazette.testing.etcd import free_port
+
+    floor = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(50)]
+    assert all(1024 <= p < floor for p in ports), ports
+    assert len(set(ports)) == len(ports)
