@@ -281,6 +281,20 @@ def test_shards_with_source(runtime: tuple[ConsumerRuntime, Any, MemberID]) -> N
     assert [s.id for s in rt.resolver.shards_with_source("j2")] == ["c"]
 
 
+def stat_handler(stat: Any) -> grpc.GenericRpcHandler:
+    """A service ``t.T`` whose unary ``Stat`` is `stat` (a primary's application method)."""
+    return grpc.method_handlers_generic_handler(
+        "t.T",
+        {
+            "Stat": grpc.unary_unary_rpc_method_handler(
+                stat,
+                request_deserializer=pb.StatRequest.FromString,
+                response_serializer=pb.StatResponse.SerializeToString,
+            )
+        },
+    )
+
+
 async def test_forward_unary_sends_messages_with_the_proxy_header() -> None:
     """A typed unary call forwarded to a primary: serialized by the request's type, the
     response by `response_deserializer`, the resolution's header in the metadata; the
@@ -297,17 +311,7 @@ async def test_forward_unary_sends_messages_with_the_proxy_header() -> None:
         return pb.StatResponse(status=pb.OK, read_through={req.shard: 7})
 
     server = grpc.aio.server()
-    handler = grpc.method_handlers_generic_handler(
-        "t.T",
-        {
-            "Stat": grpc.unary_unary_rpc_method_handler(
-                stat,
-                request_deserializer=pb.StatRequest.FromString,
-                response_serializer=pb.StatResponse.SerializeToString,
-            )
-        },
-    )
-    server.add_generic_rpc_handlers((handler,))
+    server.add_generic_rpc_handlers((stat_handler(stat),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     resolver = Resolver(ConsumerRuntime(ConsumerConfig(zone="z", suffix="me"), App()))  # type: ignore[arg-type]
@@ -377,17 +381,7 @@ async def test_forward_unary_reaches_a_primary_right_after_its_restart() -> None
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await forward()
             assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        handler = grpc.method_handlers_generic_handler(
-            "t.T",
-            {
-                "Stat": grpc.unary_unary_rpc_method_handler(
-                    stat,
-                    request_deserializer=pb.StatRequest.FromString,
-                    response_serializer=pb.StatResponse.SerializeToString,
-                )
-            },
-        )
-        server.add_generic_rpc_handlers((handler,))
+        server.add_generic_rpc_handlers((stat_handler(stat),))
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()  # Back.
         assert (await forward()).status == pb.OK
