@@ -91,10 +91,18 @@ async def test_counts_survive_primary_kills_with_a_hot_standby(
             # The batch path was taken, with runs of several messages.
             runs = [int(n) for n in re.findall(rb"largest_run=(\d+)", logs)]
             assert max(runs, default=0) > 1, runs
-        # Primaries wrote hints (every second here), and each takeover rotated the hints it
-        # recovered from into the backups.
-        hints = await stub.GetHints(pb.GetHintsRequest(shard="shard-000"))
-        assert hints.status == pb.OK
+
+        # The primary writes hints a second after its recovery, then every second (here): a
+        # primary may have served for less than that so far, so this waits for its first
+        # write. Each takeover rotated the hints it recovered from into the backups.
+        async def primary_hints_written() -> pb.GetHintsResponse | None:
+            resp = await stub.GetHints(pb.GetHintsRequest(shard="shard-000"))
+            assert resp.status == pb.OK
+            return resp if resp.primary_hints.HasField("hints") else None
+
+        hints = await eventually(
+            primary_hints_written, what="the primary's hints", timeout=10, interval=0.1
+        )
         assert hints.primary_hints.hints.log == f"{s.prefix}/recovery/shard-000"
         assert len(hints.primary_hints.hints.live_nodes) > 0
         assert [h.hints.log for h in hints.backup_hints] == [hints.primary_hints.hints.log] * 2
