@@ -48,6 +48,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -432,7 +433,8 @@ class Resolver:
         wait: float = DEFAULT_TIMEOUT,
     ) -> Resolution:
         """Where `shard_id` is served, holding nothing (`resolve` holds a local shard). A
-        local primary still recovering is waited for up to `wait` seconds. Raises
+        local primary still recovering, or restarting, is waited for up to `wait` seconds.
+        Raises
         TimeoutError if this process's etcd view does not reach the revision asked for (or
         the proxy header's) within `REVISION_TIMEOUT` (or `wait`, if less), and
         `ResolverStopped` after `stop` for a shard whose primary is here."""
@@ -471,6 +473,21 @@ class Resolver:
         if self._stopped:
             raise ResolverStopped(shard_id)
         replica = rt.replicas.get(shard_id)
+        if replica is None and wait > 0:
+            # Assigned here, its replica not started yet (a restart for a new spec stops the
+            # old one first): answer from the next one, as from one still recovering. The
+            # route is looked at again then.
+            started = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await rt.next_replica(shard_id)
+            return await self.locate(
+                shard_id,
+                may_proxy=may_proxy,
+                proxy_header=proxy_header,
+                min_etcd_revision=min_etcd_revision,
+                wait=max(0.0, wait - (time.monotonic() - started)),
+            )
         if replica is not None and not replica.settled.is_set() and wait > 0:
             # Our primary is still recovering: answer once it is ready (or failed).
             with contextlib.suppress(TimeoutError):

@@ -104,6 +104,8 @@ class ConsumerRuntime:
         self.client: JournalClient | None = None
         # Replicas being stopped, by shard: a new replica of the shard waits for its directory.
         self._stopping: dict[str, asyncio.Task[None]] = {}
+        # Set (and replaced) whenever a replica is added: `next_replica` waits on it.
+        self._replica_added = asyncio.Event()
         self.resolver = Resolver(self)
         """Where shards are served, for Stat and the application (`consumer.resolver`)."""
         # Replicas that lost their store's recording process, by shard: (the replica, whether
@@ -262,6 +264,8 @@ class ConsumerRuntime:
             if replica is None:
                 replica = ShardReplica(self._context(), skv.value, akv)
                 self.replicas[shard_id] = replica
+                self._replica_added.set()
+                self._replica_added = asyncio.Event()
                 replica.start()
                 log.info("shard assigned shard=%s slot=%d", shard_id, slot)
             replica.shard.assignment = akv
@@ -285,6 +289,15 @@ class ConsumerRuntime:
                 if shard_id in mine:
                     # Still assigned: say at once that this replica is not serving any more.
                     await self.member.advertise(mine[shard_id][0], pb.ReplicaStatus(code=Code.IDLE))
+
+    async def next_replica(self, shard_id: str) -> ShardReplica:
+        """The shard's replica here, once the runtime has one: a shard assigned here gets
+        its replica at the next reconciliation, after its previous replica (a restart for a
+        new spec, a demoted primary coming back) has stopped. Wrap in a timeout: none comes
+        if the assignment goes meanwhile."""
+        while (replica := self.replicas.get(shard_id)) is None:
+            await self._replica_added.wait()
+        return replica
 
     def _stop_replica(self, shard_id: str, why: str) -> None:
         """Stop the replica of `shard_id` (in the background: a new replica of the shard
@@ -365,7 +378,8 @@ class ConsumerRuntime:
         """Where `shard_id` is served, holding nothing (`Resolver.locate`): a local PRIMARY
         replica, else its primary's endpoint; SHARD_NOT_FOUND, NO_SHARD_PRIMARY or
         NOT_SHARD_PRIMARY (primary here but not ready after waiting up to `wait` seconds for
-        its recovery). Applications use ``resolver.resolve``, which holds the shard."""
+        its replica's start and recovery). Applications use ``resolver.resolve``, which
+        holds the shard."""
         return await self.resolver.locate(shard_id, min_etcd_revision=min_etcd_revision, wait=wait)
 
     async def read_through_offsets(

@@ -5,6 +5,7 @@ wait for it), the stopped state, proxying rules, read-through, shards_with_sourc
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +266,51 @@ async def test_read_through_waits_for_commits_and_ends_when_the_shard_stops(
                 pass
         await rt.replicas["shard"].stop()
         assert await asyncio.wait_for(waiting, 2) == (pb.SHARD_STOPPED, False)
+    finally:
+        await stop_all(rt)
+
+
+async def test_a_restarting_primary_is_waited_for_then_answers_from_its_next_replica(
+    runtime: tuple[ConsumerRuntime, Any, MemberID],
+) -> None:
+    """A spec change restarts the local primary: between the old replica's stop and the new
+    one's start the shard has no replica here, while its assignment still names this
+    process. A resolution asked then waits and answers from the new replica, as for a
+    primary still recovering; with no time to wait it says NOT_SHARD_PRIMARY at once."""
+    rt, ks, me = runtime
+    await primary_here(rt, ks, me)
+    old = rt.replicas["shard"]
+    try:
+        rt._stop_replica("shard", "restarted (spec)")
+        located = asyncio.create_task(rt.resolver.locate("shard", wait=5))
+        quick = await rt.resolver.locate("shard", wait=0)
+        assert quick.status == pb.NOT_SHARD_PRIMARY
+        await asyncio.wait_for(rt._stopping["shard"], 5)
+        await asyncio.sleep(0.1)
+        assert not located.done(), "answered before the next replica was there"
+        await rt._reconcile_once()  # The runtime starts the next replica.
+        res = await asyncio.wait_for(located, 5)
+        assert res.status == pb.OK and res.local
+        assert res.replica is rt.replicas["shard"] and res.replica is not old
+        assert res.replica.status.code == Code.PRIMARY
+    finally:
+        located.cancel()
+        await stop_all(rt)
+
+
+async def test_a_restarting_replica_is_waited_for_only_so_long(
+    runtime: tuple[ConsumerRuntime, Any, MemberID],
+) -> None:
+    rt, ks, me = runtime
+    await primary_here(rt, ks, me)
+    try:
+        rt._stop_replica("shard", "restarted (spec)")
+        await asyncio.wait_for(rt._stopping["shard"], 5)
+        # No next replica comes (no reconciliation runs): the wait ends with the answer.
+        t0 = time.monotonic()
+        res = await asyncio.wait_for(rt.resolver.locate("shard", wait=0.3), 5)
+        assert res.status == pb.NOT_SHARD_PRIMARY
+        assert 0.3 <= time.monotonic() - t0 < 2
     finally:
         await stop_all(rt)
 
