@@ -38,18 +38,22 @@ def test_it_stops_after_max_seconds(tmp_path: Path) -> None:
 
 
 def test_it_stops_once_its_parent_is_gone(tmp_path: Path) -> None:
-    # A parent that starts the appender, says its pid, and exits without stopping it.
-    out = tmp_path / "appender.out"
+    # A parent that starts the appender, says its pid, and exits without stopping it, once
+    # the appender has taken note of its parent (it opens its acks file after that; its
+    # imports may take seconds on a loaded machine).
+    out, acks = tmp_path / "appender.out", tmp_path / "acks.jsonl"
     parent = textwrap.dedent(
         f"""
-        import subprocess, sys, time
-        p = subprocess.Popen({argv(tmp_path / "acks.jsonl")!r}, stdout=open({str(out)!r}, "w"),
+        import os, subprocess, sys, time
+        p = subprocess.Popen({argv(acks)!r}, stdout=open({str(out)!r}, "w"),
                              stderr=subprocess.STDOUT)
         print(p.pid, flush=True)
-        time.sleep(3)  # the appender has read its parent's pid by then
+        deadline = time.monotonic() + 60
+        while not os.path.exists({str(acks)!r}) and time.monotonic() < deadline:
+            time.sleep(0.05)
         """
     )
-    r = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=30)
+    r = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=90)
     assert r.returncode == 0, r.stderr
     pid = int(r.stdout)
     deadline = time.monotonic() + 20

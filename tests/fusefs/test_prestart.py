@@ -17,6 +17,7 @@ from gazette.recoverylog.player import Player
 from gazette.testing.broker import BrokerProcess
 from tests.fusefs.support import MakeLog, client, fuse_broker, make_log, no_stale_mounts, tree
 from tests.kit.eventually import eventually
+from tests.kit.processes import idle
 
 __all__ = ["client", "fuse_broker", "make_log", "no_stale_mounts"]
 
@@ -32,20 +33,6 @@ async def _start(
         endpoint, log, fsm, AUTHOR, root / "backing", root / "mnt", prestarted=prestarted
     )
     return mount, time.monotonic() - t0
-
-
-async def _waiting(pid: int, quiet: float = 0.3) -> bool:
-    """Whether process `pid` sleeps and used no CPU for `quiet` seconds (done importing, it
-    blocks reading its control pipe)."""
-
-    def state_and_cpu() -> tuple[str, int]:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return fields[0], int(fields[11]) + int(fields[12])  # state, utime + stime
-
-    state, before = state_and_cpu()
-    await asyncio.sleep(quiet)
-    state_after, after = state_and_cpu()
-    return state == state_after == "S" and before == after
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
@@ -92,7 +79,7 @@ async def test_unused_servers_end(
     server = await PrestartedServer.start()
     # Its imports take seconds on a loaded machine; close() kills a server still busy after
     # 5 s. Here the clean path is under test: a server waiting on its pipe sees it close.
-    await eventually(lambda: _waiting(server.proc.pid), what="the server's imports", timeout=60)
+    await eventually(lambda: idle(server.proc.pid), what="the server's imports", timeout=60)
     await server.close()
     assert server.proc.returncode == 0  # It saw its control pipe close.
 
@@ -130,7 +117,7 @@ async def test_the_pool_is_idle_until_reserved_and_refills(
     third = await _ready(pool)
     pending = await _ready_count(pool)
     kept = pool._ready[0].proc
-    await eventually(lambda: _waiting(kept.pid), what="the kept server's imports", timeout=60)
+    await eventually(lambda: idle(kept.pid), what="the kept server's imports", timeout=60)
     await pool.close()
     assert pending == 1
     assert kept.returncode == 0  # The one kept ready ended (its control pipe closed).

@@ -1,2 +1,2 @@
 """The tests' shared kit: journal specs (`specs`), waiting for a condition with a deadline
-(`eventually`)."""
+(`eventually`), a child process's state (`processes`)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gazette.stores.rocksdb.prestart import FusefsPrestart, PrestartOptions
 from tests.kit.eventually import eventually
+from tests.kit.processes import idle
 
 
 def _children() -> list[int]:
@@ -34,6 +35,9 @@ async def test_the_hook_starts_a_fusefs_process_at_once() -> None:
             hook.pool.take, what="a pre-started fusefs process to take", timeout=5
         )
         assert server is not None and server.usable and server.proc.pid == spawned
+        # Its imports take seconds on a loaded machine; close() kills a server still busy
+        # after 5 s. The clean path is under test: a server waiting on its pipe sees it close.
+        await eventually(lambda: idle(spawned), what="the server's imports", timeout=60)
         await server.close()
         assert server.proc.returncode == 0  # It saw its control pipe close.
     finally:
