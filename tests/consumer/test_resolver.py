@@ -280,9 +280,9 @@ async def test_a_restarting_primary_is_waited_for_then_answers_from_its_next_rep
     rt, ks, me = runtime
     await primary_here(rt, ks, me)
     old = rt.replicas["shard"]
+    rt._stop_replica("shard", "restarted (spec)")
+    located = asyncio.create_task(rt.resolver.locate("shard", wait=5))
     try:
-        rt._stop_replica("shard", "restarted (spec)")
-        located = asyncio.create_task(rt.resolver.locate("shard", wait=5))
         quick = await rt.resolver.locate("shard", wait=0)
         assert quick.status == pb.NOT_SHARD_PRIMARY
         await asyncio.wait_for(rt._stopping["shard"], 5)
