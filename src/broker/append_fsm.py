@@ -384,6 +384,7 @@ class AppendFSM:
                 require_primary=True,
                 may_proxy=not first.do_not_proxy and not was_proxied(first.header),
                 claims=self.claims,
+                header=first.header,
             )
         except RpcFailure as failure:
             return self._fail(failure)

@@ -218,6 +218,7 @@ class Broker:
         may_proxy: bool = True,
         timeout: float = 10.0,
         covered: Callable[[pb.LabelSet], bool] | None = None,
+        proxy_header: pb.Header | None = None,
     ) -> Resolution:
         """Where a request of `journal` is served (`Resolver.resolve`). Raises TimeoutError
         if the keyspace or the journal's replica is not ready within `timeout`."""
@@ -228,6 +229,7 @@ class Broker:
             may_proxy=may_proxy,
             timeout=timeout,
             covered=covered,
+            proxy_header=proxy_header,
         )
 
     async def ensure_pipeline(self, replica: JournalReplica) -> Pipeline:

@@ -53,6 +53,7 @@ async def list_fragments(
             require_primary=False,
             may_proxy=not request.do_not_proxy and not was_proxied(request.header),
             claims=claims,
+            header=request.header,
         )
     except RpcFailure as failure:
         await failure.abort(context)

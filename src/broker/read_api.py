@@ -73,6 +73,7 @@ async def read(
             require_primary=False,
             may_proxy=not request.do_not_proxy and not was_proxied(request.header),
             claims=claims,
+            header=request.header,
         )
     except RpcFailure as failure:
         await failure.abort(context)

@@ -238,6 +238,7 @@ class Resolver:
         may_proxy: bool = True,
         timeout: float = 10.0,
         covered: Callable[[pb.LabelSet], bool] | None = None,
+        proxy_header: pb.Header | None = None,
     ) -> Resolution:
         """Decide where a request of `journal` is served. A journal whose labels (with its
         meta-labels) `covered` refuses (the caller's authorization does not reach it) is
@@ -249,6 +250,14 @@ class Resolver:
         Waits (up to `timeout`) for the keyspace to reach `min_etcd_revision`, for a journal
         without a primary to get one, and for a just-assigned replica to finish recovery;
         raises TimeoutError if the keyspace or the replica is not ready in time.
+
+        `proxy_header` is the header of a request another broker forwarded here. When its
+        route of the journal is not ours and its etcd revision is ahead of our keyspace,
+        our view is behind the one the request was routed by (we may be a peer that the
+        primary has not synchronised yet): we wait to reach that revision first, as
+        upstream's resolver does. Only then: a revision ahead with the same route may be
+        one no event of our keyspace's prefix ever reaches (a load or progress notification
+        at etcd's global revision), and waiting for it would stall the request.
         """
         keyspace = self.member.keyspace
         name, _meta = split_journal_meta(journal)
@@ -271,6 +280,15 @@ class Resolver:
                 confirmed_absent = await self._await_item(name, deadline - loop.time())
                 continue
             route = self.route_of(name)
+            if (
+                proxy_header is not None
+                and proxy_header.etcd.revision > revision
+                and route_key(proxy_header.route) != route_key(route)
+            ):
+                async with asyncio.timeout(max(deadline - loop.time(), 0.001)):
+                    await keyspace.wait_for_revision(int(proxy_header.etcd.revision))
+                proxy_header = None  # reached: our view is at least the forwarder's
+                continue
             header = self.header(name)
             mine = self.my_assignment(name)
             is_primary = mine is not None and mine[1] == 0

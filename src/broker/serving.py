@@ -62,6 +62,7 @@ class Resolver(Protocol):
         require_primary: bool = False,
         may_proxy: bool = True,
         covered: Callable[[pb.LabelSet], bool] | None = None,
+        proxy_header: pb.Header | None = None,
     ) -> Resolution: ...
 
 
@@ -77,11 +78,17 @@ async def resolve(
     require_primary: bool,
     may_proxy: bool,
     claims: Claims = UNLIMITED,
+    header: pb.Header | None = None,
 ) -> Resolution:
     """Where to serve `journal`; JOURNAL_NOT_FOUND if the caller's `claims` do not cover
-    it (as if it did not exist, as upstream answers). Raises RpcFailure UNAVAILABLE if the
-    keyspace has not reached `min_revision` or the journal's replica is not recovered in
+    it (as if it did not exist, as upstream answers). `header` is the request's: when
+    another broker forwarded it (`was_proxied`), a route of the journal other than ours
+    makes the keyspace reach that broker's etcd revision first (`Resolver.resolve`), so
+    this broker never answers from an older view of the journal's assignment than the one
+    the request was routed by. Raises RpcFailure UNAVAILABLE if the keyspace has not
+    reached that revision or `min_revision`, or the journal's replica is not recovered in
     time."""
+    proxy_header = header if header is not None and was_proxied(header) else None
     try:
         return await resolver.resolve(
             journal,
@@ -89,11 +96,15 @@ async def resolve(
             require_primary=require_primary,
             may_proxy=may_proxy,
             covered=claims.covers if claims.selector.ByteSize() else None,
+            proxy_header=proxy_header,
         )
     except TimeoutError:
+        wanted = min_revision
+        if proxy_header is not None:
+            wanted = max(wanted, int(proxy_header.etcd.revision))
         raise RpcFailure(
             grpc.StatusCode.UNAVAILABLE,
-            f"journal {journal} not ready (etcd revision {min_revision} or its recovery)",
+            f"journal {journal} not ready (etcd revision {wanted} or its recovery)",
         ) from None
 
 

@@ -130,12 +130,14 @@ class FakeBroker:
         require_primary: bool = False,
         may_proxy: bool = True,
         covered: Any = None,
+        proxy_header: pb.Header | None = None,
     ) -> Resolution:
         self.resolved = {
             "journal": journal,
             "min_etcd_revision": min_etcd_revision,
             "require_primary": require_primary,
             "may_proxy": may_proxy,
+            "proxy_header": proxy_header,
         }
         if self.not_ready:
             raise TimeoutError
@@ -354,6 +356,22 @@ async def test_a_proxied_request_is_not_proxied_again(tmp_path: Path) -> None:
     fsm, broker, _pipeline, _replica = await make(tmp_path, first)
     await fsm.step()
     assert broker.resolved["may_proxy"] is False
+
+
+@pytest.mark.parametrize("forwarded", [True, False], ids=["forwarded", "from-a-client"])
+async def test_the_resolver_gets_the_header_of_a_forwarded_request(
+    tmp_path: Path, forwarded: bool
+) -> None:
+    """A forwarded request's header (the forwarding broker's route and revision) goes to
+    the resolver, which may wait for that revision; a client's request has none."""
+    header = pb.Header(etcd=pb.Header.Etcd(revision=9))
+    if forwarded:
+        header.process_id.CopyFrom(pb.ProcessSpec.ID(zone="z", suffix="x"))
+    first = pb.AppendRequest(journal=JOURNAL, header=header, min_etcd_revision=3)
+    fsm, broker, _pipeline, _replica = await make(tmp_path, first)
+    await fsm.step()
+    assert broker.resolved["min_etcd_revision"] == 3
+    assert broker.resolved["proxy_header"] == (header if forwarded else None)
 
 
 @pytest.mark.parametrize(

@@ -78,6 +78,39 @@ async def test_non_blocking_read_at_head_is_not_yet_available(
     assert metas[0].status == pb.OFFSET_NOT_YET_AVAILABLE
 
 
+async def test_a_forwarded_read_routed_by_a_newer_view_waits_for_it(
+    stub: pb_grpc.JournalStub, make_journal: MakeJournal
+) -> None:
+    """A read another broker forwarded carries that broker's header: its route of the
+    journal and its etcd revision. A route other than ours, at a revision ahead of ours,
+    says our view is behind the one the read was routed by (we may be a peer not yet
+    synchronised, which would answer that the journal is empty): the read is served once
+    our keyspace reached that revision, as upstream's brokers do. With the same route it is
+    served at once: a revision ahead then may be one no event of the brokers' keyspace
+    reaches (etcd's global revision, from a load or a progress notification)."""
+    spec = await make_journal()
+    r = await append(stub, spec.name, b"x\n")
+    await asyncio.sleep(0.3)  # The broker's own writes (the route it advertises) are done.
+    listed = await stub.ListFragments(pb.FragmentsRequest(journal=spec.name))
+    ahead = listed.header.etcd.revision + 1
+    forwarded = pb.Header()  # as a forwarding broker a revision ahead would send it
+    forwarded.CopyFrom(r.header)
+    forwarded.process_id.CopyFrom(pb.ProcessSpec.ID(zone="elsewhere", suffix="broker-9"))
+    forwarded.etcd.revision = ahead
+
+    same_route = await asyncio.wait_for(read_all(stub, spec.name, header=forwarded), 5)
+    assert same_route[0] == b"x\n"
+
+    forwarded.route.primary = -1  # The forwarder's view of the route differs from ours.
+    task = asyncio.create_task(read_all(stub, spec.name, header=forwarded))
+    await asyncio.sleep(0.5)
+    assert not task.done(), "answered from a view older than the forwarding broker's"
+    await make_journal()  # etcd's revision moves past the header's
+    content, metas = await asyncio.wait_for(task, 10)
+    assert content == b"x\n"
+    assert metas[0].header.etcd.revision >= ahead
+
+
 async def test_concurrent_appends_never_interleave(
     stub: pb_grpc.JournalStub, make_journal: MakeJournal
 ) -> None:
