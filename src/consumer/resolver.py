@@ -434,9 +434,8 @@ class Resolver:
     ) -> Resolution:
         """Where `shard_id` is served, holding nothing (`resolve` holds a local shard). A
         local primary still recovering, or restarting, is waited for up to `wait` seconds.
-        Raises
-        TimeoutError if this process's etcd view does not reach the revision asked for (or
-        the proxy header's) within `REVISION_TIMEOUT` (or `wait`, if less), and
+        Raises TimeoutError if this process's etcd view does not reach the revision asked
+        for (or the proxy header's) within `REVISION_TIMEOUT` (or `wait`, if less), and
         `ResolverStopped` after `stop` for a shard whose primary is here."""
         rt = self._runtime
         proxied = proxy_header is not None
